@@ -1,0 +1,44 @@
+# Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TINY_TARGET := .eaglescale/tiny-target
+# CPU torch from the local wheel; an unpinned torch would pull a multi-GB CUDA build.
+TORCH_CPU := torch==2.13.0
+
+.PHONY: demo test lint venv tiny-target bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet $(TORCH_CPU)
+	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/python -c "import torch, prefect, transformers, flows, tasks"
+	touch $(STAMP)
+
+$(TINY_TARGET)/config.json: $(STAMP)
+	$(BIN)/eaglescale tiny-target $(TINY_TARGET) --force
+
+tiny-target: $(TINY_TARGET)/config.json
+
+# The whole DAG on the embedded default: tiny target, shipped prompts, ephemeral Prefect API.
+demo: $(TINY_TARGET)/config.json
+	PREFECT_SERVER_ANALYTICS_ENABLED=false $(BIN)/eaglescale run --params deployments/params/smoke.yaml
+	$(BIN)/eaglescale status .eaglescale/runs/smoke
+
+test: $(STAMP)
+	$(BIN)/ruff check flows tasks tests benchmarks
+	PREFECT_SERVER_ANALYTICS_ENABLED=false $(BIN)/pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check flows tasks tests benchmarks
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/p1_sglang_client.py
+	$(BIN)/python benchmarks/p2_resume.py
+	$(BIN)/python benchmarks/p6_demo.py
+
+clean:
+	rm -rf .eaglescale

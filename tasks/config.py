@@ -1,0 +1,200 @@
+"""The one configuration model: the parent flow's parameter, loadable from YAML.
+
+Every model forbids unknown keys, so a typo in a params file or in the Prefect UI form is an
+error naming the key, never a silent default.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+STAGES = ("discover", "generate")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+ConversationFormat = Literal["auto", "openai", "sharegpt", "alpaca", "prompt"]
+FileFormat = Literal["auto", "jsonl", "json", "parquet", "hf_disk"]
+
+
+class SourceConfig(Strict):
+    name: str = Field(description="Short name, used in the manifest's `source` column.")
+    path: str = Field(description="Local path or fsspec URL of a file, a glob, or a datasets folder.")
+    domain: str = Field(description="Domain tag, e.g. agentic_coding, reasoning, general_chat.")
+    file_format: FileFormat = "auto"
+    conversation_format: ConversationFormat = "auto"
+    split: str | None = Field(None, description="Split to read from a DatasetDict folder.")
+    max_rows: int | None = Field(None, ge=1, description="Read at most this many rows.")
+
+
+class DiscoverConfig(Strict):
+    sources: list[SourceConfig] = Field(default_factory=list)
+    total_prompts: int | None = Field(
+        None, ge=1, description="Target manifest size; with `domain_weights` sets each domain's quota."
+    )
+    domain_weights: dict[str, float] = Field(default_factory=dict)
+    domain_quotas: dict[str, int] = Field(
+        default_factory=dict, description="Exact per-domain caps; override weights."
+    )
+    holdout_per_domain: int = Field(
+        8, ge=0, description="Prompts per domain split off as the gate's benchmark set."
+    )
+    min_prompt_tokens: int = Field(1, ge=0)
+    max_prompt_tokens: int = Field(4096, ge=1)
+    seed: int = 0
+
+
+class TargetConfig(Strict):
+    model_path: str = Field(description="HF model folder (local path or fsspec URL on GPU nodes).")
+    revision: str | None = Field(None, description="Model revision; recorded in the fingerprint.")
+    chat_template: str | None = Field(
+        None, description="Jinja chat template overriding the tokenizer's own."
+    )
+    context_length: int | None = Field(None, ge=1)
+
+
+class SamplingConfig(Strict):
+    temperature: float = Field(0.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = -1
+    max_new_tokens: int = Field(256, ge=1)
+    samples_per_prompt: int = Field(1, ge=1)
+    seed: int = 0
+
+
+class EngineConfig(Strict):
+    kind: Literal["local", "sglang"] = "local"
+    # local (transformers in-process)
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    batch_size: int = Field(8, ge=1)
+    # sglang (HTTP servers, or an sglang-router URL as a single endpoint)
+    endpoints: list[str] = Field(default_factory=list)
+    concurrency_per_server: int = Field(64, ge=1)
+    request_timeout_s: float = Field(1800.0, gt=0)
+    connect_timeout_s: float = Field(10.0, gt=0)
+    max_attempts: int = Field(6, ge=1, description="Tries per request over transport errors.")
+    backoff_base_s: float = Field(0.5, ge=0)
+    backoff_max_s: float = Field(30.0, ge=0)
+    unhealthy_after: int = Field(
+        3, ge=1, description="Consecutive failures that take a server out of rotation."
+    )
+    health_recheck_s: float = Field(30.0, gt=0)
+
+    @field_validator("endpoints")
+    @classmethod
+    def _strip_slash(cls, v: list[str]) -> list[str]:
+        return [u.rstrip("/") for u in v]
+
+
+class GenerateConfig(Strict):
+    shard_size: int = Field(1000, ge=1, description="Prompts per shard (one Prefect task each).")
+    max_parallel_shards: int = Field(2, ge=1)
+    max_dead_fraction: float = Field(0.02, ge=0.0, le=1.0)
+    journal_flush_s: float = Field(1.0, gt=0)
+    progress_interval_s: float = Field(30.0, gt=0, le=60.0)
+    stall_after_s: float = Field(900.0, gt=0)
+    retry_dead: bool = Field(False, description="Rerun only the dead letters of committed shards.")
+
+
+class SlackConfig(Strict):
+    channel: str | None = None
+    token_env: str = "SLACK_BOT_TOKEN"
+    webhook_env: str = "SLACK_WEBHOOK_URL"
+    secret_block: str | None = Field(
+        None, description="Prefect Secret block holding a bot token or a webhook URL."
+    )
+    base_url: str | None = Field(None, description="Slack API base URL (tests point it locally).")
+
+
+class EagleScaleConfig(Strict):
+    run_root: str = Field(description="Run folder: a local path or fsspec URL (s3://bucket/prefix).")
+    stages: list[Literal["discover", "generate"]] = Field(default_factory=lambda: list(STAGES))
+    target: TargetConfig
+    discover: DiscoverConfig = Field(default_factory=DiscoverConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    generate: GenerateConfig = Field(default_factory=GenerateConfig)
+    slack: SlackConfig = Field(default_factory=SlackConfig)
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict, description="fsspec options for the run root (never secrets)."
+    )
+    allow_fingerprint_change: bool = Field(
+        False, description="Resume even when run.json's fingerprint differs (dangerous)."
+    )
+
+
+class ConfigError(ValueError):
+    """A params file or override that does not fit the model; the message names key and file."""
+
+
+def _format_errors(err: ValidationError, where: str) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{where}: unknown key '{key}'")
+        else:
+            lines.append(f"{where}: key '{key}': {e['msg']} (got {e.get('input')!r})")
+    return "\n".join(lines)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`a.b.c=value` -> (["a", "b", "c"], value); the value is parsed as YAML (1, true, [x])."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected key=value")
+    key, raw = text.split("=", 1)
+    if not key.strip():
+        raise ConfigError(f"--set {text!r}: empty key")
+    return key.strip().split("."), yaml.safe_load(raw) if raw else ""
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for text in overrides:
+        path, value = parse_override(text)
+        node = data
+        for part in path[:-1]:
+            nxt = node.get(part)
+            if nxt is None:
+                nxt = node[part] = {}
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"--set {text!r}: '{part}' is not a section")
+            node = nxt
+        node[path[-1]] = value
+    return data
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    run_root: str | None = None,
+) -> EagleScaleConfig:
+    """Load a params YAML, apply `--set` overrides and an optional run root, validate."""
+    data: dict[str, Any] = {}
+    where = "<overrides>"
+    if path is not None:
+        where = str(path)
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except FileNotFoundError as e:
+            raise ConfigError(f"{where}: params file not found") from e
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{where}: not valid YAML: {e}") from e
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{where}: expected a mapping at the top level")
+        data = loaded
+    if overrides:
+        data = apply_overrides(data, overrides)
+        where = f"{where} (with --set {' '.join(overrides)})"
+    if run_root is not None:
+        data["run_root"] = run_root
+    try:
+        return EagleScaleConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(e, where)) from None

@@ -1,0 +1,111 @@
+"""The engine interface every generation backend implements.
+
+An engine takes prompts already tokenized with the target's chat template and streams back one
+outcome per request: a `GenerationResult` or a `DeadLetter`. Retries of transport errors happen
+inside the engine; what comes out is final for that request in this attempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 256
+    seed: int = 0
+
+    def to_sglang(self) -> dict[str, Any]:
+        """The `sampling_params` object of SGLang's native /generate."""
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "max_new_tokens": self.max_new_tokens,
+        }
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    request_id: str
+    prompt_id: str
+    sample_index: int
+    input_ids: tuple[int, ...]
+    sampling: SamplingParams
+
+    def seed(self) -> int:
+        """Per-request seed: sampled outputs do not depend on batch composition or order."""
+        return (int(self.request_id[:12], 16) ^ self.sampling.seed) & 0x7FFFFFFF
+
+
+@dataclass
+class GenerationResult:
+    request_id: str
+    output_ids: list[int]
+    text: str
+    finish_reason: str  # "stop" | "length"
+    prompt_tokens: int
+    completion_tokens: int
+    latency_s: float
+    server: str = ""
+    cached_tokens: int = 0
+
+    def to_record(self) -> dict[str, Any]:
+        return {"status": "ok", **asdict(self)}
+
+
+@dataclass
+class DeadLetter:
+    """A request that failed for good: a 4xx, a context overflow, an abort, retries exhausted."""
+
+    request_id: str
+    error_class: str  # e.g. "http_400", "context_overflow", "abort", "transport_exhausted"
+    message: str
+    server: str = ""
+    attempts: int = 1
+
+    def to_record(self) -> dict[str, Any]:
+        return {"status": "dead", **asdict(self)}
+
+
+Outcome = GenerationResult | DeadLetter
+OutcomeSink = Callable[[Outcome], None]
+
+
+@dataclass
+class ServerHealth:
+    url: str
+    healthy: bool
+    in_flight: int = 0
+    completed: int = 0
+    failures: int = 0
+    consecutive_failures: int = 0
+    last_error: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Engine(Protocol):
+    """A generation backend. Thread-safe: several shard tasks may call `generate` at once."""
+
+    name: str
+
+    def generate(self, requests: Iterable[GenerationRequest], sink: OutcomeSink) -> None:
+        """Run every request; call `sink` once per request as it finishes (any thread).
+
+        Returns when every request has produced exactly one outcome. Raises only for failures
+        of the engine as a whole (no healthy server left), never for a single bad request.
+        """
+        ...
+
+    def health(self) -> list[ServerHealth]: ...
+
+    def close(self) -> None: ...
+
+
+class EngineUnavailable(RuntimeError):
+    """No server (or device) can take requests: the shard fails and is retried later."""

@@ -1,0 +1,122 @@
+"""A run root on any fsspec filesystem: local folder by default, s3://bucket/prefix in production.
+
+Local writes go through a temp file + fsync + os.replace; object stores get one PUT per object,
+which is atomic there. Either way a reader never sees a partial object.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+from typing import Any
+
+import fsspec
+from fsspec.implementations.local import LocalFileSystem
+
+TMP_PREFIX = ".tmp-"
+
+
+def tmp_name(base: str) -> str:
+    return f"{TMP_PREFIX}{secrets.token_hex(6)}-{base}"
+
+
+class RunFolder:
+    """One run root. All paths given to its methods are relative keys like 'generate/data/x'."""
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None):
+        self.url = url.rstrip("/")
+        self.fs, self.root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+        self.root = self.root.rstrip("/")
+        self.is_local = isinstance(self.fs, LocalFileSystem)
+        if self.is_local:
+            os.makedirs(self.root, exist_ok=True)
+
+    def __repr__(self) -> str:
+        return f"RunFolder({self.url!r})"
+
+    def path(self, rel: str) -> str:
+        return f"{self.root}/{rel.strip('/')}" if rel else self.root
+
+    def exists(self, rel: str) -> bool:
+        return self.fs.exists(self.path(rel))
+
+    def read_bytes(self, rel: str) -> bytes:
+        return self.fs.cat_file(self.path(rel))
+
+    def read_json(self, rel: str) -> Any | None:
+        try:
+            return json.loads(self.read_bytes(rel))
+        except FileNotFoundError:
+            return None
+
+    def write_bytes_atomic(self, rel: str, data: bytes) -> None:
+        target = self.path(rel)
+        if not self.is_local:
+            self.fs.pipe_file(target, data)
+            return
+        parent, base = os.path.split(target)
+        os.makedirs(parent, exist_ok=True)
+        tmp = os.path.join(parent, tmp_name(base))
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+
+    def create_exclusive(self, rel: str, data: bytes) -> bool:
+        """Write `data` only if nothing is at `rel`. True when this call created it.
+
+        Local: link a complete temp file into place (link fails if the name exists). S3:
+        a conditional PUT (If-None-Match: *); where the store ignores the condition, a
+        read-back decides who won, so exactly one writer still sees True.
+        """
+        target = self.path(rel)
+        if self.is_local:
+            parent, base = os.path.split(target)
+            os.makedirs(parent, exist_ok=True)
+            tmp = os.path.join(parent, tmp_name(base))
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, target)
+                return True
+            except FileExistsError:
+                return False
+            finally:
+                os.unlink(tmp)
+        if self.fs.exists(target):
+            return False
+        try:
+            self.fs.pipe_file(target, data, mode="create")
+        except (FileExistsError, OSError):
+            return False
+        self.fs.invalidate_cache(target)
+        return self.fs.cat_file(target) == data
+
+    def write_json_atomic(self, rel: str, obj: Any) -> None:
+        self.write_bytes_atomic(rel, json_bytes(obj))
+
+    def listdir(self, rel: str) -> list[str]:
+        """Base names under `rel` (files and folders), sorted; [] when it does not exist."""
+        full = self.path(rel)
+        self.fs.invalidate_cache(full)
+        try:
+            entries = self.fs.ls(full, detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
+
+    def info(self, rel: str) -> dict[str, Any]:
+        return self.fs.info(self.path(rel))
+
+    def remove(self, rel: str, recursive: bool = False) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(self.path(rel), recursive=recursive)
+
+
+def json_bytes(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode()

@@ -1,0 +1,214 @@
+"""Committed shards: verify, write, then mark. A shard exists only once its marker does.
+
+    <stage>/data/<shard>.<attempt>.parquet   rows (named by the marker, so racing writers
+    <stage>/dead/<shard>.<attempt>.parquet   never overwrite each other's data)
+    <stage>/_SUCCESS/<shard>.json            marker: sha256 of both files, counts, fingerprint
+    <stage>/_COMPLETE                        no more shards will come for this stage
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tasks.runfolder.fingerprint import canonical_json
+from tasks.runfolder.folder import TMP_PREFIX, RunFolder
+
+log = logging.getLogger(__name__)
+
+
+class CommitError(RuntimeError):
+    """A shard failed verification before commit; nothing was written."""
+
+
+class CommitConflict(RuntimeError):
+    """The shard's data vanished under its fresh marker (a concurrent cleanup): commit again."""
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    marker: dict[str, Any]
+    won: bool  # False when another writer had already committed this shard
+
+
+def table_bytes(table: pa.Table) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd")
+    return buf.getvalue()
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _verify_keys(
+    shard_id: str, rows: pa.Table, dead: pa.Table, planned: set[str], key: str
+) -> None:
+    row_keys = rows.column(key).to_pylist()
+    dead_keys = dead.column(key).to_pylist()
+    problems = []
+    if len(set(row_keys)) != len(row_keys):
+        problems.append(f"{len(row_keys) - len(set(row_keys))} duplicate keys in rows")
+    if len(set(dead_keys)) != len(dead_keys):
+        problems.append(f"{len(dead_keys) - len(set(dead_keys))} duplicate keys in dead letters")
+    both = set(row_keys) & set(dead_keys)
+    if both:
+        problems.append(f"{len(both)} keys both committed and dead")
+    got = set(row_keys) | set(dead_keys)
+    if got - planned:
+        problems.append(f"{len(got - planned)} keys not in the plan")
+    if planned - got:
+        problems.append(f"{len(planned - got)} planned keys missing")
+    if problems:
+        raise CommitError(f"shard {shard_id} failed verification: " + "; ".join(problems))
+
+
+class ShardStore:
+    """The committed shards of one stage (generate, extract, ...) under a run root."""
+
+    def __init__(self, run: RunFolder, stage: str):
+        self.run, self.stage = run, stage
+
+    def marker_key(self, shard_id: str) -> str:
+        return f"{self.stage}/_SUCCESS/{shard_id}.json"
+
+    def marker(self, shard_id: str) -> dict[str, Any] | None:
+        return self.run.read_json(self.marker_key(shard_id))
+
+    def committed(self) -> dict[str, dict[str, Any]]:
+        """shard_id -> marker for every marked shard (the markers are trusted as written last)."""
+        out = {}
+        for name in self.run.listdir(f"{self.stage}/_SUCCESS"):
+            if name.endswith(".json") and not name.startswith(TMP_PREFIX):
+                marker = self.run.read_json(f"{self.stage}/_SUCCESS/{name}")
+                if marker is not None:
+                    out[name.removesuffix(".json")] = marker
+        return out
+
+    def commit(
+        self,
+        shard_id: str,
+        rows: pa.Table,
+        dead: pa.Table,
+        planned_keys: Iterable[str],
+        attempt: str,
+        fingerprint_hash: str,
+        key: str = "request_id",
+        extra: dict[str, Any] | None = None,
+        replace: bool = False,
+    ) -> CommitResult:
+        """temp -> verify -> atomic write -> marker. `replace` re-commits a marked shard."""
+        planned = set(planned_keys)
+        _verify_keys(shard_id, rows, dead, planned, key)
+        data_key = f"{self.stage}/data/{shard_id}.{attempt}.parquet"
+        dead_key = f"{self.stage}/dead/{shard_id}.{attempt}.parquet"
+        data, dead_data = table_bytes(rows), table_bytes(dead)
+        # Read the serialized bytes back before they go anywhere: a schema or encoding fault
+        # fails here, with nothing written.
+        back = pq.read_table(io.BytesIO(data))
+        if back.num_rows != rows.num_rows or back.schema != rows.schema:
+            raise CommitError(f"shard {shard_id}: parquet round-trip changed rows or schema")
+        self.run.write_bytes_atomic(data_key, data)
+        self.run.write_bytes_atomic(dead_key, dead_data)
+        marker = {
+            "shard_id": shard_id,
+            "stage": self.stage,
+            "data": data_key,
+            "sha256": sha256_hex(data),
+            "rows": rows.num_rows,
+            "dead_path": dead_key,
+            "dead_sha256": sha256_hex(dead_data),
+            "dead": dead.num_rows,
+            "fingerprint": fingerprint_hash,
+            "attempt": attempt,
+            "committed_at": time.time(),
+            **(extra or {}),
+        }
+        body = canonical_json(marker).encode()
+        if replace:
+            previous = self.marker(shard_id)
+            self.run.write_bytes_atomic(self.marker_key(shard_id), body)
+            if previous and previous.get("attempt") != attempt:
+                self._remove_files(previous)
+            won = True
+        else:
+            won = self.run.create_exclusive(self.marker_key(shard_id), body)
+        if not won:
+            log.info("shard %s was committed by another writer; dropping attempt %s", shard_id, attempt)
+            self.run.remove(data_key)
+            self.run.remove(dead_key)
+            return CommitResult(self.marker(shard_id) or {}, won=False)
+        if not self._files_intact(marker):
+            self.run.remove(self.marker_key(shard_id))
+            raise CommitConflict(f"shard {shard_id}: data vanished right after commit; retrying")
+        return CommitResult(marker, won=True)
+
+    def _files_intact(self, marker: dict[str, Any]) -> bool:
+        try:
+            return (
+                sha256_hex(self.run.read_bytes(marker["data"])) == marker["sha256"]
+                and sha256_hex(self.run.read_bytes(marker["dead_path"])) == marker["dead_sha256"]
+            )
+        except FileNotFoundError:
+            return False
+
+    def _remove_files(self, marker: dict[str, Any]) -> None:
+        self.run.remove(marker["data"])
+        self.run.remove(marker["dead_path"])
+
+    def read_rows(self, marker: dict[str, Any]) -> pa.Table:
+        return self._read_verified(marker["data"], marker["sha256"])
+
+    def read_dead(self, marker: dict[str, Any]) -> pa.Table:
+        return self._read_verified(marker["dead_path"], marker["dead_sha256"])
+
+    def _read_verified(self, rel: str, sha: str) -> pa.Table:
+        data = self.run.read_bytes(rel)
+        if sha256_hex(data) != sha:
+            raise CommitError(f"{self.run.url}/{rel}: sha256 does not match its marker")
+        return pq.read_table(io.BytesIO(data))
+
+    def cleanup(self, min_age_s: float = 0.0) -> list[str]:
+        """Remove temp objects and data no marker names (left by a crash mid-commit)."""
+        named = set()
+        for marker in self.committed().values():
+            named.update((marker.get("data"), marker.get("dead_path")))
+        removed = []
+        now = time.time()
+        for sub in ("data", "dead", "_SUCCESS"):
+            for name in self.run.listdir(f"{self.stage}/{sub}"):
+                rel = f"{self.stage}/{sub}/{name}"
+                stray = name.startswith(TMP_PREFIX) or (sub != "_SUCCESS" and rel not in named)
+                if stray and _age(self.run, rel, now) >= min_age_s:
+                    self.run.remove(rel)
+                    removed.append(rel)
+        if removed:
+            log.info("cleaned %d uncommitted objects under %s/%s", len(removed), self.run.url, self.stage)
+        return removed
+
+    def mark_complete(self, summary: dict[str, Any]) -> None:
+        self.run.write_json_atomic(f"{self.stage}/_COMPLETE", {"completed_at": time.time(), **summary})
+
+    def is_complete(self) -> bool:
+        return self.run.exists(f"{self.stage}/_COMPLETE")
+
+
+def _age(run: RunFolder, rel: str, now: float) -> float:
+    try:
+        info = run.info(rel)
+    except FileNotFoundError:
+        return 0.0
+    mtime = info.get("mtime") or info.get("LastModified") or info.get("created")
+    if mtime is None:
+        return float("inf")
+    if hasattr(mtime, "timestamp"):
+        mtime = mtime.timestamp()
+    return now - float(mtime)
