@@ -1,0 +1,283 @@
+"""Notifier against a real HTTP receiver on 127.0.0.1 that records what Slack would get."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+import pytest
+
+from tasks.config import SlackConfig
+from tasks.notify import (
+    Notifier,
+    SlackCredentials,
+    build_message,
+    credentials_from_value,
+    format_duration,
+    resolve_credentials,
+)
+
+TOKEN = "xoxb-1111-2222-SECRETTOKENVALUE"
+
+
+class Receiver:
+    def __init__(self, status: int = 200, body: dict[str, Any] | None = None):
+        self.status = status
+        self.body = body if body is not None else {"ok": True, "ts": "1.0"}
+        self.requests: list[dict[str, Any]] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if "json" in self.headers.get("Content-Type", ""):
+                    payload = json.loads(raw)
+                else:
+                    payload = {k: v[0] for k, v in parse_qs(raw.decode()).items()}
+                receiver.requests.append(
+                    {"path": self.path, "auth": self.headers.get("Authorization"), "json": payload}
+                )
+                out = json.dumps(receiver.body).encode()
+                self.send_response(receiver.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+
+    def __enter__(self) -> Receiver:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    with Receiver() as r:
+        yield r
+
+
+@pytest.fixture(autouse=True)
+def _no_slack_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLACK_BOT_TOKEN", raising=False)
+    monkeypatch.delenv("SLACK_WEBHOOK_URL", raising=False)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_bot_token_posts_chat_message_with_stage_and_numbers(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLACK_BOT_TOKEN", TOKEN)
+    cfg = SlackConfig(channel="#eagle", base_url=f"{receiver.url}/api")
+    notifier = Notifier.from_config(cfg, "s3://bucket/runs/r1")
+    assert notifier.configured
+
+    assert notifier.stage_completed("generate", {"rows": 83000, "dead": 12}, duration_s=3725)
+
+    assert len(receiver.requests) == 1
+    req = receiver.requests[0]
+    assert req["path"] == "/api/chat.postMessage"
+    assert req["auth"] == f"Bearer {TOKEN}"
+    body = req["json"]
+    assert body["channel"] == "#eagle"
+    assert body["text"] == (
+        "[s3://bucket/runs/r1] generate completed — stage: generate, rows: 83,000, dead: 12, "
+        "duration: 1h 02m 05s"
+    )
+    blocks = body["blocks"] if isinstance(body["blocks"], list) else json.loads(body["blocks"])
+    assert [b["type"] for b in blocks] == ["section", "section"]
+    assert "run `s3://bucket/runs/r1`" in blocks[0]["text"]["text"]
+    assert blocks[1]["text"]["text"].splitlines() == [
+        "*stage:* generate",
+        "*rows:* 83,000",
+        "*dead:* 12",
+        "*duration:* 1h 02m 05s",
+    ]
+
+
+def test_webhook_path_sends_text_and_blocks(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLACK_WEBHOOK_URL", f"{receiver.url}/services/T0/B0/hooksecret")
+    notifier = Notifier.from_config(SlackConfig(), "runs/r2")
+    assert notifier.credentials is not None and notifier.credentials.kind == "webhook"
+
+    assert notifier.stage_failed("discover", "source 'chat' unreadable: /data/x.parquet")
+    assert notifier.stalled("generate", 1900, {"shards running": 2})
+
+    assert [r["path"] for r in receiver.requests] == ["/services/T0/B0/hooksecret"] * 2
+    failed, stalled = (r["json"] for r in receiver.requests)
+    assert failed["text"] == (
+        "[runs/r2] discover FAILED — stage: discover, error: source 'chat' unreadable: /data/x.parquet"
+    )
+    assert stalled["text"] == (
+        "[runs/r2] generate looks stalled — stage: generate, no heartbeat for: 31m 40s, "
+        "shards running: 2"
+    )
+    assert stalled["blocks"][0]["text"]["text"].startswith(":warning: *generate looks stalled*")
+
+
+def test_http_500_and_invalid_auth_and_refused_never_raise(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    with Receiver(status=500, body={"ok": False}) as broken:
+        webhook = Notifier("r", SlackCredentials("webhook", f"{broken.url}/hook/abc", None, "test"))
+        assert webhook.send("hello", {"n": 1}) is False
+        token = Notifier(
+            "r", SlackCredentials("token", TOKEN, "#c", "test"), base_url=f"{broken.url}/api/"
+        )
+        assert token.stage_started("generate", {"shards": 3}) is False
+    with Receiver(status=200, body={"ok": False, "error": "invalid_auth"}) as denied:
+        token = Notifier(
+            "r", SlackCredentials("token", TOKEN, "#c", "test"), base_url=f"{denied.url}/api/"
+        )
+        assert token.send("hi") is False
+    port = _closed_port()
+    refused = Notifier("r", SlackCredentials("webhook", f"http://127.0.0.1:{port}/x", None, "t"))
+    assert refused.send("hi") is False
+
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 4
+    assert all(w.startswith("Slack notification failed") for w in warnings)
+    assert "HTTP 500" in warnings[0]
+    assert "invalid_auth" in warnings[2]
+    assert "message was: [r] generate started — stage: generate, shards: 3" in warnings[1]
+
+
+def test_secrets_never_reach_logs_at_debug(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    hook_secret = "T000/B000/WEBHOOKSECRETPART"
+    monkeypatch.setenv("SLACK_BOT_TOKEN", TOKEN)
+    cfg = SlackConfig(channel="#c", base_url=f"{receiver.url}/api")
+    assert Notifier.from_config(cfg, "r").send("token path", {"x": 1})
+    monkeypatch.delenv("SLACK_BOT_TOKEN")
+    monkeypatch.setenv("SLACK_WEBHOOK_URL", f"{receiver.url}/services/{hook_secret}")
+    assert Notifier.from_config(SlackConfig(), "r").send("webhook path", {"x": 2})
+    with Receiver(status=500) as broken:
+        monkeypatch.setenv("SLACK_WEBHOOK_URL", f"{broken.url}/services/{hook_secret}")
+        notifier = Notifier.from_config(SlackConfig(), "r")
+        assert notifier.send("failing path") is False
+        assert "WEBHOOKSECRETPART" not in repr(notifier.credentials)
+
+    assert len(receiver.requests) == 2
+    # slack_sdk did log the requests at DEBUG (so the redaction was exercised), with no secret.
+    sdk_lines = [r for r in caplog.records if r.name == "eaglescale.notify.slack_sdk"]
+    assert any("Sending a request" in r.getMessage() for r in sdk_lines)
+    assert any("[redacted]" in r.getMessage() for r in sdk_lines)
+    assert TOKEN not in caplog.text
+    assert "WEBHOOKSECRETPART" not in caplog.text
+
+
+def test_no_config_logs_at_info(caplog: pytest.LogCaptureFixture) -> None:
+    logger = logging.getLogger("eaglescale.test.flowlogger")
+    caplog.set_level(logging.INFO, logger=logger.name)
+    notifier = Notifier.from_config(SlackConfig(channel="#c"), "runs/local", logger=logger)
+    assert not notifier.configured
+    assert notifier.stage_completed("discover", {"prompts": 300}, duration_s=4.2) is False
+    records = [r for r in caplog.records if r.name == logger.name]
+    assert [(r.levelno, r.getMessage()) for r in records] == [
+        (
+            logging.INFO,
+            "notify: [runs/local] discover completed — stage: discover, prompts: 300, duration: 4s",
+        )
+    ]
+
+
+def test_token_without_channel_is_not_configured(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("SLACK_BOT_TOKEN", TOKEN)
+    assert resolve_credentials(SlackConfig()) is None
+    assert "slack.channel is not set" in caplog.text
+    assert TOKEN not in caplog.text
+
+
+SECRET_BLOCK_SCRIPT = """
+import json, logging, sys
+from prefect.blocks.system import Secret
+from tasks.config import SlackConfig
+from tasks.notify import Notifier
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="LOG %(message)s")
+Secret(value=sys.argv[1]).save("slack-eagle", overwrite=True)
+sent = Notifier.from_config(SlackConfig(secret_block="slack-eagle"), "runs/blk").send("via block")
+missing = Notifier.from_config(SlackConfig(secret_block="no-such-block"), "runs/blk")
+print("RESULT", json.dumps({"sent": sent, "missing_configured": missing.configured}))
+"""
+
+
+def test_prefect_secret_block_holding_a_webhook(receiver: Receiver, tmp_path: Path) -> None:
+    """A real Prefect Secret block (ephemeral API in a child process, its own PREFECT_HOME)."""
+    hook = f"{receiver.url}/services/BLOCKSECRET"
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(tmp_path / "prefect"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_API_URL": "",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", SECRET_BLOCK_SCRIPT, hook],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.split("RESULT ", 1)[1])
+    assert result == {"sent": True, "missing_configured": False}
+    assert [r["path"] for r in receiver.requests] == ["/services/BLOCKSECRET"]
+    assert receiver.requests[0]["json"]["text"] == "[runs/blk] via block"
+    assert "could not load Prefect Secret block 'no-such-block'" in proc.stdout
+    assert "BLOCKSECRET" not in proc.stdout + proc.stderr
+
+
+def test_secret_values_pick_token_or_webhook() -> None:
+    token = credentials_from_value("xoxb-from-block", "#c", "test")
+    hook = credentials_from_value(" https://hooks.slack.com/services/A/B/C ", "#c", "test")
+    assert token is not None and (token.kind, token.channel) == ("token", "#c")
+    assert hook is not None and (hook.kind, hook.channel, hook.secret) == (
+        "webhook",
+        None,
+        "https://hooks.slack.com/services/A/B/C",
+    )
+    assert credentials_from_value("xoxb-no-channel", None, "test") is None
+
+
+def test_message_formatting_escapes_and_limits() -> None:
+    text, blocks = build_message("r<1>", "gate & promote", {"note": "a<b>", "rate": 12.3456})
+    assert text == "[r<1>] gate & promote — note: a<b>, rate: 12.35"
+    assert (
+        blocks[0]["text"]["text"] == ":information_source: *gate &amp; promote*\nrun `r&lt;1&gt;`"
+    )
+    assert blocks[1]["text"]["text"] == "*note:* a&lt;b&gt;\n*rate:* 12.35"
+    _, long_blocks = build_message("r", "t", {"error": "x" * 5000})
+    assert len(long_blocks[1]["text"]["text"]) == 2900
+    assert format_duration(59.6) == "1m 00s"
+    assert format_duration(7322) == "2h 02m 02s"

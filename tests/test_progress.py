@@ -1,0 +1,256 @@
+"""ProgressTracker and its arithmetic on constructed timelines (an injected clock)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from tasks.engines.base import ServerHealth
+from tasks.generate.progress import (
+    PROGRESS_JSON,
+    ProgressTracker,
+    RateWindow,
+    eta_seconds,
+    lifetime_rate,
+    mean_completion_tokens,
+    remaining_tokens,
+    stalled_for,
+    window_rate,
+)
+from tasks.runfolder import RunFolder
+
+
+class Clock:
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_pure_rates_and_eta() -> None:
+    assert lifetime_rate(600, started_at=100, now=400) == 2.0
+    assert lifetime_rate(5, started_at=100, now=100) is None
+    # younger than the window: divide by age; older: by the window
+    assert window_rate(120, started_at=0, now=60, window_s=300) == 2.0
+    assert window_rate(900, started_at=0, now=1000, window_s=300) == 3.0
+    assert mean_completion_tokens(0, 0, default=256) == 256.0
+    assert mean_completion_tokens(1000, 8, default=256) == 125.0
+    assert remaining_tokens(100, 40, 125.0) == 7500.0
+    assert remaining_tokens(100, 120, 125.0) == 0
+    assert eta_seconds(7500.0, 25.0) == 300.0
+    assert eta_seconds(7500.0, None) is None
+    assert eta_seconds(7500.0, 0.0) is None
+    assert eta_seconds(0.0, None) == 0.0
+    assert stalled_for(100, now=1000, stall_after_s=900) is None
+    assert stalled_for(99, now=1000, stall_after_s=900) == 901
+
+
+def test_rate_window_keeps_only_trailing_seconds() -> None:
+    w = RateWindow(window_s=10)
+    for t in range(0, 30):
+        w.add(t + 0.25, tokens=10, requests=1)
+        w.add(t + 0.75, tokens=10, requests=1)
+    assert w.totals(now=29.9) == (200.0, 20.0)  # seconds 20..29
+    assert len(w._buckets) == 10
+    # a bucket is kept while its start second is inside (now - window_s, now]
+    assert w.totals(now=35.0) == (80.0, 8.0)  # seconds 26..29
+    assert w.totals(now=100.0) == (0.0, 0.0)
+
+
+def _tracker(tmp_path: Path, clock: Clock, **kw: float) -> ProgressTracker:
+    shards = {"s0": {"requests": 10}, "s1": {"requests": 10}, "s2": {"requests": 20}}
+    return ProgressTracker(
+        RunFolder(str(tmp_path / "run")),
+        shards,
+        max_new_tokens=100,
+        stall_after_s=kw.get("stall_after_s", 900.0),
+        interval_s=30.0,
+        clock=clock,
+        window_s=kw.get("window_s", 300.0),
+    )
+
+
+def test_fresh_run_eta_uses_max_new_tokens_before_any_finish(tmp_path: Path) -> None:
+    clock = Clock(1000.0)
+    tracker = _tracker(tmp_path, clock)
+    snap = tracker.snapshot()
+    assert snap["requests"] == {"done": 0, "total": 40, "dead": 0, "done_this_run": 0}
+    assert snap["tokens"]["completion_total_estimate"] == 4000
+    assert snap["eta_s"] is None and snap["eta_at"] is None
+    assert snap["rate"]["lifetime_tokens_per_s"] is None
+    assert snap["percent"] == 0.0
+    assert snap["shard_counts"] == {"pending": 3}
+
+
+def test_restart_committed_shards_count_as_done_not_in_rate(tmp_path: Path) -> None:
+    clock = Clock(1000.0)
+    tracker = _tracker(tmp_path, clock)
+    # found at start: s0 committed earlier (10 requests, 1 dead, 900 completion tokens)
+    tracker.mark_committed("s0", requests=10, prompt_tokens=500, completion_tokens=900, dead=1)
+    tracker.shard_state("s1", "running", attempt="a1")
+    clock.t = 1010.0
+    tracker.record("s1", requests=2, prompt_tokens=100, completion_tokens=200)
+    clock.t = 1100.0
+    tracker.record("s1", requests=3, prompt_tokens=150, completion_tokens=300)
+    snap = tracker.snapshot()
+
+    assert snap["requests"] == {"done": 15, "total": 40, "dead": 1, "done_this_run": 5}
+    assert snap["tokens"]["prompt_done"] == 750
+    assert snap["tokens"]["completion_done"] == 1400
+    assert snap["tokens"]["completion_this_run"] == 500
+    # rate counts only the 500 tokens generated here, over 100 s
+    assert snap["rate"]["lifetime_tokens_per_s"] == 5.0
+    assert snap["rate"]["window_tokens_per_s"] == 5.0
+    assert snap["rate"]["requests_per_s"] == 0.05
+    # mean over finished non-dead requests: 1400 / 14 = 100; 25 left -> 2500 tokens at 5 tok/s
+    assert snap["tokens"]["mean_completion_per_request"] == 100.0
+    assert snap["tokens"]["completion_total_estimate"] == 3900
+    assert snap["eta_s"] == 500.0
+    assert snap["eta_at"] == 1600.0
+    assert snap["percent"] == 37.5
+    assert snap["shards"]["s0"] == {
+        "state": "committed",
+        "requests": 10,
+        "done": 10,
+        "dead": 1,
+        "completion_tokens": 900,
+    }
+    assert snap["shards"]["s1"] == {
+        "state": "running",
+        "requests": 10,
+        "done": 5,
+        "dead": 0,
+        "completion_tokens": 500,
+        "attempt": "a1",
+    }
+    assert snap["shard_counts"] == {"committed": 1, "running": 1, "pending": 1}
+
+
+def test_window_rate_diverges_from_lifetime_after_a_slowdown(tmp_path: Path) -> None:
+    clock = Clock(0.0)
+    tracker = _tracker(tmp_path, clock, window_s=100.0)
+    for t in range(0, 100):  # fast phase: 10 tokens/s
+        clock.t = float(t)
+        tracker.record("s2", requests=1, prompt_tokens=1, completion_tokens=10)
+    for t in range(100, 400, 10):  # slow phase: 1 token/s
+        clock.t = float(t)
+        tracker.record("s2", requests=0, prompt_tokens=0, completion_tokens=10)
+    clock.t = 400.0
+    rate = tracker.snapshot()["rate"]
+    assert rate["lifetime_tokens_per_s"] == (1000 + 300) / 400
+    # window (300, 400]: records at 310..390 -> 9 x 10 tokens over 100 s
+    assert rate["window_tokens_per_s"] == 0.9
+    assert rate["window_s"] == 100.0
+
+
+def test_mark_resumed_replaces_shard_counts(tmp_path: Path) -> None:
+    clock = Clock(0.0)
+    tracker = _tracker(tmp_path, clock)
+    clock.t = 10.0
+    tracker.record("s2", requests=4, prompt_tokens=40, completion_tokens=400)
+    # the attempt fails; its retry replays the journal, which holds those 4 plus 2 earlier ones
+    tracker.mark_resumed("s2", requests=6, prompt_tokens=60, completion_tokens=600)
+    snap = tracker.snapshot()
+    assert snap["shards"]["s2"]["done"] == 6
+    assert snap["requests"]["done"] == 6
+    assert snap["requests"]["done_this_run"] == 4
+    assert snap["rate"]["lifetime_tokens_per_s"] == 40.0
+    # what the caller states at commit (the marker's counts) is shown over the tracker's own
+    tracker.record("s2", requests=14, prompt_tokens=0, completion_tokens=0)
+    tracker.shard_state("s2", "committed", rows=19, dead=1)
+    shard = tracker.snapshot()["shards"]["s2"]
+    assert (shard["state"], shard["done"], shard["rows"], shard["dead"]) == ("committed", 20, 19, 1)
+
+
+def test_write_heartbeat_interval_and_file(tmp_path: Path) -> None:
+    clock = Clock(1000.0)
+    tracker = _tracker(tmp_path, clock)
+    tracker.set_server_health([ServerHealth(url="http://a:30000", healthy=True, completed=3)])
+    assert tracker.maybe_write() is True
+    clock.t = 1029.0
+    assert tracker.maybe_write() is False
+    clock.t = 1030.0
+    assert tracker.maybe_write() is True
+    tracker.set_state("complete")
+    tracker.write()
+    body = json.loads((tmp_path / "run" / PROGRESS_JSON).read_text())
+    assert set(body) == {
+        "updated_at",
+        "heartbeat_at",
+        "last_progress_at",
+        "started_at",
+        "stall_after_s",
+        "state",
+        "requests",
+        "tokens",
+        "rate",
+        "eta_s",
+        "eta_at",
+        "percent",
+        "shard_counts",
+        "shards",
+        "servers",
+    }
+    assert body["heartbeat_at"] == 1030.0
+    assert body["last_progress_at"] is None
+    assert body["state"] == "complete"
+    assert body["servers"] == [
+        {
+            "url": "http://a:30000",
+            "healthy": True,
+            "in_flight": 0,
+            "completed": 3,
+            "failures": 0,
+            "consecutive_failures": 0,
+            "last_error": "",
+            "extra": {},
+        }
+    ]
+    with pytest.raises(ValueError, match="run state must be one of"):
+        tracker.set_state("done")
+
+
+def test_in_process_stall_and_bad_shard_ids(tmp_path: Path) -> None:
+    clock = Clock(0.0)
+    tracker = _tracker(tmp_path, clock, stall_after_s=60.0)
+    clock.t = 60.0
+    assert tracker.stalled_for() is None
+    clock.t = 61.0
+    assert tracker.stalled_for() == 61.0
+    tracker.record("s0", 1, 1, 1)
+    clock.t = 100.0
+    assert tracker.stalled_for() is None
+    with pytest.raises(ValueError, match="shard 'nope' is not in the plan"):
+        tracker.record("nope", 1, 1, 1)
+    with pytest.raises(ValueError, match="shard 'x': plan entry has no 'requests' count"):
+        ProgressTracker(RunFolder(str(tmp_path / "r2")), {"x": {}}, 10, 60.0)
+
+
+def test_concurrent_records_are_all_counted(tmp_path: Path) -> None:
+    tracker = _tracker(tmp_path, Clock(5.0))
+
+    def work(shard: str) -> None:
+        for _ in range(2000):
+            tracker.record(shard, requests=1, prompt_tokens=2, completion_tokens=3)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in ("s0", "s1", "s2", "s2")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    snap = tracker.snapshot()
+    assert snap["requests"]["done"] == 8000
+    assert snap["tokens"]["completion_done"] == 24000
+    assert snap["shards"]["s2"]["done"] == 4000
+
+
+def test_failed_write_is_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tracker = _tracker(tmp_path, Clock(0.0))
+    # a file where the generate/ folder should be makes the write fail
+    (tmp_path / "run" / "generate").write_text("not a folder")
+    assert tracker.maybe_write() is False
+    assert "could not write generate/progress.json" in caplog.text

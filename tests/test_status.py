@@ -1,0 +1,256 @@
+"""`eaglescale status` on run folders constructed in tmp_path (no Prefect, no live process)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from rich.console import Console
+
+from tasks.status import (
+    EXIT_MISSING,
+    EXIT_OK,
+    EXIT_STALLED,
+    open_run,
+    read_status,
+    render_status,
+    status_main,
+)
+
+NOW = 1_700_000_000.0
+
+
+def _write(root: Path, rel: str, obj: Any) -> None:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj))
+
+
+def _marker(
+    shard_id: str, rows: int, dead: int, ptok: int, ctok: int, classes: dict[str, int]
+) -> dict[str, Any]:
+    return {
+        "shard_id": shard_id, "data": f"generate/data/{shard_id}.a1.parquet", "sha256": "0" * 64,
+        "rows": rows, "dead": dead, "dead_path": f"generate/dead/{shard_id}.a1.parquet",
+        "dead_sha256": "0" * 64, "fingerprint": "fp", "prompt_tokens": ptok,
+        "completion_tokens": ctok, "committed_at": NOW - 500, "attempt": "a1",
+        "dead_classes": classes,
+    }  # fmt: skip
+
+
+def make_run(root: Path, heartbeat_age: float = 10.0, progress: bool = True) -> Path:
+    """A run mid-generate: 5 shards of 10 prompts x 2 samples; 2 committed, 1 running, 1 failed."""
+    _write(root, "run.json", {
+        "fingerprint": {
+            "target": {"model_path": "/models/tiny", "revision": "abc123"},
+            "sampling": {"temperature": 0.0, "max_new_tokens": 64, "samples_per_prompt": 2},
+            "code_version": "0.1.0", "manifest_hash": "m" * 16,
+        },
+        "fingerprint_hash": "f00dfeedcafe0001", "created_at": NOW - 3600,
+    })  # fmt: skip
+    _write(root, "prompts/_SUCCESS.json", {
+        "config_hash": "c", "manifest_hash": "m" * 16, "committed_at": NOW - 3000,
+        "files": {"manifest": {"rows": 50}, "holdout": {"rows": 6}, "quarantine": {"rows": 3}},
+    })  # fmt: skip
+    _write(
+        root,
+        "prompts/discovery_report.json",
+        {"totals": {"rows_read": 59, "kept": 50}, "warnings": ["w"]},
+    )
+    shard_ids = [f"s{i:05d}-abcd" for i in range(5)]
+    _write(root, "prompts/shards.json", {
+        "manifest_hash": "m" * 16, "shard_size": 10,
+        "shards": [
+            {"shard_id": s, "first_prompt_id": f"{i}a", "last_prompt_id": f"{i}z", "n_prompts": 10}
+            for i, s in enumerate(shard_ids)
+        ],
+    })  # fmt: skip
+    _write(
+        root,
+        f"generate/_SUCCESS/{shard_ids[0]}.json",
+        _marker(shard_ids[0], 19, 1, 1000, 1200, {"http_400": 1}),
+    )
+    _write(
+        root, f"generate/_SUCCESS/{shard_ids[1]}.json", _marker(shard_ids[1], 20, 0, 900, 1100, {})
+    )
+    if progress:
+        hb = NOW - heartbeat_age
+        _write(root, "generate/progress.json", {
+            "updated_at": hb, "heartbeat_at": hb, "last_progress_at": hb - 1, "started_at": NOW - 2000,
+            "stall_after_s": 900.0, "state": "running",
+            "requests": {"done": 47, "total": 100, "dead": 1},
+            "tokens": {"prompt_done": 2300, "completion_done": 2600, "completion_total_estimate": 5500},
+            "rate": {"lifetime_tokens_per_s": 1.3, "window_tokens_per_s": 2.5, "window_s": 300.0,
+                     "requests_per_s": 0.02},
+            "eta_s": 1160.0, "eta_at": hb + 1160.0, "percent": 47.0,
+            "shards": {
+                shard_ids[0]: {"state": "committed", "requests": 20, "done": 20},
+                shard_ids[1]: {"state": "committed", "requests": 20, "done": 20},
+                shard_ids[2]: {"state": "running", "requests": 20, "done": 5},
+                shard_ids[3]: {"state": "failed", "requests": 20, "done": 2, "error": "EngineUnavailable: no server"},
+            },
+            "servers": [{"url": "http://10.0.0.1:30000", "healthy": True, "in_flight": 3, "completed": 40,
+                         "failures": 0, "consecutive_failures": 0, "last_error": "", "extra": {}}],
+        })  # fmt: skip
+    return root
+
+
+def test_read_status_counts(tmp_path: Path) -> None:
+    run = open_run(str(make_run(tmp_path / "run")))
+    status = read_status(run, now=NOW)
+    gen = status["generate"]
+    assert status["stalled"] is False
+    assert gen["state"] == "running"
+    assert gen["shards"] == {
+        "planned": 5,
+        "committed": 2,
+        "by_state": {"committed": 2, "running": 1, "failed": 1, "pending": 1},
+    }
+    # committed: 20 + 20 (markers), running 5, failed 2, pending 0; total 5 x 10 x 2
+    assert gen["requests"] == {"done": 47, "total": 100, "dead": 1}
+    assert gen["percent"] == 47.0
+    assert gen["committed"] == {
+        "rows": 39,
+        "prompt_tokens": 1900,
+        "completion_tokens": 2300,
+        "dead_classes": {"http_400": 1},
+    }
+    assert gen["shard_items"]["s00003-abcd"]["error"] == "EngineUnavailable: no server"
+    assert gen["progress"]["heartbeat_age_s"] == 10.0
+    assert status["discover"] == {
+        "committed": True,
+        "committed_at": NOW - 3000,
+        "manifest_rows": 50,
+        "holdout_rows": 6,
+        "quarantine_rows": 3,
+        "totals": {"rows_read": 59, "kept": 50},
+        "warnings": 1,
+    }
+    assert status["run"]["fingerprint"]["target.revision"] == "abc123"
+    assert status["run"]["fingerprint_hash"] == "f00dfeedcafe0001"
+
+
+def test_json_output_and_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = make_run(tmp_path / "run", heartbeat_age=5.0)
+    # the real clock is far from NOW, so give a bound larger than the constructed ages
+    age = time.time() - NOW
+    rc = status_main([str(root), "--json", "--stall-after", str(age + 3600)])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == EXIT_OK
+    assert out["generate"]["requests"] == {"done": 47, "total": 100, "dead": 1}
+    assert out["generate"]["shards"]["by_state"] == {
+        "committed": 2,
+        "running": 1,
+        "failed": 1,
+        "pending": 1,
+    }
+    assert out["stalled"] is False
+
+
+def test_old_heartbeat_is_stalled(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = make_run(tmp_path / "run", heartbeat_age=1000.0)
+    status = read_status(open_run(str(root)), now=NOW)
+    assert status["stalled"] is True
+    assert status["generate"]["state"] == "stalled"
+    assert status["generate"]["stall_reason"] == (
+        "no heartbeat for 16m 40s (the generating process is gone or hung)"
+    )
+    # a wider bound given on the command line wins over progress.json's own
+    assert read_status(open_run(str(root)), now=NOW, stall_after_s=2000)["stalled"] is False
+    # the CLI (real clock, long after NOW) reports the stall with exit code 3
+    assert status_main([str(root), "--json"]) == EXIT_STALLED
+    assert json.loads(capsys.readouterr().out)["generate"]["state"] == "stalled"
+
+
+def test_live_heartbeat_without_results_is_stalled(tmp_path: Path) -> None:
+    root = make_run(tmp_path / "run")
+    progress = json.loads((root / "generate/progress.json").read_text())
+    progress["last_progress_at"] = NOW - 901
+    (root / "generate/progress.json").write_text(json.dumps(progress))
+    status = read_status(open_run(str(root)), now=NOW)
+    assert status["generate"]["stall_reason"] == "no request finished for 15m 01s"
+
+
+def test_complete_is_never_stalled(tmp_path: Path) -> None:
+    root = make_run(tmp_path / "run", heartbeat_age=99_999.0)
+    _write(root, "generate/_COMPLETE", {"completed_at": NOW - 99_000, "shards_committed": 5})
+    status = read_status(open_run(str(root)), now=NOW)
+    assert (status["stalled"], status["generate"]["state"]) == (False, "complete")
+    assert status["generate"]["completed_at"] == NOW - 99_000
+
+
+def test_before_generate_and_uncommitted_discovery(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    _write(
+        root, "run.json", {"fingerprint": {"target": {"model_path": "m"}}, "fingerprint_hash": "h"}
+    )
+    (root / "prompts").mkdir()
+    pq.write_table(pa.table({"prompt_id": ["a", "b", "c"]}), root / "prompts" / "manifest.parquet")
+    status = read_status(open_run(str(root)), now=NOW)
+    assert status["generate"]["state"] == "not started"
+    assert status["generate"]["requests"] == {"done": 0, "total": 0, "dead": 0}
+    assert status["discover"]["committed"] is False
+    assert status["discover"]["manifest_rows"] == 3
+    assert status["discover"]["holdout_rows"] is None
+    # a marker but no progress.json: liveness cannot be judged, so it is neither running nor stalled
+    _write(root, "generate/_SUCCESS/s1.json", _marker("s1", 3, 0, 30, 40, {}))
+    status = read_status(open_run(str(root)), now=NOW)
+    assert (status["generate"]["state"], status["stalled"]) == ("incomplete", False)
+    assert status["generate"]["requests"] == {"done": 3, "total": 0, "dead": 0}
+
+
+def test_missing_folder_and_missing_run_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nope"
+    assert status_main([str(missing)]) == EXIT_MISSING
+    assert capsys.readouterr().err == f"eaglescale status: run folder {missing} does not exist\n"
+    assert not missing.exists()  # status never creates the folder it was asked about
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert status_main([str(empty), "--json"]) == EXIT_MISSING
+    err = capsys.readouterr().err
+    assert f"{empty} has no run.json" in err
+    assert status_main([str(empty), "--storage-option", "novalue"]) == EXIT_MISSING
+    assert "--storage-option 'novalue': expected key=value" in capsys.readouterr().err
+
+
+def test_corrupt_progress_names_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = make_run(tmp_path / "run")
+    (root / "generate/progress.json").write_text("{not json")
+    assert status_main([str(root)]) == EXIT_MISSING
+    assert f"{root}/generate/progress.json: not valid JSON" in capsys.readouterr().err
+
+
+def test_render_is_compact_for_hundreds_of_shards(tmp_path: Path) -> None:
+    root = make_run(tmp_path / "run", heartbeat_age=1000.0)
+    plan = json.loads((root / "prompts/shards.json").read_text())
+    progress = json.loads((root / "generate/progress.json").read_text())
+    for i in range(300):
+        plan["shards"].append(
+            {"shard_id": f"x{i:04d}", "first_prompt_id": "", "last_prompt_id": "", "n_prompts": 10}
+        )
+        progress["shards"][f"x{i:04d}"] = {"state": "running", "requests": 20, "done": i % 20}
+    (root / "prompts/shards.json").write_text(json.dumps(plan))
+    (root / "generate/progress.json").write_text(json.dumps(progress))
+    status = read_status(open_run(str(root)), now=NOW)
+    console = Console(width=140, record=True, color_system=None)
+    console.print(render_status(status))
+    text = console.export_text()
+    assert "STALLED: no heartbeat for 16m 40s" in text
+    # done: 47 as before + sum(i % 20) over the 300 extra shards = 2,897 of 305 x 20
+    assert "2,897 / 6,100 (47.5%), 1 dead" in text
+    assert "2 / 305 committed (2 committed · 1 failed · 1 pending · 301 running)" in text
+    assert "+282 more" in text  # 302 active shards, 20 shown
+    shard_rows = [line for line in text.splitlines() if "/ 20 " in line]
+    assert len(shard_rows) == 20
+    assert "failed" in shard_rows[0] and "EngineUnavailable: no server" in shard_rows[0]
+    assert "http://10.0.0.1:30000" in text
+    assert len(text.splitlines()) < 60
