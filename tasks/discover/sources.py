@@ -1,0 +1,247 @@
+"""Read the rows of one configured source, streaming, through fsspec (so s3:// works).
+
+A source is a file, a glob, a folder of data files, or a `datasets` folder written by
+`save_to_disk` (read straight from its Arrow stream files, batch by batch, so a remote folder is
+never downloaded whole). Rows come out in a fixed order (files sorted by path) with their
+position in the source. A line that is not JSON is a row-level problem (`RawRow.error`); a
+source that cannot be opened or parsed as a whole is a config problem (`SourceError`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import posixpath
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+from fsspec.core import OpenFile, url_to_fs
+from fsspec.utils import infer_compression
+
+from tasks.config import ConfigError, SourceConfig
+
+_EXTENSION_FORMATS = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "json",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
+_COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
+_BATCH_ROWS = 1024
+_HF_DICT_FILE = "dataset_dict.json"
+_HF_STATE_FILE = "state.json"
+
+
+def _extension_format(path: str) -> str | None:
+    name = path.lower()
+    for suffix in _COMPRESSION_SUFFIXES:
+        name = name.removesuffix(suffix)
+    return _EXTENSION_FORMATS.get(posixpath.splitext(name)[1])
+
+
+class SourceError(ConfigError):
+    """A source that cannot be read at all; the message names the source and the path."""
+
+
+@dataclass(frozen=True)
+class RawRow:
+    row_index: int  # position in the source, counting every row (good or not)
+    row: Any  # the parsed row; None when it could not be parsed
+    error: str | None = None  # why it could not be parsed (bad JSON, bad UTF-8)
+    raw_text: str | None = None  # the unparsable text as read
+
+
+def redact(url: str) -> str:
+    """Drop `user:password@` from a URL before it goes into a message."""
+    return re.sub(r"//[^/@\s]+@", "//***@", url)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    fs: fsspec.AbstractFileSystem
+    files: list[tuple[str, str]]  # (fs path, format) in read order
+
+
+class SourceReader:
+    """Resolves one source to files and yields its rows."""
+
+    def __init__(self, src: SourceConfig, storage_options: dict[str, Any] | None = None) -> None:
+        self.src = src
+        self.storage_options = dict(storage_options or {})
+
+    def fail(self, what: str, file: str | None = None) -> SourceError:
+        where = self.src.path if file is None or file == self.src.path else file
+        message = redact(f"source {self.src.name!r} ({where}): {what}")
+        # Drivers quote the parsed URL in their own words (e.g. `user:secret@bucket` as a bucket
+        # name), so the credentials themselves are blanked wherever they appear.
+        userinfo = re.search(r"//([^/@\s]+)@", self.src.path)
+        if userinfo:
+            message = message.replace(userinfo.group(1), "***")
+        return SourceError(message)
+
+    def _format_of(self, path: str) -> str:
+        if self.src.file_format != "auto":
+            return self.src.file_format
+        fmt = _extension_format(path)
+        if fmt is None:
+            raise self.fail(
+                "cannot tell the file format from the extension; set file_format "
+                "(jsonl, json, parquet, hf_disk)",
+                path,
+            )
+        return fmt
+
+    def plan(self) -> _Plan:
+        # Any failure here is the source's (filesystem drivers raise their own exception types).
+        try:
+            fs, root = url_to_fs(self.src.path, **self.storage_options)
+        except Exception as e:
+            raise self.fail(f"cannot open the filesystem: {type(e).__name__}: {e}") from None
+        try:
+            return self._plan(fs, root)
+        except SourceError:
+            raise
+        except Exception as e:
+            raise self.fail(f"{type(e).__name__}: {e}") from None
+
+    def _plan(self, fs: fsspec.AbstractFileSystem, root: str) -> _Plan:
+        if fs.exists(posixpath.join(root, _HF_DICT_FILE)) or fs.exists(
+            posixpath.join(root, _HF_STATE_FILE)
+        ):
+            if self.src.file_format not in ("auto", "hf_disk"):
+                raise self.fail(f"is a datasets folder, but file_format is {self.src.file_format}")
+            return _Plan(fs, self._hf_files(fs, root))
+        if self.src.file_format == "hf_disk":
+            raise self.fail(
+                f"is not a save_to_disk folder (no {_HF_DICT_FILE} or {_HF_STATE_FILE})"
+            )
+        if self.src.split is not None:
+            raise self.fail(
+                f"split {self.src.split!r} is set, but only a datasets folder has splits"
+            )
+        if any(ch in root for ch in "*?["):
+            found = fs.glob(root, detail=True)
+            files = sorted(p for p, info in found.items() if info.get("type") == "file")
+            if not files:
+                raise self.fail("no files match this glob")
+            return _Plan(fs, [(p, self._format_of(p)) for p in files])
+        if fs.isdir(root):
+            names = sorted(fs.find(root, maxdepth=1))
+            auto = self.src.file_format == "auto"
+            files = [p for p in names if not auto or _extension_format(p) is not None]
+            if not files:
+                raise self.fail("folder holds no .jsonl, .json or .parquet files")
+            return _Plan(fs, [(p, self._format_of(p)) for p in files])
+        if not fs.exists(root):
+            raise self.fail("path does not exist")
+        return _Plan(fs, [(root, self._format_of(root))])
+
+    def _hf_files(self, fs: fsspec.AbstractFileSystem, root: str) -> list[tuple[str, str]]:
+        split_dir = root
+        dict_path = posixpath.join(root, _HF_DICT_FILE)
+        if fs.exists(dict_path):
+            splits = json.loads(fs.cat_file(dict_path)).get("splits", [])
+            split = self.src.split
+            if split is None:
+                if len(splits) != 1:
+                    raise self.fail(f"is a DatasetDict with splits {splits}; set split")
+                split = splits[0]
+            if split not in splits:
+                raise self.fail(f"split {split!r} not found (splits: {splits})")
+            split_dir = posixpath.join(root, split)
+        state_path = posixpath.join(split_dir, _HF_STATE_FILE)
+        if not fs.exists(state_path):
+            raise self.fail(f"missing {_HF_STATE_FILE}", state_path)
+        state = json.loads(fs.cat_file(state_path))
+        saved_split = state.get("_split")
+        if split_dir == root and self.src.split and saved_split and saved_split != self.src.split:
+            raise self.fail(f"holds split {saved_split!r}, not {self.src.split!r}")
+        data_files = [d["filename"] for d in state.get("_data_files", [])]
+        if not data_files:
+            raise self.fail(f"{_HF_STATE_FILE} lists no data files", state_path)
+        return [(posixpath.join(split_dir, name), "hf_arrow") for name in data_files]
+
+    def rows(self) -> Iterator[RawRow]:
+        """Every row of the source in order, at most `max_rows` of them."""
+        plan = self.plan()
+        index = 0
+        limit = self.src.max_rows
+        for path, fmt in plan.files:
+            if limit is not None and index >= limit:
+                return
+            with contextlib.closing(self._file_rows(plan.fs, path, fmt)) as file_rows:
+                for parsed, error, raw_text in file_rows:
+                    yield RawRow(index, parsed, error, raw_text)
+                    index += 1
+                    if limit is not None and index >= limit:
+                        return
+
+    def _file_rows(
+        self, fs: fsspec.AbstractFileSystem, path: str, fmt: str
+    ) -> Iterator[tuple[Any, str | None, str | None]]:
+        compression = None if fmt == "hf_arrow" else infer_compression(path)
+        opener = OpenFile(fs, path, mode="rb", compression=compression)
+        with self._errors(path), opener as f:
+            if fmt == "jsonl":
+                yield from _jsonl_rows(f, posixpath.basename(path))
+            elif fmt == "json":
+                yield from _json_rows(f, posixpath.basename(path))
+            elif fmt == "parquet":
+                for batch in pq.ParquetFile(f).iter_batches(batch_size=_BATCH_ROWS):
+                    for row in batch.to_pylist():
+                        yield row, None, None
+            else:
+                for batch in ipc.open_stream(f):
+                    for row in batch.to_pylist():
+                        yield row, None, None
+
+    @contextlib.contextmanager
+    def _errors(self, path: str) -> Iterator[None]:
+        try:
+            yield
+        except SourceError:
+            raise
+        except FileNotFoundError:
+            raise self.fail("file not found", path) from None
+        except Exception as e:
+            # A whole-file failure (corrupt parquet, a .json array that does not parse, a
+            # driver error): the source is unusable; row-level problems never get here.
+            raise self.fail(f"cannot read: {type(e).__name__}: {e}", path) from None
+
+
+def _jsonl_rows(f: Any, name: str) -> Iterator[tuple[Any, str | None, str | None]]:
+    for lineno, line in enumerate(f, start=1):
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            yield (
+                None,
+                f"invalid UTF-8 at line {lineno} of {name}: {e.reason}",
+                line.decode("utf-8", "replace"),
+            )
+            continue
+        text = text.rstrip("\r\n")
+        if lineno == 1:
+            text = text.lstrip("\ufeff")
+        if not text.strip():
+            continue
+        try:
+            yield json.loads(text), None, None
+        except json.JSONDecodeError as e:
+            yield None, f"invalid JSON at line {lineno} of {name}: {e.msg} (column {e.colno})", text
+
+
+def _json_rows(f: Any, name: str) -> Iterator[tuple[Any, str | None, str | None]]:
+    """A `.json` file is either one JSON array of rows or, as often in the wild, JSON lines."""
+    data = f.read()
+    if not data.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):
+        yield from _jsonl_rows(data.splitlines(keepends=True), name)
+        return
+    for row in json.loads(data.decode("utf-8-sig")):
+        yield row, None, None

@@ -1,0 +1,216 @@
+"""Row normalization and the content hashes: each format, each malformed case, exact outputs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from tasks.discover.formats import (
+    MalformedRow,
+    canonical_json,
+    normalize_row,
+    normalized_hash,
+    prompt_id_of,
+)
+
+
+def system(c: str) -> dict[str, str]:
+    return {"role": "system", "content": c}
+
+
+def user(c: str) -> dict[str, str]:
+    return {"role": "user", "content": c}
+
+
+def bot(c: str) -> dict[str, str]:
+    return {"role": "assistant", "content": c}
+
+
+def test_openai_keeps_context_and_drops_trailing_answer() -> None:
+    row = {
+        "id": 7,
+        "messages": [
+            {"role": "system", "content": "Be brief.", "name": "sys"},
+            user("Hi"),
+            bot("Hello!"),
+            user("What is 2+2?"),
+            bot("4"),
+        ],
+    }
+    assert normalize_row(row) == [
+        system("Be brief."),
+        user("Hi"),
+        bot("Hello!"),
+        user("What is 2+2?"),
+    ]
+
+
+def test_openai_text_parts_are_joined_and_developer_is_system() -> None:
+    row = {
+        "messages": [
+            {"role": "developer", "content": [{"type": "text", "text": "Rules."}]},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "Part one."}, {"text": "Part two."}],
+            },
+        ]
+    }
+    assert normalize_row(row) == [system("Rules."), user("Part one.\nPart two.")]
+
+
+def test_sharegpt_maps_roles_and_cuts_after_last_human() -> None:
+    row = {
+        "conversations": [
+            {"from": "system", "value": "You are a coder."},
+            {"from": "human", "value": "Fix the bug."},
+            {"from": "gpt", "value": "Done."},
+            {"from": "human", "value": "Add a test."},
+            {"from": "gpt", "value": "Added."},
+        ]
+    }
+    assert normalize_row(row, "sharegpt") == [
+        system("You are a coder."),
+        user("Fix the bug."),
+        bot("Done."),
+        user("Add a test."),
+    ]
+
+
+def test_sharegpt_with_role_content_items() -> None:
+    row = {
+        "conversations": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
+    }
+    assert normalize_row(row) == [user("Hi")]
+
+
+def test_alpaca_instruction_input_system_and_history() -> None:
+    assert normalize_row({"instruction": "Sum these.", "input": "1, 2", "output": "3"}) == [
+        user("Sum these.\n\n1, 2")
+    ]
+    assert normalize_row({"instruction": "Say hi.", "input": "", "output": "hi"}) == [
+        user("Say hi.")
+    ]
+    row = {
+        "system": "Be kind.",
+        "instruction": "And now?",
+        "history": [["First?", "Yes."]],
+        "output": "ok",
+    }
+    assert normalize_row(row) == [system("Be kind."), user("First?"), bot("Yes."), user("And now?")]
+
+
+def test_bare_prompt_and_question_fields() -> None:
+    assert normalize_row({"question": "Why is the sky blue?", "answer": "Rayleigh"}) == [
+        user("Why is the sky blue?")
+    ]
+    assert normalize_row({"prompt": "Write a poem.", "system": "Rhyme."}) == [
+        system("Rhyme."),
+        user("Write a poem."),
+    ]
+    as_list = {"prompt": [user("Q1"), bot("A1"), user("Q2")], "chosen": "x"}
+    assert normalize_row(as_list) == [user("Q1"), bot("A1"), user("Q2")]
+
+
+def test_content_whitespace_is_kept_verbatim() -> None:
+    # The target tokenizes exactly this text, so normalization must not touch it.
+    assert normalize_row({"prompt": "  two  spaces\n"}) == [user("  two  spaces\n")]
+
+
+@pytest.mark.parametrize(
+    ("row", "fmt", "reason"),
+    [
+        ({"messages": [system("x"), bot("y")]}, "auto", "no user turn in messages"),
+        (
+            {"messages": [user("a"), {"role": "robot", "content": "b"}, user("c")]},
+            "auto",
+            "messages[1].role 'robot' unknown",
+        ),
+        (
+            {"messages": [user("a"), bot("b"), {"role": "tool", "content": "c"}]},
+            "auto",
+            "messages[2].role 'tool' unknown",
+        ),
+        (
+            {"messages": [{"role": "user", "content": 42}]},
+            "auto",
+            "messages[0].content is int, expected a string",
+        ),
+        ({"messages": [{"role": "user", "content": None}]}, "auto", "messages[0].content is null"),
+        ({"messages": [user(" \n\t ")]}, "auto", "messages[0].content is empty"),
+        ({"messages": [{"content": "hi"}]}, "auto", "messages[0].role missing or not a string"),
+        ({"messages": "hello"}, "auto", "messages is str, expected a list"),
+        ({"messages": []}, "auto", "messages is an empty list"),
+        ({"messages": [user("a"), "b"]}, "auto", "messages[1] is str, expected an object"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "auto",
+            "messages[0].content[0].type 'image_url' unsupported (only text parts)",
+        ),
+        (
+            {
+                "conversations": [
+                    {"from": "human", "value": "a"},
+                    {"from": "observation", "value": "b"},
+                ]
+            },
+            "auto",
+            "conversations[1].from 'observation' unknown",
+        ),
+        (
+            {"conversations": [{"from": "gpt", "value": "a"}]},
+            "auto",
+            "no user turn in conversations",
+        ),
+        ({"instruction": "   ", "output": "x"}, "auto", "instruction is empty"),
+        ({"instruction": "Do it", "input": 5}, "auto", "input is int, expected a string"),
+        (
+            {"instruction": "Do it", "history": [["only one"]]},
+            "auto",
+            "history[0] is not a [user, assistant] pair",
+        ),
+        ({"question": ["not", "messages"]}, "auto", "question[0] is str, expected an object"),
+        (
+            {"text": "hello", "id": 1},
+            "auto",
+            "no conversation field (expected messages, conversations, instruction, prompt or "
+            "question; keys: id, text)",
+        ),
+        (["user", "hello"], "auto", "row is list, expected an object"),
+        ({"prompt": "hi"}, "openai", "missing 'messages' field (conversation_format openai)"),
+        (
+            {"messages": [user("hi")]},
+            "prompt",
+            "missing 'prompt' or 'question' field (conversation_format prompt)",
+        ),
+    ],
+)
+def test_malformed_rows_name_the_problem(row: object, fmt: str, reason: str) -> None:
+    with pytest.raises(MalformedRow) as err:
+        normalize_row(row, fmt)
+    assert str(err.value) == reason
+
+
+def test_prompt_id_is_sha256_prefix_of_canonical_json() -> None:
+    messages = [user("héllo"), bot("x"), user("y")]
+    text = canonical_json(messages)
+    assert (
+        text == '[{"content":"héllo","role":"user"},{"content":"x","role":"assistant"},'
+        '{"content":"y","role":"user"}]'
+    )
+    assert prompt_id_of(messages) == hashlib.sha256(text.encode()).hexdigest()[:20]
+    reordered = json.loads(
+        '[{"role":"user","content":"héllo"},{"content":"x","role":"assistant"},'
+        '{"role":"user","content":"y"}]'
+    )
+    assert prompt_id_of(reordered) == prompt_id_of(messages)
+    assert prompt_id_of([user("héllo ")]) != prompt_id_of([user("héllo")])
+
+
+def test_normalized_hash_ignores_case_punctuation_and_spacing_but_not_roles() -> None:
+    base = normalized_hash([user("What's the capital of France?")])
+    assert normalized_hash([user("whats   the CAPITAL of france")]) == base
+    assert normalized_hash([user("What's the capital\nof France!!")]) == base
+    assert normalized_hash([user("What's the capital of Spain?")]) != base
+    assert normalized_hash([system("What's the capital of France?")]) != base
