@@ -1,0 +1,232 @@
+"""Server rotation for the `sglang` engine: slots, least-loaded routing, health and eviction.
+
+Runs entirely on the engine's event loop thread (health() only reads plain fields). A server is
+"unknown" until its first /health_generate, "up" (in rotation) or "down". Failures in a row take
+it down after `unhealthy_after`; a health checker then probes it every `health_recheck_s` and puts
+it back when the probe passes. A watchdog probes up servers that hold requests but have shown
+no progress for a recheck interval, so a hung server is found long before the request timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from tasks.config import EngineConfig
+from tasks.engines.base import EngineUnavailable, ServerHealth
+
+Probe = Callable[["SGLangServer", float], Awaitable[str | None]]
+
+
+def redact_url(url: str) -> str:
+    """The URL without user:password, for logs, errors and health reports."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+
+
+class SGLangServer:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.display = redact_url(url)
+        self.generate_url = url + "/generate"
+        self.state = "unknown"  # "unknown" | "up" | "down"
+        self.in_flight = 0
+        self.completed = 0
+        self.failures = 0
+        self.consecutive_failures = 0
+        self.health_checks = 0
+        self.last_error = ""
+        self.down_since: float | None = None
+        self.last_progress = time.monotonic()
+        self.running: dict[asyncio.Task[Any], Any] = {}  # attempt task -> its item (evicted flag)
+        self.checker: asyncio.Task[None] | None = None
+        self.kick: asyncio.Event | None = None
+
+
+class ServerPool:
+    def __init__(
+        self,
+        servers: list[SGLangServer],
+        config: EngineConfig,
+        probe: Probe,
+        health_timeout_s: float,
+        unavailable_after_s: float,
+    ) -> None:
+        self.servers = servers
+        self._limit = config.concurrency_per_server
+        self._unhealthy_after = config.unhealthy_after
+        self._recheck_s = config.health_recheck_s
+        self._retry_probe_s = min(max(config.backoff_base_s, 0.05), config.health_recheck_s)
+        self._probe = probe
+        self._health_timeout_s = health_timeout_s
+        self._unavailable_after_s = unavailable_after_s
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._rr = 0
+        self._watchdog: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def capacity(self) -> int:
+        return self._limit * len(self.servers)
+
+    # -- slots -------------------------------------------------------------------------------
+
+    def _pick(self, avoid: SGLangServer | None) -> SGLangServer | None:
+        """The least-loaded up server with a free slot, other than `avoid` when there is one."""
+        n = len(self.servers)
+        self._rr = (self._rr + 1) % n
+        best: SGLangServer | None = None
+        for k in range(n):
+            s = self.servers[(self._rr + k) % n]
+            free = s.state == "up" and s.in_flight < self._limit and s is not avoid
+            if free and (best is None or s.in_flight < best.in_flight):
+                best = s
+        if best is None and avoid is not None and avoid.state == "up" and avoid.in_flight < self._limit:
+            best = avoid
+        return best
+
+    async def acquire(self, avoid: SGLangServer | None, job_started: float) -> SGLangServer:
+        """A slot on a server (the caller must `release` it). Raises EngineUnavailable."""
+        if self._watchdog is None and not self._closed:
+            self._watchdog = asyncio.create_task(self._watch())
+        loop = asyncio.get_running_loop()
+        while True:
+            server = self._pick(avoid)
+            if server is not None:
+                server.in_flight += 1
+                return server
+            for s in self.servers:
+                if s.state == "unknown":
+                    self._ensure_checker(s)
+            timeout = self._unavailable_wait(job_started)
+            waiter = loop.create_future()
+            self._waiters.append(waiter)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiter, timeout)
+
+    def release(self, server: SGLangServer) -> None:
+        server.in_flight -= 1
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+    def _wake_all(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _unavailable_wait(self, job_started: float) -> float | None:
+        """How long a waiter may wait before re-checking; raises once no server was up too long."""
+        downs = [s.down_since for s in self.servers]
+        if any(d is None for d in downs):
+            return None  # some server is up or still being probed
+        since = max(max(d for d in downs if d is not None), job_started)
+        left = since + self._unavailable_after_s - time.monotonic()
+        if left <= 0:
+            detail = "; ".join(f"{s.display}: {s.last_error or 'unhealthy'}" for s in self.servers)
+            raise EngineUnavailable(
+                f"no SGLang server in rotation for {self._unavailable_after_s:g}s ({detail})"
+            )
+        return left + 0.01
+
+    def job_started(self) -> None:
+        """A new generate() call: if every server is down, probe them now rather than later."""
+        if all(s.state == "down" for s in self.servers):
+            for s in self.servers:
+                if s.kick is not None:
+                    s.kick.set()
+
+    # -- health ------------------------------------------------------------------------------
+
+    def record_success(self, server: SGLangServer) -> None:
+        server.completed += 1
+        server.consecutive_failures = 0
+        server.last_progress = time.monotonic()
+
+    def record_failure(self, server: SGLangServer, error: str) -> None:
+        server.failures += 1
+        server.consecutive_failures += 1
+        server.last_error = error
+        server.last_progress = time.monotonic()
+        if server.state == "up" and server.consecutive_failures >= self._unhealthy_after:
+            self._take_down(server)
+        elif server.state == "unknown":
+            server.state, server.down_since = "down", time.monotonic()
+            self._wake_all()
+        self._ensure_checker(server)
+
+    def _take_down(self, server: SGLangServer) -> None:
+        server.state, server.down_since = "down", time.monotonic()
+        # Its in-flight requests go elsewhere now instead of waiting for their timeout.
+        for task, item in list(server.running.items()):
+            item.evicted = True
+            task.cancel()
+        self._wake_all()
+
+    def _mark_up(self, server: SGLangServer) -> None:
+        if server.state != "up":
+            server.state, server.down_since = "up", None
+            server.consecutive_failures = 0
+            server.last_progress = time.monotonic()
+            self._wake_all()
+
+    def _ensure_checker(self, server: SGLangServer) -> None:
+        if server.checker is None and not self._closed:
+            server.checker = asyncio.create_task(self._check(server))
+
+    async def _check(self, server: SGLangServer) -> None:
+        """Probe until healthy: quickly while it is still up, every recheck interval once down."""
+        server.kick = server.kick or asyncio.Event()
+        try:
+            while not self._closed:
+                server.health_checks += 1
+                error = await self._probe(server, self._health_timeout_s)
+                if error is None:
+                    self._mark_up(server)
+                    return
+                self.record_failure(server, error)
+                server.kick.clear()
+                wait = self._recheck_s if server.state == "down" else self._retry_probe_s
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(server.kick.wait(), wait)
+        finally:
+            server.checker = None
+
+    async def _watch(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self._recheck_s)
+            now = time.monotonic()
+            for s in self.servers:
+                if s.state == "up" and s.in_flight > 0 and now - s.last_progress > self._recheck_s:
+                    self._ensure_checker(s)
+
+    def health(self) -> list[ServerHealth]:
+        return [
+            ServerHealth(
+                url=s.display,
+                healthy=s.state == "up",
+                in_flight=s.in_flight,
+                completed=s.completed,
+                failures=s.failures,
+                consecutive_failures=s.consecutive_failures,
+                last_error=s.last_error,
+                extra={"state": s.state, "health_checks": s.health_checks},
+            )
+            for s in self.servers
+        ]
+
+    async def close(self) -> None:
+        self._closed = True
+        tasks = [t for t in [self._watchdog, *(s.checker for s in self.servers)] if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
