@@ -101,6 +101,8 @@ class GenerateConfig(Strict):
     progress_interval_s: float = Field(30.0, gt=0, le=60.0)
     stall_after_s: float = Field(900.0, gt=0)
     retry_dead: bool = Field(False, description="Rerun only the dead letters of committed shards.")
+    shard_retries: int = Field(2, ge=0, description="Prefect retries of a failed shard task.")
+    shard_retry_delay_s: float = Field(30.0, ge=0)
 
 
 class SlackConfig(Strict):

@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
+import os
+import signal
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -23,6 +25,25 @@ from tasks.runfolder.fingerprint import canonical_json
 from tasks.runfolder.folder import TMP_PREFIX, RunFolder
 
 log = logging.getLogger(__name__)
+
+
+_failpoint_hits: dict[str, int] = {}
+
+
+def failpoint(name: str) -> None:
+    """Crash-test hook: EAGLESCALE_FAILPOINT=name[:n] SIGKILLs this process group at the n-th hit.
+
+    Lets the crash tests kill a run at exact points of the commit protocol (a timer cannot).
+    """
+    spec = os.environ.get("EAGLESCALE_FAILPOINT")
+    if not spec:
+        return
+    wanted, _, nth = spec.partition(":")
+    if wanted != name:
+        return
+    _failpoint_hits[name] = _failpoint_hits.get(name, 0) + 1
+    if _failpoint_hits[name] >= int(nth or 1):
+        os.killpg(os.getpgrp(), signal.SIGKILL)
 
 
 class CommitError(RuntimeError):
@@ -117,7 +138,9 @@ class ShardStore:
         if back.num_rows != rows.num_rows or back.schema != rows.schema:
             raise CommitError(f"shard {shard_id}: parquet round-trip changed rows or schema")
         self.run.write_bytes_atomic(data_key, data)
+        failpoint("commit.after_data")
         self.run.write_bytes_atomic(dead_key, dead_data)
+        failpoint("commit.before_marker")
         marker = {
             "shard_id": shard_id,
             "stage": self.stage,
@@ -141,6 +164,7 @@ class ShardStore:
             won = True
         else:
             won = self.run.create_exclusive(self.marker_key(shard_id), body)
+        failpoint("commit.after_marker")
         if not won:
             log.info("shard %s was committed by another writer; dropping attempt %s", shard_id, attempt)
             self.run.remove(data_key)

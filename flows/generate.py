@@ -1,0 +1,130 @@
+"""Stage flow `generate`: one Prefect task per shard, never per request (DESIGN §7).
+
+Per-request state lives in the run folder's journals; Prefect sees shard-sized task runs, a
+progress artifact updated in place, and one event per committed shard.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any
+
+from prefect import flow, task
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+from prefect.events import emit_event
+from prefect.futures import wait
+
+from flows.common import notifier_for, run_logger, slack_on_failure
+from tasks.config import EagleScaleConfig
+from tasks.engines.factory import get_engine
+from tasks.generate.stage import GenerateStage
+from tasks.runfolder import RunFolder
+from tasks.target import load_tokenizer
+
+# Shard tasks run in this process's thread pool and share one stage (engine, progress).
+_active: dict[str, GenerateStage] = {}
+
+
+def _resource(config: EagleScaleConfig, shard_id: str = "") -> dict[str, str]:
+    rid = f"eaglescale.run.{config.run_root}" + (f".shard.{shard_id}" if shard_id else "")
+    return {"prefect.resource.id": rid, "eaglescale.run_root": config.run_root}
+
+
+@task(name="generate-shard", task_run_name="shard-{shard_id}")
+def generate_shard(config: EagleScaleConfig, shard_id: str) -> dict[str, Any]:
+    stage = _active[config.run_root]
+    outcome = stage.run_shard(shard_id)
+    summary = {k: v for k, v in asdict(outcome).items() if k != "marker"}
+    emit_event(
+        f"eaglescale.generate.shard.{outcome.status}",
+        resource=_resource(config, shard_id),
+        payload=summary,
+    )
+    return summary
+
+
+def _watch(stage: GenerateStage, futures: list, config: EagleScaleConfig, artifact_id: Any) -> None:
+    """Wait for the shard tasks while keeping progress.json, the artifact and stall alerts fresh."""
+    notifier = notifier_for(config)
+    stall_after = config.generate.stall_after_s
+    stalled_alerted = False
+    pending = list(futures)
+    while pending:
+        pending = list(wait(pending, timeout=min(5.0, config.generate.progress_interval_s)).not_done)
+        stage.tick()
+        snap = stage.progress.snapshot()
+        update_progress_artifact(artifact_id, float(snap.get("percent") or 0.0))
+        idle = time.time() - stage.last_result_at
+        if idle > stall_after and not stalled_alerted:
+            stalled_alerted = True
+            notifier.stalled("generate", idle, {"shards_left": len(pending)})
+            emit_event("eaglescale.generate.stalled", resource=_resource(config), payload={"idle_s": idle})
+        elif idle <= stall_after:
+            stalled_alerted = False
+
+
+@flow(name="generate", on_failure=[slack_on_failure], on_crashed=[slack_on_failure])
+def generate_flow(config: EagleScaleConfig, fp_hash: str) -> dict[str, Any]:
+    log = run_logger()
+    notifier = notifier_for(config)
+    started = time.time()
+    run = RunFolder(config.run_root, config.storage_options)
+    tokenizer = load_tokenizer(config.target.model_path, config.target.chat_template)
+    stage = GenerateStage(config, run, fp_hash, get_engine(config), tokenizer)
+    _active[config.run_root] = stage
+    try:
+        pending = stage.prepare()
+        notifier.stage_started(
+            "generate",
+            {"shards": len(stage.shards), "to_run": len(pending), "engine": config.engine.kind},
+        )
+        log.info("generate: %d shards planned, %d to run", len(stage.shards), len(pending))
+        artifact_id = create_progress_artifact(
+            float(stage.progress.snapshot().get("percent") or 0.0),
+            key="generate-progress",
+            description=f"Generation progress of {config.run_root}",
+        )
+        shard_task = generate_shard.with_options(
+            retries=config.generate.shard_retries,
+            retry_delay_seconds=config.generate.shard_retry_delay_s,
+        )
+        futures = [shard_task.submit(config, shard_id) for shard_id in pending]
+        _watch(stage, futures, config, artifact_id)
+        failures = [f for f in futures if f.state.is_failed() or f.state.is_crashed()]
+        summary = stage.finish()
+        update_progress_artifact(artifact_id, float(stage.progress.snapshot().get("percent") or 0.0))
+        _publish(stage, summary)
+    finally:
+        _active.pop(config.run_root, None)
+    if failures:
+        errors = [str(f.state.message)[:300] for f in failures[:3]]
+        raise RuntimeError(f"generate: {len(failures)} shard(s) failed: {errors}")
+    notifier.stage_completed("generate", summary, time.time() - started)
+    emit_event("eaglescale.generate.finished", resource=_resource(config), payload=summary)
+    return summary
+
+
+def _publish(stage: GenerateStage, summary: dict[str, Any]) -> None:
+    committed = stage.store.committed()
+    rows = []
+    for shard in stage.shards:
+        m = committed.get(shard.shard_id)
+        rows.append(
+            {
+                "shard": shard.shard_id,
+                "state": "committed" if m else "missing",
+                "rows": m["rows"] if m else 0,
+                "dead": m["dead"] if m else 0,
+                "completion_tokens": m.get("completion_tokens", 0) if m else 0,
+            }
+        )
+    create_table_artifact(rows, key="generate-shards", description="Generation shards")
+    lines = ["# Generation summary", "", "| metric | value |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in summary.items()]
+    create_markdown_artifact("\n".join(lines), key="generate-summary", description="Generation summary")

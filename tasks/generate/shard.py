@@ -1,0 +1,207 @@
+"""One generation shard: replay its journal, run what is left, commit exactly once.
+
+Exactly-once per request_id comes from three things: keys are content hashes, every outcome is
+journaled before it counts, and a shard becomes visible only through its marker. A rerun of a
+killed shard therefore resends only the requests its journals lack.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.engines.base import (
+    Engine,
+    GenerationRequest,
+    GenerationResult,
+    Outcome,
+    SamplingParams,
+)
+from tasks.generate.plan import PlannedRequest
+from tasks.generate.rows import DEAD_SCHEMA, ROW_SCHEMA, quality_flags, to_table
+from tasks.runfolder import JournalWriter, ShardStore, new_attempt_id, read_journal
+
+log = logging.getLogger(__name__)
+STAGE = "generate"
+
+
+class ShardFailed(RuntimeError):
+    """A shard whose dead letters exceed the configured fraction: loud, not committed."""
+
+
+@dataclass
+class ShardOutcome:
+    shard_id: str
+    status: str  # "committed" | "skipped" | "lost_race"
+    rows: int
+    dead: int
+    new_requests: int
+    replayed: int
+    torn_lines: int
+    marker: dict[str, Any]
+
+
+def replay_outcomes(
+    store: ShardStore, shard_id: str, retry_dead: bool
+) -> tuple[dict[str, dict], dict[str, dict], int]:
+    """(ok, dead, torn) from every journaled attempt; a success anywhere beats a dead letter."""
+    replay = read_journal(store.run, STAGE, shard_id)
+    ok: dict[str, dict] = {}
+    dead: dict[str, dict] = {}
+    for rec in replay.records:
+        rid = rec.get("request_id")
+        if rec.get("status") == "ok":
+            ok.setdefault(rid, rec)
+        elif rec.get("status") == "dead" and not retry_dead:
+            dead[rid] = rec
+    for rid in ok:
+        dead.pop(rid, None)
+    return ok, dead, replay.torn_lines
+
+
+def run_shard(
+    store: ShardStore,
+    shard_id: str,
+    planned: list[PlannedRequest],
+    render_ids: Callable[[str], list[int]],
+    engine: Engine,
+    sampling: SamplingParams,
+    fp_hash: str,
+    max_dead_fraction: float,
+    journal_flush_s: float = 1.0,
+    retry_dead: bool = False,
+    on_outcome: Callable[[Outcome], None] | None = None,
+    on_replay: Callable[[dict[str, dict], dict[str, dict]], None] | None = None,
+) -> ShardOutcome:
+    """Generate the requests of one shard that no journal or marker already holds."""
+    marker = store.marker(shard_id)
+    committed_rows: dict[str, dict] = {}
+    if marker is not None:
+        if not (retry_dead and marker.get("dead", 0) > 0):
+            return ShardOutcome(
+                shard_id, "skipped", marker["rows"], marker["dead"], 0, 0, 0, marker
+            )
+        # retry-dead: keep the committed rows, rerun only the dead keys.
+        committed_rows = {r["request_id"]: r for r in store.read_rows(marker).to_pylist()}
+
+    ok, dead, torn = replay_outcomes(store, shard_id, retry_dead)
+    ok.update(committed_rows)
+    if on_replay is not None and (ok or dead):
+        on_replay(ok, dead)
+    by_rid = {p.request_id: p for p in planned}
+    pending = [p for p in planned if p.request_id not in ok and p.request_id not in dead]
+    attempt = new_attempt_id()
+    log.info(
+        "shard %s: %d planned, %d replayed ok, %d dead, %d to run (attempt %s)",
+        shard_id,
+        len(planned),
+        len(ok),
+        len(dead),
+        len(pending),
+        attempt,
+    )
+    if pending:
+        ok_new, dead_new = _generate(
+            store,
+            shard_id,
+            attempt,
+            pending,
+            by_rid,
+            render_ids,
+            engine,
+            sampling,
+            journal_flush_s,
+            on_outcome,
+        )
+        ok.update(ok_new)
+        dead.update(dead_new)
+    rows = to_table([ok[p.request_id] for p in planned if p.request_id in ok], ROW_SCHEMA)
+    dead_table = to_table(
+        [dead[p.request_id] for p in planned if p.request_id in dead], DEAD_SCHEMA
+    )
+    if planned and dead_table.num_rows / len(planned) > max_dead_fraction:
+        classes = Counter(dead_table.column("error_class").to_pylist()).most_common(3)
+        raise ShardFailed(
+            f"shard {shard_id}: {dead_table.num_rows} of {len(planned)} requests dead "
+            f"({dead_table.num_rows / len(planned):.1%} > max_dead_fraction {max_dead_fraction:.1%}); "
+            f"top error classes {classes}. Results so far are journaled; fix the cause and rerun "
+            f"with generate.retry_dead=true to retry the dead requests."
+        )
+    extra = {
+        "prompt_tokens": sum(rows.column("prompt_tokens").to_pylist()),
+        "completion_tokens": sum(rows.column("completion_tokens").to_pylist()),
+        "quality": quality_flags(rows),
+        "dead_classes": dict(Counter(dead_table.column("error_class").to_pylist())),
+    }
+    result = store.commit(
+        shard_id,
+        rows,
+        dead_table,
+        by_rid,
+        attempt,
+        fp_hash,
+        extra=extra,
+        replace=marker is not None,
+    )
+    status = "committed" if result.won else "lost_race"
+    return ShardOutcome(
+        shard_id,
+        status,
+        rows.num_rows,
+        dead_table.num_rows,
+        len(pending),
+        len(planned) - len(pending),
+        torn,
+        result.marker,
+    )
+
+
+def _generate(
+    store: ShardStore,
+    shard_id: str,
+    attempt: str,
+    pending: list[PlannedRequest],
+    by_rid: dict[str, PlannedRequest],
+    render_ids: Callable[[str], list[int]],
+    engine: Engine,
+    sampling: SamplingParams,
+    journal_flush_s: float,
+    on_outcome: Callable[[Outcome], None] | None,
+) -> tuple[dict[str, dict], dict[str, dict]]:
+    ok: dict[str, dict] = {}
+    dead: dict[str, dict] = {}
+    lock = threading.Lock()
+    journal = JournalWriter(store.run, STAGE, shard_id, attempt, flush_s=journal_flush_s)
+
+    def sink(outcome: Outcome) -> None:
+        plan = by_rid[outcome.request_id]
+        record = outcome.to_record()
+        record.update(prompt_id=plan.prompt_id, sample_index=plan.sample_index, attempt=attempt)
+        if isinstance(outcome, GenerationResult):
+            record["engine"] = engine.name
+        journal.append(record)
+        with lock:
+            (ok if isinstance(outcome, GenerationResult) else dead)[outcome.request_id] = record
+        if on_outcome is not None:
+            on_outcome(outcome)
+
+    requests = [
+        GenerationRequest(
+            p.request_id, p.prompt_id, p.sample_index, tuple(render_ids(p.prompt_id)), sampling
+        )
+        for p in pending
+    ]
+    try:
+        engine.generate(requests, sink)
+    finally:
+        journal.close()
+    missing = [p.request_id for p in pending if p.request_id not in ok and p.request_id not in dead]
+    if missing:
+        raise ShardFailed(
+            f"shard {shard_id}: engine returned without an outcome for {len(missing)} requests"
+        )
+    return ok, dead

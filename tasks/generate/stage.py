@@ -1,0 +1,174 @@
+"""The generate stage as plain code: plan shards, run one, summarize. Flows only compose these."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from tasks.config import EagleScaleConfig
+from tasks.discover.commit import discovery_marker, read_prompts_table
+from tasks.engines.base import Engine, GenerationResult, Outcome, SamplingParams
+from tasks.generate.plan import ShardPlan, load_or_plan_shards, planned_requests, shard_prompt_ids
+from tasks.generate.progress import ProgressTracker
+from tasks.generate.shard import STAGE, ShardOutcome, run_shard
+from tasks.runfolder import RunFolder, ShardStore
+from tasks.target import render_prompt_ids
+
+log = logging.getLogger(__name__)
+
+
+def sampling_params(cfg: EagleScaleConfig) -> SamplingParams:
+    s = cfg.sampling
+    return SamplingParams(s.temperature, s.top_p, s.top_k, s.max_new_tokens, s.seed)
+
+
+@dataclass
+class GenerateStage:
+    """Everything one process needs to run generation shards of one run root."""
+
+    cfg: EagleScaleConfig
+    run: RunFolder
+    fp_hash: str
+    engine: Engine
+    tokenizer: Any
+    shards: list[ShardPlan] = field(init=False)
+    progress: ProgressTracker = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.store = ShardStore(self.run, STAGE)
+        manifest = read_prompts_table(self.run, "manifest")
+        self._messages = dict(
+            zip(
+                manifest.column("prompt_id").to_pylist(),
+                manifest.column("messages").to_pylist(),
+                strict=True,
+            )
+        )
+        self._sorted_ids = sorted(self._messages)
+        marker = discovery_marker(self.run) or {}
+        self.shards = load_or_plan_shards(
+            self.run, marker["manifest_hash"], self._sorted_ids, self.cfg.generate.shard_size
+        )
+        self._by_id = {s.shard_id: s for s in self.shards}
+        self._sampling = sampling_params(self.cfg)
+        self._render_lock = threading.Lock()
+        k = self.cfg.sampling.samples_per_prompt
+        self.progress = ProgressTracker(
+            self.run,
+            {s.shard_id: {"requests": s.n_prompts * k} for s in self.shards},
+            max_new_tokens=self.cfg.sampling.max_new_tokens,
+            stall_after_s=self.cfg.generate.stall_after_s,
+            interval_s=self.cfg.generate.progress_interval_s,
+        )
+        self.last_result_at = time.time()
+
+    def prepare(self) -> list[str]:
+        """Clean up after crashes and return the shards still to run, in plan order."""
+        self.store.cleanup()
+        committed = self.store.committed()
+        retry_dead = self.cfg.generate.retry_dead
+        pending = []
+        for shard in self.shards:
+            marker = committed.get(shard.shard_id)
+            if marker is None or (retry_dead and marker["dead"] > 0):
+                pending.append(shard.shard_id)
+                self.progress.shard_state(shard.shard_id, "pending")
+            else:
+                self.progress.mark_committed(
+                    shard.shard_id,
+                    marker["rows"] + marker["dead"],
+                    marker.get("prompt_tokens", 0),
+                    marker.get("completion_tokens", 0),
+                )
+        self.progress.write()
+        return pending
+
+    def _render(self, prompt_id: str) -> list[int]:
+        # Tokenizers are not guaranteed thread-safe; shard tasks share this one.
+        with self._render_lock:
+            return render_prompt_ids(self.tokenizer, json.loads(self._messages[prompt_id]))
+
+    def run_shard(self, shard_id: str) -> ShardOutcome:
+        shard = self._by_id[shard_id]
+        ids = shard_prompt_ids(shard, self._sorted_ids)
+        planned = planned_requests(ids, self.fp_hash, self.cfg.sampling.samples_per_prompt)
+        self.progress.shard_state(shard_id, "running")
+
+        def on_outcome(outcome: Outcome) -> None:
+            self.last_result_at = time.time()
+            if isinstance(outcome, GenerationResult):
+                self.progress.record(shard_id, 1, outcome.prompt_tokens, outcome.completion_tokens)
+            else:
+                self.progress.record(shard_id, 1, 0, 0, dead=1)
+
+        def on_replay(ok: dict[str, dict], dead: dict[str, dict]) -> None:
+            self.progress.mark_resumed(
+                shard_id,
+                len(ok) + len(dead),
+                sum(r.get("prompt_tokens", 0) for r in ok.values()),
+                sum(r.get("completion_tokens", 0) for r in ok.values()),
+                dead=len(dead),
+            )
+
+        try:
+            outcome = run_shard(
+                self.store,
+                shard_id,
+                planned,
+                self._render,
+                self.engine,
+                self._sampling,
+                self.fp_hash,
+                self.cfg.generate.max_dead_fraction,
+                self.cfg.generate.journal_flush_s,
+                self.cfg.generate.retry_dead,
+                on_outcome,
+                on_replay,
+            )
+        except Exception as e:
+            self.progress.shard_state(shard_id, "failed", error=str(e)[:500])
+            raise
+        self.progress.shard_state(shard_id, "committed", rows=outcome.rows, dead=outcome.dead)
+        return outcome
+
+    def tick(self) -> bool:
+        """Called periodically by the flow: refresh server health and write progress if due."""
+        self.progress.set_server_health(self.engine.health())
+        return self.progress.maybe_write()
+
+    def summary(self) -> dict[str, Any]:
+        """Key numbers over every committed shard (not just this process's)."""
+        committed = self.store.committed()
+        quality: Counter[str] = Counter()
+        dead_classes: Counter[str] = Counter()
+        for m in committed.values():
+            quality.update(m.get("quality", {}))
+            dead_classes.update(m.get("dead_classes", {}))
+        rows = sum(m["rows"] for m in committed.values())
+        return {
+            "shards_total": len(self.shards),
+            "shards_committed": len(committed),
+            "rows": rows,
+            "dead": sum(m["dead"] for m in committed.values()),
+            "prompt_tokens": sum(m.get("prompt_tokens", 0) for m in committed.values()),
+            "completion_tokens": sum(m.get("completion_tokens", 0) for m in committed.values()),
+            "finish_length_rate": quality["finish_length"] / rows if rows else 0.0,
+            "empty_outputs": quality["empty_output"],
+            "unterminated_think": quality["unterminated_think"],
+            "dead_classes": dict(dead_classes),
+        }
+
+    def finish(self) -> dict[str, Any]:
+        summary = self.summary()
+        complete = summary["shards_committed"] == summary["shards_total"]
+        if complete:
+            self.store.mark_complete(summary)
+        self.progress.set_server_health(self.engine.health())
+        self.progress.set_state("complete" if complete else "failed")
+        self.progress.write()
+        return summary

@@ -1,0 +1,90 @@
+"""Helpers for end-to-end tests: params for a run in tmp_path, and exactly-once checks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tasks.discover.commit import read_prompts_table
+from tasks.generate.plan import planned_requests
+from tasks.runfolder import RunFolder, ShardStore
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_params(tmp_path: Path, model_dir: Path, run_root: str, **sections: dict[str, Any]) -> Path:
+    """The smoke profile with absolute paths, a given run root and section overrides."""
+    params = yaml.safe_load((ROOT / "deployments/params/smoke.yaml").read_text())
+    params["run_root"] = run_root
+    params["target"]["model_path"] = str(model_dir)
+    for source in params["discover"]["sources"]:
+        source["path"] = str(ROOT / source["path"])
+    for name, values in sections.items():
+        if isinstance(params.get(name), dict):
+            params[name].update(values)
+        else:
+            params[name] = values
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    return path
+
+
+def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        PREFECT_HOME=str(tmp_path / "prefect-home"),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_LOGGING_LEVEL="WARNING",
+        HF_HUB_OFFLINE="1",
+    )
+    env.pop("PREFECT_API_URL", None)
+    env.update(extra)
+    return env
+
+
+def start_cli(args: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:
+    """`eaglescale ...` in its own process group, so a test can kill -9 all of it at once."""
+    log = open(log_path, "ab")  # noqa: SIM115 - handed to the child
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def planned_ids(run: RunFolder) -> set[str]:
+    fp_hash = run.read_json("run.json")["fingerprint_hash"]
+    samples = run.read_json("run.json")["fingerprint"]["sampling"]["samples_per_prompt"]
+    prompt_ids = read_prompts_table(run, "manifest").column("prompt_id").to_pylist()
+    return {p.request_id for p in planned_requests(prompt_ids, fp_hash, samples)}
+
+
+def committed_ids(run: RunFolder, stage: str = "generate") -> tuple[list[str], list[str]]:
+    """Request ids of committed rows and of dead letters, as lists (duplicates would show)."""
+    store = ShardStore(run, stage)
+    rows: list[str] = []
+    dead: list[str] = []
+    for marker in store.committed().values():
+        rows += store.read_rows(marker).column("request_id").to_pylist()
+        dead += store.read_dead(marker).column("request_id").to_pylist()
+    return rows, dead
+
+
+def assert_exactly_once(run: RunFolder) -> tuple[int, int]:
+    rows, dead = committed_ids(run)
+    planned = planned_ids(run)
+    assert len(rows) == len(set(rows)), "a request id was committed twice"
+    assert not set(rows) & set(dead), "a request is both committed and dead"
+    assert set(rows) == planned - set(dead), (
+        f"committed keys differ from planned - dead: missing {len(planned - set(dead) - set(rows))}, "
+        f"extra {len(set(rows) - planned)}"
+    )
+    return len(rows), len(dead)
