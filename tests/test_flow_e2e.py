@@ -1,0 +1,75 @@
+"""The real CLI on the embedded default (ephemeral Prefect API): run, resume, refuse, fail.
+
+Slack goes to a local receiver through the incoming-webhook path, as in production.
+"""
+
+from __future__ import annotations
+
+import json
+
+from tasks.runfolder import RunFolder, ShardStore
+from tests.run_support import assert_exactly_once, cli_env, start_cli, write_params
+from tests.slack_support import Receiver
+
+
+def _texts(receiver: Receiver) -> list[str]:
+    return [json.dumps(r["json"]) for r in receiver.requests]
+
+
+def _run(args: list[str], env: dict[str, str], log) -> int:
+    return start_cli(args, env, log).wait(timeout=600)
+
+
+def test_smoke_run_resume_and_refused_fingerprint(tmp_path, tiny_target_dir):
+    run_dir = tmp_path / "run"
+    params = write_params(tmp_path, tiny_target_dir, str(run_dir), sampling={"max_new_tokens": 16})
+    log = tmp_path / "cli.log"
+    with Receiver() as slack:
+        env = cli_env(tmp_path, SLACK_WEBHOOK_URL=f"{slack.url}/services/T000/B000/XXXSECRET")
+        assert _run(["run", "--params", str(params)], env, log) == 0, log.read_text()[-3000:]
+
+        run = RunFolder(str(run_dir))
+        rows, dead = assert_exactly_once(run)
+        assert rows == 276 and dead == 0  # the shipped sample set, after dedupe and holdout
+        store = ShardStore(run, "generate")
+        assert store.is_complete()
+        before = {s: m["attempt"] for s, m in store.committed().items()}
+        texts = _texts(slack)
+        for stage in ("discover", "generate"):
+            assert any(f"{stage} started" in t for t in texts), texts
+            assert any(f"{stage} completed" in t for t in texts), texts
+        assert any("rows" in t and "276" in t for t in texts)
+
+        # Resume on the same run root: discovery is skipped, no shard is run again.
+        assert _run(["run", "--params", str(params)], env, log) == 0, log.read_text()[-3000:]
+        assert {s: m["attempt"] for s, m in store.committed().items()} == before
+        assert any('\\"to_run\\": 0' in t or "to_run: 0" in t or "to run: 0" in t for t in _texts(slack))
+
+        # A changed sampling parameter is refused, naming the field.
+        args = ["run", "--params", str(params), "--set", "sampling.max_new_tokens=8"]
+        assert _run(args, env, log) == 1
+        assert "sampling.max_new_tokens: 16 -> 8" in log.read_text()
+        assert {s: m["attempt"] for s, m in store.committed().items()} == before
+        assert "XXXSECRET" not in log.read_text()
+
+
+def test_failed_stage_exits_nonzero_and_reaches_slack(tmp_path, tiny_target_dir):
+    run_dir = tmp_path / "run"
+    params = write_params(
+        tmp_path,
+        tiny_target_dir,
+        str(run_dir),
+        engine={"kind": "sglang", "endpoints": ["http://127.0.0.1:9"], "health_recheck_s": 0.5},
+        generate={"shard_retries": 0, "shard_size": 400},
+    )
+    log = tmp_path / "cli.log"
+    with Receiver() as slack:
+        env = cli_env(tmp_path, SLACK_WEBHOOK_URL=f"{slack.url}/services/T000/B000/XXXSECRET")
+        assert _run(["run", "--params", str(params)], env, log) == 1
+        texts = _texts(slack)
+        assert any("generate FAILED" in t and "Cannot connect" in t for t in texts), texts
+    # Nothing half-written counts: no shard is marked, the prompts stay committed.
+    run = RunFolder(str(run_dir))
+    assert ShardStore(run, "generate").committed() == {}
+    assert run.exists("prompts/_SUCCESS.json")
+    assert "XXXSECRET" not in log.read_text()
