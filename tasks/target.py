@@ -1,0 +1,234 @@
+"""What the pipeline knows about a target model: its tokenizer, prompt rendering and identity.
+
+The generate stage renders prompts to token ids here (engines only ever see ids), discovery
+counts prompt tokens here, and the run fingerprint records `target_identity` so that a resume
+against a different model, tokenizer or chat template is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+# Vocabulary files of the tokenizer formats that have no tokenizer.json.
+_VOCAB_FILES = (
+    "tokenizer.model",
+    "tiktoken.model",
+    "spiece.model",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+)
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+# Nested configs of multimodal targets (Kimi-K2.5 keeps its text model under text_config).
+_NESTED_CONFIGS = ("text_config", "language_config", "llm_config")
+_MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
+_WEIGHT_SAMPLE_BYTES = 1024 * 1024
+
+
+class TargetError(ValueError):
+    """The target model folder, its tokenizer or a prompt cannot be used; says which and why."""
+
+
+def resolve_model_dir(model_path: str, revision: str | None = None) -> Path:
+    """A local model folder, or a hub id already in the local Hugging Face cache (no download)."""
+    path = Path(model_path).expanduser()
+    if path.is_dir():
+        return path
+    if "://" not in model_path and _HUB_ID.match(model_path) and not path.exists():
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+
+        try:
+            return Path(snapshot_download(model_path, revision=revision, local_files_only=True))
+        except (LocalEntryNotFoundError, OSError, ValueError):
+            pass
+    raise TargetError(
+        f"target model folder not found: {model_path} (expected a local folder or a hub id "
+        "already in the local Hugging Face cache)"
+    )
+
+
+def _read_chat_template(chat_template: str) -> str:
+    """A template's text; a path to a .jinja file is read (SGLang's --chat-template takes both)."""
+    if "{{" in chat_template or "{%" in chat_template:
+        return chat_template
+    path = Path(chat_template).expanduser()
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    raise TargetError(f"chat_template is neither a Jinja template nor a readable file: {path}")
+
+
+def load_tokenizer(
+    model_path: str,
+    chat_template: str | None = None,
+    *,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+) -> PreTrainedTokenizerBase:
+    """The target's tokenizer from its local folder, with `chat_template` overriding its own."""
+    model_dir = resolve_model_dir(model_path, revision)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            str(model_dir), local_files_only=True, trust_remote_code=trust_remote_code
+        )
+    except (OSError, ValueError) as e:
+        raise TargetError(f"cannot load the tokenizer of {model_path}: {e}") from e
+    if chat_template is not None:
+        tokenizer.chat_template = _read_chat_template(chat_template)
+    if not tokenizer.chat_template:
+        raise TargetError(
+            f"the tokenizer of {model_path} has no chat template; set target.chat_template"
+        )
+    return tokenizer
+
+
+def _check_messages(messages: Any) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise TargetError(
+            f"messages must be a non-empty list of dicts, got {type(messages).__name__}"
+        )
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise TargetError(f"messages[{i}] must be a dict, got {type(message).__name__}")
+        for key in ("role", "content"):
+            if not isinstance(message.get(key), str):
+                raise TargetError(
+                    f"messages[{i}].{key} must be a string, got {type(message.get(key)).__name__}"
+                )
+
+
+def render_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict]) -> list[int]:
+    """Token ids of `messages` rendered with the chat template and the generation prompt.
+
+    Renders to text, then encodes without adding special tokens (the template writes its own
+    bos), which is what apply_chat_template does internally; going through text keeps the
+    result a plain list of ints whatever transformers' return-type conventions are.
+    """
+    _check_messages(messages)
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    except Exception as e:  # jinja raises its own exception types, e.g. from raise_exception
+        raise TargetError(f"chat template failed on these messages: {e}") from e
+    if not isinstance(text, str):
+        raise TargetError(f"chat template rendered {type(text).__name__}, expected a string")
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return [int(i) for i in ids]
+
+
+def count_prompt_tokens(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[dict]], int]:
+    """`count_tokens(messages) -> int` for discovery: the rendered prompt's length in tokens."""
+
+    def count_tokens(messages: list[dict]) -> int:
+        return len(render_prompt_ids(tokenizer, messages))
+
+    return count_tokens
+
+
+def _sha256_files(paths: list[Path], extra: bytes = b"") -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(path.name.encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    digest.update(extra)
+    return digest.hexdigest()
+
+
+def _safetensors_identity(path: Path) -> bytes:
+    """The header (every tensor's name, dtype, shape, offsets) and the first MiB of data."""
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) != 8:
+            raise TargetError(f"{path}: not a safetensors file (shorter than 8 bytes)")
+        (size,) = struct.unpack("<Q", head)
+        if size > _MAX_SAFETENSORS_HEADER:
+            raise TargetError(f"{path}: safetensors header of {size} bytes is not plausible")
+        header = f.read(size)
+        return header + hashlib.sha256(f.read(_WEIGHT_SAMPLE_BYTES)).digest()
+
+
+def weights_digest(model_dir: Path) -> str:
+    """sha256 of config.json, the weight index and every weight file's header and first MiB.
+
+    A cheap identity of a checkpoint that may be a terabyte: headers catch any change of
+    layout, the data sample catches new weights of the same shapes (a retrained checkpoint
+    differs from its first bytes on), without reading the whole of it.
+    """
+    digest = hashlib.sha256()
+    read_model_config(model_dir)  # a clear error when it is missing or broken
+    digest.update(b"config.json\0" + (model_dir / "config.json").read_bytes())
+    for index in sorted(model_dir.glob("*.index.json")):
+        digest.update(index.name.encode() + b"\0" + index.read_bytes())
+    for shard in sorted(model_dir.glob("*.safetensors")):
+        digest.update(shard.name.encode() + b"\0" + _safetensors_identity(shard))
+    for shard in sorted([*model_dir.glob("*.bin"), *model_dir.glob("*.pt")]):
+        with shard.open("rb") as f:
+            sample = hashlib.sha256(f.read(_WEIGHT_SAMPLE_BYTES)).hexdigest()
+        digest.update(f"{shard.name}\0{shard.stat().st_size}\0{sample}".encode())
+    return "sha256:" + digest.hexdigest()
+
+
+def tokenizer_hash(model_dir: Path, tokenizer: PreTrainedTokenizerBase) -> str:
+    """sha256 of tokenizer.json, or of the vocabulary files plus the added tokens."""
+    unified = model_dir / "tokenizer.json"
+    if unified.is_file():
+        return hashlib.sha256(unified.read_bytes()).hexdigest()
+    files = sorted(
+        {p for name in _VOCAB_FILES if (p := model_dir / name).is_file()}
+        | set(model_dir.glob("*.tiktoken"))
+    )
+    added = sorted((int(i), str(t)) for i, t in tokenizer.added_tokens_decoder.items())
+    extra = json.dumps(added).encode()
+    if not files:
+        extra += json.dumps(sorted(tokenizer.get_vocab().items())).encode()
+    return _sha256_files(files, extra)
+
+
+def chat_template_hash(tokenizer: PreTrainedTokenizerBase) -> str:
+    template = tokenizer.chat_template
+    if not template:
+        raise TargetError("the tokenizer has no chat template to hash")
+    text = template if isinstance(template, str) else json.dumps(template, sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def read_model_config(model_dir: Path) -> dict[str, Any]:
+    path = model_dir / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise TargetError(f"{model_dir}: no config.json") from None
+    except json.JSONDecodeError as e:
+        raise TargetError(f"{path}: not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise TargetError(f"{path}: expected a JSON object")
+    return config
+
+
+def context_length_of(config: dict[str, Any]) -> int | None:
+    """max_position_embeddings of the model, looking into a multimodal model's text config."""
+    for node in (config, *(config.get(k) for k in _NESTED_CONFIGS)):
+        if isinstance(node, dict) and isinstance(node.get("max_position_embeddings"), int):
+            return node["max_position_embeddings"]
+    return None
+
+
+def target_identity(
+    model_path: str, revision: str | None, tokenizer: PreTrainedTokenizerBase
+) -> dict[str, Any]:
+    """The target's part of the run fingerprint."""
+    model_dir = resolve_model_dir(model_path, revision)
+    return {
+        "model_path": model_path,
+        "revision": revision or weights_digest(model_dir),
+        "tokenizer_hash": tokenizer_hash(model_dir, tokenizer),
+        "chat_template_hash": chat_template_hash(tokenizer),
+        "context_length": context_length_of(read_model_config(model_dir)),
+    }
