@@ -96,18 +96,25 @@ def generate_flow(config: EagleScaleConfig, fp_hash: str) -> dict[str, Any]:
         )
         futures = [shard_task.submit(config, shard_id) for shard_id in pending]
         _watch(stage, futures, config, artifact_id)
-        failures = [f for f in futures if f.state.is_failed() or f.state.is_crashed()]
+        errors = [_error_of(f) for f in futures]
         summary = stage.finish()
         update_progress_artifact(artifact_id, float(stage.progress.snapshot().get("percent") or 0.0))
         _publish(stage, summary)
     finally:
         _active.pop(config.run_root, None)
-    if failures:
-        errors = [str(f.state.message)[:300] for f in failures[:3]]
-        raise RuntimeError(f"generate: {len(failures)} shard(s) failed: {errors}")
+    # The run folder decides: a shard without its marker is not done, whatever Prefect says.
+    missing = summary["shards_total"] - summary["shards_committed"]
+    if missing:
+        shown = [e for e in errors if e][:3]
+        raise RuntimeError(f"generate: {missing} shard(s) not committed: {shown}")
     notifier.stage_completed("generate", summary, time.time() - started)
     emit_event("eaglescale.generate.finished", resource=_resource(config), payload=summary)
     return summary
+
+
+def _error_of(future: Any) -> str:
+    result = future.result(raise_on_failure=False)
+    return f"{type(result).__name__}: {result}"[:300] if isinstance(result, BaseException) else ""
 
 
 def _publish(stage: GenerateStage, summary: dict[str, Any]) -> None:

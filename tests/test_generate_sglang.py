@@ -1,0 +1,115 @@
+"""The generate stage on the `sglang` engine over real HTTP, against two SGLang-compatible
+servers serving the tiny target: injected faults, one server killed mid-run, context
+overflows. The stage completes with every planned request exactly once.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import httpx
+import pytest
+
+from tasks.config import load_config
+from tasks.discover.stage import run_discover_stage
+from tasks.engines.sglang_client import SGLangEngine
+from tasks.engines.sglang_server import ServerProcess
+from tasks.fingerprint_fields import run_fingerprint
+from tasks.generate.stage import GenerateStage
+from tasks.runfolder import RunFolder, ShardStore, ensure_fingerprint
+from tasks.target import load_tokenizer, target_identity
+from tests.run_support import assert_exactly_once, write_params
+
+
+def _stage(tmp_path, model_dir, endpoints, **generate) -> GenerateStage:
+    params = write_params(
+        tmp_path,
+        model_dir,
+        str(tmp_path / "run"),
+        sampling={"max_new_tokens": 16},
+        engine={
+            "kind": "sglang",
+            "endpoints": endpoints,
+            "concurrency_per_server": 8,
+            "request_timeout_s": 60,
+            "backoff_base_s": 0.01,
+            "backoff_max_s": 0.05,
+            "health_recheck_s": 0.5,
+        },
+        generate={"shard_size": 40, "max_dead_fraction": 0.6, **generate},
+        discover={"total_prompts": 120},
+    )
+    cfg = load_config(params)
+    run = RunFolder(cfg.run_root)
+    tokenizer = load_tokenizer(cfg.target.model_path)
+    marker = run_discover_stage(cfg, run, tokenizer)["marker"]
+    identity = target_identity(cfg.target.model_path, None, tokenizer)
+    fp_hash = ensure_fingerprint(run, run_fingerprint(cfg, identity, marker["manifest_hash"]))
+    return GenerateStage(cfg, run, fp_hash, SGLangEngine(cfg.engine), tokenizer)
+
+
+@pytest.fixture
+def two_servers(tiny_target_dir):
+    # Context 160 tokens with 16 new tokens: the longer coding prompts overflow on purpose.
+    common = ["--model", str(tiny_target_dir), "--context-length", "160"]
+    flaky = ServerProcess([*common, "--fault", "5xx", "--fault-rate", "0.3", "--fault-seed", "7"])
+    steady = ServerProcess(common)
+    try:
+        yield flaky, steady
+    finally:
+        flaky.stop()
+        steady.stop()
+
+
+def test_faults_failover_and_dead_letters(tmp_path, tiny_target_dir, two_servers):
+    flaky, steady = two_servers
+    stage = _stage(tmp_path, tiny_target_dir, [flaky.url, steady.url])
+    pending = stage.prepare()
+    assert len(pending) == 3
+    first = stage.run_shard(pending[0])
+    assert first.status == "committed"
+
+    # The flaky server dies mid-run (SIGKILL): its requests must finish on the other one.
+    httpx.post(f"{flaky.url}/_fault", json={"mode": "reset", "rate": 1.0})
+    flaky.kill()
+    for shard_id in pending[1:]:
+        assert stage.run_shard(shard_id).status == "committed"
+    summary = stage.finish()
+    stage.engine.close()
+
+    run = stage.run
+    rows, dead = assert_exactly_once(run)
+    assert rows + dead == 120 and rows > 0
+    assert ShardStore(run, "generate").is_complete()
+    assert set(summary["dead_classes"]) == {"context_overflow"}
+    store = ShardStore(run, "generate")
+    messages = [
+        msg for m in store.committed().values() for msg in store.read_dead(m).column("message").to_pylist()
+    ]
+    assert messages and all("context length" in msg for msg in messages)
+    servers = Counter(
+        srv for m in store.committed().values() for srv in store.read_rows(m).column("server").to_pylist()
+    )
+    assert servers[steady.url] > 0
+    health = {h.url: h for h in stage.engine.health()}
+    assert health[flaky.url].healthy is False
+
+
+def test_dead_fraction_over_bound_fails_loudly_and_keeps_journal(tmp_path, tiny_target_dir, two_servers):
+    _, steady = two_servers
+    stage = _stage(tmp_path, tiny_target_dir, [steady.url], max_dead_fraction=0.0)
+    pending = stage.prepare()
+    failures = 0
+    for shard_id in pending:
+        try:
+            stage.run_shard(shard_id)
+        except RuntimeError as e:
+            failures += 1
+            assert "max_dead_fraction" in str(e) and "context_overflow" in str(e)
+    stage.engine.close()
+    assert failures >= 1
+    store = ShardStore(stage.run, "generate")
+    # A failed shard is not committed, but its successes are journaled for the rerun.
+    failed = [s for s in pending if s not in store.committed()]
+    journal = stage.run.listdir(f"generate/journal/{failed[0]}")
+    assert journal
