@@ -70,11 +70,7 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _verify_keys(
-    shard_id: str, rows: pa.Table, dead: pa.Table, planned: set[str], key: str
-) -> None:
-    row_keys = rows.column(key).to_pylist()
-    dead_keys = dead.column(key).to_pylist()
+def _verify_keys(shard_id: str, row_keys: list[str], dead_keys: list[str], planned: set[str]) -> None:
     problems = []
     if len(set(row_keys)) != len(row_keys):
         problems.append(f"{len(row_keys) - len(set(row_keys))} duplicate keys in rows")
@@ -126,17 +122,43 @@ class ShardStore:
         extra: dict[str, Any] | None = None,
         replace: bool = False,
     ) -> CommitResult:
-        """temp -> verify -> atomic write -> marker. `replace` re-commits a marked shard."""
-        planned = set(planned_keys)
-        _verify_keys(shard_id, rows, dead, planned, key)
-        data_key = f"{self.stage}/data/{shard_id}.{attempt}.parquet"
-        dead_key = f"{self.stage}/dead/{shard_id}.{attempt}.parquet"
-        data, dead_data = table_bytes(rows), table_bytes(dead)
+        """Commit parquet rows: serialize, read back, then `commit_payload`."""
+        data = table_bytes(rows)
         # Read the serialized bytes back before they go anywhere: a schema or encoding fault
         # fails here, with nothing written.
         back = pq.read_table(io.BytesIO(data))
         if back.num_rows != rows.num_rows or back.schema != rows.schema:
             raise CommitError(f"shard {shard_id}: parquet round-trip changed rows or schema")
+        return self.commit_payload(
+            shard_id, data, "parquet", back.column(key).to_pylist(), dead, planned_keys,
+            attempt, fingerprint_hash, key, extra, replace,
+        )
+
+    def commit_payload(
+        self,
+        shard_id: str,
+        data: bytes,
+        suffix: str,
+        row_keys: list[str],
+        dead: pa.Table,
+        planned_keys: Iterable[str],
+        attempt: str,
+        fingerprint_hash: str,
+        key: str = "request_id",
+        extra: dict[str, Any] | None = None,
+        replace: bool = False,
+    ) -> CommitResult:
+        """temp -> verify -> atomic write -> marker, for any payload format.
+
+        `row_keys` must be the keys decoded back from `data` by the caller (the stage knows
+        its format); they are checked against the plan and the dead letters here.
+        `replace` re-commits a marked shard (retry-dead).
+        """
+        planned = set(planned_keys)
+        _verify_keys(shard_id, row_keys, dead.column(key).to_pylist(), planned)
+        data_key = f"{self.stage}/data/{shard_id}.{attempt}.{suffix}"
+        dead_key = f"{self.stage}/dead/{shard_id}.{attempt}.parquet"
+        dead_data = table_bytes(dead)
         self.run.write_bytes_atomic(data_key, data)
         failpoint("commit.after_data")
         self.run.write_bytes_atomic(dead_key, dead_data)
@@ -146,7 +168,7 @@ class ShardStore:
             "stage": self.stage,
             "data": data_key,
             "sha256": sha256_hex(data),
-            "rows": rows.num_rows,
+            "rows": len(row_keys),
             "dead_path": dead_key,
             "dead_sha256": sha256_hex(dead_data),
             "dead": dead.num_rows,
@@ -189,16 +211,20 @@ class ShardStore:
         self.run.remove(marker["dead_path"])
 
     def read_rows(self, marker: dict[str, Any]) -> pa.Table:
-        return self._read_verified(marker["data"], marker["sha256"])
+        return pq.read_table(io.BytesIO(self.read_payload(marker)))
+
+    def read_payload(self, marker: dict[str, Any]) -> bytes:
+        """The committed data object's bytes, refused when they do not match the marker."""
+        return self._verified_bytes(marker["data"], marker["sha256"])
 
     def read_dead(self, marker: dict[str, Any]) -> pa.Table:
-        return self._read_verified(marker["dead_path"], marker["dead_sha256"])
+        return pq.read_table(io.BytesIO(self._verified_bytes(marker["dead_path"], marker["dead_sha256"])))
 
-    def _read_verified(self, rel: str, sha: str) -> pa.Table:
+    def _verified_bytes(self, rel: str, sha: str) -> bytes:
         data = self.run.read_bytes(rel)
         if sha256_hex(data) != sha:
             raise CommitError(f"{self.run.url}/{rel}: sha256 does not match its marker")
-        return pq.read_table(io.BytesIO(data))
+        return data
 
     def cleanup(self, min_age_s: float = 0.0) -> list[str]:
         """Remove temp objects and data no marker names (left by a crash mid-commit)."""
