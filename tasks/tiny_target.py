@@ -2,9 +2,10 @@
 
 The embedded default needs a real target model without hub access: this builds one from the
 shipped sample prompts (a byte-level BPE tokenizer trained on their text, a chat template with
-special role tokens, a 4-layer Llama with seeded random weights) and saves it as a normal HF
+special role tokens, an 8-layer Llama with seeded random weights) and saves it as a normal HF
 model folder that transformers loads with `local_files_only=True`.
 
+Eight layers, so that EAGLE-3's aux layers [1, L//2-1, L-4] = [1, 3, 4] are distinct.
 Same seed and same sample text give byte-identical files, so a rebuilt target has the same
 fingerprint and resumes old runs.
 """
@@ -247,7 +248,7 @@ def build_tiny_target(
     sample_dir: str | Path | None = None,
     vocab_size: int = 2048,
     hidden_size: int = 64,
-    num_layers: int = 4,
+    num_layers: int = 8,
     max_position_embeddings: int = 2048,
 ) -> Path:
     """Build the tiny target into `out_dir` and return its path.

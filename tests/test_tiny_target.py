@@ -69,7 +69,7 @@ def test_model_folder_contents(tiny_target_dir: Path, tokenizer) -> None:
         config["num_hidden_layers"],
         config["num_attention_heads"],
         config["num_key_value_heads"],
-    ) == (4, 4, 2)
+    ) == (8, 4, 2)
     assert config["vocab_size"] == len(tokenizer) <= 2048
     assert config["eos_token_id"] == gen_config["eos_token_id"] == tokenizer.eos_token_id == eos_id
     assert tokenizer.pad_token_id is not None and tokenizer.bos_token_id is not None
