@@ -73,3 +73,36 @@ def test_failed_stage_exits_nonzero_and_reaches_slack(tmp_path, tiny_target_dir)
     assert ShardStore(run, "generate").committed() == {}
     assert run.exists("prompts/_SUCCESS.json")
     assert "XXXSECRET" not in log.read_text()
+
+
+def test_stalled_generation_alerts_slack_then_recovers(tmp_path, tiny_target_dir):
+    """Every first request hangs past the stall bound: Slack hears 'stalled', then the timeouts
+    fire, the requests are retried and the run still completes."""
+    from tasks.engines.sglang_server import ServerProcess
+
+    server = ServerProcess(["--model", str(tiny_target_dir), "--fault", "hang", "--fault-count", "4"])
+    try:
+        run_dir = tmp_path / "run"
+        params = write_params(
+            tmp_path,
+            tiny_target_dir,
+            str(run_dir),
+            sampling={"max_new_tokens": 8},
+            discover={"total_prompts": 24},
+            engine={
+                "kind": "sglang", "endpoints": [server.url], "concurrency_per_server": 4,
+                "request_timeout_s": 8, "backoff_base_s": 0.05, "health_recheck_s": 30,
+            },
+            generate={"stall_after_s": 3, "progress_interval_s": 1},
+        )
+        log = tmp_path / "cli.log"
+        with Receiver() as slack:
+            env = cli_env(tmp_path, SLACK_WEBHOOK_URL=f"{slack.url}/services/T000/B000/XXXSECRET")
+            assert _run(["run", "--params", str(params)], env, log) == 0, log.read_text()[-3000:]
+            texts = _texts(slack)
+        assert any("generate looks stalled" in t for t in texts), texts
+        assert any("generate completed" in t for t in texts), texts
+        rows, dead = assert_exactly_once(RunFolder(str(run_dir)))
+        assert (rows, dead) == (24, 0)
+    finally:
+        server.stop()
