@@ -57,9 +57,8 @@ def _watch(stage: GenerateStage, futures: list, config: EagleScaleConfig, artifa
     pending = list(futures)
     while pending:
         pending = list(wait(pending, timeout=min(5.0, config.generate.progress_interval_s)).not_done)
-        stage.tick()
-        snap = stage.progress.snapshot()
-        update_progress_artifact(artifact_id, float(snap.get("percent") or 0.0))
+        if stage.tick():  # progress.json rewritten (every progress_interval_s): mirror it
+            update_progress_artifact(artifact_id, float(stage.progress.snapshot().get("percent") or 0.0))
         idle = time.time() - stage.last_result_at
         if idle > stall_after and not stalled_alerted:
             stalled_alerted = True
