@@ -113,3 +113,38 @@ def test_dead_fraction_over_bound_fails_loudly_and_keeps_journal(tmp_path, tiny_
     failed = [s for s in pending if s not in store.committed()]
     journal = stage.run.listdir(f"generate/journal/{failed[0]}")
     assert journal
+
+
+def test_retry_dead_reruns_only_dead_letters(tmp_path, tiny_target_dir):
+    """Context overflows on a short-context server are dead letters; after the operator moves to
+    a server with room, retry_dead reruns exactly those keys and re-commits the shards."""
+    short = ServerProcess(["--model", str(tiny_target_dir), "--context-length", "160"])
+    try:
+        stage = _stage(tmp_path, tiny_target_dir, [short.url])
+        for shard_id in stage.prepare():
+            stage.run_shard(shard_id)
+        stage.engine.close()
+    finally:
+        short.stop()
+    store = ShardStore(stage.run, "generate")
+    before = {s: store.read_rows(m).to_pylist() for s, m in store.committed().items()}
+    dead_before = sum(m["dead"] for m in store.committed().values())
+    assert dead_before > 0
+
+    roomy = ServerProcess(["--model", str(tiny_target_dir)])
+    try:
+        retry = _stage(tmp_path, tiny_target_dir, [roomy.url], retry_dead=True)
+        pending = retry.prepare()
+        assert set(pending) == {s for s, m in store.committed().items() if m["dead"]}
+        outcomes = [retry.run_shard(s) for s in pending]
+        retry.engine.close()
+    finally:
+        roomy.stop()
+    assert sum(o.new_requests for o in outcomes) == dead_before
+    rows, dead = assert_exactly_once(stage.run)
+    assert (rows, dead) == (120, 0)
+    # Rows committed before the retry are kept as they were, not regenerated.
+    after = {s: {r["request_id"]: r for r in store.read_rows(m).to_pylist()} for s, m in store.committed().items()}
+    for shard_id, old_rows in before.items():
+        for row in old_rows:
+            assert after[shard_id][row["request_id"]]["output_ids"] == row["output_ids"]
