@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 from tasks.runfolder import (
+    CommitConflict,
     CommitError,
     FingerprintMismatch,
     JournalWriter,
@@ -144,3 +145,121 @@ def test_replace_recommits_and_drops_old_files(tmp_path):
     assert (marker["rows"], marker["dead"], marker["attempt"]) == (2, 0, "t2")
     assert run.listdir("generate/data") == ["s0.t2.parquet"]
     assert run.listdir("generate/dead") == ["s0.t2.parquet"]
+
+
+# -- multi-part shards ----------------------------------------------------------------------
+
+
+def _write_parts(store: ShardStore, shard_id: str, attempt: str, chunks: list[list[str]]):
+    parts = store.part_writer(shard_id, attempt, "bin")
+    for chunk in chunks:
+        parts.write(",".join(chunk).encode(), len(chunk))
+    return parts
+
+
+def _keys_of(store: ShardStore, marker: dict) -> list[str]:
+    return [k for data in store.iter_parts(marker) for k in data.decode().split(",")]
+
+
+def test_parts_commit_under_one_marker_and_read_back_verified(tmp_path):
+    run = RunFolder(str(tmp_path))
+    store = ShardStore(run, "extract")
+    chunks = [["a", "b"], ["c"], ["d", "e"]]
+    parts = _write_parts(store, "s0", "t1", chunks)
+    result = store.commit_parts(parts, ["a", "b", "c", "d", "e"], _dead(["f"]), set("abcdef"), "fp")
+    assert result.won
+    marker = store.committed()["s0"]
+    assert "data" not in marker and "sha256" not in marker
+    assert [p["path"] for p in marker["parts"]] == [
+        "extract/data/s0.t1.p0000.bin",
+        "extract/data/s0.t1.p0001.bin",
+        "extract/data/s0.t1.p0002.bin",
+    ]
+    assert [p["rows"] for p in marker["parts"]] == [2, 1, 2]
+    assert [p["bytes"] for p in marker["parts"]] == [3, 1, 3]
+    assert (marker["rows"], marker["dead"]) == (5, 1)
+    assert _keys_of(store, marker) == ["a", "b", "c", "d", "e"]
+    assert store.read_part(marker, 1) == b"c"
+    with pytest.raises(IndexError, match="part 3 of 3"):
+        store.read_part(marker, 3)
+    with pytest.raises(CommitError, match="3 data parts; read them with read_part"):
+        store.read_payload(marker)
+    # A single-object shard reads as one part.
+    store.commit_payload("s1", b"x", "bin", ["x"], _dead([]), {"x"}, "t1", "fp")
+    assert list(store.iter_parts(store.committed()["s1"])) == [b"x"]
+    # A corrupted part is refused by its reader; the others still read.
+    (tmp_path / marker["parts"][2]["path"]).write_bytes(b"d,X")
+    assert store.read_part(marker, 0) == b"a,b"
+    with pytest.raises(CommitError, match=r"s0\.t1\.p0002\.bin: sha256 does not match"):
+        store.read_part(marker, 2)
+
+
+def test_parts_that_fail_verification_are_removed(tmp_path):
+    run = RunFolder(str(tmp_path))
+    store = ShardStore(run, "extract")
+    parts = _write_parts(store, "s0", "t1", [["a"], ["b"]])
+    with pytest.raises(CommitError, match="1 planned keys missing"):
+        store.commit_parts(parts, ["a", "b"], _dead([]), {"a", "b", "c"}, "fp")
+    assert run.listdir("extract/data") == [] and store.committed() == {}
+    parts = _write_parts(store, "s0", "t2", [["a"], ["b"]])
+    with pytest.raises(CommitError, match="its 2 parts hold 2 rows but 3 keys were given"):
+        store.commit_parts(parts, ["a", "b", "c"], _dead([]), {"a", "b", "c"}, "fp")
+    assert run.listdir("extract/data") == []
+
+
+def test_a_part_gone_before_the_marker_is_a_conflict_not_a_commit(tmp_path):
+    run = RunFolder(str(tmp_path))
+    store = ShardStore(run, "extract")
+    parts = _write_parts(store, "s0", "t1", [["a"], ["b"]])
+    run.remove(parts.parts[1]["path"])  # a concurrent cleanup took it
+    with pytest.raises(CommitConflict, match="shard s0: data vanished"):
+        store.commit_parts(parts, ["a", "b"], _dead([]), {"a", "b"}, "fp")
+    assert store.committed() == {}
+    # A part of the wrong size is caught the same way (size check, no re-read).
+    parts = _write_parts(store, "s0", "t2", [["a"], ["b"]])
+    run.write_bytes_atomic(parts.parts[0]["path"], b"aa")
+    with pytest.raises(CommitConflict):
+        store.commit_parts(parts, ["a", "b"], _dead([]), {"a", "b"}, "fp")
+
+
+def test_cleanup_and_replace_handle_parts(tmp_path):
+    run = RunFolder(str(tmp_path))
+    store = ShardStore(run, "extract")
+    store.commit_parts(_write_parts(store, "s0", "t1", [["a"], ["b"]]), ["a", "b"], _dead([]), {"a", "b"}, "fp")
+    _write_parts(store, "s1", "t7", [["c"], ["d"]])  # an attempt killed before its marker
+    assert sorted(store.cleanup()) == ["extract/data/s1.t7.p0000.bin", "extract/data/s1.t7.p0001.bin"]
+    assert run.listdir("extract/data") == ["s0.t1.p0000.bin", "s0.t1.p0001.bin"]
+    # retry-dead: the new attempt's parts replace every part of the previous one.
+    parts = _write_parts(store, "s0", "t2", [["a", "b"], ["c"], ["d"]])
+    store.commit_parts(parts, ["a", "b", "c", "d"], _dead([]), {"a", "b", "c", "d"}, "fp", replace=True)
+    assert run.listdir("extract/data") == ["s0.t2.p0000.bin", "s0.t2.p0001.bin", "s0.t2.p0002.bin"]
+    assert run.listdir("extract/dead") == ["s0.t2.parquet"]
+    assert _keys_of(store, store.committed()["s0"]) == ["a", "b", "c", "d"]
+    assert store.cleanup() == []
+
+
+def test_racing_part_writers_one_winner_losers_parts_gone(tmp_path):
+    keys = [f"k{i}" for i in range(30)]
+    results = []
+    barrier = threading.Barrier(4)
+
+    def writer(n: int) -> None:
+        store = ShardStore(RunFolder(str(tmp_path)), "extract")
+        parts = _write_parts(store, "s0", f"attempt{n}", [keys[:10], keys[10:20], keys[20:]])
+        barrier.wait()
+        results.append(store.commit_parts(parts, keys, _dead([]), set(keys), "fp"))
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(r.won for r in results) == 1
+    run = RunFolder(str(tmp_path))
+    store = ShardStore(run, "extract")
+    marker = store.committed()["s0"]
+    winner = marker["attempt"]
+    assert all(r.marker["attempt"] == winner for r in results)
+    assert run.listdir("extract/data") == [f"s0.{winner}.p000{i}.bin" for i in range(3)]
+    assert run.listdir("extract/dead") == [f"s0.{winner}.parquet"]
+    assert _keys_of(store, marker) == keys

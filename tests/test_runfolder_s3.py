@@ -70,3 +70,55 @@ def test_s3_racing_markers_exactly_one_winner(s3_run):
     store.cleanup()
     marker = store.committed()["s0"]
     assert s3_run.listdir("generate/data") == [f"s0.{marker['attempt']}.parquet"]
+
+
+def _extract_parts(run: RunFolder, attempt: str, seqs, states) -> tuple:
+    from tasks.extract.storage import ShardWriter, verify_shard
+
+    store = ShardStore(run, "extract")
+    parts = store.part_writer("s0", attempt, "safetensors")
+    keys: list[str] = []
+
+    def write(data: bytearray) -> None:
+        part_keys = verify_shard(data)
+        parts.write(data, len(part_keys))
+        keys.extend(part_keys)
+
+    writer = ShardWriter(16, [1, 3, 4], "bf16", part_bytes=25 * (8 * 16 + 5), on_part=write)
+    writer.add_many(seqs, states)
+    writer.flush()
+    return store, parts, keys
+
+
+def test_s3_multi_part_extract_shard_commits_once_and_reads_back(s3_run):
+    import torch
+
+    from tasks.engines.local_capture import CapturedStates
+    from tasks.extract.sequences import TrainingSequence
+    from tasks.extract.storage import iter_extracted
+
+    gen = torch.Generator().manual_seed(3)
+    lengths = [12, 9, 15, 7, 11, 14]
+    states = [CapturedStates(torch.randn(n, 48, generator=gen), torch.randn(n, 16, generator=gen)) for n in lengths]
+    seqs = [
+        TrainingSequence(f"r{i}", f"p{i}", "d", "train" if i % 3 else "eval", list(range(n)), [0] + [1] * (n - 1), False)
+        for i, n in enumerate(lengths)
+    ]
+    dead = pa.Table.from_pylist([], schema=SCHEMA)
+    planned = {s.sequence_id for s in seqs}
+    store, parts, keys = _extract_parts(s3_run, "t1", seqs, states)
+    assert len(parts.parts) == 4 and keys == [s.sequence_id for s in seqs]
+    assert store.commit_parts(parts, keys, dead, planned, "fp").won
+    # A second writer of the same shard loses on S3 too, and its parts are deleted.
+    _, late, late_keys = _extract_parts(s3_run, "t2", seqs, states)
+    assert not store.commit_parts(late, late_keys, dead, planned, "fp").won
+    _extract_parts(s3_run, "t3", seqs, states)  # killed before its marker
+    assert len(store.cleanup()) == 4
+    marker = store.committed()["s0"]
+    assert s3_run.listdir("extract/data") == [f"s0.t1.p000{i}.safetensors" for i in range(4)]
+    assert [p["rows"] for p in marker["parts"]] == [2, 2, 1, 1]
+    back = list(iter_extracted(s3_run))
+    assert [s.sequence_id for s in back] == keys
+    for seq, st in zip(back, states, strict=True):
+        assert torch.equal(seq.aux_hidden, st.aux.to(torch.bfloat16).float())
+    assert [s.sequence_id for s in iter_extracted(s3_run, "eval")] == ["r0", "r3"]

@@ -4,6 +4,9 @@
     <stage>/dead/<shard>.<attempt>.parquet   never overwrite each other's data)
     <stage>/_SUCCESS/<shard>.json            marker: sha256 of both files, counts, fingerprint
     <stage>/_COMPLETE                        no more shards will come for this stage
+
+A shard too big for one object commits its data as parts written during the attempt
+(`part_writer`, then `commit_parts`; layout in `parts`); the marker lists them.
 """
 
 from __future__ import annotations
@@ -11,43 +14,24 @@ from __future__ import annotations
 import hashlib
 import io
 import logging
-import os
-import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tasks.runfolder.failpoint import failpoint
 from tasks.runfolder.fingerprint import canonical_json
 from tasks.runfolder.folder import TMP_PREFIX, RunFolder
+from tasks.runfolder.parts import PartWriter, marker_parts, marker_paths
 
 log = logging.getLogger(__name__)
 
 
-_failpoint_hits: dict[str, int] = {}
-
-
-def failpoint(name: str) -> None:
-    """Crash-test hook: EAGLESCALE_FAILPOINT=name[:n] SIGKILLs this process group at the n-th hit.
-
-    Lets the crash tests kill a run at exact points of the commit protocol (a timer cannot).
-    """
-    spec = os.environ.get("EAGLESCALE_FAILPOINT")
-    if not spec:
-        return
-    wanted, _, nth = spec.partition(":")
-    if wanted != name:
-        return
-    _failpoint_hits[name] = _failpoint_hits.get(name, 0) + 1
-    if _failpoint_hits[name] >= int(nth or 1):
-        os.killpg(os.getpgrp(), signal.SIGKILL)
-
-
 class CommitError(RuntimeError):
-    """A shard failed verification before commit; nothing was written."""
+    """A shard failed verification before commit; nothing of it is left written."""
 
 
 class CommitConflict(RuntimeError):
@@ -148,27 +132,80 @@ class ShardStore:
         extra: dict[str, Any] | None = None,
         replace: bool = False,
     ) -> CommitResult:
-        """temp -> verify -> atomic write -> marker, for any payload format.
+        """temp -> verify -> atomic write -> marker, for any payload format in one object.
 
         `row_keys` must be the keys decoded back from `data` by the caller (the stage knows
         its format); they are checked against the plan and the dead letters here.
         `replace` re-commits a marked shard (retry-dead).
         """
-        planned = set(planned_keys)
-        _verify_keys(shard_id, row_keys, dead.column(key).to_pylist(), planned)
+        _verify_keys(shard_id, row_keys, dead.column(key).to_pylist(), set(planned_keys))
         data_key = f"{self.stage}/data/{shard_id}.{attempt}.{suffix}"
-        dead_key = f"{self.stage}/dead/{shard_id}.{attempt}.parquet"
-        dead_data = table_bytes(dead)
         self.run.write_bytes_atomic(data_key, data)
         failpoint("commit.after_data")
+        fields = {"data": data_key, "sha256": sha256_hex(data)}
+        return self._mark(
+            shard_id, fields, len(row_keys), dead, attempt, fingerprint_hash, extra, replace
+        )
+
+    def part_writer(self, shard_id: str, attempt: str, suffix: str) -> PartWriter:
+        """Start a multi-part attempt: write its parts as they fill, then `commit_parts`."""
+        return PartWriter(self.run, self.stage, shard_id, attempt, suffix)
+
+    def commit_parts(
+        self,
+        parts: PartWriter,
+        row_keys: list[str],
+        dead: pa.Table,
+        planned_keys: Iterable[str],
+        fingerprint_hash: str,
+        key: str = "request_id",
+        extra: dict[str, Any] | None = None,
+        replace: bool = False,
+    ) -> CommitResult:
+        """verify -> dead letters -> marker listing the parts already written, in order.
+
+        `row_keys` are the keys decoded back from every part, in part order. A shard that
+        fails verification removes its parts (CommitError); so does a losing writer.
+        """
+        shard_id = parts.shard_id
+        try:
+            if parts.rows != len(row_keys):
+                raise CommitError(
+                    f"shard {shard_id}: its {len(parts.parts)} parts hold {parts.rows} rows "
+                    f"but {len(row_keys)} keys were given"
+                )
+            _verify_keys(shard_id, row_keys, dead.column(key).to_pylist(), set(planned_keys))
+        except CommitError:
+            parts.abort()
+            raise
+        if not parts.parts:  # every row dead: the same crash point as after a data write
+            failpoint("commit.after_data")
+        fields = {"parts": list(parts.parts)}
+        return self._mark(
+            shard_id, fields, len(row_keys), dead, parts.attempt, fingerprint_hash, extra, replace
+        )
+
+    def _mark(
+        self,
+        shard_id: str,
+        data_fields: dict[str, Any],
+        rows: int,
+        dead: pa.Table,
+        attempt: str,
+        fingerprint_hash: str,
+        extra: dict[str, Any] | None,
+        replace: bool,
+    ) -> CommitResult:
+        """Write the dead letters, then create the marker (exclusively unless `replace`)."""
+        dead_key = f"{self.stage}/dead/{shard_id}.{attempt}.parquet"
+        dead_data = table_bytes(dead)
         self.run.write_bytes_atomic(dead_key, dead_data)
         failpoint("commit.before_marker")
         marker = {
             "shard_id": shard_id,
             "stage": self.stage,
-            "data": data_key,
-            "sha256": sha256_hex(data),
-            "rows": len(row_keys),
+            **data_fields,
+            "rows": rows,
             "dead_path": dead_key,
             "dead_sha256": sha256_hex(dead_data),
             "dead": dead.num_rows,
@@ -189,8 +226,7 @@ class ShardStore:
         failpoint("commit.after_marker")
         if not won:
             log.info("shard %s was committed by another writer; dropping attempt %s", shard_id, attempt)
-            self.run.remove(data_key)
-            self.run.remove(dead_key)
+            self._remove_files(marker)
             return CommitResult(self.marker(shard_id) or {}, won=False)
         if not self._files_intact(marker):
             self.run.remove(self.marker_key(shard_id))
@@ -198,24 +234,51 @@ class ShardStore:
         return CommitResult(marker, won=True)
 
     def _files_intact(self, marker: dict[str, Any]) -> bool:
+        """Every object the fresh marker names is there. Parts are checked by size only
+        (re-reading a 100 GB shard here would double its I/O); readers verify their sha256."""
         try:
-            return (
-                sha256_hex(self.run.read_bytes(marker["data"])) == marker["sha256"]
-                and sha256_hex(self.run.read_bytes(marker["dead_path"])) == marker["dead_sha256"]
-            )
+            if "parts" in marker:
+                for part in marker["parts"]:
+                    if int(self.run.info(part["path"])["size"]) != part["bytes"]:
+                        return False
+            elif sha256_hex(self.run.read_bytes(marker["data"])) != marker["sha256"]:
+                return False
+            return sha256_hex(self.run.read_bytes(marker["dead_path"])) == marker["dead_sha256"]
         except FileNotFoundError:
             return False
 
     def _remove_files(self, marker: dict[str, Any]) -> None:
-        self.run.remove(marker["data"])
-        self.run.remove(marker["dead_path"])
+        for path in marker_paths(marker):
+            self.run.remove(path)
 
     def read_rows(self, marker: dict[str, Any]) -> pa.Table:
         return pq.read_table(io.BytesIO(self.read_payload(marker)))
 
     def read_payload(self, marker: dict[str, Any]) -> bytes:
-        """The committed data object's bytes, refused when they do not match the marker."""
+        """The committed data object's bytes, refused when they do not match the marker.
+        Single-object shards only: a multi-part shard is read with `iter_parts`."""
+        if "parts" in marker:
+            raise CommitError(
+                f"{self.run.url}/{self.marker_key(marker['shard_id'])}: the shard has "
+                f"{len(marker['parts'])} data parts; read them with read_part/iter_parts"
+            )
         return self._verified_bytes(marker["data"], marker["sha256"])
+
+    def read_part(self, marker: dict[str, Any], index: int) -> bytes:
+        """Data part `index` of a committed shard (a single-object shard is part 0),
+        refused when its bytes do not match the marker's sha256."""
+        parts = marker_parts(marker)
+        if not 0 <= index < len(parts):
+            raise IndexError(
+                f"{self.run.url}/{self.marker_key(marker['shard_id'])}: part {index} of "
+                f"{len(parts)}"
+            )
+        return self._verified_bytes(parts[index]["path"], parts[index]["sha256"])
+
+    def iter_parts(self, marker: dict[str, Any]) -> Iterator[bytes]:
+        """The shard's data parts in order, each read and verified only when reached."""
+        for index in range(len(marker_parts(marker))):
+            yield self.read_part(marker, index)
 
     def read_dead(self, marker: dict[str, Any]) -> pa.Table:
         return pq.read_table(io.BytesIO(self._verified_bytes(marker["dead_path"], marker["dead_sha256"])))
@@ -227,10 +290,12 @@ class ShardStore:
         return data
 
     def cleanup(self, min_age_s: float = 0.0) -> list[str]:
-        """Remove temp objects and data no marker names (left by a crash mid-commit)."""
-        named = set()
+        """Remove temp objects and data (parts included) no marker names: left by a crash
+        mid-commit. Only safe while no attempt of this stage is writing parts: their parts
+        have no marker yet (`min_age_s` spares recent objects)."""
+        named: set[str] = set()
         for marker in self.committed().values():
-            named.update((marker.get("data"), marker.get("dead_path")))
+            named.update(marker_paths(marker))
         removed = []
         now = time.time()
         for sub in ("data", "dead", "_SUCCESS"):
