@@ -12,7 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-STAGES = ("discover", "generate")
+STAGES = ("discover", "generate", "extract", "train")
 
 
 class Strict(BaseModel):
@@ -105,6 +105,48 @@ class GenerateConfig(Strict):
     shard_retry_delay_s: float = Field(30.0, ge=0)
 
 
+class ExtractConfig(Strict):
+    engine: Literal["local", "sglang"] = Field(
+        "local", description="local: transformers in-process; sglang: SGLang's engine on a GPU node."
+    )
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    batch_size: int = Field(4, ge=1, description="Sequences per forward pass.")
+    max_length: int = Field(2048, ge=8, description="Tokens per training sequence; longer ones are truncated.")
+    storage_dtype: Literal["bf16", "fp8_e4m3"] = Field(
+        "bf16", description="Hidden-state storage; fp8 keeps a per-token scale and halves the bytes."
+    )
+    quota_bytes: int | None = Field(
+        None, ge=1, description="Refuse when the forecast exceeds this (default: the free space)."
+    )
+    # Host memory holds about one part while a shard is extracted; 2 GiB stays far below
+    # S3's 5 GB single PUT.
+    part_bytes: int = Field(2 * 1024**3, ge=1, description="Bytes per extract data part.")
+    eval_fraction: float = Field(0.05, ge=0.0, lt=1.0, description="Held-out split, per domain.")
+    seed: int = 0
+
+
+class TrainConfig(Strict):
+    draft_vocab_size: int = Field(32000, ge=2, description="Capped at the target vocabulary.")
+    ttt_steps: int = Field(7, ge=1, description="Training-time-test unroll length.")
+    ttt_decay: float = Field(0.8, gt=0.0, le=1.0, description="Loss weight of step k is decay**k.")
+    learning_rate: float = Field(1e-4, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    warmup_steps: int = Field(20, ge=0)
+    max_steps: int | None = Field(None, ge=1, description="Default: `epochs` over the data.")
+    epochs: int = Field(1, ge=1)
+    batch_tokens: int = Field(4096, ge=8, description="Tokens per optimizer step (per process).")
+    max_grad_norm: float = Field(0.5, gt=0.0)
+    eval_every: int = Field(50, ge=1)
+    save_every: int = Field(50, ge=1)
+    logits_chunk: int = Field(1024, ge=1, description="Tokens per chunk of target-logit computation.")
+    device: str = "cpu"
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"
+    nproc: int = Field(1, ge=1, description="Processes (GPUs) under torchrun.")
+    intermediate_size: int | None = Field(None, ge=1, description="Default: the target's.")
+    seed: int = 0
+
+
 class SlackConfig(Strict):
     channel: str | None = None
     token_env: str = "SLACK_BOT_TOKEN"
@@ -117,12 +159,16 @@ class SlackConfig(Strict):
 
 class EagleScaleConfig(Strict):
     run_root: str = Field(description="Run folder: a local path or fsspec URL (s3://bucket/prefix).")
-    stages: list[Literal["discover", "generate"]] = Field(default_factory=lambda: list(STAGES))
+    stages: list[Literal["discover", "generate", "extract", "train"]] = Field(
+        default_factory=lambda: list(STAGES)
+    )
     target: TargetConfig
     discover: DiscoverConfig = Field(default_factory=DiscoverConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     generate: GenerateConfig = Field(default_factory=GenerateConfig)
+    extract: ExtractConfig = Field(default_factory=ExtractConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
     slack: SlackConfig = Field(default_factory=SlackConfig)
     storage_options: dict[str, Any] = Field(
         default_factory=dict, description="fsspec options for the run root (never secrets)."

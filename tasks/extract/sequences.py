@@ -1,0 +1,236 @@
+"""Training sequences: each committed generation row, token for token as the target saw it.
+
+input_ids = the prompt rendered with the run's chat template (the ids the generation stage
+sent) + the row's `output_ids` (the ids the target produced, never re-tokenized text) +
+whatever the template writes after an assistant reply that the output does not already end
+with (the turn terminator, e.g. `<|eot_id|>` or `<|im_end|>\\n`). The loss mask is 1 on the
+response tokens: the output and that terminator. Sequences longer than `max_length` are cut
+and counted.
+
+The held-out split is decided per prompt (all samples of a prompt fall on one side), per
+domain, from a seeded hash ranking over the whole manifest, so it does not depend on which
+generation shards have been committed so far.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from tasks.discover.commit import read_prompts_table
+from tasks.runfolder import RunFolder
+from tasks.target import TargetError, chat_template_hash, render_prompt_ids
+
+_PROBE = [{"role": "user", "content": "ping"}]
+_REPLY_SENTINEL = "EAGLESCALE-REPLY-SENTINEL"
+
+SPLITS = ("train", "eval")
+
+
+class ChatTemplateMismatch(RuntimeError):
+    """The tokenizer's chat template is not the one the generation stage rendered with."""
+
+
+class UnbuildableSequence(ValueError):
+    """A row that cannot become a training sequence; `error_class` goes to the dead letter."""
+
+    def __init__(self, error_class: str, message: str) -> None:
+        super().__init__(f"{error_class}: {message}")
+        self.error_class = error_class
+
+
+@dataclass
+class TrainingSequence:
+    sequence_id: str  # the generation row's request_id
+    prompt_id: str
+    domain: str
+    split: str  # "train" | "eval"
+    input_ids: list[int]
+    loss_mask: list[int]  # 1 on response tokens
+    truncated: bool
+
+
+@dataclass
+class ShardSequences:
+    """What one generation shard yields: sequences, dead letters (with reasons) and counts."""
+
+    sequences: list[TrainingSequence]
+    dead: list[dict[str, Any]]
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def check_chat_template(run: RunFolder, tokenizer: Any) -> str:
+    """The template hash, refused when run.json recorded a different one for generation."""
+    recorded = run.read_json("run.json")
+    if recorded is None:
+        raise FileNotFoundError(f"{run.url}/run.json is missing: run the generate stage first")
+    expected = recorded["fingerprint"]["target"]["chat_template_hash"]
+    actual = chat_template_hash(tokenizer)
+    if actual != expected:
+        raise ChatTemplateMismatch(
+            f"the target tokenizer's chat template (sha256 {actual[:16]}...) differs from the one "
+            f"the generation stage rendered prompts with (run.json target.chat_template_hash "
+            f"{expected[:16]}...): training sequences would not match the generated data. Set "
+            f"target.chat_template to the template used for generation."
+        )
+    return actual
+
+
+def terminator_ids(tokenizer: Any) -> list[int]:
+    """Tokens the chat template writes right after an assistant reply's content."""
+    try:
+        full = tokenizer.apply_chat_template(
+            [*_PROBE, {"role": "assistant", "content": _REPLY_SENTINEL}],
+            add_generation_prompt=False,
+            tokenize=False,
+        )
+    except Exception as e:  # jinja raises its own exception types
+        raise TargetError(f"chat template cannot render an assistant reply: {e}") from e
+    if not isinstance(full, str) or _REPLY_SENTINEL not in full:
+        raise TargetError("chat template does not render the assistant reply's content")
+    suffix = full.split(_REPLY_SENTINEL, 1)[1]
+    ids = tokenizer(suffix, add_special_tokens=False)["input_ids"] if suffix else []
+    if not ids and tokenizer.eos_token_id is not None:
+        # A template that writes nothing after the reply relies on the eos the model emits.
+        ids = [int(tokenizer.eos_token_id)]
+    return [int(i) for i in ids]
+
+
+def turn_completion(output_ids: list[int], terminator: list[int]) -> list[int]:
+    """The part of `terminator` the output does not already end with (its longest overlap)."""
+    for k in range(min(len(terminator), len(output_ids)), 0, -1):
+        if output_ids[-k:] == terminator[:k]:
+            return terminator[k:]
+    return list(terminator)
+
+
+def eval_prompt_ids(
+    prompts_by_domain: dict[str, list[str]], fraction: float, seed: int
+) -> set[str]:
+    """Per domain, the round(fraction·n) prompts ranked first by a seeded hash (at least one
+    when fraction > 0 and the domain has two or more prompts)."""
+    chosen: set[str] = set()
+    if fraction <= 0:
+        return chosen
+    for domain in sorted(prompts_by_domain):
+        ids = sorted(set(prompts_by_domain[domain]))
+        k = round(fraction * len(ids))
+        if k == 0 and len(ids) >= 2:
+            k = 1
+        ranked = sorted(
+            ids, key=lambda p: hashlib.sha256(f"{seed}:{domain}:{p}".encode()).hexdigest()
+        )
+        chosen.update(ranked[:k])
+    return chosen
+
+
+class SequenceBuilder:
+    """Builds the training sequences of generation shards for one run."""
+
+    def __init__(
+        self,
+        run: RunFolder,
+        tokenizer: Any,
+        max_length: int,
+        vocab_size: int,
+        eval_fraction: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        check_chat_template(run, tokenizer)
+        manifest = read_prompts_table(run, "manifest")
+        pids = manifest.column("prompt_id").to_pylist()
+        self._messages = dict(zip(pids, manifest.column("messages").to_pylist(), strict=True))
+        self._domains = dict(zip(pids, manifest.column("domain").to_pylist(), strict=True))
+        by_domain: dict[str, list[str]] = defaultdict(list)
+        for pid, domain in self._domains.items():
+            by_domain[domain].append(pid)
+        self.eval_ids = eval_prompt_ids(by_domain, eval_fraction, seed)
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.vocab_size = vocab_size
+        self.terminator = terminator_ids(tokenizer)
+        self._rendered: dict[str, list[int]] = {}
+        # Shard tasks may share one builder; tokenizers are not guaranteed thread-safe.
+        self._lock = threading.Lock()
+
+    def _prompt_ids(self, prompt_id: str) -> list[int]:
+        with self._lock:
+            if prompt_id not in self._rendered:
+                self._rendered[prompt_id] = render_prompt_ids(
+                    self.tokenizer, json.loads(self._messages[prompt_id])
+                )
+            return self._rendered[prompt_id]
+
+    def build_one(self, row: dict[str, Any]) -> TrainingSequence:
+        """One row's sequence; UnbuildableSequence or TargetError when it cannot be built."""
+        prompt_id = row["prompt_id"]
+        if prompt_id not in self._messages:
+            raise UnbuildableSequence(
+                "unknown_prompt", f"prompt {prompt_id} is not in the manifest"
+            )
+        prompt = self._prompt_ids(prompt_id)
+        if row.get("prompt_tokens") is not None and row["prompt_tokens"] != len(prompt):
+            raise UnbuildableSequence(
+                "prompt_mismatch",
+                f"the prompt renders to {len(prompt)} tokens but generation sent "
+                f"{row['prompt_tokens']}",
+            )
+        output = [int(t) for t in row["output_ids"]]
+        bad = [t for t in output if not 0 <= t < self.vocab_size]
+        if bad:
+            raise UnbuildableSequence(
+                "invalid_token", f"output token {bad[0]} outside [0, {self.vocab_size})"
+            )
+        if len(prompt) >= self.max_length:
+            raise UnbuildableSequence(
+                "prompt_too_long",
+                f"the prompt's {len(prompt)} tokens leave no response token within "
+                f"max_length {self.max_length}",
+            )
+        response = output + turn_completion(output, self.terminator)
+        ids = prompt + response
+        mask = [0] * len(prompt) + [1] * len(response)
+        truncated = len(ids) > self.max_length
+        return TrainingSequence(
+            sequence_id=row["request_id"],
+            prompt_id=prompt_id,
+            domain=self._domains[prompt_id],
+            split="eval" if prompt_id in self.eval_ids else "train",
+            input_ids=ids[: self.max_length],
+            loss_mask=mask[: self.max_length],
+            truncated=truncated,
+        )
+
+    def build(self, rows: pa.Table) -> ShardSequences:
+        """Sequences of a shard's committed rows, in request_id order; failures as dead letters."""
+        sequences: list[TrainingSequence] = []
+        dead: list[dict[str, Any]] = []
+        for row in sorted(rows.to_pylist(), key=lambda r: r["request_id"]):
+            try:
+                sequences.append(self.build_one(row))
+            except (UnbuildableSequence, TargetError) as e:
+                dead.append(
+                    {
+                        "request_id": row["request_id"],
+                        "prompt_id": row["prompt_id"],
+                        "error_class": getattr(e, "error_class", "render_error"),
+                        "message": str(e)[:500],
+                    }
+                )
+        splits = Counter(s.split for s in sequences)
+        stats = {
+            "sequences": len(sequences),
+            "dead": len(dead),
+            "truncated": sum(s.truncated for s in sequences),
+            "tokens": sum(len(s.input_ids) for s in sequences),
+            "loss_tokens": sum(sum(s.loss_mask) for s in sequences),
+            "splits": {name: splits.get(name, 0) for name in SPLITS},
+            "dead_classes": dict(Counter(d["error_class"] for d in dead)),
+        }
+        return ShardSequences(sequences, dead, stats)

@@ -1,0 +1,279 @@
+"""The extract stage as plain code: prepare (cleanup, settings check, disk forecast), run one
+shard, finish. Flows only compose these.
+
+Extract shard ids are generation shard ids; one training sequence per committed generation
+row, keyed by its request_id. A shard commits through the same protocol as generation
+(verify keys = planned - dead, atomic write, then the marker), so a crash anywhere leaves
+either the whole shard or nothing. The stage reads its input as "the generation shards
+marked so far" (`pending_shards`), so it can run while generation is still committing;
+extract/_COMPLETE is written once generation is complete and every shard is extracted.
+
+A shard's states are written as parts of about `part_bytes` while it is extracted (each a
+self-contained safetensors object, decoded back and verified before it is written), then
+committed under one marker listing them: a shard of 100+ GB never sits in host memory,
+is never hashed in one pass, and no object exceeds S3's single-PUT limit.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from transformers import PreTrainedModel
+
+from tasks.config import EagleScaleConfig
+from tasks.extract.backends import build_capture_backend, target_layout
+from tasks.extract.capture import CaptureBackend, aux_capture_layers
+from tasks.extract.forecast import check_forecast, forecast_extract
+from tasks.extract.sequences import SequenceBuilder
+from tasks.extract.storage import STAGE, ExtractFormatError, ShardWriter, verify_shard
+from tasks.runfolder import FingerprintMismatch, RunFolder, ShardStore, content_hash, new_attempt_id
+from tasks.runfolder.fingerprint import diff_fingerprints
+
+log = logging.getLogger(__name__)
+
+DEAD_SCHEMA = pa.schema(
+    [
+        ("request_id", pa.string()),
+        ("prompt_id", pa.string()),
+        ("error_class", pa.string()),
+        ("message", pa.string()),
+    ]
+)
+# Sequences handed to the backend per call: enough for length bucketing across batches,
+# few enough that their states (held until encoded) stay small on the device.
+CAPTURE_CHUNK_BATCHES = 8
+
+
+@dataclass
+class ExtractShardOutcome:
+    shard_id: str
+    status: str  # "committed" | "skipped" | "lost_race"
+    rows: int
+    dead: int
+    tokens: int
+    truncated: int
+    marker: dict[str, Any]
+
+
+class ExtractStage:
+    """Everything one process needs to extract shards of one run root."""
+
+    def __init__(
+        self,
+        cfg: EagleScaleConfig,
+        run: RunFolder,
+        tokenizer: Any,
+        backend: CaptureBackend | None = None,
+        model: PreTrainedModel | None = None,
+        part_bytes: int | None = None,
+    ) -> None:
+        self.cfg, self.run = cfg, run
+        # The argument (tests) overrides extract.part_bytes.
+        self.part_bytes = part_bytes if part_bytes is not None else cfg.extract.part_bytes
+        self.gen = ShardStore(run, "generate")
+        self.store = ShardStore(run, STAGE)
+        recorded = run.read_json("run.json")
+        if recorded is None:
+            raise FileNotFoundError(f"{run.url}/run.json is missing: run the generate stage first")
+        self.layout = target_layout(cfg.target.model_path, cfg.target.revision)
+        self.aux_layer_ids = aux_capture_layers(self.layout.model_type, self.layout.num_layers)
+        ex = cfg.extract
+        self.settings: dict[str, Any] = {
+            "aux_layer_ids": self.aux_layer_ids,
+            "hidden_size": self.layout.hidden_size,
+            "storage_dtype": ex.storage_dtype,
+            "max_length": ex.max_length,
+            "eval_fraction": ex.eval_fraction,
+            "seed": ex.seed,
+        }
+        self.settings_hash = content_hash(
+            {"run": recorded["fingerprint_hash"], **self.settings}, 16
+        )
+        # Refuses a changed chat template here, before any model is loaded.
+        self.builder = SequenceBuilder(
+            run, tokenizer, ex.max_length, self.layout.vocab_size, ex.eval_fraction, ex.seed
+        )
+        self._backend = backend
+        self._model = model
+        self.forecast: dict[str, Any] = {}
+
+    @property
+    def backend(self) -> CaptureBackend:
+        # Built on first use: prepare() may refuse (forecast, settings) before a big load.
+        if self._backend is None:
+            self._backend = build_capture_backend(self.cfg, self.aux_layer_ids, self._model)
+        return self._backend
+
+    def _stale(self, marker: dict[str, Any], source: dict[str, Any]) -> bool:
+        return (
+            marker.get("source_sha256") != source["sha256"]
+            or marker["fingerprint"] != self.settings_hash
+        )
+
+    def _check_settings(self) -> None:
+        for shard_id, marker in sorted(self.store.committed().items()):
+            recorded = {k: marker.get(k) for k in self.settings}
+            diffs = diff_fingerprints(recorded, self.settings)
+            if diffs and not self.cfg.allow_fingerprint_change:
+                raise FingerprintMismatch(
+                    f"{self.run.url}/{STAGE}: shard {shard_id} was extracted with different "
+                    f"settings; refusing to mix them (use a new run root, or "
+                    f"allow_fingerprint_change to re-extract). Differing fields:\n  "
+                    + "\n  ".join(diffs)
+                )
+
+    def pending_shards(self) -> list[str]:
+        """Generation shards committed so far whose extraction is missing or stale, in order."""
+        extracted = self.store.committed()
+        return [
+            shard_id
+            for shard_id, source in sorted(self.gen.committed().items())
+            if shard_id not in extracted or self._stale(extracted[shard_id], source)
+        ]
+
+    def prepare(self) -> list[str]:
+        """Clean up after crashes, refuse changed settings or a forecast that does not fit,
+        and return the shards to run."""
+        self.store.cleanup()
+        self._check_settings()
+        ex = self.cfg.extract
+        self.forecast = forecast_extract(
+            self.run,
+            self.layout.hidden_size,
+            ex.storage_dtype,
+            ex.max_length,
+            ex.quota_bytes,
+            extra_per_sequence=len(self.builder.terminator),
+        )
+        check_forecast(self.forecast)
+        return self.pending_shards()
+
+    def run_shard(self, shard_id: str) -> ExtractShardOutcome:
+        source = self.gen.marker(shard_id)
+        if source is None:
+            raise ValueError(f"shard {shard_id}: no committed generation shard of that id")
+        existing = self.store.marker(shard_id)
+        if existing is not None and not self._stale(existing, source):
+            return ExtractShardOutcome(
+                shard_id,
+                "skipped",
+                existing["rows"],
+                existing["dead"],
+                existing.get("tokens", 0),
+                existing.get("truncated", 0),
+                existing,
+            )
+        rows = self.gen.read_rows(source)
+        built = self.builder.build(rows)
+        parts = self.store.part_writer(shard_id, new_attempt_id(), "safetensors")
+        keys: list[str] = []
+
+        def write_part(data: bytearray) -> None:
+            part_keys = verify_shard(data)  # decoded back before it goes anywhere
+            parts.write(data, len(part_keys))
+            keys.extend(part_keys)
+
+        writer = ShardWriter(
+            self.layout.hidden_size,
+            self.aux_layer_ids,
+            self.cfg.extract.storage_dtype,
+            part_bytes=self.part_bytes,
+            on_part=write_part,
+        )
+        chunk = self.cfg.extract.batch_size * CAPTURE_CHUNK_BATCHES
+        try:
+            for start in range(0, len(built.sequences), chunk):
+                group = built.sequences[start : start + chunk]
+                writer.add_many(group, self.backend.capture([s.input_ids for s in group]))
+            writer.flush()
+            if keys != [s.sequence_id for s in built.sequences]:
+                raise ExtractFormatError(
+                    f"shard {shard_id}: sequence ids decoded from its {len(parts.parts)} parts "
+                    "differ from the built ones"
+                )
+        except BaseException:
+            parts.abort()  # an attempt that will not commit leaves no parts behind
+            raise
+        dead = pa.Table.from_pylist(built.dead, schema=DEAD_SCHEMA)
+        extra = {
+            **self.settings,
+            "source_sha256": source["sha256"],
+            "source_attempt": source["attempt"],
+            "bytes": parts.bytes,
+            "tokens": built.stats["tokens"],
+            "loss_tokens": built.stats["loss_tokens"],
+            "truncated": built.stats["truncated"],
+            "splits": built.stats["splits"],
+            "dead_classes": built.stats["dead_classes"],
+            "reconstruction_error": writer.error_report(),
+        }
+        result = self.store.commit_parts(
+            parts,
+            keys,
+            dead,
+            rows.column("request_id").to_pylist(),
+            self.settings_hash,
+            extra=extra,
+            replace=existing is not None,
+        )
+        log.info(
+            "extract shard %s: %d sequences in %d parts, %d dead, %d tokens (%d truncated)",
+            shard_id,
+            len(keys),
+            len(parts.parts),
+            dead.num_rows,
+            built.stats["tokens"],
+            built.stats["truncated"],
+        )
+        return ExtractShardOutcome(
+            shard_id,
+            "committed" if result.won else "lost_race",
+            len(keys),
+            dead.num_rows,
+            built.stats["tokens"],
+            built.stats["truncated"],
+            result.marker,
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """Key numbers over every committed extract shard (not just this process's)."""
+        markers = self.store.committed()
+        splits = {"train": 0, "eval": 0}
+        worst = {"aux": 0.0, "last": 0.0}
+        for m in markers.values():
+            for name, count in m.get("splits", {}).items():
+                splits[name] = splits.get(name, 0) + count
+            for name in worst:
+                err = m.get("reconstruction_error", {}).get(name, {})
+                worst[name] = max(worst[name], err.get("rel_rms", 0.0))
+        return {
+            "shards_generated": len(self.gen.committed()),
+            "shards_extracted": len(markers),
+            "shards_pending": len(self.pending_shards()),
+            "sequences": sum(m["rows"] for m in markers.values()),
+            "dead": sum(m["dead"] for m in markers.values()),
+            "tokens": sum(m.get("tokens", 0) for m in markers.values()),
+            "loss_tokens": sum(m.get("loss_tokens", 0) for m in markers.values()),
+            "truncated": sum(m.get("truncated", 0) for m in markers.values()),
+            "bytes": sum(m.get("bytes", 0) for m in markers.values()),
+            "splits": splits,
+            "storage_dtype": self.cfg.extract.storage_dtype,
+            "max_rel_rms_error": worst,
+        }
+
+    def finish(self) -> dict[str, Any]:
+        """Summary; extract/_COMPLETE once generation is complete and nothing is pending."""
+        summary = self.summary()
+        complete = self.gen.is_complete() and summary["shards_pending"] == 0
+        if complete:
+            self.store.mark_complete(summary)
+        return {**summary, "complete": complete}
+
+    def close(self) -> None:
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None
+

@@ -1,0 +1,118 @@
+"""Extraction tests' helpers: a generated run on the tiny target (built once per session and
+copied per test), and a runner the crash test starts as a subprocess and kills.
+
+    python -m tests.extract_support PARAMS_YAML [PART_BYTES]   runs the extract stage in
+    plain code, printing READY after prepare() and COMMITTED <shard> after each shard.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from tasks.config import EagleScaleConfig, load_config
+from tasks.discover.stage import run_discover_stage
+from tasks.engines.local import LocalEngine
+from tasks.extract.storage import shard_metadata
+from tasks.fingerprint_fields import run_fingerprint
+from tasks.generate.stage import GenerateStage
+from tasks.runfolder import RunFolder, ShardStore, ensure_fingerprint
+from tasks.runfolder.parts import marker_paths
+from tasks.target import load_tokenizer, target_identity
+from tests.run_support import write_params
+
+TOTAL_PROMPTS = 48
+SHARD_SIZE = 8
+MAX_NEW_TOKENS = 16
+_templates: dict[str, Path] = {}
+
+
+def _generate(cfg: EagleScaleConfig) -> None:
+    run = RunFolder(cfg.run_root)
+    tokenizer = load_tokenizer(cfg.target.model_path)
+    marker = run_discover_stage(cfg, run, tokenizer)["marker"]
+    identity = target_identity(cfg.target.model_path, None, tokenizer)
+    fp_hash = ensure_fingerprint(run, run_fingerprint(cfg, identity, marker["manifest_hash"]))
+    engine = LocalEngine(cfg.target.model_path, batch_size=16)
+    stage = GenerateStage(cfg, run, fp_hash, engine, tokenizer)
+    for shard_id in stage.prepare():
+        stage.run_shard(shard_id)
+    stage.finish()
+    engine.close()
+
+
+def _params(dest: Path, model_dir: Path, extract: dict[str, Any]) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    return write_params(
+        dest,
+        model_dir,
+        str(dest / "run"),
+        sampling={"max_new_tokens": MAX_NEW_TOKENS},
+        engine={"kind": "local", "batch_size": 16},
+        generate={"shard_size": SHARD_SIZE},
+        discover={"total_prompts": TOTAL_PROMPTS},
+        extract={"batch_size": 4, "max_length": 256, "eval_fraction": 0.25, **extract},
+    )
+
+
+def generated_run(
+    base: Path, model_dir: Path, dest: Path, **extract: Any
+) -> tuple[EagleScaleConfig, Path]:
+    """A run under `dest` whose discover and generate stages are committed (a copy of one
+    generated once per session under `base`), with `extract` overriding extract params."""
+    if "run" not in _templates:
+        template = base / "extract-template"
+        _generate(load_config(_params(template, model_dir, {})))
+        _templates["run"] = template / "run"
+    shutil.copytree(_templates["run"], dest / "run")
+    params = _params(dest, model_dir, extract)
+    return load_config(params), params
+
+
+def extracted_ids(run: RunFolder) -> tuple[list[str], list[str]]:
+    """Sequence ids of committed extract shards (all parts) and of their dead letters, in
+    shard order."""
+    store = ShardStore(run, "extract")
+    rows: list[str] = []
+    dead: list[str] = []
+    for _, marker in sorted(store.committed().items()):
+        for data in store.iter_parts(marker):
+            rows += shard_metadata(data)["sequence_ids"]
+        dead += store.read_dead(marker).column("request_id").to_pylist()
+    return rows, dead
+
+
+def unmarked_objects(run: RunFolder) -> set[str]:
+    """Objects under extract/data and extract/dead that no marker names."""
+    named = {
+        path
+        for marker in ShardStore(run, "extract").committed().values()
+        for path in marker_paths(marker)
+    }
+    present = {
+        f"extract/{sub}/{name}" for sub in ("data", "dead") for name in run.listdir(f"extract/{sub}")
+    }
+    return present - named
+
+
+def main(argv: list[str]) -> int:
+    from tasks.extract.stage import ExtractStage
+
+    cfg = load_config(argv[0])
+    run = RunFolder(cfg.run_root)
+    part_bytes = int(argv[1]) if len(argv) > 1 else None
+    stage = ExtractStage(cfg, run, load_tokenizer(cfg.target.model_path), part_bytes=part_bytes)
+    pending = stage.prepare()
+    print("READY", len(pending), flush=True)
+    for shard_id in pending:
+        stage.run_shard(shard_id)
+        print("COMMITTED", shard_id, flush=True)
+    summary = stage.finish()
+    print("COMPLETE" if summary["complete"] else "INCOMPLETE", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
