@@ -1,0 +1,102 @@
+"""The target's token embedding and output head, read alone from its safetensors files.
+
+The draft shares the target's embedding and its teacher needs the target's lm_head; nothing
+else of a terabyte-sized target is read (safe_open reads the named tensors only). Sharded
+checkpoints are found through their `*.safetensors.index.json`; a target with tied
+embeddings uses its embedding as the head.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from tasks.draft.config import text_config
+from tasks.target import read_model_config, resolve_model_dir
+
+# Known names first, most common first; multimodal targets prefix their language model.
+EMBED_KEYS = (
+    "model.embed_tokens.weight",
+    "language_model.model.embed_tokens.weight",
+    "model.language_model.embed_tokens.weight",
+    "transformer.wte.weight",
+)
+HEAD_KEYS = (
+    "lm_head.weight",
+    "language_model.lm_head.weight",
+    "model.language_model.lm_head.weight",
+)
+
+
+class TargetHeadsError(ValueError):
+    """The target's embedding or lm_head cannot be found or does not fit its config."""
+
+
+def _weight_map(model_dir: Path) -> dict[str, Path]:
+    """tensor name -> the safetensors file holding it."""
+    indexes = sorted(model_dir.glob("*.safetensors.index.json"))
+    if len(indexes) > 1:
+        raise TargetHeadsError(f"{model_dir}: several safetensors indexes: {[p.name for p in indexes]}")
+    if indexes:
+        try:
+            weight_map = json.loads(indexes[0].read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise TargetHeadsError(f"{indexes[0]}: not a safetensors index ({e})") from None
+        return {name: model_dir / file for name, file in weight_map.items()}
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise TargetHeadsError(f"{model_dir}: no *.safetensors weights (other formats are not read)")
+    out: dict[str, Path] = {}
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            out.update(dict.fromkeys(f.keys(), path))
+    return out
+
+
+def _pick(weight_map: dict[str, Path], known: tuple[str, ...], suffix: str) -> str | None:
+    for key in known:
+        if key in weight_map:
+            return key
+    matches = [k for k in weight_map if k.endswith(suffix) and "vision" not in k]
+    if len(matches) > 1:
+        raise TargetHeadsError(f"several tensors could be the {suffix}: {sorted(matches)}")
+    return matches[0] if matches else None
+
+
+def _read(weight_map: dict[str, Path], key: str) -> torch.Tensor:
+    with safe_open(str(weight_map[key]), framework="pt") as f:
+        return f.get_tensor(key)
+
+
+def load_target_heads(model_path: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(embed_weight [vocab, H], lm_head_weight [vocab, H]) in the checkpoint's dtype."""
+    model_dir = resolve_model_dir(model_path)
+    config = text_config(read_model_config(model_dir))
+    weight_map = _weight_map(model_dir)
+    embed_key = _pick(weight_map, EMBED_KEYS, "embed_tokens.weight")
+    if embed_key is None:
+        raise TargetHeadsError(f"{model_path}: no token embedding among its tensors")
+    embed = _read(weight_map, embed_key)
+    head_key = _pick(weight_map, HEAD_KEYS, "lm_head.weight")
+    if head_key is not None:
+        head = _read(weight_map, head_key)
+    elif config.get("tie_word_embeddings") or read_model_config(model_dir).get("tie_word_embeddings"):
+        head = embed
+    else:
+        raise TargetHeadsError(
+            f"{model_path}: no lm_head.weight and tie_word_embeddings is not set"
+        )
+    hidden, vocab = config.get("hidden_size"), config.get("vocab_size")
+    for name, tensor in (("embedding", embed), ("lm_head", head)):
+        if tensor.dim() != 2 or tensor.shape[1] != hidden:
+            raise TargetHeadsError(
+                f"{model_path}: {name} is {list(tensor.shape)}, expected [vocab, {hidden}]"
+            )
+        if vocab is not None and tensor.shape[0] != vocab:
+            raise TargetHeadsError(
+                f"{model_path}: {name} has {tensor.shape[0]} rows, config vocab_size is {vocab}"
+            )
+    return embed, head

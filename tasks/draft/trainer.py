@@ -1,0 +1,337 @@
+"""Train the EAGLE-3 draft on a run's extracted hidden states (the `train` stage's work).
+
+Read top to bottom: set up (target heads, draft shape, data index, vocab map), build the
+model and optimizer, resume from the newest complete checkpoint, then loop: one
+training-time-test step per batch, evaluate on the held-out split, checkpoint, keep the best.
+Runs as one process or under torchrun (DDP; gloo on CPU, nccl on GPU); only rank 0 writes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from tasks.config import TrainConfig
+from tasks.draft import checkpoint as ckpt
+from tasks.draft.config import DraftConfig
+from tasks.draft.data import ShardReader, build_index, iter_batches, plan_epoch, rank_batches
+from tasks.draft.model import Eagle3Draft
+from tasks.draft.plots import accuracy_plot_png
+from tasks.draft.target_heads import load_target_heads
+from tasks.draft.ttt import Batch, StepStats, TTTModel, counted_rows, summarize
+from tasks.draft.vocab import VOCAB_MAP_KEY, VocabMap, build_vocab_map, count_tokens
+from tasks.runfolder import RunFolder
+from tasks.target import read_model_config, resolve_model_dir
+
+RESULT_KEY = "train/result.json"
+PLOT_KEY = "train/plots/accuracy.png"
+
+
+@dataclass
+class TrainCallbacks:
+    on_step: Callable[[dict[str, Any]], None] | None = None  # every optimizer step (rank 0)
+    on_eval: Callable[[dict[str, Any]], None] | None = None  # every evaluation (rank 0)
+    on_checkpoint: Callable[[str], None] | None = None  # run key of each saved checkpoint
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    history: list[dict[str, Any]]
+    evals: list[dict[str, Any]]
+    best: dict[str, Any] | None
+    last_checkpoint: str | None
+    resumed_from: str | None
+    vocab_stats: dict[str, Any] = field(default_factory=dict)
+
+
+class TrainError(RuntimeError):
+    """Training cannot start: the extracted data does not fit the target or the config."""
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def current(cls) -> Dist:
+        if dist.is_available() and dist.is_initialized():
+            return cls(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
+        return cls()
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+    def sum_(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.world > 1:
+            dist.all_reduce(tensor)
+        return tensor
+
+
+def lr_multiplier(step: int, warmup: int, total: int) -> float:
+    """Linear warm-up to 1, then cosine to 0 at `total`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def _draft_config(cfg: TrainConfig, target_path: str, extract_meta: dict[str, Any]) -> DraftConfig:
+    target_config = read_model_config(resolve_model_dir(target_path))
+    draft_cfg = DraftConfig.from_target(target_config, cfg.draft_vocab_size, cfg.intermediate_size)
+    stored_ids = [int(i) for i in extract_meta.get("aux_layer_ids", [])]
+    if stored_ids != draft_cfg.aux_layer_ids:
+        raise TrainError(
+            f"extracted aux layers {stored_ids} differ from the draft's "
+            f"{draft_cfg.aux_layer_ids} for this target: re-extract or check the target path"
+        )
+    if int(extract_meta.get("hidden_size", -1)) != draft_cfg.target_hidden_size:
+        raise TrainError(
+            f"extracted hidden_size {extract_meta.get('hidden_size')} differs from the "
+            f"target's {draft_cfg.target_hidden_size}"
+        )
+    return draft_cfg
+
+
+def _vocab_and_index(run: RunFolder, draft_cfg: DraftConfig, rank: Dist, vocab_map: VocabMap | None):
+    """Rank 0 indexes the data and (if needed) counts the vocabulary in the same pass."""
+    if rank.rank == 0:
+        have_map = vocab_map is not None or run.exists(VOCAB_MAP_KEY)
+        counted: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+        def visit(seq: Any) -> None:
+            if seq.split == "train":
+                counted.append((seq.input_ids, seq.loss_mask))
+
+        index = build_index(run, None if have_map else visit, use_cache=have_map)
+        if vocab_map is None and not have_map:
+            counts = count_tokens(counted, draft_cfg.vocab_size)
+            build_vocab_map(counts, draft_cfg.draft_vocab_size).save(run)
+        elif vocab_map is not None:
+            vocab_map.save(run)
+    rank.barrier()
+    if rank.rank != 0:
+        index = build_index(run)
+    return VocabMap.load(run), index
+
+
+def train_step(
+    stepper: torch.nn.Module,
+    batch: Batch,
+    cfg: TrainConfig,
+    device: torch.device,
+    compute_dtype: torch.dtype,
+    params: list[torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+) -> tuple[StepStats, torch.Tensor]:
+    """One optimizer step on a host batch: unroll, backward, clip, AdamW, schedule.
+    (benchmarks/p4_train_step.py times exactly this.)"""
+    rows = counted_rows(batch.loss_mask, cfg.ttt_steps, device)
+    autocast = torch.autocast(device.type, dtype=compute_dtype,
+                              enabled=compute_dtype != torch.float32)
+    with autocast:
+        loss, stats = stepper(batch.to(device, compute_dtype), rows, cfg.ttt_steps,
+                              cfg.ttt_decay, cfg.logits_chunk)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm, foreach=True)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return stats, grad_norm
+
+
+def build_optimizer(
+    params: list[torch.Tensor], cfg: TrainConfig, total_steps: int, device: torch.device
+) -> tuple[torch.optim.Optimizer, Any]:
+    """AdamW over the fp32 master weights (fused on CUDA) and the warm-up + cosine schedule."""
+    optimizer = torch.optim.AdamW(
+        params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, betas=(0.9, 0.95),
+        fused=device.type == "cuda",
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_multiplier(s, cfg.warmup_steps, total_steps)
+    )
+    return optimizer, scheduler
+
+
+def train_draft(
+    run: RunFolder,
+    cfg: TrainConfig,
+    target_model_path: str,
+    *,
+    vocab_map: VocabMap | None = None,
+    callbacks: TrainCallbacks | None = None,
+    keep_checkpoints: int = 2,
+    eval_max_batches: int | None = None,
+    max_train_sequences: int | None = None,
+    compile_kernels: bool | None = None,
+) -> TrainResult:
+    """Train (or resume training) the draft of `run`; returns the metric history.
+
+    `vocab_map` overrides the one built from the training split (saved with the run);
+    `eval_max_batches` caps the held-out set (kept decoded in host memory);
+    `max_train_sequences` trains on the first N training sequences only (data scaling);
+    `compile_kernels` fuses the layer's elementwise work with torch.compile (default: on CUDA).
+    """
+    from tasks.extract.storage import extract_metadata
+
+    callbacks = callbacks or TrainCallbacks()
+    rank = Dist.current()
+    device = torch.device(cfg.device)
+    if device.type == "cuda" and rank.world > 1:
+        device = torch.device("cuda", rank.local_rank)
+    compute_dtype = torch.bfloat16 if cfg.compute_dtype == "bfloat16" else torch.float32
+    autocast = torch.autocast(device.type, dtype=compute_dtype, enabled=compute_dtype != torch.float32)
+
+    # -- set-up: the draft's shape, the data, the vocabulary -------------------------------
+    draft_cfg = _draft_config(cfg, target_model_path, extract_metadata(run))
+    if rank.rank == 0:
+        ckpt.remove_incomplete(run)
+    vocab, index = _vocab_and_index(run, draft_cfg, rank, vocab_map)
+    index = index.limited("train", max_train_sequences)
+    if vocab.draft_vocab_size != draft_cfg.draft_vocab_size or vocab.vocab_size != draft_cfg.vocab_size:
+        raise TrainError(
+            f"{run.url}/{VOCAB_MAP_KEY}: vocab map of {vocab.draft_vocab_size}/{vocab.vocab_size} "
+            f"tokens does not fit draft_vocab_size {draft_cfg.draft_vocab_size} / target vocab "
+            f"{draft_cfg.vocab_size}"
+        )
+    train_plan_len = len(plan_epoch(index, "train", 0, cfg.seed, cfg.batch_tokens))
+    steps_per_epoch = train_plan_len // rank.world
+    if steps_per_epoch == 0:
+        raise TrainError(
+            f"{run.url}: {train_plan_len} training batches for {rank.world} processes; "
+            "need at least one each (more data or a smaller batch_tokens)"
+        )
+    total_steps = cfg.max_steps or cfg.epochs * steps_per_epoch
+    eval_batches = rank_batches(
+        plan_epoch(index, "eval", 0, cfg.seed, cfg.batch_tokens, shuffle=False),
+        rank.rank, rank.world, even=False,
+    )[:eval_max_batches]
+
+    # -- model, optimizer, schedule (same seed on every rank: identical initial weights) -----
+    torch.manual_seed(cfg.seed)
+    embed, lm_head = load_target_heads(target_model_path)
+    head_dtype = compute_dtype if device.type == "cuda" else torch.float32
+    draft = Eagle3Draft(draft_cfg, embed.to(head_dtype))
+    draft.set_vocab(vocab.d2t, vocab.t2d)
+    if compile_kernels is None:
+        compile_kernels = device.type == "cuda"
+    model = TTTModel(draft, lm_head.to(head_dtype), vocab.draft_ids, compile_kernels).to(device)
+    del embed, lm_head
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer, scheduler = build_optimizer(params, cfg, total_steps, device)
+    stepper = DistributedDataParallel(model, broadcast_buffers=False) if rank.world > 1 else model
+
+    # -- resume --------------------------------------------------------------------------
+    state: dict[str, Any] = {"step": 0, "history": [], "evals": [], "best": None}
+    resumed_from = ckpt.latest_checkpoint(run)
+    if resumed_from is not None:
+        state = ckpt.load_training_state(run, resumed_from, draft, optimizer, scheduler)
+        if not torch.equal(draft.d2t.cpu(), vocab.d2t):
+            raise TrainError(f"{run.url}/{resumed_from}: trained with another vocab map than "
+                             f"{VOCAB_MAP_KEY}; remove one of them")
+    step = state["step"]
+    last_saved = resumed_from
+
+    eval_cache: list[Batch] = []
+
+    def evaluate() -> dict[str, Any]:
+        if not eval_cache:  # decoded once, kept on the host: evals re-read no shards
+            eval_cache.extend(iter_batches(ShardReader(run, index), eval_batches))
+        model.eval()
+        totals = StepStats(*(torch.zeros(cfg.ttt_steps, dtype=torch.float64, device=device)
+                             for _ in range(3)))
+        with torch.no_grad(), autocast:
+            for batch in eval_cache:
+                rows = counted_rows(batch.loss_mask, cfg.ttt_steps, device)
+                _, stats = model(batch.to(device, compute_dtype), rows, cfg.ttt_steps,
+                                 cfg.ttt_decay, cfg.logits_chunk, full_vocab=True)
+                totals = totals.merged(stats)
+        model.train()
+        for t in (totals.loss_sum, totals.correct, totals.count):
+            rank.sum_(t)
+        return {"step": step, "acc_basis": "full_vocab", **summarize(totals, cfg.ttt_decay)}
+
+    def save(best_changed: bool) -> None:
+        nonlocal last_saved
+        last_saved = ckpt.checkpoint_key(step)
+        if rank.rank == 0:
+            trainer_state = {**state, "step": step, "epoch": step // steps_per_epoch,
+                             "batch_in_epoch": step % steps_per_epoch,
+                             "steps_per_epoch": steps_per_epoch, "total_steps": total_steps}
+            ckpt.save_checkpoint(run, step, draft, optimizer, scheduler, trainer_state)
+            if best_changed:
+                run.write_json_atomic(ckpt.BEST_KEY, {**state["best"], "checkpoint": last_saved})
+            best_key = ckpt.checkpoint_key(state["best"]["step"]) if state["best"] else None
+            ckpt.prune_checkpoints(run, keep_checkpoints, {best_key} if best_key else set())
+            if callbacks.on_checkpoint:
+                callbacks.on_checkpoint(last_saved)
+        rank.barrier()
+
+    def record_eval() -> bool:
+        result = evaluate()
+        state["evals"].append(result)
+        better = step > 0 and (state["best"] is None or result["sim_accept"] > state["best"]["sim_accept"])
+        if better:
+            state["best"] = {"step": step, "sim_accept": result["sim_accept"],
+                             "sim_accept_len": result["sim_accept_len"]}
+        if rank.rank == 0:
+            run.write_bytes_atomic(PLOT_KEY, accuracy_plot_png(state["evals"]))
+            if callbacks.on_eval:
+                callbacks.on_eval(result)
+        return better
+
+    if step == 0 and eval_batches:
+        record_eval()  # the untrained baseline
+
+    # -- the loop --------------------------------------------------------------------------
+    reader = ShardReader(run, index)
+    model.train()
+    while step < total_steps:
+        epoch, start = divmod(step, steps_per_epoch)
+        batches = rank_batches(plan_epoch(index, "train", epoch, cfg.seed, cfg.batch_tokens),
+                               rank.rank, rank.world)
+        for batch in iter_batches(reader, batches, start, pin=device.type == "cuda"):
+            began = time.perf_counter()
+            lr = scheduler.get_last_lr()[0]
+            stats, grad_norm = train_step(stepper, batch, cfg, device, compute_dtype, params,
+                                          optimizer, scheduler)
+            step += 1
+            for t in (stats.loss_sum, stats.correct, stats.count):
+                rank.sum_(t)
+            tokens = rank.sum_(torch.tensor(float(batch.tokens), device=device)).item()
+            elapsed = time.perf_counter() - began
+            # Training accuracies use the teacher's argmax within the draft vocabulary (no
+            # full-vocabulary matmul per step); evaluations use the full vocabulary.
+            record = {"step": step, "lr": lr, "grad_norm": float(grad_norm), "batch_tokens": tokens,
+                      "tok_per_s": tokens / elapsed, "acc_basis": "draft_vocab",
+                      **summarize(stats, cfg.ttt_decay)}
+            state["history"].append(record)
+            if rank.rank == 0 and callbacks.on_step:
+                callbacks.on_step(record)
+            final = step == total_steps
+            better = record_eval() if eval_batches and (step % cfg.eval_every == 0 or final) else False
+            if step % cfg.save_every == 0 or better or final:
+                save(better)
+            if final:
+                break
+
+    result = TrainResult(step, state["history"], state["evals"], state["best"], last_saved,
+                         resumed_from, vocab.stats)
+    if rank.rank == 0:
+        run.write_json_atomic(RESULT_KEY, {"steps": step, "best": state["best"],
+                                           "last_checkpoint": last_saved, "resumed_from": resumed_from,
+                                           "evals": state["evals"], "vocab": vocab.stats})
+    return result

@@ -1,0 +1,292 @@
+"""Training-time test: unroll the draft `steps` times over a batch, as it runs when serving.
+
+Shift (SpecForge's and SGLang's): at unroll step k, batch index t holds the token at t+1+k,
+rope position t+k, and the hidden state the draft produced at index t in step k-1 (step 0:
+fc of the target's aux states at t). It predicts the token at t+2+k; its teacher is the
+target's distribution at position t+1+k (last_hidden @ lm_head.T, restricted to the draft
+vocabulary and renormalized). Step k's query at t attends to step 0's keys at 0..t (causal)
+and to its own earlier steps' keys at index t: at serving time those are the extend over
+the accepted tokens and the draft's own earlier tokens in this cycle.
+
+Counted positions: index t counts at step k when the predicted token (t+2+k) exists and is a
+response token (loss_mask); the loss is the soft cross-entropy averaged over them, weighted
+decay**k across steps. acc_k compares the draft's argmax (mapped to target ids) with the
+target's argmax over the FULL target vocabulary, so a token outside the draft vocabulary is
+a miss; in training steps (`full_vocab=False`) the teacher's argmax within the draft
+vocabulary stands in for it, which saves the full-vocabulary matmul.
+
+Simulated acceptance: `sim_accept` = sum_k prod_{j<=k} acc_j counts accepted DRAFT tokens per
+cycle; SGLang's "accept length" also counts the target's bonus token, i.e. 1 + sim_accept,
+reported as `sim_accept_len`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from tasks.draft.model import Eagle3Draft
+from tasks.draft.ttt_attention import TTTAttention
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # int64 [B, T], right-padded
+    loss_mask: torch.Tensor  # bool [B, T], False on padding
+    aux_hidden: torch.Tensor  # [B, T, 3H]
+    last_hidden: torch.Tensor  # [B, T, H]
+    lengths: torch.Tensor  # int64 [B]
+
+    @property
+    def tokens(self) -> int:
+        return int(self.lengths.sum())
+
+    def to(self, device: torch.device | str, dtype: torch.dtype) -> Batch:
+        """On `device` (hidden states in `dtype`); lengths stay on the host. Host tensors are
+        pinned first, so the copies queue behind the GPU's work instead of waiting for it."""
+        device = torch.device(device)
+        return Batch(
+            to_device(self.input_ids, device),
+            to_device(self.loss_mask, device),
+            to_device(self.aux_hidden, device, dtype),
+            to_device(self.last_hidden, device, dtype),
+            self.lengths,
+        )
+
+    def pinned(self) -> Batch:
+        return Batch(*(t.pin_memory() for t in (self.input_ids, self.loss_mask, self.aux_hidden,
+                                                 self.last_hidden)), self.lengths)
+
+
+def to_device(x: torch.Tensor, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A copy that never blocks the host: a pageable host tensor is pinned before the copy
+    (a pageable copy would wait for the whole stream)."""
+    if device.type == "cuda" and x.device.type == "cpu" and not x.is_pinned():
+        x = x.pin_memory()
+    return x.to(device, dtype, non_blocking=True)
+
+
+def counted_rows(loss_mask: torch.Tensor, steps: int, device: torch.device) -> list[tuple]:
+    """Per unroll step k: flat indices (into B*T) of the positions it counts, the flat
+    indices of their teachers (one position later + k), and how many. A position counts
+    when the token it predicts (t+2+k) exists and is a response token. Computed from the
+    host mask, so the unroll never waits on the GPU."""
+    mask = loss_mask.cpu()
+    device = torch.device(device)
+    out = []
+    for k in range(steps):
+        # t+2+k < T, so the teacher at flat + 1 + k stays inside the same row.
+        flat = shift_left(mask, 2 + k, False).flatten().nonzero().flatten()
+        out.append((to_device(flat, device), to_device(flat + 1 + k, device), flat.numel()))
+    return out
+
+
+def soft_ce_rows(
+    logits: torch.Tensor, probs: torch.Tensor, index: torch.Tensor, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row i's teacher is probs[index[i]] and its loss weight weight[i]: (per-row
+    logsumexp(z) - p.z in fp32, (softmax(z) - p) * weight in the logits' dtype).
+    Compiled, the gather and every pass fuse into two kernels."""
+    z = logits.float()
+    p = probs.index_select(0, index).float()
+    rows = torch.logsumexp(z, dim=-1) - (p * z).sum(-1)
+    return rows, ((torch.softmax(z, dim=-1) - p) * weight[:, None]).to(logits.dtype)
+
+
+class SoftCrossEntropy(torch.autograd.Function):
+    """sum_i weight[i] * (logsumexp(z_i) - p_i.z_i), its gradient made in the forward pass.
+
+    (softmax(z) - p) * weight is all the backward needs, so neither fp32 logits nor their
+    log-softmax stay alive; rows go in chunks to bound the fp32 temporaries. Also returns the
+    unweighted per-row losses (no gradient) for the per-step statistics.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, probs, index, weight, chunk: int, rows_fn=soft_ce_rows):
+        grad = torch.empty_like(logits)
+        per_row = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+        for start in range(0, logits.shape[0], chunk):
+            end = start + chunk
+            per_row[start:end], grad[start:end] = rows_fn(
+                logits[start:end], probs, index[start:end], weight[start:end]
+            )
+        ctx.save_for_backward(grad)
+        ctx.mark_non_differentiable(per_row)
+        return (per_row * weight).sum(), per_row
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor, _unused: torch.Tensor):
+        (grad,) = ctx.saved_tensors
+        return grad * grad_out.to(grad.dtype), None, None, None, None, None
+
+
+@dataclass
+class Teacher:
+    """The target's side for a batch: draft-vocab distribution and argmax, per position."""
+
+    probs: torch.Tensor  # float32 [B, T, draft_vocab] (row t: the target at position t)
+    argmax: torch.Tensor  # int64 [B, T]: target token ids (full vocab or draft vocab)
+
+
+@torch.no_grad()
+def compute_teacher(
+    last_hidden: torch.Tensor,
+    lm_head: torch.Tensor,
+    draft_ids: torch.Tensor,
+    chunk: int,
+    full_vocab: bool,
+) -> Teacher:
+    """Target logits in chunks of `chunk` tokens, so a 128k vocabulary never meets the batch."""
+    b, t, h = last_hidden.shape
+    flat = last_hidden.reshape(b * t, h)
+    head_draft = lm_head[draft_ids]
+    probs = torch.empty(b * t, draft_ids.numel(), dtype=torch.float32, device=flat.device)
+    argmax = torch.empty(b * t, dtype=torch.int64, device=flat.device)
+    for start in range(0, b * t, chunk):
+        rows = flat[start : start + chunk]
+        if full_vocab:
+            logits = (rows @ lm_head.T).float()
+            argmax[start : start + chunk] = logits.argmax(-1)
+            draft_logits = logits[:, draft_ids]
+        else:
+            draft_logits = (rows @ head_draft.T).float()
+            argmax[start : start + chunk] = draft_ids[draft_logits.argmax(-1)]
+        probs[start : start + chunk] = torch.softmax(draft_logits, dim=-1)
+    return Teacher(probs.view(b, t, -1), argmax.view(b, t))
+
+
+@dataclass
+class StepStats:
+    """Sums over counted positions, per unroll step (all-reducible as they are)."""
+
+    loss_sum: torch.Tensor  # float64 [steps]
+    correct: torch.Tensor  # float64 [steps]
+    count: torch.Tensor  # float64 [steps]
+
+    def merged(self, other: StepStats) -> StepStats:
+        return StepStats(
+            self.loss_sum + other.loss_sum, self.correct + other.correct, self.count + other.count
+        )
+
+
+def summarize(stats: StepStats, decay: float) -> dict[str, float]:
+    """Per-step loss and accuracy, the weighted loss, and the simulated acceptance lengths."""
+    count = stats.count.double().cpu().clamp_min(1)
+    losses = (stats.loss_sum.double().cpu() / count).tolist()
+    accs = (stats.correct.double().cpu() / count).tolist()
+    out: dict[str, float] = {"positions": float(stats.count[0])}
+    out["loss"] = float(sum(decay**k * loss for k, loss in enumerate(losses)))
+    run, sim = 1.0, 0.0
+    for k, (loss, acc) in enumerate(zip(losses, accs, strict=True)):
+        out[f"loss_{k}"], out[f"acc_{k}"] = float(loss), float(acc)
+        run *= acc
+        sim += run
+    out["sim_accept"] = sim
+    out["sim_accept_len"] = 1.0 + sim
+    return out
+
+
+def shift_left(x: torch.Tensor, by: int, fill: int | bool = 0) -> torch.Tensor:
+    """x[:, t + by] at t, `fill` past the end."""
+    if by == 0:
+        return x
+    pad = x.new_full((x.shape[0], by), fill)
+    return torch.cat([x[:, by:], pad], dim=1)
+
+
+def unroll(
+    draft: Eagle3Draft,
+    input_ids: torch.Tensor,
+    aux_hidden: torch.Tensor,
+    steps: int,
+    use_flash: bool | None = None,
+    compiled: bool = False,
+) -> Iterator[torch.Tensor]:
+    """The draft's output hidden state [B, T, H] (pre-norm) at each unroll step, in order."""
+    b, t = input_ids.shape
+    groups = draft.config.num_attention_heads // draft.config.num_key_value_heads
+    attention = TTTAttention(groups, use_flash, compiled)
+    index = torch.arange(t, device=input_ids.device)
+    hidden = draft.project(aux_hidden)
+    for k in range(steps):
+        positions = (index + k).expand(b, t)
+        hidden = draft.layer(shift_left(input_ids, 1 + k), hidden, positions, attention)
+        yield hidden
+
+
+class TTTModel(nn.Module):
+    """The draft plus the target's frozen lm_head: forward(batch) -> (loss, stats).
+
+    A module of its own so DDP can wrap the whole unroll (its hooks need forward() calls).
+    """
+
+    def __init__(
+        self,
+        draft: Eagle3Draft,
+        lm_head: torch.Tensor,
+        draft_ids: torch.Tensor,
+        compile_kernels: bool = False,
+    ) -> None:
+        super().__init__()
+        self.draft = draft
+        self.register_buffer("target_lm_head", lm_head.detach(), persistent=False)
+        self.register_buffer("draft_ids", draft_ids.to(torch.int64), persistent=False)
+        self.ce_rows = soft_ce_rows
+        self.compile_kernels = compile_kernels
+        if compile_kernels:
+            # In place, so parameter names stay SGLang's: norms, RoPE, SwiGLU, residuals
+            # and the loss rows fuse; attention and the big matmuls keep their kernels.
+            draft.midlayer.compile_parts()
+            draft.norm.compile(dynamic=None)
+            self.ce_rows = torch.compile(soft_ce_rows, dynamic=True)
+
+    def forward(
+        self,
+        batch: Batch,
+        rows: list[tuple],
+        steps: int,
+        decay: float,
+        logits_chunk: int,
+        full_vocab: bool = False,
+    ) -> tuple[torch.Tensor, StepStats]:
+        """`rows` = counted_rows(cpu loss mask, steps, device)."""
+        draft = self.draft
+        teacher = compute_teacher(
+            batch.last_hidden, self.target_lm_head, self.draft_ids, logits_chunk, full_vocab
+        )
+        device = batch.input_ids.device
+        sizes = [n for _, _, n in rows]
+        # Every step's counted rows go through norm, lm_head and the loss together: one
+        # matmul and one weight gradient instead of seven accumulated ones.
+        selected = []
+        for k, hidden in enumerate(unroll(draft, batch.input_ids, batch.aux_hidden, steps,
+                                          compiled=self.compile_kernels)):
+            selected.append(hidden.flatten(0, 1).index_select(0, rows[k][0]))
+        count = torch.tensor(sizes, dtype=torch.float64)
+        if sum(sizes) == 0:
+            # Nothing counted: touch every parameter at zero weight, so the backward (and
+            # DDP's gradient buckets) still see all of them.
+            zero = draft.logits(hidden[:1, 0]).float().sum() * 0.0
+            nothing = torch.zeros(steps, dtype=torch.float64, device=device)
+            return zero, StepStats(nothing, nothing.clone(), count.to(device))
+        weights = torch.cat([torch.full((n,), decay**k / max(n, 1)) for k, n in enumerate(sizes)])
+        segment = torch.repeat_interleave(torch.arange(steps), torch.tensor(sizes))
+        teacher_at = torch.cat([t for _, t, _ in rows])
+        logits = draft.logits(torch.cat(selected))
+        loss, per_row = SoftCrossEntropy.apply(
+            logits, teacher.probs.flatten(0, 1), teacher_at, to_device(weights, device),
+            logits_chunk, self.ce_rows,
+        )
+        with torch.no_grad():
+            segment = to_device(segment, device)
+            predicted = self.draft_ids[logits.argmax(-1)]
+            hit = (predicted == teacher.argmax.flatten().index_select(0, teacher_at)).double()
+            loss_sum = torch.zeros(steps, dtype=torch.float64, device=device)
+            loss_sum.index_add_(0, segment, per_row.double())
+            correct = torch.zeros(steps, dtype=torch.float64, device=device).index_add_(
+                0, segment, hit
+            )
+        return loss, StepStats(loss_sum, correct, count.to(device))

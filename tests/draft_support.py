@@ -1,0 +1,82 @@
+"""Draft-training tests' data: a run on the tiny target with discover, generate (greedy, the
+local engine) and extract committed by the real stages, built once per session and copied."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from tasks.config import EagleScaleConfig, load_config
+from tasks.discover.stage import run_discover_stage
+from tasks.engines.local import LocalEngine
+from tasks.extract.stage import ExtractStage
+from tasks.fingerprint_fields import run_fingerprint
+from tasks.generate.stage import GenerateStage
+from tasks.runfolder import RunFolder, ensure_fingerprint
+from tasks.target import load_tokenizer, target_identity
+from tests.run_support import write_params
+
+TOTAL_PROMPTS = 240
+SHARD_SIZE = 40
+MAX_NEW_TOKENS = 48
+# Small and fast on 2 cores, still enough to learn the tiny target's greedy continuations.
+TRAIN = {
+    "draft_vocab_size": 1024,
+    "ttt_steps": 3,
+    "learning_rate": 3e-3,
+    "warmup_steps": 5,
+    "batch_tokens": 1024,
+    "max_grad_norm": 1.0,
+    "eval_every": 40,
+    "save_every": 40,
+    "logits_chunk": 512,
+    "intermediate_size": 128,
+}
+_templates: dict[str, Path] = {}
+
+
+def _build(cfg: EagleScaleConfig) -> None:
+    run = RunFolder(cfg.run_root)
+    tokenizer = load_tokenizer(cfg.target.model_path)
+    marker = run_discover_stage(cfg, run, tokenizer)["marker"]
+    identity = target_identity(cfg.target.model_path, None, tokenizer)
+    fp_hash = ensure_fingerprint(run, run_fingerprint(cfg, identity, marker["manifest_hash"]))
+    engine = LocalEngine(cfg.target.model_path, batch_size=32)
+    generate = GenerateStage(cfg, run, fp_hash, engine, tokenizer)
+    for shard_id in generate.prepare():
+        generate.run_shard(shard_id)
+    generate.finish()
+    engine.close()
+    extract = ExtractStage(cfg, run, tokenizer)
+    for shard_id in extract.prepare():
+        extract.run_shard(shard_id)
+    extract.finish()
+    extract.close()
+
+
+def params_for(dest: Path, model_dir: Path, **train: Any) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    return write_params(
+        dest,
+        model_dir,
+        str(dest / "run"),
+        sampling={"max_new_tokens": MAX_NEW_TOKENS},
+        engine={"kind": "local", "batch_size": 32},
+        generate={"shard_size": SHARD_SIZE},
+        discover={"total_prompts": TOTAL_PROMPTS, "holdout_per_domain": 0},
+        extract={"batch_size": 16, "max_length": 512, "eval_fraction": 0.2},
+        train={**TRAIN, **train},
+    )
+
+
+def extracted_run(base: Path, model_dir: Path, dest: Path, **train: Any) -> tuple[EagleScaleConfig, Path]:
+    """A run under `dest` with discover, generate and extract committed (copied from one
+    built once per session under `base`), and its params file with `train` overrides."""
+    if "run" not in _templates:
+        template = base / "draft-template"
+        _build(load_config(params_for(template, model_dir)))
+        _templates["run"] = template / "run"
+    shutil.copytree(_templates["run"], dest / "run")
+    params = params_for(dest, model_dir, **train)
+    return load_config(params), params

@@ -1,0 +1,110 @@
+"""The draft trainer on the tiny target's regenerated (greedy) data, extracted by the real
+stages: learning is real, more data beats less, resume is exact, checkpoints are honest."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from tasks.draft import checkpoint as ckpt
+from tasks.draft.trainer import RESULT_KEY, TrainCallbacks, TrainError, train_draft
+from tasks.draft.vocab import VocabMap
+from tasks.runfolder import RunFolder
+from tasks.tiny_target import build_tiny_target
+from tests.draft_support import extracted_run
+
+LEARN_STEPS = 300
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread: these models are tiny, and two spinning OpenMP threads slow to a
+    crawl when anything else shares the 2 cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def make_run(tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path, tmp_path: Path):
+    def make(name: str, **train):
+        cfg, _ = extracted_run(tmp_path_factory.getbasetemp(), tiny_target_dir, tmp_path / name, **train)
+        return cfg, RunFolder(cfg.run_root)
+
+    return make
+
+
+def test_learning_is_real_and_more_data_beats_less(make_run):
+    cfg, run = make_run("full", learning_rate=1e-2, max_steps=LEARN_STEPS, eval_every=100,
+                        save_every=1000)
+    evals_seen = []
+    full = train_draft(run, cfg.train, cfg.target.model_path,
+                       callbacks=TrainCallbacks(on_eval=evals_seen.append))
+    untrained, trained = full.evals[0], full.evals[-1]
+    assert (untrained["step"], trained["step"], full.steps) == (0, LEARN_STEPS, LEARN_STEPS)
+    assert [e["step"] for e in evals_seen] == [0, 100, 200, 300]
+    # An untrained draft is at chance; predicting the most frequent token would give ~0.03.
+    assert untrained["sim_accept"] < 0.01
+    assert trained["acc_0"] > 0.10 and trained["sim_accept"] > 0.12
+    assert trained["sim_accept"] > 10 * max(untrained["sim_accept"], 0.005)
+    assert trained["sim_accept_len"] == pytest.approx(1 + trained["sim_accept"])
+    assert trained["loss"] < untrained["loss"] - 0.5
+
+    best = run.read_json(ckpt.BEST_KEY)
+    assert best["checkpoint"] == ckpt.checkpoint_key(best["step"])
+    assert ckpt.is_complete(run.path(best["checkpoint"]))
+    assert best["sim_accept"] == max(e["sim_accept"] for e in full.evals[1:])
+    assert run.read_bytes("train/plots/accuracy.png")[:8] == b"\x89PNG\r\n\x1a\n"
+    assert run.read_json(RESULT_KEY)["steps"] == LEARN_STEPS
+    vocab = VocabMap.load(run)
+    assert vocab.draft_vocab_size == cfg.train.draft_vocab_size
+
+    cfg_less, run_less = make_run("less", learning_rate=1e-2, max_steps=LEARN_STEPS,
+                                  eval_every=LEARN_STEPS, save_every=1000)
+    less = train_draft(run_less, cfg_less.train, cfg_less.target.model_path, max_train_sequences=48)
+    assert less.evals[-1]["positions"] == trained["positions"]  # the same held-out set
+    assert trained["sim_accept"] > 1.3 * less.evals[-1]["sim_accept"]
+
+
+def test_resume_reproduces_the_uninterrupted_loss_curve(make_run):
+    steps, crash_at = 24, 10
+    cfg, run = make_run("straight", max_steps=steps, eval_every=8, save_every=crash_at)
+    straight = train_draft(run, cfg.train, cfg.target.model_path)
+
+    cfg2, run2 = make_run("resumed", max_steps=steps, eval_every=8, save_every=crash_at)
+
+    class Crash(Exception):
+        pass
+
+    def crash(key: str) -> None:
+        if key == ckpt.checkpoint_key(crash_at):
+            raise Crash(key)
+
+    with pytest.raises(Crash):
+        train_draft(run2, cfg2.train, cfg2.target.model_path,
+                    callbacks=TrainCallbacks(on_checkpoint=crash))
+    # A save that died mid-way (no meta.json) must not be resumed from.
+    run2.write_bytes_atomic(f"{ckpt.checkpoint_key(crash_at + 1)}/model.safetensors", b"partial")
+    resumed = train_draft(run2, cfg2.train, cfg2.target.model_path)
+
+    assert resumed.resumed_from == ckpt.checkpoint_key(crash_at)
+    assert not run2.exists(ckpt.checkpoint_key(crash_at + 1))
+    losses = [h["loss"] for h in straight.history]
+    assert len(losses) == steps and all(math.isfinite(x) for x in losses)
+    assert [h["loss"] for h in resumed.history] == losses  # bit for bit
+    assert [e["sim_accept"] for e in resumed.evals] == [e["sim_accept"] for e in straight.evals]
+    final = ckpt.load_checkpoint_model(run.path(straight.last_checkpoint))
+    final2 = ckpt.load_checkpoint_model(run2.path(resumed.last_checkpoint))
+    for name, value in final.exportable_state_dict().items():
+        assert torch.equal(final2.exportable_state_dict()[name], value), name
+
+
+def test_refuses_a_target_whose_aux_layers_differ_from_the_extraction(make_run, tmp_path: Path):
+    cfg, run = make_run("other", max_steps=2)
+    twelve = build_tiny_target(tmp_path / "twelve", num_layers=12)
+    with pytest.raises(TrainError, match=r"extracted aux layers \[1, 3, 4\] differ from the draft's \[1, 5, 8\]"):
+        train_draft(run, cfg.train, str(twelve))
