@@ -11,7 +11,7 @@ def _run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="eaglescale run", description="Run the data-scaling DAG.")
     parser.add_argument("--params", required=True, help="params YAML (deployments/params/*.yaml)")
     parser.add_argument("--run-root", help="override run_root (local path or s3://bucket/prefix)")
-    parser.add_argument("--stages", help="comma-separated subset, e.g. discover,generate")
+    parser.add_argument("--stages", help="comma-separated subset, e.g. discover,generate,extract,train")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
 
@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         "run": "run the data-scaling DAG (ephemeral Prefect API unless PREFECT_API_URL is set)",
         "status": "show a run folder's progress (reads only the run folder)",
         "tiny-target": "build the tiny local target model",
+        "export": "export a draft checkpoint (SGLang EAGLE3 or vLLM speculators format)",
         "serve-sglang": "serve a model or a simulator over SGLang's HTTP endpoints",
     }
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
@@ -60,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         from tasks.status import status_main
 
         return status_main(rest)
+    if command == "export":
+        from tasks.draft.export import export_main
+
+        return export_main(rest)
     if command == "tiny-target":
         from tasks.tiny_target import tiny_target_main
 

@@ -1,6 +1,6 @@
 """The parent flow `data-scaling`: the whole DAG, one subflow per stage.
 
-discover -> generate today; extract, train, gate and promote join as later stages.
+discover -> generate -> extract -> train; the gate and promotion join as the next stages.
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.common import run_logger, slack_on_failure
 from flows.discover import discover_flow
+from flows.extract import extract_flow
 from flows.generate import generate_flow
+from flows.train import train_flow
 from tasks.config import EagleScaleConfig
 from tasks.discover.commit import discovery_marker
 from tasks.fingerprint_fields import run_fingerprint
@@ -41,5 +43,9 @@ def data_scaling(config: EagleScaleConfig) -> dict[str, Any]:
         fp_hash = ensure_fingerprint(run, fp, config.allow_fingerprint_change)
         runner = ThreadPoolTaskRunner(max_workers=config.generate.max_parallel_shards)
         results["generate"] = generate_flow.with_options(task_runner=runner)(config, fp_hash)
+    if "extract" in config.stages:
+        results["extract"] = extract_flow(config)
+    if "train" in config.stages:
+        results["train"] = train_flow(config)
     log.info("data-scaling finished: %s", results)
     return results

@@ -1,0 +1,68 @@
+"""Stage flow `extract`: the target's aux and last hidden states for every committed
+generation row, one Prefect task per shard, with the disk forecast shown before any work."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from typing import Any
+
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.events import emit_event
+
+from flows.common import notifier_for, run_logger, slack_on_failure
+from tasks.config import EagleScaleConfig
+from tasks.extract.stage import ExtractStage
+from tasks.runfolder import RunFolder
+from tasks.target import load_tokenizer
+
+_active: dict[str, ExtractStage] = {}
+
+
+@task(name="extract-shard", task_run_name="extract-{shard_id}")
+def extract_shard(config: EagleScaleConfig, shard_id: str) -> dict[str, Any]:
+    outcome = _active[config.run_root].run_shard(shard_id)
+    summary = {k: v for k, v in asdict(outcome).items() if k != "marker"}
+    emit_event(
+        f"eaglescale.extract.shard.{summary.get('status', 'committed')}",
+        resource={"prefect.resource.id": f"eaglescale.run.{config.run_root}.extract.{shard_id}"},
+        payload=summary,
+    )
+    return summary
+
+
+def _forecast_markdown(forecast: dict[str, Any]) -> str:
+    lines = ["# Extraction disk forecast", "", "| field | value |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in forecast.items()]
+    return "\n".join(lines)
+
+
+@flow(name="extract", on_failure=[slack_on_failure], on_crashed=[slack_on_failure])
+def extract_flow(config: EagleScaleConfig) -> dict[str, Any]:
+    log = run_logger()
+    notifier = notifier_for(config)
+    started = time.time()
+    run = RunFolder(config.run_root, config.storage_options)
+    tokenizer = load_tokenizer(config.target.model_path, config.target.chat_template)
+    stage = ExtractStage(config, run, tokenizer)
+    _active[config.run_root] = stage
+    try:
+        pending = stage.prepare()  # refuses here, before any work, when the forecast does not fit
+        create_markdown_artifact(
+            _forecast_markdown(stage.forecast), key="extract-forecast", description="Disk forecast"
+        )
+        notifier.stage_started("extract", {"shards_to_run": len(pending), **stage.forecast})
+        log.info("extract: %d shards to run; forecast %s", len(pending), stage.forecast)
+        # One model per process: shards run one after another on it.
+        outcomes = [extract_shard(config, shard_id) for shard_id in pending]
+        summary = stage.finish()
+    finally:
+        stage.close()
+        _active.pop(config.run_root, None)
+    if outcomes:
+        create_table_artifact(outcomes, key="extract-shards", description="Extraction shards")
+    if summary["shards_pending"]:
+        raise RuntimeError(f"extract: {summary['shards_pending']} shard(s) not extracted")
+    notifier.stage_completed("extract", summary, time.time() - started)
+    return summary

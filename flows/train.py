@@ -1,0 +1,95 @@
+"""Stage flow `train`: the EAGLE-3 draft on the extracted hidden states, then its export.
+
+One process by default; with `train.nproc > 1` the same trainer runs under torchrun (DDP), and
+this flow waits for it. Either way the run folder holds the checkpoints, train/best.json and
+train/result.json, and the best checkpoint is exported to train/final (SGLang's EAGLE3 format)
+and train/final-speculators (vLLM's speculators format).
+"""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import yaml
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from flows.common import notifier_for, run_logger, slack_on_failure
+from tasks.config import EagleScaleConfig
+from tasks.draft import checkpoint as ckpt
+from tasks.draft.export import export_speculators, export_to_run
+from tasks.draft.target_heads import load_target_heads
+from tasks.draft.trainer import PLOT_KEY, RESULT_KEY, TrainCallbacks, train_draft
+from tasks.runfolder import RunFolder
+
+EVAL_COLUMNS = ("step", "loss", "sim_accept", "sim_accept_len", "acc_0", "acc_1", "acc_2", "acc_3")
+
+
+def _torchrun(config: EagleScaleConfig) -> None:
+    """The trainer under torchrun; the params travel as a YAML file of this flow's config."""
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump(config.model_dump(mode="json"), f)
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        "--nproc_per_node", str(config.train.nproc), "-m", "tasks.draft.train_main", "--params", f.name,
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"torchrun trainer exited {done.returncode}: {done.stderr[-2000:]}")
+
+
+def _export(config: EagleScaleConfig, run: RunFolder) -> dict[str, Any]:
+    best = run.read_json(ckpt.BEST_KEY)
+    if best is None:
+        raise RuntimeError(f"{run.url}/{ckpt.BEST_KEY} is missing: training produced no evaluated checkpoint")
+    embed, _ = load_target_heads(config.target.model_path)
+    model = ckpt.load_run_checkpoint_model(run, best["checkpoint"], embed)
+    final = export_to_run(model, run, "train/final")
+    speculators = None
+    if run.is_local:  # the speculators writer targets a local folder
+        speculators = str(export_speculators(model, run.path("train/final-speculators"), config.target.model_path))
+    return {"best": best, "final": final, "speculators": speculators}
+
+
+def _eval_table(evals: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: e[k] for k in EVAL_COLUMNS if k in e} for e in evals]
+
+
+@flow(name="train", on_failure=[slack_on_failure], on_crashed=[slack_on_failure])
+def train_flow(config: EagleScaleConfig) -> dict[str, Any]:
+    log = run_logger()
+    notifier = notifier_for(config)
+    started = time.time()
+    run = RunFolder(config.run_root, config.storage_options)
+    notifier.stage_started("train", {"nproc": config.train.nproc, "device": config.train.device})
+    if config.train.nproc > 1:
+        _torchrun(config)
+    else:
+        callbacks = TrainCallbacks(on_eval=lambda e: log.info("eval: %s", {k: e.get(k) for k in EVAL_COLUMNS}))
+        train_draft(run, config.train, config.target.model_path, callbacks=callbacks)
+    result = run.read_json(RESULT_KEY) or {}
+    exported = _export(config, run)
+    evals = result.get("evals", [])
+    if evals:
+        create_table_artifact(_eval_table(evals), key="train-evals", description="Held-out metrics per eval")
+    if run.exists(PLOT_KEY):
+        png = base64.b64encode(run.read_bytes(PLOT_KEY)).decode()
+        create_markdown_artifact(
+            f"# Per-position accuracy\n\n![accuracy](data:image/png;base64,{png})",
+            key="train-accuracy",
+            description="Held-out per-position accuracy over training",
+        )
+    best = exported["best"]
+    summary = {
+        "steps": result.get("steps"),
+        "best_step": best.get("step"),
+        "best_sim_accept_len": best.get("sim_accept_len"),
+        "final": exported["final"],
+    }
+    notifier.stage_completed("train", summary, time.time() - started)
+    return summary
