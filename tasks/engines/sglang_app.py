@@ -166,24 +166,30 @@ class SGLangCompatServer:
         if injected is not None:
             return injected
         b = self.backend
-        return _json(
-            {
-                "model_path": b.model_path,
-                "served_model_name": b.model_path,
-                "context_length": b.context_length,
-                "max_running_requests": b.max_running_requests,
-                "max_req_input_len": b.context_length - 1,
-                "tp_size": 1,
-                "version": SERVER_VERSION,
-                "eaglescale_backend": b.kind,
-            }
-        )
+        info = {
+            "model_path": b.model_path,
+            "served_model_name": b.model_path,
+            "context_length": b.context_length,
+            "max_running_requests": b.max_running_requests,
+            "max_req_input_len": b.context_length - 1,
+            "tp_size": 1,
+            "version": SERVER_VERSION,
+            "eaglescale_backend": b.kind,
+        }
+        # A backend that emulates launch flags echoes them, as SGLang echoes its server args.
+        extra = getattr(b, "server_info_extra", None)
+        if extra is not None:
+            info.update(extra())
+        return _json(info)
 
     async def _flush_cache(self, request: web.Request) -> web.StreamResponse:
         injected = await self._gate(request, "flush_cache")
         if injected is not None:
             return injected
         self.flushes += 1
+        flush = getattr(self.backend, "flush_cache", None)  # a backend that logs like SGLang
+        if flush is not None:
+            flush()
         return web.Response(status=200, text="Cache flushed.")
 
     async def _set_fault(self, request: web.Request) -> web.StreamResponse:

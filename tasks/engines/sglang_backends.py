@@ -31,6 +31,8 @@ class BackendOutput:
     text: str
     finish_reason: dict[str, Any]  # SGLang's object: {"type": "stop", "matched": id} / "length"
     cached_tokens: int = 0
+    # Further meta_info fields, e.g. a speculative server's spec_verify_ct (sglang_spec_sim.py).
+    meta_extra: dict[str, Any] = field(default_factory=dict)
 
 
 class BackendRequestError(ValueError):

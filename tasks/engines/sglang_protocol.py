@@ -174,6 +174,7 @@ def response_item(item: BackendInput, out: BackendOutput, e2e_latency: float) ->
             "completion_tokens": len(out.output_ids),
             "cached_tokens": out.cached_tokens,
             "e2e_latency": e2e_latency,
+            **out.meta_extra,
         },
     }
 

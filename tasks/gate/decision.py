@@ -1,0 +1,243 @@
+"""Promote or reject, with the numbers behind it (DESIGN §6).
+
+Rule: the best eligible speculative config (highest median tok/s) is promoted only if its
+median beats the best baseline's median by more than the run-to-run spread, i.e. the
+bootstrap CI of the speedup lies above 1.0, the point speedup reaches `min_speedup`, and its
+outputs agree with the baseline's. Eligible: no failed request, outputs equal to the
+baseline's for at least `min_exact_match` of the requests, accept length at or above the
+floor, CUDA graphs captured and used (when required), server info echoing the launch.
+
+Bootstrap: each resample draws prompts with replacement (the same prompts for both sides:
+the comparison is paired by prompt) and, independently for each side, repetitions (fresh
+launches) with replacement, then takes the ratio of the medians of per-request tok/s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tasks.gate import GateConfig
+from tasks.gate.plan import BenchConfig, BenchResult, RequestRecord
+from tasks.gate.protocol import accept_length
+
+
+@dataclass
+class ConfigSummary:
+    name: str
+    env_name: str
+    baseline: bool
+    spec: dict[str, Any] | None
+    notes: list[str]
+    n_requests: int = 0
+    n_errors: int = 0
+    median_tok_s: float | None = None
+    rep_medians: list[float] = field(default_factory=list)
+    spread: float | None = None  # (max - min) of the repetition medians / overall median
+    accept_length: float | None = None
+    accept_per_position: list[float] | None = None
+    exact_match_fraction: float | None = None
+    n_compared: int = 0
+    first_mismatch_min: int | None = None
+    graph_problems: list[str] = field(default_factory=list)
+    info_problems: list[str] = field(default_factory=list)
+    speedup: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    eligible: bool = False
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
+class GateDecision:
+    outcome: str  # "promote" | "reject" | "stopped"
+    best: str | None
+    baseline: str | None
+    speedup: float | None
+    ci_low: float | None
+    ci_high: float | None
+    ci_level: float
+    reasons: list[str]
+    configs: list[ConfigSummary]
+    thresholds: dict[str, Any]
+
+    @property
+    def promote(self) -> bool:
+        return self.outcome == "promote"
+
+    def config(self, name: str | None) -> ConfigSummary | None:
+        return next((c for c in self.configs if c.name == name), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> dict[str, Any]:
+        """The key numbers, for Slack and promoted.json's evidence."""
+        best, base = self.config(self.best), self.config(self.baseline)
+        return {
+            "outcome": self.outcome,
+            "best_config": self.best,
+            "baseline_config": self.baseline,
+            "baseline_median_tok_s": base.median_tok_s if base else None,
+            "best_median_tok_s": best.median_tok_s if best else None,
+            "speedup": self.speedup,
+            "ci": [self.ci_low, self.ci_high],
+            "ci_level": self.ci_level,
+            "accept_length": best.accept_length if best else None,
+            "exact_match_fraction": best.exact_match_fraction if best else None,
+            "reasons": list(self.reasons),
+        }
+
+
+def tok_s_matrix(records: list[RequestRecord], n_prompts: int) -> np.ndarray:
+    """[repetition, prompt] of per-request tok/s; NaN where a request failed or is missing."""
+    reps = sorted({r.repetition for r in records})
+    m = np.full((len(reps), n_prompts), np.nan)
+    row = {rep: i for i, rep in enumerate(reps)}
+    for r in records:
+        if r.error is None and r.tok_s is not None:
+            m[row[r.repetition], r.prompt_index] = r.tok_s
+    return m
+
+
+def bootstrap_speedup(
+    base: np.ndarray, spec: np.ndarray, n: int, level: float, seed: int
+) -> tuple[float, float, float] | None:
+    """(point, low, high) of median(spec) / median(base); None without data on both sides."""
+    if np.all(np.isnan(base)) or np.all(np.isnan(spec)) or base.shape[1] != spec.shape[1]:
+        return None
+    rng = np.random.default_rng(seed)
+    n_prompts = base.shape[1]
+    pi = rng.integers(0, n_prompts, size=(n, n_prompts))
+    bi = rng.integers(0, base.shape[0], size=(n, base.shape[0]))
+    si = rng.integers(0, spec.shape[0], size=(n, spec.shape[0]))
+    b = base[bi[:, :, None], pi[:, None, :]].reshape(n, -1)
+    s = spec[si[:, :, None], pi[:, None, :]].reshape(n, -1)
+    keep = ~(np.all(np.isnan(b), axis=1) | np.all(np.isnan(s), axis=1))
+    ratio = np.nanmedian(s[keep], axis=1) / np.nanmedian(b[keep], axis=1)
+    low, high = np.quantile(ratio, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(np.nanmedian(spec) / np.nanmedian(base)), float(low), float(high)
+
+
+def _per_position(records: list[RequestRecord]) -> list[float] | None:
+    """P(the draft token at position k is accepted), k = 1.., from correct-drafts histograms."""
+    hists = [r.correct_drafts_histogram for r in records if r.correct_drafts_histogram]
+    if not hists:
+        return None
+    total = np.zeros(max(len(h) for h in hists))
+    for h in hists:
+        total[: len(h)] += h
+    cycles = total.sum()
+    return [float(total[k:].sum() / cycles) for k in range(1, len(total))] if cycles else None
+
+
+def summarize(config: BenchConfig, result: BenchResult) -> ConfigSummary:
+    records = result.records(config.name)
+    launches = [x for x in result.launches if x.config == config.name]
+    s = ConfigSummary(config.name, config.env_name, config.is_baseline,
+                      asdict(config.spec) if config.spec else None, list(config.notes))  # fmt: skip
+    s.n_requests, s.n_errors = len(records), sum(1 for r in records if r.error)
+    s.graph_problems = sorted({p for x in launches for p in x.graph_problems})
+    s.info_problems = sorted({p for x in launches for p in x.info_problems})
+    m = tok_s_matrix(records, len(result.prompts))
+    if m.size and not np.all(np.isnan(m)):
+        s.median_tok_s = float(np.nanmedian(m))
+        s.rep_medians = [float(np.nanmedian(row)) for row in m if not np.all(np.isnan(row))]
+        s.spread = (max(s.rep_medians) - min(s.rep_medians)) / s.median_tok_s
+    ok = [r for r in records if r.error is None]
+    spec_ok = [r for r in ok if r.spec_verify_ct]
+    s.accept_length = accept_length(
+        sum(r.completion_tokens for r in spec_ok), sum(r.spec_verify_ct or 0 for r in spec_ok), len(spec_ok)
+    )
+    s.accept_per_position = _per_position(ok)
+    compared = [r for r in ok if r.exact_match is not None]
+    s.n_compared = len(compared)
+    if compared:
+        s.exact_match_fraction = sum(1 for r in compared if r.exact_match) / len(compared)
+        mismatches = [r.first_mismatch for r in compared if r.first_mismatch is not None]
+        s.first_mismatch_min = min(mismatches) if mismatches else None
+    return s
+
+
+def _eligibility(s: ConfigSummary, cfg: GateConfig) -> list[str]:
+    reasons = []
+    if s.median_tok_s is None:
+        reasons.append("no successful request")
+    if s.n_errors:
+        reasons.append(f"{s.n_errors} of {s.n_requests} requests failed")
+    if cfg.require_cuda_graphs:
+        reasons += s.graph_problems
+    reasons += s.info_problems
+    if not s.baseline:
+        if s.exact_match_fraction is None or s.exact_match_fraction < cfg.min_exact_match:
+            exact = round((s.exact_match_fraction or 0.0) * s.n_compared)
+            reasons.append(
+                f"outputs disagree with the baseline: {exact}/{s.n_compared} exact "
+                f"(first mismatch at token {s.first_mismatch_min}; need {cfg.min_exact_match:.0%})"
+            )
+        if s.accept_length is None or s.accept_length < cfg.acceptance_floor:
+            reasons.append(f"accept length {s.accept_length} below the floor {cfg.acceptance_floor:g}")
+    return reasons
+
+
+def _fmt(s: ConfigSummary, level: float) -> str:
+    return (
+        f"{s.name}: median {s.median_tok_s:.1f} tok/s, speedup {s.speedup:.3f}x "
+        f"({level:.0%} CI {s.ci_low:.3f}-{s.ci_high:.3f})"
+    )
+
+
+def decide(result: BenchResult, cfg: GateConfig) -> GateDecision:
+    summaries = [summarize(c, result) for c in result.configs]
+    thresholds = {k: getattr(cfg, k) for k in ("min_speedup", "ci_level", "n_bootstrap", "bootstrap_seed",
+                                              "acceptance_floor", "min_exact_match", "require_cuda_graphs",
+                                              "repetitions")}  # fmt: skip
+    decision = GateDecision("reject", None, None, None, None, None, cfg.ci_level, [], summaries, thresholds)
+    for s in summaries:
+        s.reasons = _eligibility(s, cfg)
+        s.eligible = not s.reasons
+    if result.stopped:
+        decision.outcome, decision.reasons = "stopped", [result.stopped]
+        return decision
+    baselines = [s for s in summaries if s.baseline and s.eligible]
+    if not baselines:
+        decision.reasons = ["no valid baseline: " + "; ".join(f"{s.name}: {', '.join(s.reasons)}" for s in summaries if s.baseline)]
+        return decision
+    # The reference is the fastest non-speculative deployment found, whatever its environment.
+    ref = max(baselines, key=lambda s: s.median_tok_s or 0.0)
+    decision.baseline = ref.name
+    base_m = tok_s_matrix(result.records(ref.name), len(result.prompts))
+    for s in summaries:
+        if s.baseline or s.median_tok_s is None:
+            continue
+        spec_m = tok_s_matrix(result.records(s.name), len(result.prompts))
+        ci = bootstrap_speedup(base_m, spec_m, cfg.n_bootstrap, cfg.ci_level, cfg.bootstrap_seed)
+        if ci is not None:
+            s.speedup, s.ci_low, s.ci_high = ci
+    eligible = [s for s in summaries if not s.baseline and s.eligible and s.speedup is not None]
+    if not eligible:
+        decision.reasons = ["no speculative config is eligible"] + [
+            f"{s.name}: {'; '.join(s.reasons)}" for s in summaries if not s.baseline
+        ]
+        return decision
+    best = max(eligible, key=lambda s: s.median_tok_s or 0.0)
+    assert best.speedup is not None and best.ci_low is not None and best.ci_high is not None
+    decision.best, decision.speedup, decision.ci_low, decision.ci_high = best.name, best.speedup, best.ci_low, best.ci_high
+    versus = f"vs {ref.name} median {ref.median_tok_s:.1f} tok/s"
+    if best.ci_high < 1.0:
+        decision.reasons = [f"slower than the baseline: {_fmt(best, cfg.ci_level)} {versus}"]
+    elif best.ci_low <= 1.0:
+        decision.reasons = [
+            f"within the run-to-run spread: {_fmt(best, cfg.ci_level)} {versus}; the CI includes 1.0"
+        ]
+    elif best.speedup < cfg.min_speedup:
+        decision.reasons = [f"speedup below min_speedup {cfg.min_speedup:g}: {_fmt(best, cfg.ci_level)} {versus}"]
+    else:
+        decision.outcome = "promote"
+        decision.reasons = [
+            f"faster than the baseline beyond the spread: {_fmt(best, cfg.ci_level)} {versus}; accept "
+            f"length {best.accept_length:.2f}; outputs exact for {best.exact_match_fraction:.0%} of requests"
+        ]
+    return decision

@@ -1,0 +1,211 @@
+"""`python -m sglang.launch_server` command lines for the pinned SGLang versions (DESIGN §5).
+
+Flag facts, read from SGLang's server_args.py and EAGLE worker:
+- speculative decoding: `--speculative-algorithm EAGLE3` (an EAGLE-3 draft under `EAGLE` skips
+  its fc layer and accepts ~1 token, with no error), `--speculative-draft-model-path`,
+  `--speculative-num-steps`, `--speculative-eagle-topk`, `--speculative-num-draft-tokens`: all
+  three numbers or none. With topk=1 SGLang silently forces draft tokens = steps + 1; the
+  builder refuses the mismatch (or, asked to, corrects it and says so) instead.
+- CUDA graphs: 0.5.4 has `--cuda-graph-max-bs` and `--disable-cuda-graph`; 0.5.23 has
+  `--cuda-graph-max-bs-decode` and `--disable-decode-cuda-graph` and rejects the old max-bs flag.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+SGLANG_MODULE = "sglang.launch_server"
+
+
+class LaunchError(ValueError):
+    """A launch that SGLang would refuse or silently change; the message names the flag."""
+
+
+@dataclass(frozen=True)
+class FlagSet:
+    version: str
+    cuda_graph_max_bs: str
+    disable_cuda_graph: str
+    # Flags this version does not take (argparse refuses them, or they belong to the other era).
+    foreign: tuple[str, ...]
+    # /server_info is the newer name; /get_server_info the older one. Tried in this order.
+    server_info_paths: tuple[str, ...]
+
+
+FLAG_SETS: dict[str, FlagSet] = {
+    "0.5.4": FlagSet(
+        version="0.5.4",
+        cuda_graph_max_bs="--cuda-graph-max-bs",
+        disable_cuda_graph="--disable-cuda-graph",
+        foreign=("--cuda-graph-max-bs-decode", "--disable-decode-cuda-graph"),
+        server_info_paths=("/get_server_info", "/server_info"),
+    ),
+    "0.5.23": FlagSet(
+        version="0.5.23",
+        cuda_graph_max_bs="--cuda-graph-max-bs-decode",
+        disable_cuda_graph="--disable-decode-cuda-graph",
+        foreign=("--cuda-graph-max-bs",),
+        server_info_paths=("/server_info", "/get_server_info"),
+    ),
+}
+PINNED_VERSIONS = tuple(FLAG_SETS)
+
+# Flags the builder owns: repeating one in extra args would silently override the gate's choice.
+MANAGED_FLAGS = frozenset(
+    {
+        "--model-path", "--model", "--host", "--port", "--tp-size", "--tp",
+        "--mem-fraction-static", "--max-running-requests",
+        "--speculative-algorithm", "--speculative-algo", "--speculative-draft-model-path",
+        "--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens",
+        "--cuda-graph-max-bs", "--cuda-graph-max-bs-decode", "--disable-cuda-graph",
+        "--disable-decode-cuda-graph",
+    }
+)  # fmt: skip
+
+
+def flag_set(version: str) -> FlagSet:
+    """The flag set of a pinned version; "v0.5.4", "0.5.4.post1" and "0.5.4rc2" pin to 0.5.4."""
+    m = re.fullmatch(r"v?(\d+\.\d+\.\d+)(?:(?:\.post|rc|\.dev)\d+)?", version.strip())
+    found = FLAG_SETS.get(m.group(1)) if m else None
+    if found is None:
+        raise LaunchError(
+            f"SGLang version {version!r} is not pinned; the launch builder knows {list(PINNED_VERSIONS)} "
+            f"(CUDA-graph flags differ between versions, so an unknown one is not guessed)"
+        )
+    return found
+
+
+@dataclass(frozen=True)
+class SpecParams:
+    draft_model_path: str
+    num_steps: int
+    topk: int
+    num_draft_tokens: int
+    algorithm: str = "EAGLE3"
+
+    @property
+    def label(self) -> str:
+        return f"{self.algorithm.lower()}-s{self.num_steps}-k{self.topk}-n{self.num_draft_tokens}"
+
+
+def resolve_spec(
+    draft_model_path: str,
+    num_steps: int,
+    topk: int,
+    num_draft_tokens: int | None = None,
+    *,
+    algorithm: str = "EAGLE3",
+    correct: bool = False,
+) -> tuple[SpecParams, list[str]]:
+    """Checked speculative parameters and notes on what was filled in or corrected.
+
+    topk=1 with num_draft_tokens != num_steps + 1 is refused (SGLang would silently use
+    steps + 1) unless `correct`, which corrects it and returns a note saying so.
+    """
+    if algorithm != "EAGLE3":
+        raise LaunchError(
+            f"--speculative-algorithm {algorithm!r}: the gate benchmarks EAGLE-3 drafts, which need "
+            f"EAGLE3 (under EAGLE the draft's fc layer is skipped and acceptance stays at ~1.0)"
+        )
+    if not draft_model_path:
+        raise LaunchError("--speculative-draft-model-path is empty")
+    if num_steps < 1:
+        raise LaunchError(f"--speculative-num-steps must be >= 1, got {num_steps}")
+    if topk < 1:
+        raise LaunchError(f"--speculative-eagle-topk must be >= 1, got {topk}")
+    notes: list[str] = []
+    chain = num_steps + 1
+    if num_draft_tokens is None:
+        if topk > 1:
+            raise LaunchError(
+                f"--speculative-num-draft-tokens must be set with --speculative-eagle-topk {topk} "
+                f"(SGLang takes all three speculative numbers or none)"
+            )
+        num_draft_tokens = chain
+        notes.append(f"num_draft_tokens set to num_steps + 1 = {chain} (topk=1 chain)")
+    elif topk == 1 and num_draft_tokens != chain:
+        if not correct:
+            raise LaunchError(
+                f"--speculative-eagle-topk 1 needs --speculative-num-draft-tokens = num_steps + 1 = "
+                f"{chain}, got {num_draft_tokens}; SGLang would silently use {chain}"
+            )
+        notes.append(
+            f"num_draft_tokens corrected from {num_draft_tokens} to num_steps + 1 = {chain}: with "
+            f"topk=1 SGLang would have forced it silently"
+        )
+        num_draft_tokens = chain
+    elif num_draft_tokens < 2:
+        raise LaunchError(f"--speculative-num-draft-tokens must be >= 2, got {num_draft_tokens}")
+    return SpecParams(draft_model_path, num_steps, topk, num_draft_tokens, algorithm), notes
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One server launch. `env` is applied on top of the launching process's environment."""
+
+    model_path: str
+    port: int
+    host: str = "127.0.0.1"
+    tp_size: int = 1
+    spec: SpecParams | None = None
+    cuda_graph_max_bs: int | None = 8
+    disable_cuda_graph: bool = False
+    mem_fraction_static: float | None = None
+    max_running_requests: int | None = None
+    extra_args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _flag_name(arg: str) -> str | None:
+    return arg.split("=", 1)[0] if arg.startswith("--") else None
+
+
+def check_extra_args(extra_args: tuple[str, ...] | list[str], flags: FlagSet) -> None:
+    for arg in extra_args:
+        name = _flag_name(arg)
+        if name in flags.foreign:
+            raise LaunchError(f"extra server arg {name} is not an SGLang {flags.version} flag")
+        if name in MANAGED_FLAGS:
+            raise LaunchError(
+                f"extra server arg {name} is set by the gate itself (from the gate config); "
+                f"remove it from extra_server_args"
+            )
+
+
+def build_server_args(spec: LaunchSpec, version: str) -> list[str]:
+    """The arguments after `python -m sglang.launch_server`."""
+    flags = flag_set(version)
+    if not spec.model_path:
+        raise LaunchError("--model-path is empty")
+    if not 0 < spec.port < 65536:
+        raise LaunchError(f"--port must be 1..65535, got {spec.port}")
+    if spec.tp_size < 1:
+        raise LaunchError(f"--tp-size must be >= 1, got {spec.tp_size}")
+    check_extra_args(spec.extra_args, flags)
+    args = ["--model-path", spec.model_path, "--host", spec.host, "--port", str(spec.port)]
+    args += ["--tp-size", str(spec.tp_size)]
+    if spec.mem_fraction_static is not None:
+        args += ["--mem-fraction-static", str(spec.mem_fraction_static)]
+    if spec.max_running_requests is not None:
+        args += ["--max-running-requests", str(spec.max_running_requests)]
+    if spec.disable_cuda_graph:
+        args.append(flags.disable_cuda_graph)
+    elif spec.cuda_graph_max_bs is not None:
+        args += [flags.cuda_graph_max_bs, str(spec.cuda_graph_max_bs)]
+    if spec.spec is not None:
+        s = spec.spec
+        # Re-check: a SpecParams built by hand must obey the same rules as resolve_spec's.
+        resolve_spec(s.draft_model_path, s.num_steps, s.topk, s.num_draft_tokens, algorithm=s.algorithm)
+        args += [
+            "--speculative-algorithm", s.algorithm,
+            "--speculative-draft-model-path", s.draft_model_path,
+            "--speculative-num-steps", str(s.num_steps),
+            "--speculative-eagle-topk", str(s.topk),
+            "--speculative-num-draft-tokens", str(s.num_draft_tokens),
+        ]  # fmt: skip
+    return args + list(spec.extra_args)
+
+
+def build_launch_command(spec: LaunchSpec, version: str, python: str = "python") -> list[str]:
+    return [python, "-m", SGLANG_MODULE, *build_server_args(spec, version)]

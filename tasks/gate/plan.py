@@ -1,0 +1,166 @@
+"""What the gate benchmarks, and the records it keeps: the held-out prompt set, the configs
+(baseline, num_steps sweep at topk=1, topk>1 points, per environment of the NCCL sweep), the
+launch order, and per-request / per-launch records."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from tasks.gate import GateConfig
+from tasks.gate.launch import SpecParams, resolve_spec
+from tasks.runfolder import RunFolder
+
+Encoder = Callable[[list[dict[str, Any]]], list[int]]
+
+
+class GateStopped(RuntimeError):
+    """The benchmark cannot give valid evidence; the message is the diagnosis."""
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    index: int
+    prompt_id: str
+    domain: str
+    input_ids: tuple[int, ...]
+
+
+def select_prompts(table: pa.Table, n: int, seed: int, encode: Encoder) -> list[BenchPrompt]:
+    """n held-out prompts in a seeded order, domains taken round-robin so a small n covers all.
+
+    The order depends on (seed, prompt_id) only, never on the table's row order."""
+    rows = table.select(["prompt_id", "domain", "messages"]).to_pylist()
+    if not rows:
+        raise GateStopped("the held-out prompt set is empty (discover.holdout_per_domain is 0?)")
+    by_domain: dict[str, list[dict[str, Any]]] = {}
+    for row in sorted(rows, key=lambda r: hashlib.sha256(f"{seed}:{r['prompt_id']}".encode()).digest()):
+        by_domain.setdefault(row["domain"], []).append(row)
+    picked: list[dict[str, Any]] = []
+    queues = [by_domain[d] for d in sorted(by_domain)]
+    while len(picked) < n and any(queues):
+        for q in queues:
+            if q and len(picked) < n:
+                picked.append(q.pop(0))
+    return [
+        BenchPrompt(i, r["prompt_id"], r["domain"], tuple(encode(json.loads(r["messages"]))))
+        for i, r in enumerate(picked)
+    ]
+
+
+def load_bench_prompts(run: RunFolder, n: int, seed: int, encode: Encoder) -> list[BenchPrompt]:
+    from tasks.discover.commit import read_prompts_table
+
+    return select_prompts(read_prompts_table(run, "holdout"), n, seed, encode)
+
+
+def encoder_for_target(model_path: str, chat_template: str | None = None) -> Encoder:
+    """Prompt ids as generation rendered them: the target's tokenizer and chat template."""
+    from tasks.target import load_tokenizer, render_prompt_ids
+
+    tokenizer = load_tokenizer(model_path, chat_template)
+    return lambda messages: render_prompt_ids(tokenizer, messages)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    name: str
+    spec: SpecParams | None
+    env_name: str
+    env: dict[str, str] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.spec is None
+
+
+def plan_configs(cfg: GateConfig, draft_dir: str) -> list[BenchConfig]:
+    points = [(s, 1, None) for s in cfg.num_steps] + [(p.num_steps, p.topk, p.num_draft_tokens) for p in cfg.topk_points]
+    specs = [resolve_spec(draft_dir, s, k, n) for s, k, n in points]
+    labels = [s.label for s, _ in specs]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"gate config repeats a speculative config: {labels}")
+    configs = []
+    for i, env in enumerate(cfg.nccl_env_sweep):
+        env_name = "default" if len(cfg.nccl_env_sweep) == 1 else f"env{i}"
+        suffix = "" if env_name == "default" else f"@{env_name}"
+        configs.append(BenchConfig(f"baseline{suffix}", None, env_name, dict(env)))
+        configs += [BenchConfig(f"{s.label}{suffix}", s, env_name, dict(env), tuple(n)) for s, n in specs]
+    return configs
+
+
+def launch_order(configs: list[BenchConfig], repetitions: int) -> list[tuple[int, BenchConfig]]:
+    order = []
+    for rep in range(repetitions):
+        for env_name in dict.fromkeys(c.env_name for c in configs):
+            group = [c for c in configs if c.env_name == env_name]
+            specs = [c for c in group if not c.is_baseline]
+            k = rep % len(specs) if specs else 0
+            seq = [c for c in group if c.is_baseline] + specs[k:] + specs[:k]
+            order += [(rep, c) for c in (seq if rep % 2 == 0 else seq[::-1])]
+    return order
+
+
+@dataclass
+class RequestRecord:
+    config: str
+    env_name: str
+    repetition: int
+    prompt_index: int
+    prompt_id: str
+    domain: str
+    completion_tokens: int = 0
+    latency_s: float = 0.0
+    tok_s: float | None = None
+    server_e2e_latency_s: float | None = None
+    spec_verify_ct: int | None = None
+    accept_length: float | None = None
+    correct_drafts_histogram: list[int] | None = None
+    finish: str = ""
+    output_sha: str = ""
+    exact_match: bool | None = None
+    first_mismatch: int | None = None
+    error: str | None = None
+
+
+@dataclass
+class LaunchRecord:
+    config: str
+    env_name: str
+    repetition: int
+    url: str
+    log_path: str
+    health_s: float | None = None
+    server_info: dict[str, Any] = field(default_factory=dict)
+    info_problems: list[str] = field(default_factory=list)
+    graph_problems: list[str] = field(default_factory=list)
+    log: dict[str, Any] = field(default_factory=dict)
+    warmup_accept_length: float | None = None
+    requests: list[RequestRecord] = field(default_factory=list)
+
+
+@dataclass
+class BenchResult:
+    configs: list[BenchConfig]
+    prompts: list[BenchPrompt]
+    repetitions: int
+    launches: list[LaunchRecord] = field(default_factory=list)
+    stopped: str | None = None
+
+    def records(self, config: str) -> list[RequestRecord]:
+        return [r for launch_ in self.launches if launch_.config == config for r in launch_.requests]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "configs": [{**asdict(c), "spec": asdict(c.spec) if c.spec else None} for c in self.configs],
+            "prompts": [{"index": p.index, "prompt_id": p.prompt_id, "domain": p.domain, "prompt_tokens": len(p.input_ids)} for p in self.prompts],
+            "repetitions": self.repetitions,
+            "launches": [asdict(x) for x in self.launches],
+            "stopped": self.stopped,
+        }

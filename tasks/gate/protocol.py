@@ -1,0 +1,196 @@
+"""The SGLang benchmark protocol (DESIGN §6): the promotion evidence.
+
+- configs: per environment of `nccl_env_sweep` (the same env dict for the baseline and the
+  speculative launches compared with it), the baseline plus num_steps at topk=1 plus the
+  topk>1 points;
+- every repetition of every config is a fresh launch; in each repetition the baseline and the
+  speculative configs alternate in launch order (baseline first in even repetitions, last in
+  odd ones, the speculative configs rotated) so slow drift does not favour one side;
+- per launch: health, server-info check, warm-up requests, /flush_cache, then the fixed
+  seeded held-out prompts one at a time (concurrency 1) at temperature 0;
+- per request: completion tokens, latency, tok/s, spec_verify_ct, accept length, the
+  correct-drafts histogram when the server gives one, finish reason, agreement with the
+  baseline's output (exact, or the first mismatching token);
+- a speculative launch whose accept length after warm-up is below the floor stops the gate
+  with a diagnosis (acceptance stuck at 1.0 is the EAGLE-vs-EAGLE3 symptom).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import time
+from pathlib import Path
+
+import httpx
+
+from tasks.engines.sglang_protocol import MalformedResponse, read_generate_reply
+from tasks.gate import GateConfig
+from tasks.gate.launch import LaunchSpec
+from tasks.gate.plan import (
+    BenchConfig,
+    BenchPrompt,
+    BenchResult,
+    GateStopped,
+    LaunchRecord,
+    RequestRecord,
+    launch_order,
+)
+from tasks.gate.server import (
+    Launcher,
+    check_server_info,
+    fetch_server_info,
+    free_port,
+    launch,
+    parse_server_log,
+    wait_healthy,
+)
+
+STUCK_DIAGNOSIS = "acceptance stuck at 1.0: check --speculative-algorithm EAGLE3 and the aux hidden states"
+
+
+def accept_length(completion_tokens: int, verify_ct: int, requests: int = 1) -> float | None:
+    """Tokens per verify step. The first token of each request comes from prefill, not from a
+    verify step, so it is left out: stuck acceptance reads exactly 1.0 whatever the length
+    (SGLang's own spec_accept_length, completion_tokens / spec_verify_ct, reads (n+1)/n)."""
+    return (completion_tokens - requests) / verify_ct if verify_ct > 0 else None
+
+
+def agreement(reference: list[int], ids: list[int]) -> tuple[bool, int | None]:
+    """(exact, index of the first differing token or None)."""
+    for i, (a, b) in enumerate(zip(reference, ids, strict=False)):
+        if a != b:
+            return False, i
+    if len(reference) != len(ids):
+        return False, min(len(reference), len(ids))
+    return True, None
+
+
+def diagnose_acceptance(accept: float, floor: float, config: str, when: str = "after warm-up") -> str:
+    if accept < 1.05:
+        return f"{STUCK_DIAGNOSIS} ({config}: accept length {accept:.2f} {when})"
+    return (
+        f"acceptance length {accept:.2f} {when} is below the floor {floor:g} ({config}): the draft "
+        f"barely predicts the target; check it was trained on this target's outputs, the aux layer ids "
+        f"and the vocab map"
+    )
+
+
+class GateRunner:
+    """Runs the launches of `configs` in protocol order; `run()` returns everything measured."""
+
+    def __init__(
+        self,
+        cfg: GateConfig,
+        launcher: Launcher,
+        model_path: str,
+        configs: list[BenchConfig],
+        prompts: list[BenchPrompt],
+        work_dir: Path,
+    ) -> None:
+        if not prompts:
+            raise GateStopped("no benchmark prompts")
+        self.cfg, self.launcher, self.model_path = cfg, launcher, model_path
+        self.configs, self.prompts, self.work_dir = configs, prompts, Path(work_dir)
+        self.reference: dict[str, dict[int, list[int]]] = {}  # env -> prompt index -> baseline ids
+        self._rids = itertools.count()
+
+    def run(self) -> BenchResult:
+        result = BenchResult(self.configs, self.prompts, self.cfg.repetitions)
+        with httpx.Client(timeout=self.cfg.request_timeout_s, trust_env=False) as client:
+            for rep, config in launch_order(self.configs, self.cfg.repetitions):
+                record = LaunchRecord(config.name, config.env_name, rep, "", "")
+                result.launches.append(record)
+                try:
+                    self._launch(client, rep, config, record)
+                except GateStopped as e:
+                    result.stopped = str(e)
+                    break
+        return result
+
+    def _launch(self, client: httpx.Client, rep: int, config: BenchConfig, record: LaunchRecord) -> None:
+        cfg = self.cfg
+        spec = LaunchSpec(
+            model_path=self.model_path, port=free_port(cfg.host), host=cfg.host, tp_size=cfg.tp_size,
+            spec=config.spec, cuda_graph_max_bs=cfg.cuda_graph_max_bs,
+            mem_fraction_static=cfg.mem_fraction_static, extra_args=tuple(cfg.extra_server_args),
+            env={**cfg.env, **config.env},
+        )  # fmt: skip
+        log_path = self.work_dir / f"{len(list(self.work_dir.glob('*.log'))):03d}-{config.name}-rep{rep}.log"
+        server = launch(self.launcher, spec, log_path)
+        record.url, record.log_path = server.url, str(log_path)
+        try:
+            record.health_s = wait_healthy(server, client, cfg.health_timeout_s, cfg.health_poll_s)
+            record.server_info = fetch_server_info(client, server.url, self.launcher.version)
+            record.info_problems = check_server_info(record.server_info, spec)
+            if record.info_problems:
+                raise GateStopped(f"{config.name}: the server does not echo the launch: " + "; ".join(record.info_problems))
+            warm = [self._request(client, server.url, config, -1, p) for p in self.prompts[: cfg.warmup_requests]]
+            client.post(server.url + "/flush_cache", timeout=60.0).raise_for_status()
+            if config.spec is not None:
+                record.warmup_accept_length = self._check_acceptance(config, warm, "after warm-up")
+            record.requests = [self._request(client, server.url, config, rep, p) for p in self.prompts]
+            if config.spec is not None:
+                self._check_acceptance(config, record.requests, "over the measured requests")
+        finally:
+            server.stop()
+            log = parse_server_log(server.log_text())
+            record.log = log.to_dict()
+            steps = config.spec.num_steps if config.spec else 0
+            record.graph_problems = log.graph_problems(config.spec is not None, steps)
+
+    def _check_acceptance(self, config: BenchConfig, records: list[RequestRecord], when: str) -> float:
+        failed = [r.error for r in records if r.error]
+        if failed:
+            raise GateStopped(f"{config.name}: requests failed {when}: {failed[0]}")
+        if any(r.spec_verify_ct is None for r in records):
+            raise GateStopped(f"{config.name}: the server returned no spec_verify_ct: speculative decoding is not active")
+        verify = sum(r.spec_verify_ct or 0 for r in records)
+        accept = accept_length(sum(r.completion_tokens for r in records), verify, len(records)) or 1.0
+        if accept < self.cfg.acceptance_floor:
+            raise GateStopped(diagnose_acceptance(accept, self.cfg.acceptance_floor, config.name, when))
+        return accept
+
+    def _request(self, client: httpx.Client, url: str, config: BenchConfig, rep: int, prompt: BenchPrompt) -> RequestRecord:
+        rec = RequestRecord(config.name, config.env_name, rep, prompt.index, prompt.prompt_id, prompt.domain)
+        body = {
+            "input_ids": list(prompt.input_ids),
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": self.cfg.max_new_tokens},
+            "rid": f"gate-{config.name}-r{rep}-p{prompt.index}-{next(self._rids)}",
+        }
+        t0 = time.perf_counter()
+        try:
+            r = client.post(url + "/generate", json=body)
+            rec.latency_s = time.perf_counter() - t0
+            if r.status_code != 200:
+                rec.error = f"HTTP {r.status_code}: {r.text[:300]}"
+                return rec
+            reply = read_generate_reply(r.content)
+            data = r.json()
+            meta = (data[0] if isinstance(data, list) else data)["meta_info"]
+        except (httpx.HTTPError, MalformedResponse, ValueError) as e:
+            rec.latency_s = time.perf_counter() - t0
+            rec.error = f"{type(e).__name__}: {e}"
+            return rec
+        rec.finish = reply.finish
+        if reply.finish == "abort":
+            rec.error = f"aborted: {reply.abort_message}"
+            return rec
+        ids = reply.output_ids
+        rec.completion_tokens = reply.completion_tokens if reply.completion_tokens is not None else len(ids)
+        rec.tok_s = rec.completion_tokens / rec.latency_s if rec.latency_s > 0 else None
+        rec.server_e2e_latency_s = reply.e2e_latency
+        if "spec_verify_ct" in meta:
+            rec.spec_verify_ct = int(meta["spec_verify_ct"])
+            rec.accept_length = accept_length(rec.completion_tokens, rec.spec_verify_ct)
+            hist = meta.get("spec_correct_drafts_histogram", meta.get("spec_accept_histogram"))
+            rec.correct_drafts_histogram = [int(x) for x in hist] if isinstance(hist, list) else None
+        rec.output_sha = hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:16]
+        if rep >= 0:
+            ref = self.reference.setdefault(config.env_name, {})
+            if config.is_baseline and prompt.index not in ref:
+                ref[prompt.index] = ids
+            if prompt.index in ref:
+                rec.exact_match, rec.first_mismatch = agreement(ref[prompt.index], ids)
+        return rec

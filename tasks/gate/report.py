@@ -1,0 +1,187 @@
+"""gate/report.json, gate/report.md and gate/plots/*.png: every decision with its numbers."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import time
+from typing import Any
+
+from tasks.gate import GateConfig
+from tasks.gate.decision import ConfigSummary, GateDecision
+from tasks.gate.plan import BenchResult
+from tasks.runfolder import RunFolder
+
+REPORT_JSON = "gate/report.json"
+REPORT_MD = "gate/report.md"
+PLOTS = "gate/plots"
+_SECRET_WORDS = frozenset({"key", "token", "secret", "password", "credential", "credentials"})
+
+
+def _secret(key: Any) -> bool:
+    # Word-wise, so api_key and HF_TOKEN match but tokenizer_path and max_prefill_tokens do not.
+    return bool(_SECRET_WORDS & set(re.split(r"[^a-z0-9]+", str(key).lower())))
+
+
+def redact(obj: Any) -> Any:
+    """A copy with the values of secret-looking keys (api_key, HF_TOKEN, ...) replaced."""
+    if isinstance(obj, dict):
+        return {k: "<redacted>" if _secret(k) and v else redact(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [redact(v) for v in obj]
+    return obj
+
+
+def _num(x: float | None, fmt: str = ".1f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _ci(s: ConfigSummary) -> str:
+    if s.speedup is None:
+        return "-"
+    return f"{s.speedup:.3f}x [{_num(s.ci_low, '.3f')}, {_num(s.ci_high, '.3f')}]"
+
+
+def render_markdown(decision: GateDecision, result: BenchResult, cfg: GateConfig) -> str:
+    lines = [f"# Gate decision: {decision.outcome.upper()}", ""]
+    lines += [f"- {r}" for r in decision.reasons] + [""]
+    lines.append(
+        f"Reference baseline: `{decision.baseline}`; best speculative config: `{decision.best}`; "
+        f"{len(result.prompts)} held-out prompts x {cfg.repetitions} fresh launches per config, "
+        f"concurrency 1, temperature 0, SGLang {cfg.sglang_version}."
+    )
+    lines += ["", "## Configs", ""]
+    lines.append(f"| config | env | median tok/s | repetition medians | spread | speedup ({cfg.ci_level:.0%} CI) | accept len | exact match | verdict |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
+    for s in decision.configs:
+        reps = ", ".join(f"{m:.1f}" for m in s.rep_medians) or "-"
+        exact = "-" if s.exact_match_fraction is None else f"{s.exact_match_fraction:.0%} of {s.n_compared}"
+        verdict = "eligible" if s.eligible else "; ".join(s.reasons)
+        lines.append(
+            f"| {s.name} | {s.env_name} | {_num(s.median_tok_s)} | {reps} | {_num(s.spread, '.1%')} | "
+            f"{_ci(s)} | {_num(s.accept_length, '.2f')} | {exact} | {verdict} |"
+        )
+    per_pos = [s for s in decision.configs if s.accept_per_position]
+    if per_pos:
+        width = max(len(s.accept_per_position or []) for s in per_pos)
+        lines += ["", "## Acceptance per draft position", ""]
+        lines.append("| config | " + " | ".join(f"pos {k + 1}" for k in range(width)) + " |")
+        lines.append("|---|" + "---|" * width)
+        for s in per_pos:
+            cells = [f"{p:.2f}" for p in s.accept_per_position or []] + ["-"] * width
+            lines.append(f"| {s.name} | " + " | ".join(cells[:width]) + " |")
+    lines += ["", "## Launches", "", "| config | rep | health s | graph captures (target/draft/extend) | decode lines on graphs | problems |", "|---|---|---|---|---|---|"]
+    for x in result.launches:
+        caps = x.log.get("captures", {})
+        cap = "/".join(str(caps.get(k, {}).get("end", 0)) for k in ("target", "draft", "draft_extend"))
+        graphs = f"{x.log.get('decode_cuda_graph_true', 0)}/{x.log.get('decode_lines', 0)}"
+        problems = "; ".join(x.info_problems + x.graph_problems) or "-"
+        lines.append(f"| {x.config} | {x.repetition} | {_num(x.health_s)} | {cap} | {graphs} | {problems} |")
+    if result.stopped:
+        lines += ["", f"**Stopped:** {result.stopped}"]
+    lines += ["", "## Thresholds", "", "```json", json.dumps(decision.thresholds, indent=2), "```", ""]
+    return "\n".join(lines)
+
+
+def _png(fig: Any) -> bytes:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def plot_tok_s(decision: GateDecision, result: BenchResult) -> bytes:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(decision.configs)), 4.5))
+    for i, s in enumerate(decision.configs):
+        values = [r.tok_s for r in result.records(s.name) if r.tok_s is not None and r.error is None]
+        xs = [i + 0.25 * ((k % 7) / 6 - 0.5) for k in range(len(values))]
+        ax.scatter(xs, values, s=8, alpha=0.4, color="tab:gray" if s.baseline else "tab:blue")
+        ax.scatter([i] * len(s.rep_medians), s.rep_medians, marker="_", s=300, color="black")
+        if s.median_tok_s is not None:
+            ax.scatter([i], [s.median_tok_s], marker="D", color="tab:red" if s.name == decision.best else "black")
+    base = decision.config(decision.baseline)
+    if base and base.median_tok_s:
+        ax.axhline(base.median_tok_s, linestyle="--", color="tab:gray", label=f"baseline median {base.median_tok_s:.1f}")
+        ax.legend(loc="best")
+    ax.set_xticks(range(len(decision.configs)), [s.name for s in decision.configs], rotation=30, ha="right")
+    ax.set_ylabel("tok/s per request")
+    ax.set_title(f"Decode speed per config (dots: requests, bars: repetition medians) - {decision.outcome}")
+    return _png(fig)
+
+
+def plot_acceptance(decision: GateDecision) -> bytes:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    specs = [s for s in decision.configs if not s.baseline]
+    with_pos = [s for s in specs if s.accept_per_position]
+    for s in with_pos:
+        pos = s.accept_per_position or []
+        ax.plot(range(1, len(pos) + 1), pos, marker="o", label=f"{s.name} (accept len {_num(s.accept_length, '.2f')})")
+    if with_pos:
+        ax.set_xticks(range(1, max(len(s.accept_per_position or []) for s in with_pos) + 1))
+        ax.set_xlabel("draft position")
+        ax.set_ylabel("P(draft token at this position accepted)")
+        ax.set_ylim(0, 1.05)
+        ax.legend(loc="best", fontsize="small")
+    else:  # servers older than the histogram fields: accept length only
+        ax.bar([s.name for s in specs], [s.accept_length or 0.0 for s in specs])
+        ax.set_ylabel("accept length (tokens per verify)")
+        ax.tick_params(axis="x", rotation=30)
+    ax.set_title("Acceptance per position")
+    return _png(fig)
+
+
+def plot_predicted(decision: GateDecision, predictions: dict[str, float]) -> bytes:
+    import matplotlib.pyplot as plt
+
+    pairs = [(s.name, predictions[s.name], s.median_tok_s) for s in decision.configs if s.name in predictions and s.median_tok_s]
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    if pairs:
+        xs, ys = [p[1] for p in pairs], [p[2] for p in pairs]
+        ax.scatter(xs, ys)
+        for name, x, y in pairs:
+            ax.annotate(name, (x, y), fontsize="small")
+        hi = max(xs + ys) * 1.1
+        ax.plot([0, hi], [0, hi], linestyle="--", color="tab:gray")
+    ax.set_xlabel("predicted tok/s")
+    ax.set_ylabel("measured median tok/s")
+    ax.set_title("Predicted vs measured")
+    return _png(fig)
+
+
+def write_gate_report(
+    run: RunFolder,
+    decision: GateDecision,
+    result: BenchResult,
+    cfg: GateConfig,
+    predictions: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """Write the report and plots; returns their relative paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    report = {
+        "written_at": time.time(),
+        "summary": decision.summary(),
+        "decision": decision.to_dict(),
+        "gate_config": redact(cfg.model_dump()),
+        "bench": redact(result.to_dict()),
+        "predictions": predictions,
+    }
+    run.write_bytes_atomic(REPORT_JSON, (json.dumps(report, indent=2, default=str) + "\n").encode())
+    run.write_bytes_atomic(REPORT_MD, render_markdown(decision, result, cfg).encode())
+    plots = {"tok_s": plot_tok_s(decision, result), "acceptance": plot_acceptance(decision)}
+    if predictions:
+        plots["predicted_vs_measured"] = plot_predicted(decision, predictions)
+    paths = []
+    for name, data in plots.items():
+        rel = f"{PLOTS}/{name}.png"
+        run.write_bytes_atomic(rel, data)
+        paths.append(rel)
+    return {"report_json": REPORT_JSON, "report_md": REPORT_MD, "plots": paths}

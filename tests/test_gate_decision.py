@@ -1,0 +1,186 @@
+"""Bootstrap CI and the promote/reject rules, on benchmark results built record by record."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tasks.gate import GateConfig
+from tasks.gate.decision import bootstrap_speedup, decide, summarize, tok_s_matrix
+from tasks.gate.launch import SpecParams
+from tasks.gate.plan import BenchConfig, BenchPrompt, BenchResult, LaunchRecord, RequestRecord
+
+PROMPTS = [BenchPrompt(i, f"p{i}", "chat" if i % 2 else "code", (4, 5, 6)) for i in range(6)]
+CFG = GateConfig(repetitions=3, n_bootstrap=1000, acceptance_floor=1.3)
+
+
+def spec_config(steps: int, env: str = "default") -> BenchConfig:
+    suffix = "" if env == "default" else f"@{env}"
+    return BenchConfig(f"eagle3-s{steps}-k1-n{steps + 1}{suffix}", SpecParams("/d", steps, 1, steps + 1), env)
+
+
+def add_launches(result: BenchResult, config: BenchConfig, rep_tok_s: list[float], *, accept: float = 2.5,
+                 exact: bool = True, errors: int = 0, graph_problems: list[str] | None = None) -> None:  # fmt: skip
+    """One launch per repetition; request tok/s = the repetition's value x a per-prompt factor."""
+    for rep, level in enumerate(rep_tok_s):
+        launch = LaunchRecord(config.name, config.env_name, rep, "http://x", "x.log",
+                              graph_problems=list(graph_problems or []))  # fmt: skip
+        for p in PROMPTS:
+            tokens = 61
+            r = RequestRecord(config.name, config.env_name, rep, p.index, p.prompt_id, p.domain,
+                              completion_tokens=tokens, tok_s=level * (1 + 0.02 * (p.index - 2.5)), finish="stop")  # fmt: skip
+            r.latency_s = tokens / r.tok_s
+            if not config.is_baseline:
+                r.spec_verify_ct = round((tokens - 1) / accept)
+                r.correct_drafts_histogram = [2, 3, 5, 14]
+                r.exact_match, r.first_mismatch = (True, None) if exact else (False, 7)
+            else:
+                r.exact_match = True
+            if p.index < errors:
+                r.error, r.tok_s = "HTTP 500: boom", None
+            launch.requests.append(r)
+        result.launches.append(launch)
+
+
+def result_with(*configs: BenchConfig) -> BenchResult:
+    return BenchResult(list(configs), PROMPTS, CFG.repetitions)
+
+
+BASE = BenchConfig("baseline", None, "default")
+
+
+def test_bootstrap_separates_a_clear_speedup_and_covers_no_change() -> None:
+    rng = np.random.default_rng(1)
+    base = 100 + rng.normal(0, 3, size=(3, 20))
+    fast = 2 * base + rng.normal(0, 3, size=(3, 20))
+    point, low, high = bootstrap_speedup(base, fast, 2000, 0.95, seed=0)
+    assert 1.9 < low < point < high < 2.1
+    same = 100 + rng.normal(0, 3, size=(3, 20))
+    _, low, high = bootstrap_speedup(base, same, 2000, 0.95, seed=0)
+    assert low < 1.0 < high
+    assert bootstrap_speedup(base, fast, 500, 0.9, seed=7) == bootstrap_speedup(base, fast, 500, 0.9, seed=7)
+    assert bootstrap_speedup(np.full((2, 3), np.nan), fast[:, :3], 100, 0.9, 0) is None
+
+
+def test_summary_numbers() -> None:
+    spec = spec_config(3)
+    result = result_with(BASE, spec)
+    add_launches(result, BASE, [100, 102, 98])
+    add_launches(result, spec, [150, 160, 155], accept=3.0, errors=1)
+    s = summarize(spec, result)
+    assert (s.n_requests, s.n_errors, s.n_compared) == (18, 3, 15)
+    assert s.rep_medians == pytest.approx([150, 160, 155], rel=0.02)
+    assert s.accept_length == pytest.approx(3.0)
+    # histogram [2, 3, 5, 14] over 24 cycles: P(pos 1) = 22/24, P(pos 2) = 19/24, P(pos 3) = 14/24
+    assert s.accept_per_position == pytest.approx([22 / 24, 19 / 24, 14 / 24])
+    m = tok_s_matrix(result.records(spec.name), len(PROMPTS))
+    assert m.shape == (3, 6) and int(np.isnan(m).sum()) == 3
+
+
+def test_a_faster_config_is_promoted_and_the_best_is_chosen() -> None:
+    s2, s3 = spec_config(2), spec_config(3)
+    result = result_with(BASE, s2, s3)
+    add_launches(result, BASE, [100, 103, 97])
+    add_launches(result, s2, [140, 142, 139])
+    add_launches(result, s3, [180, 177, 183])
+    d = decide(result, CFG)
+    assert (d.outcome, d.best, d.baseline) == ("promote", s3.name, "baseline")
+    assert 1.7 < d.ci_low < d.speedup < d.ci_high < 1.9
+    assert d.reasons[0].startswith("faster than the baseline beyond the spread: eagle3-s3-k1-n4: median 180")
+    summary = d.summary()
+    assert set(summary) == {"outcome", "best_config", "baseline_config", "baseline_median_tok_s", "best_median_tok_s",
+                            "speedup", "ci", "ci_level", "accept_length", "exact_match_fraction", "reasons"}  # fmt: skip
+    assert summary["ci"] == [d.ci_low, d.ci_high]
+
+
+def test_inside_the_noise_slower_and_disagreeing_are_rejected() -> None:
+    spec = spec_config(3)
+    noisy = result_with(BASE, spec)
+    add_launches(noisy, BASE, [100, 80, 120])
+    add_launches(noisy, spec, [125, 85, 105])
+    d = decide(noisy, CFG)
+    assert d.outcome == "reject" and d.ci_low <= 1.0 < d.ci_high
+    assert d.reasons[0].startswith("within the run-to-run spread:") and d.reasons[0].endswith("the CI includes 1.0")
+
+    slow = result_with(BASE, spec)
+    add_launches(slow, BASE, [100, 101, 99])
+    add_launches(slow, spec, [70, 72, 69])
+    d = decide(slow, CFG)
+    assert d.outcome == "reject" and d.reasons[0].startswith("slower than the baseline:")
+
+    wrong = result_with(BASE, spec)
+    add_launches(wrong, BASE, [100, 101, 99])
+    add_launches(wrong, spec, [200, 201, 199], exact=False)
+    d = decide(wrong, CFG)
+    assert (d.outcome, d.best) == ("reject", None)
+    assert d.reasons == [
+        "no speculative config is eligible",
+        f"{spec.name}: outputs disagree with the baseline: 0/18 exact (first mismatch at token 7; need 95%)",
+    ]
+
+
+def test_min_speedup_and_graph_problems() -> None:
+    spec = spec_config(3)
+    modest = result_with(BASE, spec)
+    add_launches(modest, BASE, [100, 101, 99])
+    add_launches(modest, spec, [110, 111, 109])
+    strict = CFG.model_copy(update={"min_speedup": 1.2})
+    d = decide(modest, strict)
+    assert d.outcome == "reject" and d.reasons[0].startswith("speedup below min_speedup 1.2:")
+
+    no_graphs = result_with(BASE, spec)
+    add_launches(no_graphs, BASE, [100, 101, 99])
+    add_launches(no_graphs, spec, [200, 201, 199], graph_problems=["no draft CUDA-graph capture in the server log"])
+    d = decide(no_graphs, CFG)
+    assert d.outcome == "reject"
+    assert d.reasons[1] == f"{spec.name}: no draft CUDA-graph capture in the server log"
+    lenient = CFG.model_copy(update={"require_cuda_graphs": False})
+    assert decide(no_graphs, lenient).outcome == "promote"
+
+
+def test_stopped_runs_and_broken_baselines() -> None:
+    spec = spec_config(3)
+    stopped = result_with(BASE, spec)
+    add_launches(stopped, BASE, [100])
+    stopped.stopped = "acceptance stuck at 1.0: check --speculative-algorithm EAGLE3 and the aux hidden states"
+    d = decide(stopped, CFG)
+    assert (d.outcome, d.reasons) == ("stopped", [stopped.stopped])
+
+    broken = result_with(BASE, spec)
+    add_launches(broken, BASE, [100, 101, 99], errors=2)
+    add_launches(broken, spec, [200, 201, 199])
+    d = decide(broken, CFG)
+    assert d.outcome == "reject"
+    assert d.reasons == ["no valid baseline: baseline: 6 of 18 requests failed"]
+
+
+def test_the_reference_is_the_fastest_baseline_across_environments() -> None:
+    b0, b1 = BASE, BenchConfig("baseline@env1", None, "env1", {"NCCL_ALGO": "Tree"})
+    s0, s1 = spec_config(3), spec_config(3, "env1")
+    result = result_with(b0, s0, b1, s1)
+    add_launches(result, b0, [100, 101, 99])
+    add_launches(result, s0, [150, 151, 149])
+    add_launches(result, b1, [140, 141, 139])  # this environment speeds the baseline up too
+    add_launches(result, s1, [160, 161, 159])
+    d = decide(result, CFG)
+    assert (d.baseline, d.best, d.outcome) == ("baseline@env1", s1.name, "promote")
+    assert d.speedup == pytest.approx(160 / 140, rel=0.01)
+
+
+def test_gate_config_rejects_bad_thresholds_by_name() -> None:
+    with pytest.raises(ValueError, match="num_steps must be distinct integers >= 1, got \\[2, 2\\]"):
+        GateConfig(num_steps=[2, 2])
+    with pytest.raises(ValueError, match="repetitions"):
+        GateConfig(repetitions=1)
+    with pytest.raises(ValueError, match="min_speeedup"):
+        GateConfig(min_speeedup=1.1)
+    with pytest.raises(ValueError, match="nothing to benchmark"):
+        GateConfig(num_steps=[], topk_points=[])
+
+
+def test_report_redaction_is_word_wise() -> None:
+    from tasks.gate.report import redact
+
+    info = {"api_key": "sk-1", "tokenizer_path": "/t", "max_prefill_tokens": 8, "env": {"HF_TOKEN": "x"}}
+    assert redact(info) == {"api_key": "<redacted>", "tokenizer_path": "/t", "max_prefill_tokens": 8,
+                            "env": {"HF_TOKEN": "<redacted>"}}  # fmt: skip

@@ -1,0 +1,221 @@
+"""The gate end to end against the SGLang emulator: real processes, real HTTP, SGLang's flags,
+meta_info fields and log lines; fresh launches per repetition."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pyarrow as pa
+import pytest
+
+from tasks.engines.sglang_spec_sim import launch_speed_factor
+from tasks.gate import GateConfig, SpecPoint, run_gate
+from tasks.gate.decision import GateDecision, decide
+from tasks.gate.plan import (
+    BenchResult,
+    launch_order,
+    load_bench_prompts,
+    plan_configs,
+    select_prompts,
+)
+from tasks.gate.protocol import STUCK_DIAGNOSIS, GateRunner
+from tasks.gate.server import EmulatedLauncher, ServerStartError
+from tasks.runfolder import RunFolder
+from tests.gate_support import AUX_IDS, TARGET_CONFIG, commit_holdout, encode, write_draft
+
+FAST = {"prefill_s": 0.002, "baseline_step_s": 0.003, "verify_step_s": 0.0035, "draft_step_s": 0.0004,
+        "accept_probs": [0.9, 0.85, 0.8, 0.7]}  # fmt: skip
+# One-step chain at acceptance 0.5: 1.5 tokens per (0.5 + 4.0) ms = the baseline's 3 ms per token.
+EVEN = {**FAST, "verify_step_s": 0.004, "draft_step_s": 0.0005, "accept_probs": [0.5]}
+
+
+def gate_cfg(**overrides: Any) -> GateConfig:
+    base = dict(num_steps=[3], topk_points=[], repetitions=2, num_prompts=4, max_new_tokens=24,
+                warmup_requests=1, acceptance_floor=1.1, health_timeout_s=30, health_poll_s=0.05,
+                request_timeout_s=30, n_bootstrap=500)  # fmt: skip
+    return GateConfig(**{**base, **overrides})
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> RunFolder:
+    folder = RunFolder(str(tmp_path / "run"))
+    commit_holdout(folder)
+    return folder
+
+
+def bench(tmp_path: Path, run: RunFolder, cfg: GateConfig, sim: dict[str, Any]) -> tuple[BenchResult, GateDecision]:
+    prompts = load_bench_prompts(run, cfg.num_prompts, cfg.prompt_seed, encode)
+    configs = plan_configs(cfg, str(tmp_path / "draft"))
+    launcher = EmulatedLauncher(cfg.sglang_version, sim)
+    result = GateRunner(cfg, launcher, "/models/target", configs, prompts, tmp_path / "logs").run()
+    return result, decide(result, cfg)
+
+
+def test_prompts_are_a_seeded_round_robin_over_domains(run: RunFolder) -> None:
+    table = pa.Table.from_pylist(list(reversed(load_table(run))))
+    a = select_prompts(table, 4, seed=0, encode=encode)
+    b = load_bench_prompts(run, 4, 0, encode)
+    assert [p.prompt_id for p in a] == [p.prompt_id for p in b]  # row order does not matter
+    assert [p.domain for p in a] == ["chat", "code", "chat", "code"]
+    assert [p.index for p in a] == [0, 1, 2, 3]
+    assert a[0].input_ids == tuple(encode([{"role": "user", "content": f"chat question number {a[0].prompt_id[-1]}: "
+                                                                     "explain something in a few words"}]))  # fmt: skip
+    c = select_prompts(table, 6, seed=1, encode=encode)
+    assert sorted(p.prompt_id for p in c) == sorted(r["prompt_id"] for r in load_table(run))
+
+
+def load_table(run: RunFolder) -> list[dict[str, Any]]:
+    from tasks.discover.commit import read_prompts_table
+
+    return read_prompts_table(run, "holdout").to_pylist()
+
+
+def test_launch_order_alternates_baseline_and_speculative() -> None:
+    cfg = gate_cfg(num_steps=[1, 2], topk_points=[SpecPoint(num_steps=3, topk=4, num_draft_tokens=8)],
+                   repetitions=3, nccl_env_sweep=[{}, {"NCCL_ALGO": "Tree"}])  # fmt: skip
+    configs = plan_configs(cfg, "/d")
+    assert [c.name for c in configs] == [
+        "baseline@env0", "eagle3-s1-k1-n2@env0", "eagle3-s2-k1-n3@env0", "eagle3-s3-k4-n8@env0",
+        "baseline@env1", "eagle3-s1-k1-n2@env1", "eagle3-s2-k1-n3@env1", "eagle3-s3-k4-n8@env1",
+    ]  # fmt: skip
+    assert configs[1].notes == ("num_draft_tokens set to num_steps + 1 = 2 (topk=1 chain)",)
+    assert configs[5].env == {"NCCL_ALGO": "Tree"} and configs[4].env == configs[5].env
+    order = [(rep, c.name.split("@")[0]) for rep, c in launch_order(configs, 3) if c.env_name == "env0"]
+    assert order == [
+        (0, "baseline"), (0, "eagle3-s1-k1-n2"), (0, "eagle3-s2-k1-n3"), (0, "eagle3-s3-k4-n8"),
+        (1, "eagle3-s1-k1-n2"), (1, "eagle3-s3-k4-n8"), (1, "eagle3-s2-k1-n3"), (1, "baseline"),
+        (2, "baseline"), (2, "eagle3-s3-k4-n8"), (2, "eagle3-s1-k1-n2"), (2, "eagle3-s2-k1-n3"),
+    ]  # fmt: skip
+
+
+def test_a_faster_speculative_config_is_promoted(tmp_path: Path, run: RunFolder) -> None:
+    draft = write_draft(tmp_path / "draft")
+    cfg = gate_cfg(topk_points=[SpecPoint(num_steps=3, topk=2, num_draft_tokens=6)], env={"HF_TOKEN": "hf-secret-1"},
+                   nccl_env_sweep=[{"NCCL_ALGO": "Ring"}], registry_url=str(tmp_path / "registry"))  # fmt: skip
+    summary = run_gate(
+        run, cfg, model_path="/models/target", draft_dir=str(draft), target_config=TARGET_CONFIG,
+        launcher=EmulatedLauncher(cfg.sglang_version, FAST), encode=encode, work_dir=tmp_path / "logs",
+        aux_layer_ids=AUX_IDS, predictions={"baseline": 300.0, "eagle3-s3-k1-n4": 600.0},
+    )  # fmt: skip
+    assert summary["outcome"] == "promote" and summary["promoted"] is True
+    assert summary["speedup"] > 1.5 and summary["ci"][0] > 1.0
+    assert summary["best_config"] in {"eagle3-s3-k1-n4", "eagle3-s3-k2-n6"}
+    assert json.loads((tmp_path / "registry/promoted.json").read_text())["draft_id"] == summary["draft_id"]
+
+    text = Path(run.path("gate/report.json")).read_text()
+    assert "hf-secret-1" not in text
+    report = json.loads(text)
+    assert report["gate_config"]["env"] == {"HF_TOKEN": "<redacted>"}
+    launches = report["bench"]["launches"]
+    assert [(x["repetition"], x["config"]) for x in launches] == [
+        (0, "baseline"), (0, "eagle3-s3-k1-n4"), (0, "eagle3-s3-k2-n6"),
+        (1, "eagle3-s3-k1-n4"), (1, "eagle3-s3-k2-n6"), (1, "baseline"),
+    ]  # fmt: skip
+    assert {json.dumps(x["server_info"]["eaglescale_env"]) for x in launches} == {'{"NCCL_ALGO": "Ring"}'}
+    assert all(x["graph_problems"] == [] and x["info_problems"] == [] for x in launches)
+    assert all(x["log"]["captures"]["target"] == {"begin": 1, "end": 1} for x in launches)
+    assert all(x["log"]["decode_lines"] > 0 and x["log"]["cache_flushes"] == 1 for x in launches)
+    requests = [r for x in launches for r in x["requests"]]
+    assert len(requests) == 6 * 4
+    spec = [r for r in requests if r["config"] != "baseline"]
+    assert all(r["exact_match"] and r["finish"] in ("stop", "length") for r in requests)
+    assert all(r["spec_verify_ct"] > 0 and r["accept_length"] > 1.5 and r["correct_drafts_histogram"] for r in spec)
+    assert all(r["spec_verify_ct"] is None for r in requests if r["config"] == "baseline")
+    configs = {c["name"]: c for c in report["decision"]["configs"]}
+    assert len(configs["eagle3-s3-k1-n4"]["accept_per_position"]) == 3
+    md = Path(run.path("gate/report.md")).read_text()
+    assert md.startswith("# Gate decision: PROMOTE") and "| eagle3-s3-k2-n6 | default |" in md
+    for name in ("tok_s", "acceptance", "predicted_vs_measured"):
+        assert Path(run.path(f"gate/plots/{name}.png")).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_slower_config_is_rejected_and_nothing_is_promoted(tmp_path: Path, run: RunFolder) -> None:
+    draft = write_draft(tmp_path / "draft")
+    slow = {**FAST, "verify_step_s": 0.012, "accept_probs": [0.5, 0.4, 0.3]}
+    cfg = gate_cfg(registry_url=str(tmp_path / "registry"))
+    summary = run_gate(
+        run, cfg, model_path="/m", draft_dir=str(draft), target_config=TARGET_CONFIG,
+        launcher=EmulatedLauncher(cfg.sglang_version, slow), encode=encode, work_dir=tmp_path / "logs",
+    )  # fmt: skip
+    assert (summary["outcome"], summary["promoted"]) == ("reject", False)
+    assert summary["reasons"][0].startswith("slower than the baseline: eagle3-s3-k1-n4")
+    assert summary["ci"][1] < 1.0
+    assert summary["message"].startswith("reject: kept the previous draft (none promoted yet): slower")
+    assert not (tmp_path / "registry/promoted.json").exists() and not run.exists("promoted.json")
+    assert Path(run.path("gate/report.md")).read_text().startswith("# Gate decision: REJECT")
+
+
+def test_a_config_inside_the_noise_is_rejected(tmp_path: Path, run: RunFolder) -> None:
+    """Equal true speed and a large per-launch spread; 0.5.4's older server (no histograms)."""
+    jitter = 0.3
+    # Launch order: baseline, spec, spec, baseline. Pick a seed whose emulated speed factors put
+    # the spec launches between the baseline ones, i.e. the spread straddles no change.
+    seed = next(
+        s for s in range(500)
+        if (f := [launch_speed_factor(s, i, jitter) for i in range(4)])
+        and min(f[0], f[3]) < 0.85 * min(f[1], f[2]) and max(f[0], f[3]) > 1.15 * max(f[1], f[2])
+    )  # fmt: skip
+    cfg = gate_cfg(num_steps=[1], sglang_version="0.5.4")
+    result, d = bench(tmp_path, run, cfg, {**EVEN, "launch_jitter": jitter, "seed": seed})
+    assert result.stopped is None and len(result.launches) == 4
+    assert d.outcome == "reject"
+    assert d.ci_low is not None and d.ci_low <= 1.0 < d.ci_high
+    assert d.reasons[0].startswith("within the run-to-run spread: eagle3-s1-k1-n2")
+    base = d.config("baseline")
+    assert base is not None and base.spread is not None and base.spread > 0.2
+    spec = d.config("eagle3-s1-k1-n2")
+    assert spec is not None and spec.accept_per_position is None and spec.accept_length > 1.2
+    assert all(x.graph_problems == [] for x in result.launches)  # num_steps 1: no draft graph needed
+
+
+def test_disagreeing_outputs_are_rejected(tmp_path: Path, run: RunFolder) -> None:
+    result, d = bench(tmp_path, run, gate_cfg(), {**FAST, "disagree_from": 3})
+    assert d.outcome == "reject" and d.best is None
+    assert d.reasons == [
+        "no speculative config is eligible",
+        "eagle3-s3-k1-n4: outputs disagree with the baseline: 0/8 exact (first mismatch at token 3; need 95%)",
+    ]
+    spec = d.config("eagle3-s3-k1-n4")
+    assert spec is not None and spec.speedup is not None and spec.speedup > 1.5  # fast, but wrong
+
+
+def test_acceptance_stuck_at_one_stops_the_run(tmp_path: Path, run: RunFolder) -> None:
+    result, d = bench(tmp_path, run, gate_cfg(repetitions=3), {**FAST, "stuck_acceptance": True})
+    assert result.stopped is not None and result.stopped.startswith(STUCK_DIAGNOSIS)
+    assert result.stopped == f"{STUCK_DIAGNOSIS} (eagle3-s3-k1-n4: accept length 1.00 after warm-up)"
+    assert [x.config for x in result.launches] == ["baseline", "eagle3-s3-k1-n4"]  # nothing after
+    assert result.launches[1].requests == []
+    assert (d.outcome, d.reasons) == ("stopped", [result.stopped])
+    with pytest.raises(httpx.ConnectError):  # the stopped launch's server is gone
+        httpx.get(result.launches[1].url + "/health", timeout=2, trust_env=False)
+
+
+def test_a_server_that_never_becomes_healthy_fails_with_its_log_tail(tmp_path: Path, run: RunFolder) -> None:
+    cfg = gate_cfg(health_timeout_s=1.0)
+    with pytest.raises(ServerStartError) as err:
+        bench(tmp_path, run, cfg, {**FAST, "never_healthy": True})
+    message = str(err.value)
+    assert "not healthy after 1 s (/health_generate: HTTP 503)" in message
+    tail = message.split("log tail")[1]
+    assert "Capture target decode CUDA graph begin. backend=full" in tail  # where it hung
+    assert "CUDA graph end" not in tail
+    url = message.split("SGLang server ")[1].split(" ")[0]
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url + "/health", timeout=2, trust_env=False)
+
+
+def test_preflight_fails_before_any_launch(tmp_path: Path, run: RunFolder) -> None:
+    from tasks.gate.preflight import PreflightError
+
+    draft = write_draft(tmp_path / "draft")
+    cfg = gate_cfg()
+    with pytest.raises(PreflightError, match=r"differ from the extraction's aux layer ids \[2, 4, 5\]"):
+        run_gate(
+            run, cfg, model_path="/m", draft_dir=str(draft), target_config=TARGET_CONFIG,
+            launcher=EmulatedLauncher(cfg.sglang_version, FAST), encode=encode, work_dir=tmp_path / "logs",
+            aux_layer_ids=[2, 4, 5],
+        )  # fmt: skip
+    assert not (tmp_path / "logs").exists() and not run.exists("gate/report.json")
