@@ -25,6 +25,7 @@ from rich.text import Text
 
 from tasks.notify import format_duration
 from tasks.runfolder import RunFolder, ShardStore
+from tasks.runfolder.fingerprint import flatten
 
 DEFAULT_STALL_AFTER_S = 900.0
 SHARD_ROWS_SHOWN = 20
@@ -42,14 +43,8 @@ def _json(run: RunFolder, rel: str) -> Any | None:
         raise StatusError(f"{run.url}/{rel}: not valid JSON ({e})") from None
 
 
-def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(obj, dict):
-        out: dict[str, Any] = {}
-        for k, v in obj.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
-        return out
-    text = obj if not isinstance(obj, str) or len(obj) <= 80 else obj[:77] + "..."
-    return {prefix.rstrip("."): text}
+def _short(value: Any) -> Any:
+    return value[:77] + "..." if isinstance(value, str) and len(value) > 80 else value
 
 
 def _parquet_rows(run: RunFolder, rel: str) -> int | None:
@@ -210,7 +205,7 @@ def read_status(
         "run": {
             "fingerprint_hash": run_json.get("fingerprint_hash"),
             "created_at": run_json.get("created_at"),
-            "fingerprint": _flatten(fingerprint),
+            "fingerprint": {k: _short(v) for k, v in flatten(fingerprint).items()},
             "fingerprint_overrides": len(run_json.get("overrides", [])),
         },
         "discover": _discover_status(run),

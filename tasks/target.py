@@ -212,6 +212,15 @@ def read_model_config(model_dir: Path) -> dict[str, Any]:
     return config
 
 
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's config: nested for multimodal targets, else the config itself."""
+    for key in _NESTED_CONFIGS:
+        nested = config.get(key)
+        if isinstance(nested, dict) and ("num_hidden_layers" in nested or "hidden_size" in nested):
+            return nested
+    return config
+
+
 def context_length_of(config: dict[str, Any]) -> int | None:
     """max_position_embeddings of the model, looking into a multimodal model's text config."""
     for node in (config, *(config.get(k) for k in _NESTED_CONFIGS)):

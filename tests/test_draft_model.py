@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from tasks.draft import checkpoint as ckpt
-from tasks.draft.config import DraftConfig, eagle3_aux_layer_ids
+from tasks.draft.config import DraftConfig
 from tasks.draft.model import Eagle3Draft
 from tasks.draft.target_heads import TargetHeadsError, load_target_heads
 from tasks.draft.ttt import SoftCrossEntropy, compute_teacher, unroll
@@ -88,7 +88,9 @@ def test_config_from_target_uses_sglang_aux_layers(tiny_target_dir: Path):
         64, 4, 2, 16,
     )
     assert cfg.draft_vocab_size == cfg.vocab_size == 2048  # capped at the target vocabulary
-    assert eagle3_aux_layer_ids(61) == [1, 29, 57]
+    assert DraftConfig.from_target(
+        {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 61, "vocab_size": 100}, 32
+    ).aux_layer_ids == [1, 29, 57]
     kimi_like = {"model_type": "kimi_k25", "text_config": {
         "hidden_size": 7168, "num_hidden_layers": 61, "vocab_size": 163840,
         "num_attention_heads": 64, "intermediate_size": 18432,

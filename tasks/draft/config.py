@@ -9,24 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-# Multimodal targets keep their text model's config under one of these keys.
-_NESTED_CONFIGS = ("text_config", "language_config", "llm_config")
-
-
-def eagle3_aux_layer_ids(num_layers: int) -> list[int]:
-    """SGLang's default capture layers, output-of-layer convention ([1, 29, 57] for 61 layers)."""
-    if num_layers < 5:
-        raise ValueError(f"EAGLE-3 needs a target with at least 5 layers, got {num_layers}")
-    return [1, num_layers // 2 - 1, num_layers - 4]
-
-
-def text_config(target_config: dict[str, Any]) -> dict[str, Any]:
-    """The part of a target config that describes its language model."""
-    for key in _NESTED_CONFIGS:
-        nested = target_config.get(key)
-        if isinstance(nested, dict) and "hidden_size" in nested:
-            return nested
-    return target_config
+from tasks.extract.capture import aux_capture_layers
+from tasks.target import text_config
 
 
 def rope_of(config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
@@ -100,6 +84,7 @@ class DraftConfig:
         heads = int(cfg.get("num_attention_heads", max(1, hidden // 128)))
         theta, scaling = rope_of(cfg)
         vocab = int(cfg["vocab_size"])
+        model_type = str(target_config.get("model_type", cfg.get("model_type", "llama")))
         return cls(
             hidden_size=hidden,
             intermediate_size=int(intermediate_size or cfg.get("intermediate_size") or 4 * hidden),
@@ -112,10 +97,10 @@ class DraftConfig:
             max_position_embeddings=int(cfg.get("max_position_embeddings", 8192)),
             vocab_size=vocab,
             draft_vocab_size=min(int(draft_vocab_size), vocab),
-            aux_layer_ids=eagle3_aux_layer_ids(int(cfg["num_hidden_layers"])),
+            aux_layer_ids=aux_capture_layers(model_type, int(cfg["num_hidden_layers"])),
             target_hidden_size=hidden,
             target_num_layers=int(cfg["num_hidden_layers"]),
-            target_model_type=str(target_config.get("model_type", cfg.get("model_type", "llama"))),
+            target_model_type=model_type,
             hidden_act=str(cfg.get("hidden_act", "silu")),
         )
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from transformers import PreTrainedModel
 
 from tasks.config import EagleScaleConfig
-from tasks.extract.capture import CaptureBackend, text_config
-from tasks.target import read_model_config, resolve_model_dir
+from tasks.extract.capture import CaptureBackend
+from tasks.target import read_model_config, resolve_model_dir, text_config
 
 
 @dataclass(frozen=True)

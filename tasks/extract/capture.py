@@ -24,7 +24,7 @@ How SGLang gets the same tensors (read from its source, not run here):
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 from tasks.engines.local_capture import CapturedStates
 
@@ -35,28 +35,14 @@ __all__ = [
     "LayerIdError",
     "aux_capture_layers",
     "sglang_layers_to_capture",
-    "text_config",
     "validate_aux_layer_ids",
 ]
 
 AUX_LAYER_COUNT = 3
 # SGLang captures these families AFTER layer i (no +1) and has no default ids.
 EXPLICIT_IDS_ONLY = frozenset({"deepseek_v4"})
-# Multimodal targets keep the language model's config nested (Kimi-K2.5: text_config).
-_NESTED_TEXT_CONFIGS = ("text_config", "language_config", "llm_config")
-
-
 class LayerIdError(ValueError):
     """Aux layer ids that SGLang would not capture, or a target without a default."""
-
-
-def text_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The language model's config: nested for multimodal targets, else the config itself."""
-    for key in _NESTED_TEXT_CONFIGS:
-        nested = config.get(key)
-        if isinstance(nested, dict) and "num_hidden_layers" in nested:
-            return nested
-    return config
 
 
 def aux_capture_layers(model_type: str, num_layers: int) -> list[int]:

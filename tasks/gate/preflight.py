@@ -14,8 +14,9 @@ from typing import Any
 
 import fsspec
 
-from tasks.draft.config import eagle3_aux_layer_ids, text_config
+from tasks.extract.capture import aux_capture_layers
 from tasks.gate.launch import SpecParams
+from tasks.target import text_config
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -106,7 +107,8 @@ def _check_draft(
     hidden, vocab, layers = int(target["hidden_size"]), int(target["vocab_size"]), int(target["num_hidden_layers"])
     eagle = config.get("eagle_config") or {}
     ids = eagle.get("eagle_aux_hidden_state_layer_ids")
-    draft_ids = list(ids) if ids is not None else eagle3_aux_layer_ids(layers)
+    model_type = str(target.get("model_type", "llama"))
+    draft_ids = list(ids) if ids is not None else aux_capture_layers(model_type, layers)
     where = "eagle_config.eagle_aux_hidden_state_layer_ids" if ids is not None else "SGLang's default aux layer ids"
 
     fc = shapes.get("fc.weight")

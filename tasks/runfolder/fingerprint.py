@@ -37,18 +37,19 @@ def request_id(fp_hash: str, prompt_id: str, sample_index: int) -> str:
     return hashlib.sha256(f"{fp_hash}:{prompt_id}:{sample_index}".encode()).hexdigest()[:24]
 
 
-def _flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as one level of dotted keys: {'a': {'b': 1}} -> {'a.b': 1}."""
     if isinstance(obj, dict):
         out: dict[str, Any] = {}
         for k, v in obj.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
+            out.update(flatten(v, f"{prefix}{k}."))
         return out
     return {prefix.rstrip("."): obj}
 
 
 def diff_fingerprints(old: dict[str, Any], new: dict[str, Any], only_common: bool = False) -> list[str]:
     """'field: old -> new' for each differing leaf; `only_common` skips fields one side lacks."""
-    a, b = _flatten(old), _flatten(new)
+    a, b = flatten(old), flatten(new)
     keys = (a.keys() & b.keys()) if only_common else (a.keys() | b.keys())
     missing = "<absent>"
     return [
