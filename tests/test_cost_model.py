@@ -1,0 +1,108 @@
+"""The cost model on constructed costs, with the numbers worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.gate.cost_model import (
+    CostModelError,
+    StepCosts,
+    calibrate_overhead,
+    costs_from_step_records,
+    predict,
+)
+from tasks.gate.launch import resolve_spec
+
+COSTS = {
+    "baseline_step_s": 0.010,
+    "verify_s": {"2": 0.012, "4": 0.014, "6": 0.016},
+    "draft_step_s": 0.001,
+    "source": "hand",
+}
+
+
+def test_prediction_by_hand():
+    pred = predict(COSTS, {1: 1.5, 3: 2.0, 5: 2.1})
+    assert pred.baseline_tok_s == pytest.approx(100.0)
+    k1, k3, k5 = pred.per_steps[1], pred.per_steps[3], pred.per_steps[5]
+    # k=1: verify 2 tokens 0.012 + 1 draft step 0.001 = 0.013 s per cycle for 1.5 tokens.
+    assert k1["cycle_s"] == pytest.approx(0.013)
+    assert k1["tok_s"] == pytest.approx(1.5 / 0.013)
+    assert k1["break_even_accept_length"] == pytest.approx(1.3)
+    # k=3: 0.014 + 3 * 0.001 = 0.017 s for 2.0 tokens; k=5: 0.016 + 0.005 = 0.021 s for 2.1.
+    assert k3["tok_s"] == pytest.approx(2.0 / 0.017)
+    assert k3["speedup"] == pytest.approx(2.0 / 0.017 / 100.0)
+    assert k5["tok_s"] == pytest.approx(100.0) and k5["break_even_accept_length"] == pytest.approx(2.1)
+    assert pred.best_num_steps == 3
+    assert list(pred.to_dict()["per_steps"]) == ["1", "3", "5"]
+
+
+def test_measured_draft_cycles_and_overhead():
+    costs = {**COSTS, "draft_cycle_s": {"3": 0.0025}, "overhead_s": 0.002}
+    pred = predict(costs, {1: 1.2, 3: 1.5})
+    assert pred.baseline_tok_s == pytest.approx(1 / 0.012)
+    assert pred.per_steps[3]["cycle_s"] == pytest.approx(0.014 + 0.0025 + 0.002)  # measured cycle wins
+    assert pred.per_steps[1]["cycle_s"] == pytest.approx(0.012 + 0.001 + 0.002)  # k * draft_step_s
+    # Neither beats the baseline (1.2 < 1.25 and 1.5 < 1.5417 break-even): no best num_steps.
+    assert pred.per_steps[1]["break_even_accept_length"] == pytest.approx(0.015 / 0.012)
+    assert pred.best_num_steps is None
+
+
+def test_calibrated_overhead_reproduces_the_measured_baseline():
+    calibrated = calibrate_overhead(StepCosts.from_dict(COSTS), measured_baseline_tok_s=80.0)
+    assert calibrated.overhead_s == pytest.approx(1 / 80 - 0.010)
+    assert predict(calibrated, {3: 2.0}).baseline_tok_s == pytest.approx(80.0)
+    assert calibrated.to_dict()["verify_s"] == {"2": 0.012, "4": 0.014, "6": 0.016}
+
+
+def test_gate_prediction_names_are_the_gates_config_names():
+    pred = predict(COSTS, {1: 1.5, 3: 2.0})
+    spec3, _ = resolve_spec("/drafts/x", 3, 1)
+    spec1, _ = resolve_spec("/drafts/x", 1, 1)
+    assert pred.gate_predictions() == {
+        "baseline": pytest.approx(100.0),
+        spec1.label: pytest.approx(1.5 / 0.013),
+        spec3.label: pytest.approx(2.0 / 0.017),
+    }
+    assert spec3.label == "eagle3-s3-k1-n4"
+
+
+def test_sglang_step_records():
+    records = [
+        {"kind": "baseline", "tokens": 1, "step_time_s": 0.010},
+        {"kind": "baseline", "tokens": 1, "step_time_s": 0.012},
+        {"kind": "baseline", "tokens": 1, "step_time_s": 0.030},  # an outlier: the median ignores it
+        {"kind": "verify", "tokens": 4, "step_time_s": 0.014},
+        {"kind": "draft", "tokens": 3, "step_time_s": 0.003},
+    ]
+    costs = costs_from_step_records(records)
+    assert costs.baseline_step_s == pytest.approx(0.012)
+    assert costs.verify_s == {4: 0.014} and costs.draft_cycle_s == {3: 0.003}
+    assert costs.source == "sglang"
+    assert predict(costs, {3: 2.0}).per_steps[3]["cycle_s"] == pytest.approx(0.017)
+    with pytest.raises(CostModelError, match=r"step record 1: kind must be baseline, verify or draft, got 'prefill'"):
+        costs_from_step_records([records[0], {"kind": "prefill", "tokens": 9, "step_time_s": 0.1}])
+    with pytest.raises(CostModelError, match=r"step record 0: step_time_s must be a positive number"):
+        costs_from_step_records([{"kind": "baseline", "tokens": 1, "step_time_s": -1}])
+    with pytest.raises(CostModelError, match="no baseline records"):
+        costs_from_step_records(records[3:])
+
+
+def test_bad_costs_and_acceptance_are_named():
+    with pytest.raises(CostModelError, match=r"verify_s lacks 3 tokens \(has \[2, 4, 6\]\)"):
+        predict(COSTS, {2: 1.5})
+    with pytest.raises(CostModelError, match=r"no draft cost for num_steps 3"):
+        predict({"baseline_step_s": 0.01, "verify_s": {"4": 0.014}}, {3: 2.0})
+    with pytest.raises(CostModelError, match=r"unknown keys \['verify'\]"):
+        StepCosts.from_dict({**COSTS, "verify": {}})
+    with pytest.raises(CostModelError, match="baseline_step_s is missing"):
+        StepCosts.from_dict({"verify_s": {"2": 0.01}})
+    with pytest.raises(CostModelError, match=r"verify_s\['4'\] must be a positive number of seconds, got 0"):
+        StepCosts.from_dict({**COSTS, "verify_s": {"4": 0}})
+    with pytest.raises(CostModelError, match=r"verify_s: key 'four' is not an integer"):
+        StepCosts.from_dict({**COSTS, "verify_s": {"four": 0.01}})
+    with pytest.raises(CostModelError, match=r"acceptance length 4.5 for num_steps 3 is outside \[1, 4\]"):
+        predict(COSTS, {3: 4.5})
+    # The local engine's measurement dict is accepted as it is.
+    measured = {**COSTS, "draft_cycle_s": {"1": 0.001}, "cuda_graphs": True, "device": "cuda:0"}
+    assert StepCosts.from_dict(measured).draft_cycle_s == {1: 0.001}

@@ -1,0 +1,107 @@
+"""Data-scaling curve: the fit and projection on constructed points, the report and plot, and
+one small real run of training at two data fractions on the tiny target."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from tasks.gate.scaling import (
+    OVERALL,
+    ScalingPoint,
+    TrainElsewhere,
+    fit_trend,
+    plot_scaling,
+    train_at_fractions,
+    write_scaling_report,
+)
+from tasks.runfolder import RunFolder
+from tests.draft_support import extracted_run
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def constructed() -> list[ScalingPoint]:
+    # math: accept = 1.2 + 0.1 ln(samples) exactly; code: flat at 1.05 (never reaches 1.6)
+    pts = [ScalingPoint("math", s, 1.2 + 0.1 * math.log(s)) for s in (100, 1_000, 10_000)]
+    return pts + [ScalingPoint("code", s, 1.05) for s in (100, 1_000)]
+
+
+def test_fit_and_projection_are_exact():
+    fits = fit_trend(constructed())
+    assert set(fits) == {"math", "code"}
+    assert fits["math"].intercept == pytest.approx(1.2) and fits["math"].slope == pytest.approx(0.1)
+    assert fits["math"].points == 3
+    # 1.6 = 1.2 + 0.1 ln(s)  =>  s = e^4
+    assert fits["math"].samples_for(1.6) == pytest.approx(math.exp(4.0))
+    assert fits["math"].at(math.exp(4.0)) == pytest.approx(1.6)
+    assert fits["code"].slope == pytest.approx(0.0, abs=1e-12)
+    assert fits["code"].samples_for(1.6) is None
+
+
+def test_fit_refuses_what_it_cannot_fit():
+    with pytest.raises(ValueError, match=r"domain 'math': a trend needs points at two or more sample counts"):
+        fit_trend([ScalingPoint("math", 100, 1.3), ScalingPoint("math", 100, 1.4)])
+    with pytest.raises(ValueError, match=r"domain 'code': points need samples >= 1"):
+        fit_trend([ScalingPoint("code", 0, 1.3), ScalingPoint("code", 10, 1.4)])
+
+
+def test_report_and_plot(tmp_path: Path):
+    run = RunFolder(str(tmp_path / "run"))
+    report = write_scaling_report(run, constructed(), break_even=1.6, num_steps=3)
+    stored = json.loads(run.read_bytes("gate/scaling/report.json"))
+    assert stored == json.loads(json.dumps(report))
+    assert set(stored) == {"num_steps", "break_even_accept_length", "points", "fits"}
+    assert stored["fits"]["math"]["samples_for_break_even"] == pytest.approx(math.exp(4.0))
+    assert stored["fits"]["code"]["samples_for_break_even"] is None
+    assert len(stored["points"]) == 5
+    assert run.read_bytes("gate/scaling/curve.png")[:8] == PNG
+    assert plot_scaling(constructed(), fit_trend(constructed()), None)[:8] == PNG
+
+
+def test_train_keys_are_redirected(tmp_path: Path):
+    run = RunFolder(str(tmp_path / "run"))
+    view = TrainElsewhere(run, "gate/scaling/frac-10")
+    assert view.path("train/checkpoints/step-4") == run.path("gate/scaling/frac-10/train/checkpoints/step-4")
+    assert view.path("extract/_SUCCESS/s0.json") == run.path("extract/_SUCCESS/s0.json")
+    view.write_json_atomic("train/best.json", {"step": 4})
+    assert run.read_json("gate/scaling/frac-10/train/best.json") == {"step": 4}
+    assert not run.exists("train/best.json")
+
+
+@pytest.fixture
+def one_thread():
+    # Small ops on 2 shared cores: OpenMP spin-waits make 2 threads many times slower.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_training_at_fractions_on_the_tiny_target(
+    tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path, one_thread: None
+):
+    cfg, _ = extracted_run(tmp_path_factory.getbasetemp(), tiny_target_dir, tmp_path_factory.mktemp("scaling"),
+                           max_steps=6, eval_every=6, save_every=1000, learning_rate=1e-2)  # fmt: skip
+    run = RunFolder(cfg.run_root)
+    from tasks.extract.storage import extract_metadata
+
+    meta = extract_metadata(run)
+    n_train = meta["splits"]["train"]
+    points = train_at_fractions(run, cfg.train, cfg.target.model_path, fractions=(0.25, 1.0), num_steps=2)
+    small = round(0.25 * n_train)
+    assert sorted({p.samples for p in points}) == [small, n_train]
+    domains = {p.domain for p in points}
+    assert OVERALL in domains and len(domains) >= 2
+    assert all(1.0 <= p.accept_length <= 3.0 for p in points)
+    # Each fraction trained in its own folder; the run's own train/ was never written.
+    assert run.exists(f"gate/scaling/frac-{small}/train/result.json")
+    assert run.exists(f"gate/scaling/frac-{n_train}/train/result.json")
+    assert not run.exists("train/result.json")
+    assert json.loads(run.read_bytes(f"gate/scaling/frac-{small}/train/result.json"))["steps"] == 6
+    fits = fit_trend(points)
+    assert set(fits) == domains
