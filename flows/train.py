@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -27,18 +28,21 @@ from tasks.draft.target_heads import load_target_heads
 from tasks.draft.trainer import PLOT_KEY, RESULT_KEY, TrainCallbacks, train_draft
 from tasks.runfolder import RunFolder
 
+SPECULATORS_KEY = "train/final-speculators"
 EVAL_COLUMNS = ("step", "loss", "sim_accept", "sim_accept_len", "acc_0", "acc_1", "acc_2", "acc_3")
 
 
 def _torchrun(config: EagleScaleConfig) -> None:
     """The trainer under torchrun; the params travel as a YAML file of this flow's config."""
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        yaml.safe_dump(config.model_dump(mode="json"), f)
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        "--nproc_per_node", str(config.train.nproc), "-m", "tasks.draft.train_main", "--params", f.name,
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        params = Path(tmp) / "params.yaml"
+        params.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc_per_node", str(config.train.nproc), "-m", "tasks.draft.train_main",
+            "--params", str(params),
+        ]
+        done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"torchrun trainer exited {done.returncode}: {done.stderr[-2000:]}")
 
@@ -50,10 +54,14 @@ def _export(config: EagleScaleConfig, run: RunFolder) -> dict[str, Any]:
     embed, _ = load_target_heads(config.target.model_path)
     model = ckpt.load_run_checkpoint_model(run, best["checkpoint"], embed)
     final = export_to_run(model, run, "train/final")
-    speculators = None
-    if run.is_local:  # the speculators writer targets a local folder
-        speculators = str(export_speculators(model, run.path("train/final-speculators"), config.target.model_path))
-    return {"best": best, "final": final, "speculators": speculators}
+    # The speculators writer targets a local folder: write there, then copy into the run
+    # folder (any store), config.json last so a reader never finds it without its weights.
+    with tempfile.TemporaryDirectory() as tmp:
+        local = export_speculators(model, Path(tmp) / "speculators", config.target.model_path)
+        names = sorted(p.name for p in Path(local).iterdir())
+        for name in sorted(names, key=lambda n: n == "config.json"):
+            run.write_bytes_atomic(f"{SPECULATORS_KEY}/{name}", (Path(local) / name).read_bytes())
+    return {"best": best, "final": final, "speculators": f"{run.url}/{SPECULATORS_KEY}"}
 
 
 def _eval_table(evals: list[dict[str, Any]]) -> list[dict[str, Any]]:
