@@ -8,14 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from tasks.config import EagleScaleConfig, load_config
-from tasks.discover.stage import run_discover_stage
-from tasks.engines.local import LocalEngine
 from tasks.extract.stage import ExtractStage
-from tasks.fingerprint_fields import run_fingerprint
-from tasks.generate.stage import GenerateStage
-from tasks.runfolder import RunFolder, ensure_fingerprint
-from tasks.target import load_tokenizer, target_identity
-from tests.run_support import write_params
+from tasks.runfolder import RunFolder
+from tasks.target import load_tokenizer
+from tests.run_support import generate_all, write_params
 
 TOTAL_PROMPTS = 240
 SHARD_SIZE = 40
@@ -37,18 +33,9 @@ _templates: dict[str, Path] = {}
 
 
 def _build(cfg: EagleScaleConfig) -> None:
+    generate_all(cfg, batch_size=32)
     run = RunFolder(cfg.run_root)
-    tokenizer = load_tokenizer(cfg.target.model_path)
-    marker = run_discover_stage(cfg, run, tokenizer)["marker"]
-    identity = target_identity(cfg.target.model_path, None, tokenizer)
-    fp_hash = ensure_fingerprint(run, run_fingerprint(cfg, identity, marker["manifest_hash"]))
-    engine = LocalEngine(cfg.target.model_path, batch_size=32)
-    generate = GenerateStage(cfg, run, fp_hash, engine, tokenizer)
-    for shard_id in generate.prepare():
-        generate.run_shard(shard_id)
-    generate.finish()
-    engine.close()
-    extract = ExtractStage(cfg, run, tokenizer)
+    extract = ExtractStage(cfg, run, load_tokenizer(cfg.target.model_path))
     for shard_id in extract.prepare():
         extract.run_shard(shard_id)
     extract.finish()

@@ -13,34 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from tasks.config import EagleScaleConfig, load_config
-from tasks.discover.stage import run_discover_stage
-from tasks.engines.local import LocalEngine
 from tasks.extract.storage import shard_metadata
-from tasks.fingerprint_fields import run_fingerprint
-from tasks.generate.stage import GenerateStage
-from tasks.runfolder import RunFolder, ShardStore, ensure_fingerprint
+from tasks.runfolder import RunFolder, ShardStore
 from tasks.runfolder.parts import marker_paths
-from tasks.target import load_tokenizer, target_identity
-from tests.run_support import write_params
+from tasks.target import load_tokenizer
+from tests.run_support import generate_all, write_params
 
 TOTAL_PROMPTS = 48
 SHARD_SIZE = 8
 MAX_NEW_TOKENS = 16
 _templates: dict[str, Path] = {}
-
-
-def _generate(cfg: EagleScaleConfig) -> None:
-    run = RunFolder(cfg.run_root)
-    tokenizer = load_tokenizer(cfg.target.model_path)
-    marker = run_discover_stage(cfg, run, tokenizer)["marker"]
-    identity = target_identity(cfg.target.model_path, None, tokenizer)
-    fp_hash = ensure_fingerprint(run, run_fingerprint(cfg, identity, marker["manifest_hash"]))
-    engine = LocalEngine(cfg.target.model_path, batch_size=16)
-    stage = GenerateStage(cfg, run, fp_hash, engine, tokenizer)
-    for shard_id in stage.prepare():
-        stage.run_shard(shard_id)
-    stage.finish()
-    engine.close()
 
 
 def _params(dest: Path, model_dir: Path, extract: dict[str, Any]) -> Path:
@@ -64,7 +46,7 @@ def generated_run(
     generated once per session under `base`), with `extract` overriding extract params."""
     if "run" not in _templates:
         template = base / "extract-template"
-        _generate(load_config(_params(template, model_dir, {})))
+        generate_all(load_config(_params(template, model_dir, {})))
         _templates["run"] = template / "run"
     shutil.copytree(_templates["run"], dest / "run")
     params = _params(dest, model_dir, extract)

@@ -10,9 +10,15 @@ from typing import Any
 
 import yaml
 
+from tasks.config import EagleScaleConfig
 from tasks.discover.commit import read_prompts_table
+from tasks.discover.stage import run_discover_stage
+from tasks.engines.local import LocalEngine
+from tasks.fingerprint_fields import run_fingerprint
 from tasks.generate.plan import planned_requests
-from tasks.runfolder import RunFolder, ShardStore
+from tasks.generate.stage import GenerateStage
+from tasks.runfolder import RunFolder, ShardStore, ensure_fingerprint
+from tasks.target import load_tokenizer, target_identity
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,3 +94,24 @@ def assert_exactly_once(run: RunFolder) -> tuple[int, int]:
         f"extra {len(set(rows) - planned)}"
     )
     return len(rows), len(dead)
+
+
+def discover_and_fingerprint(cfg: EagleScaleConfig) -> tuple[RunFolder, Any, str]:
+    """Plain-code start of a run (what the parent flow does): discovery, then run.json."""
+    run = RunFolder(cfg.run_root, cfg.storage_options)
+    tokenizer = load_tokenizer(cfg.target.model_path)
+    marker = run_discover_stage(cfg, run, tokenizer)["marker"]
+    identity = target_identity(cfg.target.model_path, None, tokenizer)
+    fp_hash = ensure_fingerprint(run, run_fingerprint(cfg, identity, marker["manifest_hash"]))
+    return run, tokenizer, fp_hash
+
+
+def generate_all(cfg: EagleScaleConfig, batch_size: int = 16) -> None:
+    """Discovery and every generation shard, in plain code, with the local engine."""
+    run, tokenizer, fp_hash = discover_and_fingerprint(cfg)
+    engine = LocalEngine(cfg.target.model_path, batch_size=batch_size)
+    stage = GenerateStage(cfg, run, fp_hash, engine, tokenizer)
+    for shard_id in stage.prepare():
+        stage.run_shard(shard_id)
+    stage.finish()
+    engine.close()

@@ -11,14 +11,11 @@ import httpx
 import pytest
 
 from tasks.config import load_config
-from tasks.discover.stage import run_discover_stage
 from tasks.engines.sglang_client import SGLangEngine
 from tasks.engines.sglang_server import ServerProcess
-from tasks.fingerprint_fields import run_fingerprint
 from tasks.generate.stage import GenerateStage
-from tasks.runfolder import RunFolder, ShardStore, ensure_fingerprint
-from tasks.target import load_tokenizer, target_identity
-from tests.run_support import assert_exactly_once, write_params
+from tasks.runfolder import ShardStore
+from tests.run_support import assert_exactly_once, discover_and_fingerprint, write_params
 
 
 def _stage(tmp_path, model_dir, endpoints, **generate) -> GenerateStage:
@@ -40,11 +37,7 @@ def _stage(tmp_path, model_dir, endpoints, **generate) -> GenerateStage:
         discover={"total_prompts": 120},
     )
     cfg = load_config(params)
-    run = RunFolder(cfg.run_root)
-    tokenizer = load_tokenizer(cfg.target.model_path)
-    marker = run_discover_stage(cfg, run, tokenizer)["marker"]
-    identity = target_identity(cfg.target.model_path, None, tokenizer)
-    fp_hash = ensure_fingerprint(run, run_fingerprint(cfg, identity, marker["manifest_hash"]))
+    run, tokenizer, fp_hash = discover_and_fingerprint(cfg)
     return GenerateStage(cfg, run, fp_hash, SGLangEngine(cfg.engine), tokenizer)
 
 
