@@ -57,6 +57,7 @@ def test_kill9_at_random_moments_then_resume_is_exactly_once(tmp_path, tiny_targ
         engine={"kind": "local", "batch_size": 4},
         generate={"shard_size": 12, "max_parallel_shards": 2, "journal_flush_s": 0.2},
         discover={"total_prompts": 128},
+        stages=["discover", "generate"],  # extraction has its own kill -9 test
     )
     args = ["run", "--params", str(params)]
     log = tmp_path / "cli.log"

@@ -55,6 +55,7 @@ def test_two_workers_on_one_run_root_commit_exactly_once(tmp_path, tiny_target_d
         engine={"kind": "local", "batch_size": 2},
         discover={"total_prompts": 90},
         generate={"shard_size": 15, "max_parallel_shards": 2},
+        stages=["discover", "generate"],  # the race under test is generation's
     )
     with prefect_server(tmp_path / "prefect-home") as api:
         env = cli_env(tmp_path, PREFECT_API_URL=api)
