@@ -52,19 +52,18 @@ def generate_shard(config: EagleScaleConfig, shard_id: str) -> dict[str, Any]:
 def _watch(stage: GenerateStage, futures: list, config: EagleScaleConfig, artifact_id: Any) -> None:
     """Wait for the shard tasks while keeping progress.json, the artifact and stall alerts fresh."""
     notifier = notifier_for(config)
-    stall_after = config.generate.stall_after_s
     stalled_alerted = False
     pending = list(futures)
     while pending:
         pending = list(wait(pending, timeout=min(5.0, config.generate.progress_interval_s)).not_done)
         if stage.tick():  # progress.json rewritten (every progress_interval_s): mirror it
             update_progress_artifact(artifact_id, float(stage.progress.snapshot().get("percent") or 0.0))
-        idle = time.time() - stage.last_result_at
-        if idle > stall_after and not stalled_alerted:
+        idle = stage.progress.stalled_for()  # None while results keep arriving
+        if idle is not None and not stalled_alerted:
             stalled_alerted = True
             notifier.stalled("generate", idle, {"shards_left": len(pending)})
             emit_event("eaglescale.generate.stalled", resource=_resource(config), payload={"idle_s": idle})
-        elif idle <= stall_after:
+        elif idle is None:
             stalled_alerted = False
 
 

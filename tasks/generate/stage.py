@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,7 +64,6 @@ class GenerateStage:
             stall_after_s=self.cfg.generate.stall_after_s,
             interval_s=self.cfg.generate.progress_interval_s,
         )
-        self.last_result_at = time.time()
 
     def prepare(self) -> list[str]:
         """Clean up after crashes and return the shards still to run, in plan order."""
@@ -100,7 +98,6 @@ class GenerateStage:
         self.progress.shard_state(shard_id, "running")
 
         def on_outcome(outcome: Outcome) -> None:
-            self.last_result_at = time.time()
             if isinstance(outcome, GenerationResult):
                 self.progress.record(shard_id, 1, outcome.prompt_tokens, outcome.completion_tokens)
             else:
