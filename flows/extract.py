@@ -25,7 +25,7 @@ def extract_shard(config: EagleScaleConfig, shard_id: str) -> dict[str, Any]:
     outcome = _active[config.run_root].run_shard(shard_id)
     summary = {k: v for k, v in asdict(outcome).items() if k != "marker"}
     emit_event(
-        f"eaglescale.extract.shard.{summary.get('status', 'committed')}",
+        f"eaglescale.extract.shard.{outcome.status}",
         resource={"prefect.resource.id": f"eaglescale.run.{config.run_root}.extract.{shard_id}"},
         payload=summary,
     )

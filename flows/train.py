@@ -24,7 +24,6 @@ from flows.common import notifier_for, run_logger, slack_on_failure
 from tasks.config import EagleScaleConfig
 from tasks.draft import checkpoint as ckpt
 from tasks.draft.export import export_speculators, export_to_run
-from tasks.draft.target_heads import load_target_heads
 from tasks.draft.trainer import PLOT_KEY, RESULT_KEY, TrainCallbacks, train_draft
 from tasks.runfolder import RunFolder
 
@@ -51,8 +50,8 @@ def _export(config: EagleScaleConfig, run: RunFolder) -> dict[str, Any]:
     best = run.read_json(ckpt.BEST_KEY)
     if best is None:
         raise RuntimeError(f"{run.url}/{ckpt.BEST_KEY} is missing: training produced no evaluated checkpoint")
-    embed, _ = load_target_heads(config.target.model_path)
-    model = ckpt.load_run_checkpoint_model(run, best["checkpoint"], embed)
+    # Exports never hold the embedding (the server shares the target's), so none is loaded.
+    model = ckpt.load_run_checkpoint_model(run, best["checkpoint"])
     final = export_to_run(model, run, "train/final")
     # The speculators writer targets a local folder: write there, then copy into the run
     # folder (any store), config.json last so a reader never finds it without its weights.
