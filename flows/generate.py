@@ -1,11 +1,15 @@
 """Stage flow `generate`: one Prefect task per shard, never per request (DESIGN §7).
 
 Per-request state lives in the run folder's journals; Prefect sees shard-sized task runs, a
-progress artifact updated in place, and one event per committed shard.
+progress artifact updated in place, and one event per committed shard. Several workers may run
+this flow on one run root: each shard runs only under its lease (tasks/runfolder/leases.py),
+and every worker keeps going until all shards are committed, by it or by the others.
 """
 
 from __future__ import annotations
 
+import contextlib
+import queue
 import time
 from dataclasses import asdict
 from typing import Any
@@ -18,11 +22,11 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 from prefect.events import emit_event
-from prefect.futures import wait
 
 from flows.common import notifier_for, run_logger, slack_on_failure
 from tasks.config import EagleScaleConfig
 from tasks.engines.factory import get_engine
+from tasks.generate.schedule import ShardScheduler
 from tasks.generate.stage import GenerateStage
 from tasks.runfolder import RunFolder
 from tasks.target import load_tokenizer
@@ -49,19 +53,50 @@ def generate_shard(config: EagleScaleConfig, shard_id: str) -> dict[str, Any]:
     return summary
 
 
-def _watch(stage: GenerateStage, futures: list, config: EagleScaleConfig, artifact_id: Any) -> None:
-    """Wait for the shard tasks while keeping progress.json, the artifact and stall alerts fresh."""
+def _run_shards(
+    stage: GenerateStage, pending: list[str], config: EagleScaleConfig, artifact_id: Any
+) -> dict[str, str]:
+    """Run shards until each is committed (here or by another worker) or failed here, while
+    keeping progress.json, the artifact and stall alerts fresh. Returns the failures."""
+    g = config.generate
+    shard_task = generate_shard.with_options(
+        retries=g.shard_retries, retry_delay_seconds=g.shard_retry_delay_s
+    )
+    scheduler = ShardScheduler(stage, pending, g.max_parallel_shards)
+    # Polls fast enough to take over an expired lease within about one heartbeat.
+    poll = min(5.0, g.progress_interval_s, g.lease_heartbeat_s)
     notifier = notifier_for(config)
+    log = run_logger()
     stalled_alerted = False
-    pending = list(futures)
-    while pending:
-        pending = list(wait(pending, timeout=min(5.0, config.generate.progress_interval_s)).not_done)
+    waited_on: set[str] = set()
+    futures: dict[str, Any] = {}
+    finished: queue.Queue[str] = queue.Queue()  # shard ids, as their tasks end
+    while True:
+        for shard_id in scheduler.step():
+            futures[shard_id] = shard_task.submit(config, shard_id)
+            futures[shard_id].add_done_callback(lambda _f, s=shard_id: finished.put(s))
+        if scheduler.done:
+            return scheduler.failed
+        if futures:
+            # Wakes at the first task to end (a free slot), or after `poll` to re-read leases.
+            with contextlib.suppress(queue.Empty):
+                ended = [finished.get(timeout=poll)]
+                while not finished.empty():
+                    ended.append(finished.get_nowait())
+                for shard_id in ended:
+                    scheduler.finished(shard_id, _result_of(futures.pop(shard_id)))
+        else:  # every shard left is leased by a live worker elsewhere
+            if scheduler.waiting.keys() != waited_on:
+                waited_on = set(scheduler.waiting)
+                log.info("generate: waiting on shards leased elsewhere: %s", scheduler.waiting)
+            time.sleep(poll)
         if stage.tick():  # progress.json rewritten (every progress_interval_s): mirror it
             update_progress_artifact(artifact_id, float(stage.progress.snapshot().get("percent") or 0.0))
         idle = stage.progress.stalled_for()  # None while results keep arriving
         if idle is not None and not stalled_alerted:
             stalled_alerted = True
-            notifier.stalled("generate", idle, {"shards_left": len(pending)})
+            left = len(scheduler.todo) - len(scheduler.failed)
+            notifier.stalled("generate", idle, {"shards_left": left})
             emit_event("eaglescale.generate.stalled", resource=_resource(config), payload={"idle_s": idle})
         elif idle is None:
             stalled_alerted = False
@@ -88,31 +123,28 @@ def generate_flow(config: EagleScaleConfig, fp_hash: str) -> dict[str, Any]:
             key="generate-progress",
             description=f"Generation progress of {config.run_root}",
         )
-        shard_task = generate_shard.with_options(
-            retries=config.generate.shard_retries,
-            retry_delay_seconds=config.generate.shard_retry_delay_s,
-        )
-        futures = [shard_task.submit(config, shard_id) for shard_id in pending]
-        _watch(stage, futures, config, artifact_id)
-        errors = [_error_of(f) for f in futures]
+        failures = _run_shards(stage, pending, config, artifact_id)
         summary = stage.finish()
         update_progress_artifact(artifact_id, float(stage.progress.snapshot().get("percent") or 0.0))
         _publish(stage, summary)
     finally:
+        stage.close()
         _active.pop(config.run_root, None)
     # The run folder decides: a shard without its marker is not done, whatever Prefect says.
     missing = summary["shards_total"] - summary["shards_committed"]
     if missing:
-        shown = [e for e in errors if e][:3]
+        shown = [f"{k}: {v}" for k, v in sorted(failures.items())][:3]
         raise RuntimeError(f"generate: {missing} shard(s) not committed: {shown}")
     notifier.stage_completed("generate", summary, time.time() - started)
     emit_event("eaglescale.generate.finished", resource=_resource(config), payload=summary)
     return summary
 
 
-def _error_of(future: Any) -> str:
+def _result_of(future: Any) -> dict[str, Any] | BaseException:
     result = future.result(raise_on_failure=False)
-    return f"{type(result).__name__}: {result}"[:300] if isinstance(result, BaseException) else ""
+    if isinstance(result, BaseException | dict):
+        return result
+    return RuntimeError(f"shard task ended without a result: {result!r}")
 
 
 def _publish(stage: GenerateStage, summary: dict[str, Any]) -> None:

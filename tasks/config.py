@@ -10,7 +10,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 STAGES = ("discover", "generate", "extract", "train")
 
@@ -76,6 +83,11 @@ class EngineConfig(Strict):
     batch_size: int = Field(8, ge=1)
     # sglang (HTTP servers, or an sglang-router URL as a single endpoint)
     endpoints: list[str] = Field(default_factory=list)
+    endpoint_kind: Literal["server", "router"] = Field(
+        "server",
+        description="server: SGLang servers; router: sglang-router URLs (health from /readiness, "
+        "concurrency_per_server per healthy worker behind each).",
+    )
     concurrency_per_server: int = Field(64, ge=1)
     request_timeout_s: float = Field(1800.0, gt=0)
     connect_timeout_s: float = Field(10.0, gt=0)
@@ -103,6 +115,21 @@ class GenerateConfig(Strict):
     retry_dead: bool = Field(False, description="Rerun only the dead letters of committed shards.")
     shard_retries: int = Field(2, ge=0, description="Prefect retries of a failed shard task.")
     shard_retry_delay_s: float = Field(30.0, ge=0)
+    lease_ttl_s: float = Field(
+        120.0, gt=0, description="A shard lease without a heartbeat this long is taken over."
+    )
+    lease_heartbeat_s: float = Field(
+        15.0, gt=0, description="How often a worker renews its shard leases (below the TTL)."
+    )
+
+    @model_validator(mode="after")
+    def _heartbeat_below_ttl(self) -> GenerateConfig:
+        if self.lease_heartbeat_s >= self.lease_ttl_s:
+            raise ValueError(
+                f"lease_heartbeat_s ({self.lease_heartbeat_s}) must be below lease_ttl_s "
+                f"({self.lease_ttl_s}), or a live worker's shards would be taken over"
+            )
+        return self
 
 
 class ExtractConfig(Strict):

@@ -24,10 +24,11 @@ from rich.table import Table
 from rich.text import Text
 
 from tasks.notify import format_duration
-from tasks.runfolder import RunFolder, ShardStore
+from tasks.runfolder import LeaseView, RunFolder, ShardStore, holder_label, read_leases
 from tasks.runfolder.fingerprint import flatten
 
 DEFAULT_STALL_AFTER_S = 900.0
+DEFAULT_LEASE_TTL_S = 120.0  # for lease records that do not carry their holder's TTL
 SHARD_ROWS_SHOWN = 20
 EXIT_OK, EXIT_MISSING, EXIT_STALLED = 0, 2, 3
 
@@ -120,6 +121,28 @@ def _shard_items(
     return items
 
 
+def _add_leases(items: dict[str, dict[str, Any]], leases: dict[str, LeaseView]) -> None:
+    """Who holds each uncommitted shard. A live lease means some worker is on it (running
+    here, or leased by another worker); an expired one means its worker died and the next
+    worker to look takes it over, whatever the dead worker's last progress.json said."""
+    for shard_id, view in leases.items():
+        item = items.get(shard_id)
+        if item is None or item["state"] == "committed":
+            continue
+        item["lease"] = {
+            "holder": holder_label(view.holder),
+            "epoch": view.epoch,
+            "heartbeat_age_s": round(view.heartbeat_age_s, 1),
+            "live": view.live,
+            "released": view.released,
+        }
+        item["lease_detail"] = view.describe()
+        if view.live and item["state"] != "running":
+            item["state"] = "leased"
+        elif not view.live and not view.released:
+            item["state"] = "lease-expired"
+
+
 def _generate_state(
     complete: bool, progress: dict[str, Any] | None, has_markers: bool, now: float, bound: float
 ) -> tuple[str, str | None]:
@@ -145,6 +168,7 @@ def _generate_status(
     progress = _json(run, "generate/progress.json")
     complete = _json(run, "generate/_COMPLETE") if run.exists("generate/_COMPLETE") else None
     items = _shard_items(planned, samples, markers, (progress or {}).get("shards", {}))
+    _add_leases(items, read_leases(run, "generate", DEFAULT_LEASE_TTL_S))
 
     total = sum(i["requests"] or 0 for i in items.values())
     if progress is not None:
@@ -307,18 +331,18 @@ def _active_shards(items: dict[str, dict[str, Any]]) -> Table | None:
     what a reader came to find. Hundreds of running shards collapse into '+N more'."""
     active = sorted(
         ((k, v) for k, v in items.items() if v["state"] not in ("committed", "pending")),
-        key=lambda kv: (kv[1]["state"] == "running", kv[0]),
+        key=lambda kv: (kv[1]["state"] in ("running", "leased"), kv[0]),
     )
     if not active:
         return None
     table = Table("shard", "state", "done", "detail", title="active and failed shards")
     for shard_id, item in active[:SHARD_ROWS_SHOWN]:
-        style = "" if item["state"] == "running" else "red"
+        style = "" if item["state"] in ("running", "leased") else "red"
         table.add_row(
             shard_id,
             Text(item["state"], style=style),
             f"{item['done']:,} / {_num(item['requests'], ',')}",
-            str(item.get("error", ""))[:80],
+            str(item.get("error") or item.get("lease_detail") or "")[:80],
         )
     if len(active) > SHARD_ROWS_SHOWN:
         table.caption = f"+{len(active) - SHARD_ROWS_SHOWN} more"

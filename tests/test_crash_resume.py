@@ -55,7 +55,15 @@ def test_kill9_at_random_moments_then_resume_is_exactly_once(tmp_path, tiny_targ
         str(run_dir),
         sampling={"max_new_tokens": 48, "samples_per_prompt": 3},
         engine={"kind": "local", "batch_size": 4},
-        generate={"shard_size": 12, "max_parallel_shards": 2, "journal_flush_s": 0.2},
+        # Each kill leaves its shards leased; a short TTL lets the next run take them over
+        # (its own start-up outlasts it) instead of waiting the default two minutes.
+        generate={
+            "shard_size": 12,
+            "max_parallel_shards": 2,
+            "journal_flush_s": 0.2,
+            "lease_ttl_s": 2.0,
+            "lease_heartbeat_s": 0.5,
+        },
         discover={"total_prompts": 128},
         stages=["discover", "generate"],  # extraction has its own kill -9 test
     )

@@ -181,6 +181,27 @@ class ProgressTracker:
             shard.now = None
             shard.state = "committed"
 
+    def note_committed_elsewhere(
+        self,
+        shard_id: str,
+        requests: int,
+        prompt_tokens: int,
+        completion_tokens: int,
+        dead: int = 0,
+    ) -> bool:
+        """A shard another worker committed while this process ran: done, not part of this
+        process's rate, but activity for the stall check. False when already committed."""
+        with self._lock:
+            shard = self._shard(shard_id)
+            if shard.state == "committed":
+                return False
+            shard.before = Counts(requests, dead, prompt_tokens, completion_tokens)
+            shard.now = None
+            shard.state = "committed"
+            shard.info = None
+            self._last_progress_at = self.clock()
+            return True
+
     def mark_resumed(
         self,
         shard_id: str,

@@ -23,7 +23,7 @@ from tasks.engines.base import (
 )
 from tasks.generate.plan import PlannedRequest
 from tasks.generate.rows import DEAD_SCHEMA, ROW_SCHEMA, quality_flags, to_table
-from tasks.runfolder import JournalWriter, ShardStore, new_attempt_id, read_journal
+from tasks.runfolder import JournalWriter, Lease, ShardStore, new_attempt_id, read_journal
 
 log = logging.getLogger(__name__)
 STAGE = "generate"
@@ -76,8 +76,12 @@ def run_shard(
     retry_dead: bool = False,
     on_outcome: Callable[[Outcome], None] | None = None,
     on_replay: Callable[[dict[str, dict], dict[str, dict]], None] | None = None,
+    lease: Lease | None = None,
 ) -> ShardOutcome:
-    """Generate the requests of one shard that no journal or marker already holds."""
+    """Generate the requests of one shard that no journal or marker already holds.
+
+    With a `lease`, the attempt stops (LeaseLost) as soon as a takeover is seen: at the next
+    outcome, and for certain right before the commit."""
     marker = store.marker(shard_id)
     committed_rows: dict[str, dict] = {}
     if marker is not None:
@@ -116,6 +120,7 @@ def run_shard(
             sampling,
             journal_flush_s,
             on_outcome,
+            lease,
         )
         ok.update(ok_new)
         dead.update(dead_new)
@@ -137,6 +142,8 @@ def run_shard(
         "quality": quality_flags(rows),
         "dead_classes": dict(Counter(dead_table.column("error_class").to_pylist())),
     }
+    if lease is not None:
+        lease.verify()
     result = store.commit(
         shard_id,
         rows,
@@ -171,6 +178,7 @@ def _generate(
     sampling: SamplingParams,
     journal_flush_s: float,
     on_outcome: Callable[[Outcome], None] | None,
+    lease: Lease | None,
 ) -> tuple[dict[str, dict], dict[str, dict]]:
     ok: dict[str, dict] = {}
     dead: dict[str, dict] = {}
@@ -188,6 +196,8 @@ def _generate(
             (ok if isinstance(outcome, GenerationResult) else dead)[outcome.request_id] = record
         if on_outcome is not None:
             on_outcome(outcome)
+        if lease is not None:
+            lease.check()  # journaled first: the taker's replay can still use this result
 
     requests = [
         GenerationRequest(

@@ -15,7 +15,7 @@ from tasks.engines.base import Engine, GenerationResult, Outcome, SamplingParams
 from tasks.generate.plan import ShardPlan, load_or_plan_shards, planned_requests, shard_prompt_ids
 from tasks.generate.progress import ProgressTracker
 from tasks.generate.shard import STAGE, ShardOutcome, run_shard
-from tasks.runfolder import RunFolder, ShardStore
+from tasks.runfolder import Lease, LeaseLost, LeaseTable, LeaseView, RunFolder, ShardStore
 from tasks.target import render_prompt_ids
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,8 @@ class GenerateStage:
 
     def __post_init__(self) -> None:
         self.store = ShardStore(self.run, STAGE)
+        g = self.cfg.generate
+        self.leases = LeaseTable(self.run, STAGE, g.lease_ttl_s, g.lease_heartbeat_s)
         manifest = read_prompts_table(self.run, "manifest")
         self._messages = dict(
             zip(
@@ -66,8 +68,9 @@ class GenerateStage:
         )
 
     def prepare(self) -> list[str]:
-        """Clean up after crashes and return the shards still to run, in plan order."""
-        self.store.cleanup()
+        """Clean up after crashes and return the shards still to run, in plan order (some
+        may be leased by other workers right now: `claimable` says which to start)."""
+        self.store.cleanup(protected=self.leases.live_shards)
         committed = self.store.committed()
         retry_dead = self.cfg.generate.retry_dead
         pending = []
@@ -91,7 +94,42 @@ class GenerateStage:
         with self._render_lock:
             return render_prompt_ids(self.tokenizer, json.loads(self._messages[prompt_id]))
 
+    def claim(self, shard_id: str) -> bool:
+        """Take the shard's lease for this process; False while another worker holds it."""
+        return self.leases.claim(shard_id) is not None
+
+    def release(self, shard_id: str) -> None:
+        self.leases.release(shard_id)
+
+    def lease_views(self) -> dict[str, LeaseView]:
+        return self.leases.scan()
+
     def run_shard(self, shard_id: str) -> ShardOutcome:
+        """Run one shard under its lease: the one `claim` took (kept afterwards, the caller
+        releases it), else one claimed and released here. A shard leased by a live worker
+        elsewhere, or taken over mid-run, ends as "leased" / "lease_lost", not as a failure."""
+        lease = self.leases.held(shard_id)
+        owned = lease is None
+        if owned:
+            lease = self.leases.claim(shard_id)
+            if lease is None:
+                return self._not_ours(shard_id, "leased")
+        try:
+            return self._run_leased(shard_id, lease)
+        except LeaseLost as e:
+            log.warning("%s", e)
+            return self._not_ours(shard_id, "lease_lost")
+        finally:
+            if owned:
+                self.leases.release(shard_id)
+
+    def _not_ours(self, shard_id: str, status: str) -> ShardOutcome:
+        view = self.leases.scan([shard_id]).get(shard_id)
+        detail = view.describe() if view else ""
+        self.progress.shard_state(shard_id, "leased", lease=detail)
+        return ShardOutcome(shard_id, status, 0, 0, 0, 0, 0, {})
+
+    def _run_leased(self, shard_id: str, lease: Lease) -> ShardOutcome:
         shard = self._by_id[shard_id]
         ids = shard_prompt_ids(shard, self._sorted_ids)
         planned = planned_requests(ids, self.fp_hash, self.cfg.sampling.samples_per_prompt)
@@ -126,12 +164,39 @@ class GenerateStage:
                 self.cfg.generate.retry_dead,
                 on_outcome,
                 on_replay,
+                lease,
             )
+        except LeaseLost:
+            raise
         except Exception as e:
             self.progress.shard_state(shard_id, "failed", error=str(e)[:500])
             raise
         self.progress.shard_state(shard_id, "committed", rows=outcome.rows, dead=outcome.dead)
         return outcome
+
+    def observe(self) -> tuple[dict[str, dict[str, Any]], dict[str, LeaseView]]:
+        """(committed markers, current leases) of every shard, from the run folder; shards
+        committed or leased by other workers are reflected in progress."""
+        committed = self.store.committed()
+        views = self.leases.scan()
+        for shard_id, marker in committed.items():
+            if shard_id in self._by_id:
+                self.progress.note_committed_elsewhere(
+                    shard_id,
+                    marker["rows"] + marker["dead"],
+                    marker.get("prompt_tokens", 0),
+                    marker.get("completion_tokens", 0),
+                    dead=marker["dead"],
+                )
+        for shard_id, view in views.items():
+            if (
+                shard_id in self._by_id
+                and shard_id not in committed
+                and not self.leases.held(shard_id)
+            ):
+                state = "leased" if view.live else "lease-expired"
+                self.progress.shard_state(shard_id, state, lease=view.describe())
+        return committed, views
 
     def tick(self) -> bool:
         """Called periodically by the flow: refresh server health and write progress if due."""
@@ -160,7 +225,12 @@ class GenerateStage:
             "dead_classes": dict(dead_classes),
         }
 
+    def close(self) -> None:
+        """Stop heartbeating and release this process's leases (idempotent)."""
+        self.leases.close()
+
     def finish(self) -> dict[str, Any]:
+        self.close()
         summary = self.summary()
         complete = summary["shards_committed"] == summary["shards_total"]
         if complete:

@@ -10,6 +10,14 @@ from tasks.runfolder.fingerprint import (
 )
 from tasks.runfolder.folder import RunFolder
 from tasks.runfolder.journal import JournalReplay, JournalWriter, new_attempt_id, read_journal
+from tasks.runfolder.leases import (
+    Lease,
+    LeaseLost,
+    LeaseTable,
+    LeaseView,
+    holder_label,
+    read_leases,
+)
 from tasks.runfolder.parts import PartWriter, marker_parts
 from tasks.runfolder.shards import CommitConflict, CommitError, CommitResult, ShardStore
 
@@ -20,6 +28,10 @@ __all__ = [
     "FingerprintMismatch",
     "JournalReplay",
     "JournalWriter",
+    "Lease",
+    "LeaseLost",
+    "LeaseTable",
+    "LeaseView",
     "PartWriter",
     "RunFolder",
     "ShardStore",
@@ -27,8 +39,10 @@ __all__ = [
     "content_hash",
     "ensure_fingerprint",
     "fingerprint_hash",
+    "holder_label",
     "marker_parts",
     "new_attempt_id",
+    "read_leases",
     "read_journal",
     "request_id",
 ]

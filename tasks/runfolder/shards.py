@@ -15,7 +15,7 @@ import hashlib
 import io
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -289,22 +289,35 @@ class ShardStore:
             raise CommitError(f"{self.run.url}/{rel}: sha256 does not match its marker")
         return data
 
-    def cleanup(self, min_age_s: float = 0.0) -> list[str]:
+    def cleanup(
+        self, min_age_s: float = 0.0, protected: Callable[[], Collection[str]] | None = None
+    ) -> list[str]:
         """Remove temp objects and data (parts included) no marker names: left by a crash
-        mid-commit. Only safe while no attempt of this stage is writing parts: their parts
-        have no marker yet (`min_age_s` spares recent objects)."""
+        mid-commit. `protected()` names shards being worked on right now (their live
+        leases): their objects are kept, since an attempt's parts have no marker yet.
+        `min_age_s` spares recent objects where no leases are kept.
+
+        Order matters for a writer racing this call: objects are listed first, then the
+        leases, then the markers. An object listed here whose shard has no live lease
+        afterwards was written under a lease since released (committed: its marker is then
+        visible below) or abandoned (a stray)."""
+        listed = []
+        for sub in ("data", "dead", "_SUCCESS"):
+            listed += [(sub, name) for name in self.run.listdir(f"{self.stage}/{sub}")]
+        spared = set(protected()) if protected is not None else set()
         named: set[str] = set()
         for marker in self.committed().values():
             named.update(marker_paths(marker))
         removed = []
         now = time.time()
-        for sub in ("data", "dead", "_SUCCESS"):
-            for name in self.run.listdir(f"{self.stage}/{sub}"):
-                rel = f"{self.stage}/{sub}/{name}"
-                stray = name.startswith(TMP_PREFIX) or (sub != "_SUCCESS" and rel not in named)
-                if stray and _age(self.run, rel, now) >= min_age_s:
-                    self.run.remove(rel)
-                    removed.append(rel)
+        for sub, name in listed:
+            rel = f"{self.stage}/{sub}/{name}"
+            stray = name.startswith(TMP_PREFIX) or (sub != "_SUCCESS" and rel not in named)
+            if not stray or _shard_of(name) in spared:
+                continue
+            if _age(self.run, rel, now) >= min_age_s:
+                self.run.remove(rel)
+                removed.append(rel)
         if removed:
             log.info("cleaned %d uncommitted objects under %s/%s", len(removed), self.run.url, self.stage)
         return removed
@@ -314,6 +327,14 @@ class ShardStore:
 
     def is_complete(self) -> bool:
         return self.run.exists(f"{self.stage}/_COMPLETE")
+
+
+def _shard_of(name: str) -> str:
+    """The shard id of a data, dead-letter or marker object name (`<shard>.<attempt>...`,
+    `<shard>.json`, or either behind a temp prefix)."""
+    if name.startswith(TMP_PREFIX):
+        name = name[len(TMP_PREFIX) :].partition("-")[2]
+    return name.split(".", 1)[0]
 
 
 def _age(run: RunFolder, rel: str, now: float) -> float:

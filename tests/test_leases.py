@@ -1,0 +1,207 @@
+"""Shard leases on a local run root and on moto's S3 server, cleanup that spares leased shards,
+and the issue's test: two CLI workers on one run root, one kill -9'd mid-shard."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+
+import pyarrow as pa
+import pytest
+
+from tasks.runfolder import LeaseLost, LeaseTable, RunFolder, ShardStore
+from tasks.runfolder.folder import json_bytes
+from tests.prefect_support import prefect_server
+from tests.run_support import assert_exactly_once, cli_env, start_cli, write_params
+from tests.s3_support import moto_s3
+
+
+@pytest.fixture(params=["local", "s3"])
+def run(request, tmp_path, monkeypatch):
+    if request.param == "local":
+        yield RunFolder(str(tmp_path / "run"))
+        return
+    with moto_s3(monkeypatch) as s3:
+        yield RunFolder(f"s3://{s3['bucket']}/runs/leases", s3["storage_options"])
+
+
+def _until(predicate, what: str, limit_s: float = 60.0) -> None:
+    deadline = time.time() + limit_s
+    while not predicate():
+        if time.time() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_one_claimer_wins_each_epoch_and_heartbeats_keep_it(run):
+    tables = [LeaseTable(run, "generate", ttl_s=2.0, heartbeat_s=0.2) for _ in range(6)]
+    won: list[LeaseTable] = []
+    barrier = threading.Barrier(len(tables))
+
+    def claim(table: LeaseTable) -> None:
+        barrier.wait()
+        if table.claim("s1") is not None:
+            won.append(table)
+
+    threads = [threading.Thread(target=claim, args=(t,)) for t in tables]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1
+    holder, other = won[0], next(t for t in tables if t is not won[0])
+    assert run.listdir("generate/leases") == ["s1.0.json"]
+    # Past the TTL the lease is still live: the heartbeat moved its mtime.
+    acquired = holder.held("s1").record["acquired_at"]
+    _until(lambda: time.time() - acquired > 2.5, "the TTL to pass")
+    view = other.scan()["s1"]
+    assert view.live and view.record["seq"] >= 3, view
+    assert view.holder == holder.holder
+    assert other.claim("s1") is None
+    assert other.live_shards() == {"s1"}
+    # A released lease is claimable at once, as the next epoch, and is no takeover.
+    holder.release("s1")
+    assert not other.scan()["s1"].live
+    lease = other.claim("s1")
+    assert lease is not None and lease.epoch == 1 and "took_over" not in lease.record
+    for table in tables:
+        table.close()
+    assert other.scan()["s1"].released
+
+
+def test_expired_lease_is_taken_over_and_the_old_holder_learns_it(run):
+    # A worker that died right after claiming: its lease object stops being rewritten.
+    dead_holder = {"host": "gone", "pid": 4242, "id": "dead00000000"}
+    dead = {"holder": dead_holder, "epoch": 0, "ttl_s": 1.0, "seq": 0, "released": False}
+    assert run.create_exclusive("generate/leases/s7.0.json", json_bytes(dead))
+    taker = LeaseTable(run, "generate", ttl_s=30.0, heartbeat_s=0.2)
+    assert taker.claim("s7") is None  # still inside the dead holder's TTL (1 s, from its record)
+    _until(lambda: taker.scan()["s7"].expired, "the dead worker's lease to expire")
+    lease = taker.claim("s7")
+    assert lease is not None and lease.epoch == 1
+    assert lease.record["took_over"]["holder"] == dead_holder
+    assert lease.record["took_over"]["heartbeat_age_s"] > 1.0
+
+    # A live holder whose shard is taken over anyway (it was frozen past its TTL) stops.
+    victim = LeaseTable(run, "generate", ttl_s=30.0, heartbeat_s=0.2)
+    held = victim.claim("s8")
+    assert held is not None
+    held.check()
+    stolen = {"holder": taker.holder, "epoch": 1, "ttl_s": 30.0, "seq": 0, "released": False}
+    assert run.create_exclusive("generate/leases/s8.1.json", json_bytes(stolen))
+    with pytest.raises(LeaseLost, match="shard s8: lease epoch 0 was taken over"):
+        held.verify()  # asks the store: no heartbeat needed
+    other = victim.claim("s9")
+    assert other is not None
+    assert run.create_exclusive("generate/leases/s9.1.json", json_bytes(stolen))
+    _until(other.lost.is_set, "the heartbeat to notice the takeover")
+    with pytest.raises(LeaseLost):
+        other.check()
+    victim.close()  # a lost lease is not marked released: it belongs to history
+    assert not run.read_json("generate/leases/s9.0.json")["released"]
+    assert taker.scan()["s9"].epoch == 1
+    taker.close()
+
+
+def test_cleanup_spares_parts_of_shards_with_a_live_lease(run):
+    store = ShardStore(run, "extract")
+    leases = LeaseTable(run, "extract", ttl_s=30.0, heartbeat_s=0.2)
+    assert leases.claim("s1") is not None
+    live = store.part_writer("s1", "t1", "bin")
+    live.write(b"a" * 10, rows=1)
+    live.write(b"b" * 10, rows=1)
+    stray = store.part_writer("s2", "t2", "bin")  # a crashed attempt, no lease left
+    stray.write(b"c" * 10, rows=1)
+    removed = store.cleanup(protected=leases.live_shards)
+    assert removed == ["extract/data/s2.t2.p0000.bin"]
+    assert run.listdir("extract/data") == ["s1.t1.p0000.bin", "s1.t1.p0001.bin"]
+    # The live attempt still commits (cleanup would have broken it with a CommitConflict).
+    dead = pa.Table.from_pylist([], schema=pa.schema([("request_id", pa.string())]))
+    result = store.commit_parts(live, ["r1", "r2"], dead, ["r1", "r2"], "fp")
+    assert result.won and len(result.marker["parts"]) == 2
+    leases.close()
+    assert store.cleanup(protected=leases.live_shards) == []
+    assert sorted(store.committed()) == ["s1"]
+
+
+# ---- the issue's test: two CLI workers, one kill -9'd mid-shard --------------------------------
+
+TTL_S = 3.0
+
+
+def _leases(run: RunFolder) -> dict[str, list[dict]]:
+    """shard -> its lease records by epoch."""
+    out: dict[str, list[dict]] = {}
+    for name in run.listdir("generate/leases"):
+        shard, epoch = name.removesuffix(".json").rsplit(".", 1)
+        out.setdefault(shard, []).append((int(epoch), run.read_json(f"generate/leases/{name}")))
+    return {s: [r for _, r in sorted(recs, key=lambda x: x[0])] for s, recs in out.items()}
+
+
+def test_worker_killed_mid_shard_is_taken_over_after_its_ttl(tmp_path, tiny_target_dir):
+    run_dir = tmp_path / "run"
+    params = write_params(
+        tmp_path,
+        tiny_target_dir,
+        str(run_dir),
+        sampling={"max_new_tokens": 8, "samples_per_prompt": 1},
+        engine={"kind": "local", "batch_size": 2},
+        discover={"total_prompts": 18},
+        generate={
+            "shard_size": 6,
+            "max_parallel_shards": 1,
+            "lease_ttl_s": TTL_S,
+            "lease_heartbeat_s": 0.5,
+            "progress_interval_s": 1,
+        },
+        stages=["discover", "generate"],
+    )
+    run = RunFolder(str(run_dir))
+    with prefect_server(tmp_path / "prefect-home") as api:
+        env = cli_env(tmp_path, PREFECT_API_URL=api)
+        args = ["run", "--params", str(params)]
+        assert start_cli([*args, "--stages", "discover"], env, tmp_path / "d.log").wait(300) == 0
+        victim = start_cli(args, env, tmp_path / "victim.log")
+        survivor = start_cli(args, env, tmp_path / "survivor.log")
+        try:
+            # Kill the victim once it has journaled a result of a shard it holds.
+            target: list[str] = []
+
+            def victim_mid_shard() -> bool:
+                for shard, records in _leases(run).items():
+                    journals = (run_dir / "generate/journal" / shard).glob("*.jsonl")
+                    mine = records[-1]["holder"]["pid"] == victim.pid
+                    if mine and any(p.stat().st_size for p in journals):
+                        target.append(shard)
+                        return True
+                return victim.poll() is not None
+
+            _until(victim_mid_shard, "the victim to start a shard", 300)
+            assert target, (tmp_path / "victim.log").read_text()[-3000:]
+            os.killpg(victim.pid, signal.SIGKILL)
+            victim.wait(30)
+            killed_at = time.time()
+            assert survivor.wait(timeout=300) == 0, (tmp_path / "survivor.log").read_text()[-3000:]
+        finally:
+            for proc in (victim, survivor):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+
+    rows, dead = assert_exactly_once(run)
+    assert rows + dead == 18
+    markers = ShardStore(run, "generate").committed()
+    assert len(markers) == 3 and ShardStore(run, "generate").is_complete()
+    shard = target[0]
+    records = _leases(run)[shard]
+    assert len(records) >= 2, records
+    taker = records[-1]
+    assert taker["holder"]["pid"] == survivor.pid and taker["released"]
+    assert taker["took_over"]["holder"]["pid"] == victim.pid
+    assert taker["took_over"]["heartbeat_age_s"] > TTL_S  # taken over only after its TTL
+    assert taker["acquired_at"] > killed_at
+    # No duplicated work: only the killed shard has two journaled attempts.
+    attempts = {s: len(run.listdir(f"generate/journal/{s}")) for s in markers}
+    assert attempts[shard] == 2 and all(n == 1 for s, n in attempts.items() if s != shard), attempts
