@@ -250,7 +250,7 @@ def test_cli_errors_name_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert serve_main(["--simulate", "--fault", "5xx", "--fault-rate", "2"]) == 2
     assert "--fault-rate must be a number in [0, 1]" in capsys.readouterr().err
     assert serve_main(["--port", "1"]) == 2
-    assert "one of the arguments --model --simulate is required" in capsys.readouterr().err
+    assert "one of the arguments --model --simulate --router is required" in capsys.readouterr().err
     assert serve_main(["--simulate", "--max-batch", "0"]) == 2
     assert "--max-batch must be >= 1" in capsys.readouterr().err
 

@@ -125,7 +125,10 @@ class SGLangEngine:
         self._rng = random.Random(seed)
         self._loop = asyncio.new_event_loop()
         self._pool = ServerPool(
-            [SGLangServer(u) for u in config.endpoints],
+            [
+                SGLangServer(u, config.concurrency_per_server, config.endpoint_kind)
+                for u in config.endpoints
+            ],
             config,
             probe=self._probe,
             health_timeout_s=health_timeout_s or min(config.request_timeout_s, 30.0),
@@ -330,8 +333,11 @@ class SGLangEngine:
         )
 
     async def _probe(self, server: SGLangServer, timeout_s: float) -> str | None:
-        """GET /health_generate: None when healthy, else what went wrong."""
+        """GET /health_generate (a router: /readiness, then /workers): None when healthy,
+        else what went wrong."""
         assert self._session is not None
+        if server.kind == "router":
+            return await self._probe_router(server, timeout_s)
         try:
             async with self._session.get(
                 server.url + "/health_generate", timeout=aiohttp.ClientTimeout(total=timeout_s)
@@ -343,3 +349,25 @@ class SGLangEngine:
         except (aiohttp.ClientError, TimeoutError) as e:
             return f"health_generate: {_describe(e)}"
 
+    async def _probe_router(self, server: SGLangServer, timeout_s: float) -> str | None:
+        """An sglang-router's /health is liveness only (200 with every worker down), so its
+        /readiness decides; /workers then sizes its slots: concurrency_per_server for each
+        healthy worker behind it (at least one, when a router does not list them)."""
+        assert self._session is not None
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        try:
+            async with self._session.get(server.url + "/readiness", timeout=timeout) as resp:
+                body = await resp.read()
+                if resp.status != 200:
+                    return f"readiness: HTTP {resp.status}: {error_message(body)}"
+            async with self._session.get(server.url + "/workers", timeout=timeout) as resp:
+                listing = await resp.json(content_type=None) if resp.status == 200 else {}
+        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+            return f"router probe: {_describe(e)}"
+        workers = listing.get("workers") if isinstance(listing, dict) else None
+        if isinstance(workers, list):
+            server.workers = sum(1 for w in workers if isinstance(w, dict) and w.get("is_healthy", True))
+            if server.workers == 0:
+                return "router lists no healthy workers"
+        server.limit = self.config.concurrency_per_server * max(server.workers or 1, 1)
+        return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -32,8 +33,11 @@ def redact_url(url: str) -> str:
 
 
 class SGLangServer:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, limit: int, kind: str = "server") -> None:
         self.url = url
+        self.kind = kind  # "server" | "router" (sglang-router: its limit follows its workers)
+        self.limit = limit  # concurrent requests; a router's is set at each probe
+        self.workers: int | None = None  # healthy workers behind a router, at its last probe
         self.display = redact_url(url)
         self.generate_url = url + "/generate"
         self.state = "unknown"  # "unknown" | "up" | "down"
@@ -60,7 +64,6 @@ class ServerPool:
         unavailable_after_s: float,
     ) -> None:
         self.servers = servers
-        self._limit = config.concurrency_per_server
         self._unhealthy_after = config.unhealthy_after
         self._recheck_s = config.health_recheck_s
         self._retry_probe_s = min(max(config.backoff_base_s, 0.05), config.health_recheck_s)
@@ -73,7 +76,12 @@ class ServerPool:
         self._closed = False
 
     def capacity(self) -> int:
-        return self._limit * len(self.servers)
+        """An upper bound on useful concurrent requests (callers size their coroutines by it).
+        A router's slots grow and shrink with the workers behind it, learned only when it is
+        probed, so with a router the bound is open and its slots alone limit the load."""
+        if any(s.kind == "router" for s in self.servers):
+            return sys.maxsize
+        return sum(s.limit for s in self.servers)
 
     # -- slots -------------------------------------------------------------------------------
 
@@ -84,10 +92,10 @@ class ServerPool:
         best: SGLangServer | None = None
         for k in range(n):
             s = self.servers[(self._rr + k) % n]
-            free = s.state == "up" and s.in_flight < self._limit and s is not avoid
+            free = s.state == "up" and s.in_flight < s.limit and s is not avoid
             if free and (best is None or s.in_flight < best.in_flight):
                 best = s
-        if best is None and avoid is not None and avoid.state == "up" and avoid.in_flight < self._limit:
+        if best is None and avoid is not None and avoid.state == "up" and avoid.in_flight < avoid.limit:
             best = avoid
         return best
 
@@ -219,7 +227,13 @@ class ServerPool:
                 failures=s.failures,
                 consecutive_failures=s.consecutive_failures,
                 last_error=s.last_error,
-                extra={"state": s.state, "health_checks": s.health_checks},
+                extra={
+                    "state": s.state,
+                    "health_checks": s.health_checks,
+                    "kind": s.kind,
+                    "limit": s.limit,
+                    **({"workers": s.workers} if s.kind == "router" else {}),
+                },
             )
             for s in self.servers
         ]

@@ -28,6 +28,7 @@ from aiohttp import web
 from tasks.engines.sglang_app import SERVER_VERSION, SGLangCompatServer
 from tasks.engines.sglang_backends import Backend, ModelBackend
 from tasks.engines.sglang_faults import FAULT_MODES, FAULT_SCOPES, FaultSpec, FaultSpecError
+from tasks.engines.sglang_router import RouterApp
 from tasks.engines.sglang_sim import SimulatedBackend
 
 LISTENING_PREFIX = "listening on "
@@ -44,6 +45,7 @@ class ServerOptions:
     vocab_size: int = 32000
     batch_window_s: float = 0.005
     fault: FaultSpec = field(default_factory=FaultSpec)
+    router: list[str] = field(default_factory=list)  # worker URLs: serve as a router instead
 
     def build_backend(self) -> Backend:
         if self.model_path is not None:
@@ -59,7 +61,7 @@ class ServerOptions:
         )
 
 
-async def start_site(server: SGLangCompatServer, host: str, port: int) -> tuple[web.AppRunner, str]:
+async def start_site(server: SGLangCompatServer | RouterApp, host: str, port: int) -> tuple[web.AppRunner, str]:
     """Bind and start; returns the runner (for cleanup) and the base URL with the bound port."""
     # Short shutdown: stopping a test server must not wait for hung handlers.
     runner = web.AppRunner(server.app, access_log=None, shutdown_timeout=0.5)
@@ -202,6 +204,11 @@ def _parser() -> argparse.ArgumentParser:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--model", metavar="PATH", help="serve this local HF model folder")
     which.add_argument("--simulate", action="store_true", help="continuous-batching simulator")
+    which.add_argument(
+        "--router",
+        metavar="URL,URL",
+        help="route to these SGLang(-compatible) servers with sglang-router's endpoints",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0: an ephemeral port (printed)")
     p.add_argument("--step-latency-ms", type=float, default=20.0, help="simulator: time per step")
@@ -247,23 +254,27 @@ def options_from_args(argv: list[str] | None) -> ServerOptions:
         vocab_size=a.vocab_size,
         batch_window_s=a.batch_window_ms / 1000.0,
         fault=fault,
+        router=[u.strip() for u in (a.router or "").split(",") if u.strip()],
     )
 
 
 async def _serve(options: ServerOptions) -> None:
-    server = SGLangCompatServer(options.build_backend(), options.fault)
+    if options.router:
+        server: SGLangCompatServer | RouterApp = RouterApp(options.router)
+        about = f"router over {len(options.router)} workers"
+    else:
+        server = SGLangCompatServer(options.build_backend(), options.fault)
+        b = server.backend
+        about = (
+            f"backend={b.kind} model={b.model_path} context_length={b.context_length} "
+            f"max_running_requests={b.max_running_requests} fault={options.fault.mode}"
+        )
     runner, url = await start_site(server, options.host, options.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    b = server.backend
-    print(
-        f"{SERVER_VERSION}: backend={b.kind} model={b.model_path} context_length={b.context_length} "
-        f"max_running_requests={b.max_running_requests} fault={options.fault.mode}",
-        file=sys.stderr,
-        flush=True,
-    )
+    print(f"{SERVER_VERSION}: {about}", file=sys.stderr, flush=True)
     print(f"{LISTENING_PREFIX}{url}", flush=True)
     try:
         await stop.wait()
