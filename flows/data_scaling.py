@@ -1,18 +1,24 @@
 """The parent flow `data-scaling`: the whole DAG, one subflow per stage.
 
-discover -> generate -> extract -> train; the gate and promotion join as the next stages.
+discover -> generate -> extract -> train -> gate (benchmark, decision, promotion). A stage named
+in `orchestration.stage_deployments` runs as that deployment (e.g. on a GPU work pool) through
+`run_deployment`, a child flow run of this one; the others run in this process as subflows.
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 from prefect import flow
+from prefect.deployments import run_deployment
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.common import run_logger, slack_on_failure
+from flows.concurrency import run_root_lock
 from flows.discover import discover_flow
 from flows.extract import extract_flow
+from flows.gate import gate_flow
 from flows.generate import generate_flow
 from flows.train import train_flow
 from tasks.config import EagleScaleConfig
@@ -20,6 +26,22 @@ from tasks.discover.commit import discovery_marker
 from tasks.fingerprint_fields import run_fingerprint
 from tasks.runfolder import RunFolder, check_fingerprint, ensure_fingerprint
 from tasks.target import load_tokenizer, target_identity
+
+
+def run_stage(config: EagleScaleConfig, stage: str, subflow: Any, **params: Any) -> Any:
+    """The stage as a subflow, or as its deployment when the config names one; a child run
+    that does not complete fails the parent with its state."""
+    deployment = config.orchestration.stage_deployments.get(stage)  # type: ignore[call-overload]
+    if deployment is None:
+        return subflow(config, **params)
+    child = run_deployment(
+        deployment, parameters={"config": config.model_dump(mode="json"), **params}, timeout=None
+    )
+    state = child.state
+    if state is None or not state.is_completed():
+        name = state.name if state else "unknown"
+        raise RuntimeError(f"stage {stage}: deployment {deployment!r} run {child.name} ended {name}: {state.message if state else ''}")
+    return {"deployment": deployment, "flow_run": child.name, "state": state.name}
 
 
 @flow(name="data-scaling", on_failure=[slack_on_failure], on_crashed=[slack_on_failure])
@@ -42,10 +64,15 @@ def data_scaling(config: EagleScaleConfig) -> dict[str, Any]:
         fp = run_fingerprint(config, identity, marker["manifest_hash"])
         fp_hash = ensure_fingerprint(run, fp, config.allow_fingerprint_change)
         runner = ThreadPoolTaskRunner(max_workers=config.generate.max_parallel_shards)
-        results["generate"] = generate_flow.with_options(task_runner=runner)(config, fp_hash)
+        subflow = generate_flow.with_options(task_runner=runner)
+        slots = config.orchestration.generate_runs_per_run_root
+        with run_root_lock(config, "generate", slots=slots) if slots else nullcontext():
+            results["generate"] = run_stage(config, "generate", subflow, fp_hash=fp_hash)
     if "extract" in config.stages:
-        results["extract"] = extract_flow(config)
+        results["extract"] = run_stage(config, "extract", extract_flow)
     if "train" in config.stages:
-        results["train"] = train_flow(config)
+        results["train"] = run_stage(config, "train", train_flow)
+    if "gate" in config.stages:
+        results["gate"] = run_stage(config, "gate", gate_flow)
     log.info("data-scaling finished: %s", results)
     return results

@@ -12,6 +12,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.events import emit_event
 
 from flows.common import notifier_for, run_logger, slack_on_failure
+from flows.concurrency import gpu_slots, gpus_needed
 from tasks.config import EagleScaleConfig
 from tasks.extract.stage import ExtractStage
 from tasks.runfolder import RunFolder
@@ -55,7 +56,8 @@ def extract_flow(config: EagleScaleConfig) -> dict[str, Any]:
         notifier.stage_started("extract", {"shards_to_run": len(pending), **stage.forecast})
         log.info("extract: %d shards to run; forecast %s", len(pending), stage.forecast)
         # One model per process: shards run one after another on it.
-        outcomes = [extract_shard(config, shard_id) for shard_id in pending]
+        with gpu_slots(config, gpus_needed(config, "extract")):
+            outcomes = [extract_shard(config, shard_id) for shard_id in pending]
         summary = stage.finish()
     finally:
         stage.close()

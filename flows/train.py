@@ -21,6 +21,7 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from flows.common import notifier_for, run_logger, slack_on_failure
+from flows.concurrency import gpu_slots, gpus_needed
 from tasks.config import EagleScaleConfig
 from tasks.draft import checkpoint as ckpt
 from tasks.draft.export import export_speculators, export_to_run
@@ -74,11 +75,12 @@ def train_flow(config: EagleScaleConfig) -> dict[str, Any]:
     started = time.time()
     run = RunFolder(config.run_root, config.storage_options)
     notifier.stage_started("train", {"nproc": config.train.nproc, "device": config.train.device})
-    if config.train.nproc > 1:
-        _torchrun(config)
-    else:
-        callbacks = TrainCallbacks(on_eval=lambda e: log.info("eval: %s", {k: e.get(k) for k in EVAL_COLUMNS}))
-        train_draft(run, config.train, config.target.model_path, callbacks=callbacks)
+    with gpu_slots(config, gpus_needed(config, "train")):
+        if config.train.nproc > 1:
+            _torchrun(config)
+        else:
+            callbacks = TrainCallbacks(on_eval=lambda e: log.info("eval: %s", {k: e.get(k) for k in EVAL_COLUMNS}))
+            train_draft(run, config.train, config.target.model_path, callbacks=callbacks)
     result = run.read_json(RESULT_KEY) or {}
     exported = _export(config, run)
     evals = result.get("evals", [])

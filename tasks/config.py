@@ -19,7 +19,10 @@ from pydantic import (
     model_validator,
 )
 
-STAGES = ("discover", "generate", "extract", "train")
+from tasks.gate.config import GateConfig
+
+STAGES = ("discover", "generate", "extract", "train", "gate")
+Stage = Literal["discover", "generate", "extract", "train", "gate"]
 
 
 class Strict(BaseModel):
@@ -184,9 +187,27 @@ class SlackConfig(Strict):
     base_url: str | None = Field(None, description="Slack API base URL (tests point it locally).")
 
 
+class OrchestrationConfig(Strict):
+    stage_deployments: dict[Literal["generate", "extract", "train", "gate"], str] = Field(
+        default_factory=dict,
+        description="Stages run as their own deployments (\"flow/deployment\", e.g. on a GPU work "
+        "pool) through run_deployment, so they show as child runs; the others run in-process.",
+    )
+    gpu_concurrency_limit: str | None = Field(
+        None, description="Prefect global concurrency limit the GPU stages occupy while they run."
+    )
+    generate_runs_per_run_root: int | None = Field(
+        None,
+        ge=1,
+        description="Generation runs allowed at once on one run root, held through a Prefect global "
+        "concurrency limit (1: a second run fails naming the run root; N: N cooperating workers). "
+        "None: no limit, shard leases alone keep workers apart.",
+    )
+
+
 class EagleScaleConfig(Strict):
     run_root: str = Field(description="Run folder: a local path or fsspec URL (s3://bucket/prefix).")
-    stages: list[Literal["discover", "generate", "extract", "train"]] = Field(
+    stages: list[Stage] = Field(
         default_factory=lambda: list(STAGES)
     )
     target: TargetConfig
@@ -196,7 +217,9 @@ class EagleScaleConfig(Strict):
     generate: GenerateConfig = Field(default_factory=GenerateConfig)
     extract: ExtractConfig = Field(default_factory=ExtractConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    gate: GateConfig = Field(default_factory=GateConfig)
     slack: SlackConfig = Field(default_factory=SlackConfig)
+    orchestration: OrchestrationConfig = Field(default_factory=OrchestrationConfig)
     storage_options: dict[str, Any] = Field(
         default_factory=dict, description="fsspec options for the run root (never secrets)."
     )

@@ -51,7 +51,7 @@ def params_for(dest: Path, model_dir: Path, **train: Any) -> Path:
         sampling={"max_new_tokens": MAX_NEW_TOKENS},
         engine={"kind": "local", "batch_size": 32},
         generate={"shard_size": SHARD_SIZE},
-        discover={"total_prompts": TOTAL_PROMPTS, "holdout_per_domain": 0},
+        discover={"total_prompts": TOTAL_PROMPTS, "holdout_per_domain": 4},
         extract={"batch_size": 16, "max_length": 512, "eval_fraction": 0.2},
         train={**TRAIN, **train},
     )

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tasks.gate import GateConfig
+from tasks.gate.config import GateConfig
 from tasks.gate.launch import (
     LaunchError,
     LaunchSpec,

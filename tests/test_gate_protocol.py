@@ -12,7 +12,8 @@ import pyarrow as pa
 import pytest
 
 from tasks.engines.sglang_spec_sim import launch_speed_factor
-from tasks.gate import GateConfig, SpecPoint, run_gate
+from tasks.gate import run_gate
+from tasks.gate.config import GateConfig, SpecPoint
 from tasks.gate.decision import GateDecision, decide
 from tasks.gate.plan import (
     BenchResult,

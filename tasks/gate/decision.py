@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.gate import GateConfig
+from tasks.gate.config import GateConfig
 from tasks.gate.plan import BenchConfig, BenchResult, RequestRecord
 from tasks.gate.protocol import accept_length
 

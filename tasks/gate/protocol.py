@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 
 from tasks.engines.sglang_protocol import MalformedResponse, read_generate_reply
-from tasks.gate import GateConfig
+from tasks.gate.config import GateConfig
 from tasks.gate.launch import LaunchSpec
 from tasks.gate.plan import (
     BenchConfig,
@@ -77,6 +77,38 @@ def diagnose_acceptance(accept: float, floor: float, config: str, when: str = "a
     )
 
 
+def check_acceptance(floor: float, config: BenchConfig, records: list[RequestRecord], when: str) -> float:
+    """Accept length over `records`; stops the gate on failed requests, on a server that does
+    not speculate, and below the floor (with the diagnosis)."""
+    failed = [r.error for r in records if r.error]
+    if failed:
+        raise GateStopped(f"{config.name}: requests failed {when}: {failed[0]}")
+    if any(r.spec_verify_ct is None for r in records):
+        raise GateStopped(f"{config.name}: the server returned no spec_verify_ct: speculative decoding is not active")
+    verify = sum(r.spec_verify_ct or 0 for r in records)
+    accept = accept_length(sum(r.completion_tokens for r in records), verify, len(records)) or 1.0
+    if accept < floor:
+        raise GateStopped(diagnose_acceptance(accept, floor, config.name, when))
+    return accept
+
+
+class BaselineOutputs:
+    """The baseline's output per environment and prompt (its first measured repetition), which
+    every later request of that environment is compared with, token for token."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, dict[int, list[int]]] = {}
+
+    def compare(self, rec: RequestRecord, config: BenchConfig, prompt: BenchPrompt, ids: list[int]) -> None:
+        if rec.repetition < 0:  # warm-up
+            return
+        ref = self._ids.setdefault(config.env_name, {})
+        if config.is_baseline and prompt.index not in ref:
+            ref[prompt.index] = ids
+        if prompt.index in ref:
+            rec.exact_match, rec.first_mismatch = agreement(ref[prompt.index], ids)
+
+
 class GateRunner:
     """Runs the launches of `configs` in protocol order; `run()` returns everything measured."""
 
@@ -93,7 +125,7 @@ class GateRunner:
             raise GateStopped("no benchmark prompts")
         self.cfg, self.launcher, self.model_path = cfg, launcher, model_path
         self.configs, self.prompts, self.work_dir = configs, prompts, Path(work_dir)
-        self.reference: dict[str, dict[int, list[int]]] = {}  # env -> prompt index -> baseline ids
+        self.reference = BaselineOutputs()
         self._rids = itertools.count()
 
     def run(self) -> BenchResult:
@@ -141,16 +173,7 @@ class GateRunner:
             record.graph_problems = log.graph_problems(config.spec is not None, steps)
 
     def _check_acceptance(self, config: BenchConfig, records: list[RequestRecord], when: str) -> float:
-        failed = [r.error for r in records if r.error]
-        if failed:
-            raise GateStopped(f"{config.name}: requests failed {when}: {failed[0]}")
-        if any(r.spec_verify_ct is None for r in records):
-            raise GateStopped(f"{config.name}: the server returned no spec_verify_ct: speculative decoding is not active")
-        verify = sum(r.spec_verify_ct or 0 for r in records)
-        accept = accept_length(sum(r.completion_tokens for r in records), verify, len(records)) or 1.0
-        if accept < self.cfg.acceptance_floor:
-            raise GateStopped(diagnose_acceptance(accept, self.cfg.acceptance_floor, config.name, when))
-        return accept
+        return check_acceptance(self.cfg.acceptance_floor, config, records, when)
 
     def _request(self, client: httpx.Client, url: str, config: BenchConfig, rep: int, prompt: BenchPrompt) -> RequestRecord:
         rec = RequestRecord(config.name, config.env_name, rep, prompt.index, prompt.prompt_id, prompt.domain)
@@ -187,10 +210,5 @@ class GateRunner:
             hist = meta.get("spec_correct_drafts_histogram", meta.get("spec_accept_histogram"))
             rec.correct_drafts_histogram = [int(x) for x in hist] if isinstance(hist, list) else None
         rec.output_sha = hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:16]
-        if rep >= 0:
-            ref = self.reference.setdefault(config.env_name, {})
-            if config.is_baseline and prompt.index not in ref:
-                ref[prompt.index] = ids
-            if prompt.index in ref:
-                rec.exact_match, rec.first_mismatch = agreement(ref[prompt.index], ids)
+        self.reference.compare(rec, config, prompt, ids)
         return rec

@@ -8,7 +8,7 @@ import re
 import time
 from typing import Any
 
-from tasks.gate import GateConfig
+from tasks.gate.config import GateConfig
 from tasks.gate.decision import ConfigSummary, GateDecision
 from tasks.gate.plan import BenchResult
 from tasks.runfolder import RunFolder
@@ -46,10 +46,13 @@ def _ci(s: ConfigSummary) -> str:
 def render_markdown(decision: GateDecision, result: BenchResult, cfg: GateConfig) -> str:
     lines = [f"# Gate decision: {decision.outcome.upper()}", ""]
     lines += [f"- {r}" for r in decision.reasons] + [""]
+    if cfg.engine == "local":
+        where = f"passes per config, the local speculative engine on {cfg.device} (decode tok/s)"
+    else:
+        where = f"fresh launches per config, SGLang {cfg.sglang_version} ({cfg.engine})"
     lines.append(
         f"Reference baseline: `{decision.baseline}`; best speculative config: `{decision.best}`; "
-        f"{len(result.prompts)} held-out prompts x {cfg.repetitions} fresh launches per config, "
-        f"concurrency 1, temperature 0, SGLang {cfg.sglang_version}."
+        f"{len(result.prompts)} held-out prompts x {cfg.repetitions} {where}, concurrency 1, temperature 0."
     )
     lines += ["", "## Configs", ""]
     lines.append(f"| config | env | median tok/s | repetition medians | spread | speedup ({cfg.ci_level:.0%} CI) | accept len | exact match | verdict |")
@@ -71,13 +74,18 @@ def render_markdown(decision: GateDecision, result: BenchResult, cfg: GateConfig
         for s in per_pos:
             cells = [f"{p:.2f}" for p in s.accept_per_position or []] + ["-"] * width
             lines.append(f"| {s.name} | " + " | ".join(cells[:width]) + " |")
-    lines += ["", "## Launches", "", "| config | rep | health s | graph captures (target/draft/extend) | decode lines on graphs | problems |", "|---|---|---|---|---|---|"]
-    for x in result.launches:
-        caps = x.log.get("captures", {})
-        cap = "/".join(str(caps.get(k, {}).get("end", 0)) for k in ("target", "draft", "draft_extend"))
-        graphs = f"{x.log.get('decode_cuda_graph_true', 0)}/{x.log.get('decode_lines', 0)}"
-        problems = "; ".join(x.info_problems + x.graph_problems) or "-"
-        lines.append(f"| {x.config} | {x.repetition} | {_num(x.health_s)} | {cap} | {graphs} | {problems} |")
+    if cfg.engine == "local":
+        lines += ["", "## Passes", "", "| config | rep | warm-up accept len | requests |", "|---|---|---|---|"]
+        for x in result.launches:
+            lines.append(f"| {x.config} | {x.repetition} | {_num(x.warmup_accept_length, '.2f')} | {len(x.requests)} |")
+    else:
+        lines += ["", "## Launches", "", "| config | rep | health s | graph captures (target/draft/extend) | decode lines on graphs | problems |", "|---|---|---|---|---|---|"]
+        for x in result.launches:
+            caps = x.log.get("captures", {})
+            cap = "/".join(str(caps.get(k, {}).get("end", 0)) for k in ("target", "draft", "draft_extend"))
+            graphs = f"{x.log.get('decode_cuda_graph_true', 0)}/{x.log.get('decode_lines', 0)}"
+            problems = "; ".join(x.info_problems + x.graph_problems) or "-"
+            lines.append(f"| {x.config} | {x.repetition} | {_num(x.health_s)} | {cap} | {graphs} | {problems} |")
     if result.stopped:
         lines += ["", f"**Stopped:** {result.stopped}"]
     lines += ["", "## Thresholds", "", "```json", json.dumps(decision.thresholds, indent=2), "```", ""]
@@ -161,8 +169,10 @@ def write_gate_report(
     result: BenchResult,
     cfg: GateConfig,
     predictions: dict[str, float] | None = None,
+    extra_markdown: str = "",
 ) -> dict[str, Any]:
-    """Write the report and plots; returns their relative paths."""
+    """Write the report and plots; returns their relative paths. `extra_markdown` is appended
+    to report.md (the stage's offline replay and cost model section)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -175,7 +185,7 @@ def write_gate_report(
         "predictions": predictions,
     }
     run.write_bytes_atomic(REPORT_JSON, (json.dumps(report, indent=2, default=str) + "\n").encode())
-    run.write_bytes_atomic(REPORT_MD, render_markdown(decision, result, cfg).encode())
+    run.write_bytes_atomic(REPORT_MD, (render_markdown(decision, result, cfg) + extra_markdown).encode())
     plots = {"tok_s": plot_tok_s(decision, result), "acceptance": plot_acceptance(decision)}
     if predictions:
         plots["predicted_vs_measured"] = plot_predicted(decision, predictions)

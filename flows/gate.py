@@ -1,0 +1,89 @@
+"""Stage flow `gate`: does the trained draft make decoding faster? Promote it only if it does.
+
+The work is tasks.gate.stage.run_gate_stage; this flow shows it: the report (with its plots)
+and a table of configs as artifacts, an `eaglescale.gate.<outcome>` event, and the decision
+with its key numbers on Slack.
+"""
+
+from __future__ import annotations
+
+import base64
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.events import emit_event
+
+from flows.common import notifier_for, run_logger, slack_on_failure
+from flows.concurrency import gpu_slots, gpus_needed
+from tasks.config import EagleScaleConfig
+from tasks.gate.report import REPORT_MD
+from tasks.gate.stage import GateOutcome, completed_gate, run_gate_stage
+from tasks.notify import format_duration
+from tasks.runfolder import RunFolder
+
+SUMMARY_KEYS = ("outcome", "promoted", "best_config", "speedup", "ci", "message")
+CONFIG_COLUMNS = ("name", "median_tok_s", "spread", "speedup", "ci_low", "ci_high", "accept_length",
+                  "exact_match_fraction", "eligible")  # fmt: skip
+
+
+def _report_markdown(run: RunFolder, outcome: GateOutcome) -> str:
+    """report.md with its plots inlined: the artifact must stand alone in the UI."""
+    text = run.read_bytes(REPORT_MD).decode()
+    for rel in outcome.report["plots"]:
+        png = base64.b64encode(run.read_bytes(rel)).decode()
+        name = rel.rsplit("/", 1)[-1].removesuffix(".png")
+        text += f"\n\n### {name}\n\n![{name}](data:image/png;base64,{png})"
+    return text
+
+
+def decision_fields(summary: dict[str, Any]) -> dict[str, Any]:
+    """The key numbers Slack shows for a decision."""
+    fields = {
+        "decision": summary["outcome"],
+        "best config": summary.get("best_config"),
+        "baseline tok/s": summary.get("baseline_median_tok_s"),
+        "best tok/s": summary.get("best_median_tok_s"),
+        "speedup": summary.get("speedup"),
+        "CI": summary.get("ci"),
+        "accept length": summary.get("accept_length"),
+        "exact match": summary.get("exact_match_fraction"),
+    }
+    if summary.get("promoted"):
+        fields["published"] = summary.get("uri")
+    else:
+        fields["kept"] = (summary.get("previous_draft") or {}).get("draft_id") or "none promoted yet"
+        fields["why"] = "; ".join(summary.get("reasons") or [])
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+@flow(name="gate", on_failure=[slack_on_failure], on_crashed=[slack_on_failure])
+def gate_flow(config: EagleScaleConfig) -> dict[str, Any]:
+    log = run_logger()
+    notifier = notifier_for(config)
+    started = time.time()
+    run = RunFolder(config.run_root, config.storage_options)
+    done = completed_gate(config)
+    if done is not None:
+        log.info("gate: this draft was already decided with these settings: %s", done["message"])
+        return {k: done.get(k) for k in SUMMARY_KEYS} | {"skipped": True}
+    notifier.stage_started("gate", {"engine": config.gate.engine, "num_steps": config.gate.num_steps})
+    with gpu_slots(config, gpus_needed(config, "gate")), tempfile.TemporaryDirectory(prefix="eaglescale-gate-") as tmp:
+        outcome = run_gate_stage(config, Path(tmp))
+    summary = outcome.summary
+    log.info("gate: %s", summary["message"])
+    create_markdown_artifact(_report_markdown(run, outcome), key="gate-report", description="Gate decision")
+    rows = [{k: getattr(c, k) for k in CONFIG_COLUMNS} for c in outcome.decision.configs]
+    create_table_artifact(rows, key="gate-configs", description="Baseline and speculative configs")
+    emit_event(
+        f"eaglescale.gate.{summary['outcome']}",
+        resource={"prefect.resource.id": f"eaglescale.run.{config.run_root}.gate"},
+        payload={k: v for k, v in summary.items() if k != "message"},
+    )
+    # The decision is the gate's completion message: one message, the numbers in it.
+    fields = {**decision_fields(summary), "duration": format_duration(time.time() - started)}
+    notifier.send(f"gate: {summary['outcome'].upper()}", fields, "success" if summary.get("promoted") else "warning")
+    return {k: summary.get(k) for k in SUMMARY_KEYS}

@@ -1,0 +1,115 @@
+"""The `gate` section of the run's configuration: which engine benchmarks the draft, the sweep,
+the protocol's sizes, and every threshold of the promote/reject decision."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from tasks.gate.launch import flag_set
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SpecPoint(_Strict):
+    """One speculative configuration beyond the topk=1 num_steps sweep."""
+
+    num_steps: int = Field(ge=1)
+    topk: int = Field(ge=1)
+    num_draft_tokens: int | None = Field(None, ge=2, description="Required when topk > 1.")
+
+
+class GateConfig(_Strict):
+    engine: Literal["local", "sglang", "emulated"] = Field(
+        "local",
+        description="local: the in-process speculative engine (transformers target + the draft); "
+        "sglang: fresh SGLang launches (GPU nodes, the production evidence); emulated: the "
+        "package's SGLang-compatible emulator, launched exactly as SGLang would be (CI, dry runs).",
+    )
+    device: str = Field("cpu", description="local engine: torch device of the target and draft.")
+    cuda_graphs: bool = Field(True, description="local engine on CUDA: capture verify/draft steps as graphs.")
+    emulator: dict[str, Any] = Field(
+        default_factory=dict, description="emulated engine: SpecSimConfig fields (speed, acceptance)."
+    )
+    replay_sequences: int = Field(
+        256, ge=1, description="Held-out extracted sequences replayed offline (the cost model's input)."
+    )
+    cost_iters: int = Field(50, ge=1, description="local engine: timed runs per step cost.")
+    sglang_version: str = Field("0.5.23", description="Pinned SGLang version (launch flags differ).")
+    python: str = Field("python", description="Interpreter that has sglang installed.")
+    host: str = "127.0.0.1"
+    tp_size: int = Field(1, ge=1)
+    mem_fraction_static: float | None = Field(None, gt=0, lt=1)
+    cuda_graph_max_bs: int = Field(8, ge=1)
+    extra_server_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict, description="Applied to every launch.")
+    nccl_env_sweep: list[dict[str, str]] = Field(
+        default_factory=lambda: [{}],
+        description="Each entry is one environment (e.g. NCCL settings) applied alike to the "
+        "baseline and the speculative launches it is compared with.",
+    )
+    num_steps: list[int] = Field(default_factory=lambda: [1, 2, 3, 4, 5], description="Swept at topk=1.")
+    topk_points: list[SpecPoint] = Field(
+        default_factory=lambda: [SpecPoint(num_steps=3, topk=4, num_draft_tokens=8)],
+        description="topk > 1 points (SGLang engines; the local engine drafts chains only).",
+    )
+    repetitions: int = Field(3, ge=2, description="Fresh launches per config (>= 2 to see spread).")
+    num_prompts: int = Field(32, ge=1, description="Held-out prompts in the benchmark set.")
+    prompt_seed: int = 0
+    max_new_tokens: int = Field(256, ge=1)
+    warmup_requests: int = Field(2, ge=1)
+    acceptance_floor: float = Field(
+        1.3, ge=1.0, description="Accept length below this after warm-up stops the gate."
+    )
+    min_speedup: float = Field(1.0, gt=0, description="Best median / baseline median must reach this.")
+    ci_level: float = Field(0.95, gt=0.5, lt=1.0)
+    n_bootstrap: int = Field(2000, ge=100)
+    bootstrap_seed: int = 0
+    min_exact_match: float = Field(
+        0.95, ge=0.0, le=1.0, description="Fraction of outputs equal to the baseline's, token for token."
+    )
+    require_cuda_graphs: bool = Field(
+        True, description="SGLang engines: graph capture and decode on graphs are required."
+    )
+    health_timeout_s: float = Field(1800.0, gt=0)
+    health_poll_s: float = Field(2.0, gt=0)
+    request_timeout_s: float = Field(600.0, gt=0)
+    registry_url: str | None = Field(None, description="Where promoted drafts go: a path or s3:// URL.")
+    registry_storage_options: dict[str, Any] = Field(default_factory=dict)
+    scaling_fractions: list[float] = Field(
+        default_factory=list,
+        description="Data-scaling curve: also train at these fractions of the training data "
+        "(e.g. [0.1, 0.3]; the full run is the 1.0 point) and plot acceptance vs samples.",
+    )
+
+    @field_validator("sglang_version")
+    @classmethod
+    def _pinned(cls, v: str) -> str:
+        return flag_set(v).version  # raises naming the pinned versions
+
+    @field_validator("num_steps")
+    @classmethod
+    def _steps(cls, v: list[int]) -> list[int]:
+        if any(s < 1 for s in v) or len(set(v)) != len(v):
+            raise ValueError(f"num_steps must be distinct integers >= 1, got {v}")
+        return v
+
+    @field_validator("scaling_fractions")
+    @classmethod
+    def _fractions(cls, v: list[float]) -> list[float]:
+        if any(not 0.0 < f < 1.0 for f in v) or len(set(v)) != len(v):
+            raise ValueError(f"scaling_fractions must be distinct fractions in (0, 1), got {v}")
+        return sorted(v)
+
+    @model_validator(mode="after")
+    def _has_configs(self) -> GateConfig:
+        if not self.num_steps and not self.topk_points:
+            raise ValueError("num_steps and topk_points are both empty: nothing to benchmark")
+        if self.engine == "local" and not self.num_steps:
+            raise ValueError("the local engine drafts chains (topk=1) only: num_steps is empty")
+        if not self.nccl_env_sweep:
+            raise ValueError("nccl_env_sweep must have at least one entry ({} for the plain env)")
+        return self

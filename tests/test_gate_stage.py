@@ -1,0 +1,142 @@
+"""The gate stage as the DAG runs it: on a real trained and exported draft of the tiny target,
+with the local speculative engine (plain functions) and with the SGLang emulator (the real CLI,
+`--stages gate`, Slack at a local receiver, promotion into a registry folder)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tasks.config import EagleScaleConfig
+from tasks.draft import checkpoint as ckpt
+from tasks.draft.export import export_to_run
+from tasks.draft.trainer import train_draft
+from tasks.extract.storage import extract_metadata
+from tasks.gate.promote import POINTER
+from tasks.gate.stage import COSTS_KEY, PREDICTION_KEY, REPLAY_KEY, completed_gate, run_gate_stage
+from tasks.runfolder import RunFolder
+from tests.draft_support import extracted_run
+from tests.run_support import cli_env, start_cli
+from tests.slack_support import Receiver
+
+GATE = {"num_steps": [1, 2], "topk_points": [], "repetitions": 2, "num_prompts": 6, "max_new_tokens": 16,
+        "warmup_requests": 1, "acceptance_floor": 1.0, "n_bootstrap": 300, "replay_sequences": 24,
+        "cost_iters": 5, "health_timeout_s": 60, "health_poll_s": 0.05, "request_timeout_s": 30}  # fmt: skip
+# Emulated speeds (tasks.engines.sglang_spec_sim): a fast draft, and one whose cycles cost more
+# than the tokens they gain.
+FAST = {"prefill_s": 0.002, "baseline_step_s": 0.003, "verify_step_s": 0.0035, "draft_step_s": 0.0004,
+        "accept_probs": [0.9, 0.85]}  # fmt: skip
+SLOW = {**FAST, "verify_step_s": 0.009, "accept_probs": [0.3, 0.2]}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path) -> tuple[EagleScaleConfig, Path]:
+    """A run with discover, generate, extract committed and a briefly trained, exported draft."""
+    base = tmp_path_factory.mktemp("gate-stage")
+    config, params = extracted_run(base, tiny_target_dir, base / "template", max_steps=60, eval_every=30, save_every=30)
+    run = RunFolder(config.run_root)
+    train_draft(run, config.train, config.target.model_path, eval_max_batches=2)
+    best = run.read_json(ckpt.BEST_KEY)
+    export_to_run(ckpt.load_run_checkpoint_model(run, best["checkpoint"]), run, "train/final")
+    return config, params
+
+
+def _with_gate(config: EagleScaleConfig, run_root: Path, **gate: object) -> EagleScaleConfig:
+    data = config.model_dump(mode="json")
+    data["run_root"] = str(run_root)
+    data["gate"] = {**GATE, **gate}
+    return EagleScaleConfig.model_validate(data)
+
+
+def _copy_run(config: EagleScaleConfig, dest: Path) -> Path:
+    import shutil
+
+    shutil.copytree(config.run_root, dest)
+    return dest
+
+
+def test_local_gate_is_lossless_reports_and_keeps_the_previous_draft(trained, tmp_path: Path) -> None:
+    config, _ = trained
+    run_root = _copy_run(config, tmp_path / "run")
+    registry = tmp_path / "registry"
+    # min_speedup 100: whatever the CPU measures, this draft cannot be promoted.
+    cfg = _with_gate(config, run_root, min_speedup=100.0, registry_url=str(registry), scaling_fractions=[0.5])
+    outcome = run_gate_stage(cfg, tmp_path / "work")
+    run = RunFolder(str(run_root))
+
+    assert outcome.summary["outcome"] == "reject" and outcome.summary["promoted"] is False
+    assert outcome.summary["previous_draft"] is None and not (registry / POINTER).exists()
+    names = [c.name for c in outcome.decision.configs]
+    assert names == ["baseline", "eagle3-s1-k1-n2", "eagle3-s2-k1-n3"]
+    for c in outcome.decision.configs:
+        # Lossless: every speculative output equals the baseline's, token for token.
+        assert c.exact_match_fraction == 1.0 and c.n_compared == GATE["repetitions"] * GATE["num_prompts"]
+        assert c.n_errors == 0
+        if not c.baseline:
+            assert 1.0 <= c.accept_length <= c.spec["num_steps"] + 1
+    replay = run.read_json(REPLAY_KEY)
+    assert set(replay["overall"]) == {"1", "2"} and replay["overall"]["1"]["sequences"] == 24
+    assert set(run.read_json(COSTS_KEY)["verify_s"]) == {"2", "3"}
+    prediction = run.read_json(PREDICTION_KEY)
+    assert set(prediction["per_steps"]) == {"1", "2"}
+    report = json.loads((run_root / "gate/report.json").read_text())
+    assert report["summary"]["outcome"] == "reject"
+    assert set(report["predictions"]) == {"baseline", "eagle3-s1-k1-n2", "eagle3-s2-k1-n3"}
+    md = (run_root / "gate/report.md").read_text()
+    assert "# Gate decision: REJECT" in md and "## Offline replay and cost model" in md
+    assert {p.name for p in (run_root / "gate/plots").iterdir()} == {
+        "tok_s.png", "acceptance.png", "predicted_vs_measured.png"
+    }
+    # The data-scaling curve: half the training sequences, then the trained draft itself.
+    n_train = extract_metadata(run)["splits"]["train"]
+    overall = [p for p in outcome.scaling["points"] if p["domain"] == "all"]
+    assert [p["samples"] for p in overall] == [round(0.5 * n_train), n_train]
+    assert (run_root / "gate/scaling/curve.png").stat().st_size > 1000
+    # A resumed run finds this draft decided with these settings; other settings decide anew.
+    assert completed_gate(cfg) == outcome.summary
+    assert completed_gate(_with_gate(config, run_root, min_speedup=50.0, registry_url=str(registry))) is None
+
+
+def _gate_cli(config: EagleScaleConfig, params: Path, tmp_path: Path, run_root: Path, sim: dict, registry: Path,
+              slack_url: str) -> tuple[int, str]:  # fmt: skip
+    data = yaml.safe_load(params.read_text())
+    data["run_root"] = str(run_root)
+    data["stages"] = ["gate"]
+    data["gate"] = {**GATE, "engine": "emulated", "emulator": sim, "registry_url": str(registry)}
+    path = tmp_path / f"params-{len(list(tmp_path.glob('params-*')))}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    log = tmp_path / "cli.log"
+    env = cli_env(tmp_path, SLACK_WEBHOOK_URL=f"{slack_url}/services/T000/B000/XXXSECRET")
+    rc = start_cli(["run", "--params", str(path)], env, log).wait(timeout=600)
+    return rc, log.read_text()
+
+
+def test_emulated_gate_promotes_then_keeps_it_when_a_slower_draft_loses(trained, tmp_path: Path) -> None:
+    config, params = trained
+    run_root = _copy_run(config, tmp_path / "run")
+    registry = tmp_path / "registry"
+    with Receiver() as slack:
+        rc, log = _gate_cli(config, params, tmp_path, run_root, FAST, registry, slack.url)
+        assert rc == 0, log[-3000:]
+        pointer = json.loads((registry / POINTER).read_text())
+        assert pointer["evidence"]["outcome"] == "promote" and pointer["previous"] is None
+        published = registry / "drafts" / pointer["draft_id"]
+        assert {p.name for p in published.iterdir()} == {"config.json", "model.safetensors"}
+        assert json.loads((run_root / POINTER).read_text())["draft_id"] == pointer["draft_id"]
+        texts = [json.dumps(r["json"]) for r in slack.requests]
+        decision = [t for t in texts if "gate: PROMOTE" in t]
+        assert decision and "speedup" in decision[0] and pointer["draft_id"] in decision[0]
+
+        # A second run whose draft loses: rejected, the promoted draft stays the registry's.
+        rc, log = _gate_cli(config, params, tmp_path, run_root, SLOW, registry, slack.url)
+        assert rc == 0, log[-3000:]
+        assert json.loads((registry / POINTER).read_text())["draft_id"] == pointer["draft_id"]
+        report = json.loads((run_root / "gate/report.json").read_text())
+        assert report["summary"]["outcome"] == "reject"
+        texts = [json.dumps(r["json"]) for r in slack.requests]
+        rejected = [t for t in texts if "gate: REJECT" in t]
+        assert rejected and pointer["draft_id"] in rejected[0]  # "kept: <the promoted draft>"
+    assert "XXXSECRET" not in log
