@@ -7,7 +7,7 @@ TINY_TARGET := .eaglescale/tiny-target
 # CPU torch from the local wheel; an unpinned torch would pull a multi-GB CUDA build.
 TORCH_CPU := torch==2.13.0
 
-.PHONY: demo test lint venv tiny-target bench clean
+.PHONY: demo test lint venv tiny-target bench clean server server-stop
 
 venv: $(STAMP)
 
@@ -28,12 +28,30 @@ demo: $(TINY_TARGET)/config.json
 	PREFECT_SERVER_ANALYTICS_ENABLED=false $(BIN)/eaglescale run --params deployments/params/smoke.yaml
 	$(BIN)/eaglescale status .eaglescale/runs/smoke
 
-test: $(STAMP)
+# Debian's chromium for tests/test_ui_browser.py, installed when missing and apt-get can (root);
+# anywhere else the UI test skips, so this never fails `make test`.
+.PHONY: browser
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+	  || { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] \
+	       && { apt-get install -y -qq chromium >/dev/null 2>&1 \
+	            || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null 2>&1; }; }; } \
+	  || echo "browser: no chromium and it could not be installed; the UI browser test will skip"
+
+test: $(STAMP) browser
 	$(BIN)/ruff check flows tasks tests benchmarks
 	PREFECT_SERVER_ANALYTICS_ENABLED=false $(BIN)/pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check flows tasks tests benchmarks
+
+# A real Prefect server on 127.0.0.1:4200 (profile eaglescale-local), work pools, a process
+# worker, the deployments and automations; infra/prefect/local_server.sh --help for options.
+server: $(TINY_TARGET)/config.json
+	infra/prefect/local_server.sh start
+
+server-stop:
+	infra/prefect/local_server.sh stop
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/p1_sglang_client.py
