@@ -16,16 +16,24 @@ from tests.s3_support import free_port
 
 
 @contextmanager
-def prefect_server(home: Path) -> Iterator[str]:
-    """Yields the API URL; the server (SQLite under `home`) stops when the block exits."""
+def prefect_server(home: Path, ui: bool = False) -> Iterator[str]:
+    """Yields the API URL; the server (SQLite under `home`) stops when the block exits.
+
+    With `ui`, the server also serves the UI at the URL without `/api`; the UI's bundle is
+    copied under `home` (the default place is inside the installed package, shared by every
+    test run at once) and told the API's real port (it would assume 4200).
+    """
     port = free_port()
+    url = f"http://127.0.0.1:{port}/api"
     env = dict(os.environ)
     env.update(
         PREFECT_HOME=str(home),
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
-        PREFECT_UI_ENABLED="false",
+        PREFECT_UI_ENABLED="true" if ui else "false",
         PREFECT_LOGGING_LEVEL="WARNING",
     )
+    if ui:
+        env.update(PREFECT_UI_API_URL=url, PREFECT_UI_STATIC_DIRECTORY=str(home / "ui-build"))
     env.pop("PREFECT_API_URL", None)
     log = open(home.parent / f"prefect-server-{port}.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(
@@ -35,7 +43,6 @@ def prefect_server(home: Path) -> Iterator[str]:
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    url = f"http://127.0.0.1:{port}/api"
     try:
         deadline = time.time() + 120
         while True:

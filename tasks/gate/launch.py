@@ -12,7 +12,10 @@ Flag facts, read from SGLang's server_args.py and EAGLE worker:
 
 from __future__ import annotations
 
+import argparse
 import re
+import shlex
+import sys
 from dataclasses import dataclass, field
 
 SGLANG_MODULE = "sglang.launch_server"
@@ -209,3 +212,76 @@ def build_server_args(spec: LaunchSpec, version: str) -> list[str]:
 
 def build_launch_command(spec: LaunchSpec, version: str, python: str = "python") -> list[str]:
     return [python, "-m", SGLANG_MODULE, *build_server_args(spec, version)]
+
+
+# The command-line entry: what infra/sglang/launch_speculative.sh runs, so an operator's launch
+# and the gate's come from this one builder.
+def _cli_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m tasks.gate.launch",
+        description="Print the `sglang.launch_server` command the gate builds, for an operator's "
+        "launch (infra/sglang/launch_speculative.sh runs it). Arguments after `--` are passed to "
+        "SGLang unchanged (flags the builder owns are refused).",
+    )
+    p.add_argument("--model", required=True, help="HF model folder of the target")
+    p.add_argument("--draft", help="exported EAGLE3 draft folder (train/final or the promoted copy)")
+    p.add_argument("--baseline", action="store_true", help="no speculation: the gate's baseline launch")
+    p.add_argument("--sglang-version", default=PINNED_VERSIONS[-1], help=f"one of {list(PINNED_VERSIONS)} (default %(default)s)")
+    p.add_argument("--num-steps", type=int, help="--speculative-num-steps (the gate's best; required with --draft)")
+    p.add_argument("--topk", type=int, default=1, help="--speculative-eagle-topk (default 1)")
+    p.add_argument("--num-draft-tokens", type=int, help="default num_steps + 1 when topk=1; required when topk > 1")
+    p.add_argument("--correct-draft-tokens", action="store_true", help="with topk=1, correct a wrong --num-draft-tokens instead of refusing it")
+    p.add_argument("--tp", type=int, default=8, help="tensor-parallel size (default 8)")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--mem-fraction", type=float, default=0.88, help="--mem-fraction-static (default 0.88)")
+    p.add_argument("--max-running-requests", type=int)
+    p.add_argument("--cuda-graph-max-bs", type=int, default=8, help="decode CUDA-graph batch sizes up to N (default 8, the gate's)")
+    p.add_argument("--disable-cuda-graph", action="store_true")
+    p.add_argument("--python", default="python", help="interpreter that has sglang (default python)")
+    p.add_argument("--lines", action="store_true", help="one argument per line (for scripts) instead of a shell-quoted line")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1 :]
+    parser = _cli_parser()
+    args = parser.parse_args(argv)
+    if args.baseline == bool(args.draft):
+        parser.error("give exactly one of --draft PATH and --baseline")
+    try:
+        spec = None
+        if args.draft:
+            if args.num_steps is None:
+                parser.error("--num-steps is required with --draft (use the gate's best config)")
+            spec, notes = resolve_spec(
+                args.draft, args.num_steps, args.topk, args.num_draft_tokens, correct=args.correct_draft_tokens
+            )
+            for note in notes:
+                print(f"launch: {note}", file=sys.stderr)
+        launch = LaunchSpec(
+            model_path=args.model, port=args.port, host=args.host, tp_size=args.tp, spec=spec,
+            cuda_graph_max_bs=args.cuda_graph_max_bs, disable_cuda_graph=args.disable_cuda_graph,
+            mem_fraction_static=args.mem_fraction, max_running_requests=args.max_running_requests,
+            extra_args=tuple(extra),
+        )  # fmt: skip
+        cmd = build_launch_command(launch, args.sglang_version, python=args.python)
+    except LaunchError as e:
+        print(f"launch: {e}", file=sys.stderr)
+        return 2
+    if args.lines:
+        if any("\n" in a for a in cmd):
+            print("launch: an argument contains a newline; use the shell-quoted form", file=sys.stderr)
+            return 2
+        print("\n".join(cmd))
+    else:
+        print(shlex.join(cmd))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
