@@ -1,5 +1,9 @@
 """Stage flow `extract`: the target's aux and last hidden states for every committed
-generation row, one Prefect task per shard, with the disk forecast shown before any work."""
+generation row, one Prefect task per shard, with the disk forecast shown before any work.
+
+Several workers may run this flow on one run root: each shard runs only under its lease, and
+every worker keeps going until all its planned shards are committed, by it or by the others
+(waiting on shards live workers hold, taking over those of dead ones)."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from flows.concurrency import gpu_slots, gpus_needed
 from tasks.config import EagleScaleConfig
 from tasks.extract.stage import ExtractStage
 from tasks.runfolder import RunFolder
+from tasks.runfolder.schedule import ShardScheduler, run_one_at_a_time
 from tasks.target import load_tokenizer
 
 _active: dict[str, ExtractStage] = {}
@@ -55,16 +60,32 @@ def extract_flow(config: EagleScaleConfig) -> dict[str, Any]:
         )
         notifier.stage_started("extract", {"shards_to_run": len(pending), **stage.forecast})
         log.info("extract: %d shards to run; forecast %s", len(pending), stage.forecast)
+        outcomes: list[dict[str, Any]] = []
+
+        def run_one(shard_id: str) -> dict[str, Any]:
+            outcomes.append(extract_shard(config, shard_id))
+            return outcomes[-1]
+
         # One model per process: shards run one after another on it.
+        scheduler = ShardScheduler(stage, pending, max_running=1)
+        # Polls fast enough to take over an expired lease within about one heartbeat.
+        poll = min(5.0, config.extract.lease_heartbeat_s)
         with gpu_slots(config, gpus_needed(config, "extract")):
-            outcomes = [extract_shard(config, shard_id) for shard_id in pending]
+            failures = run_one_at_a_time(
+                scheduler,
+                run_one,
+                poll,
+                lambda waiting: log.info("extract: waiting on shards leased elsewhere: %s", waiting),
+            )
         summary = stage.finish()
     finally:
         stage.close()
         _active.pop(config.run_root, None)
     if outcomes:
         create_table_artifact(outcomes, key="extract-shards", description="Extraction shards")
+    # The run folder decides: a shard without its marker is not done, whatever Prefect says.
     if summary["shards_pending"]:
-        raise RuntimeError(f"extract: {summary['shards_pending']} shard(s) not extracted")
+        shown = [f"{k}: {v}" for k, v in sorted(failures.items())][:3]
+        raise RuntimeError(f"extract: {summary['shards_pending']} shard(s) not extracted: {shown}")
     notifier.stage_completed("extract", summary, time.time() - started)
     return summary

@@ -26,9 +26,9 @@ from prefect.events import emit_event
 from flows.common import notifier_for, run_logger, slack_on_failure
 from tasks.config import EagleScaleConfig
 from tasks.engines.factory import get_engine
-from tasks.generate.schedule import ShardScheduler
 from tasks.generate.stage import GenerateStage
 from tasks.runfolder import RunFolder
+from tasks.runfolder.schedule import ShardScheduler
 from tasks.target import load_tokenizer
 
 # Shard tasks run in this process's thread pool and share one stage (engine, progress).
@@ -118,6 +118,8 @@ def generate_flow(config: EagleScaleConfig, fp_hash: str) -> dict[str, Any]:
             {"shards": len(stage.shards), "to_run": len(pending), "engine": config.engine.kind},
         )
         log.info("generate: %d shards planned, %d to run", len(stage.shards), len(pending))
+        # Opens the server-side stall automation's window before the first shard commits.
+        emit_event("eaglescale.generate.started", resource=_resource(config), payload={"to_run": len(pending)})
         artifact_id = create_progress_artifact(
             float(stage.progress.snapshot().get("percent") or 0.0),
             key="generate-progress",

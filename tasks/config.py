@@ -108,7 +108,27 @@ class EngineConfig(Strict):
         return [u.rstrip("/") for u in v]
 
 
-class GenerateConfig(Strict):
+class ShardLeaseConfig(Strict):
+    """Shard lease timing of a stage that several workers may run on one run root."""
+
+    lease_ttl_s: float = Field(
+        120.0, gt=0, description="A shard lease without a heartbeat this long is taken over."
+    )
+    lease_heartbeat_s: float = Field(
+        15.0, gt=0, description="How often a worker renews its shard leases (below the TTL)."
+    )
+
+    @model_validator(mode="after")
+    def _heartbeat_below_ttl(self) -> ShardLeaseConfig:
+        if self.lease_heartbeat_s >= self.lease_ttl_s:
+            raise ValueError(
+                f"lease_heartbeat_s ({self.lease_heartbeat_s}) must be below lease_ttl_s "
+                f"({self.lease_ttl_s}), or a live worker's shards would be taken over"
+            )
+        return self
+
+
+class GenerateConfig(ShardLeaseConfig):
     shard_size: int = Field(1000, ge=1, description="Prompts per shard (one Prefect task each).")
     max_parallel_shards: int = Field(2, ge=1)
     max_dead_fraction: float = Field(0.02, ge=0.0, le=1.0)
@@ -118,24 +138,9 @@ class GenerateConfig(Strict):
     retry_dead: bool = Field(False, description="Rerun only the dead letters of committed shards.")
     shard_retries: int = Field(2, ge=0, description="Prefect retries of a failed shard task.")
     shard_retry_delay_s: float = Field(30.0, ge=0)
-    lease_ttl_s: float = Field(
-        120.0, gt=0, description="A shard lease without a heartbeat this long is taken over."
-    )
-    lease_heartbeat_s: float = Field(
-        15.0, gt=0, description="How often a worker renews its shard leases (below the TTL)."
-    )
-
-    @model_validator(mode="after")
-    def _heartbeat_below_ttl(self) -> GenerateConfig:
-        if self.lease_heartbeat_s >= self.lease_ttl_s:
-            raise ValueError(
-                f"lease_heartbeat_s ({self.lease_heartbeat_s}) must be below lease_ttl_s "
-                f"({self.lease_ttl_s}), or a live worker's shards would be taken over"
-            )
-        return self
 
 
-class ExtractConfig(Strict):
+class ExtractConfig(ShardLeaseConfig):
     engine: Literal["local", "sglang"] = Field(
         "local", description="local: transformers in-process; sglang: SGLang's engine on a GPU node."
     )

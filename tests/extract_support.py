@@ -2,13 +2,15 @@
 copied per test), and a runner the crash test starts as a subprocess and kills.
 
     python -m tests.extract_support PARAMS_YAML [PART_BYTES]   runs the extract stage in
-    plain code, printing READY after prepare() and COMMITTED <shard> after each shard.
+    plain code, under shard leases like the flow, printing READY after prepare() and
+    <STATUS> <shard> after each shard it ran (COMMITTED, SKIPPED, LEASE_LOST, ...).
 """
 
 from __future__ import annotations
 
 import shutil
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +83,7 @@ def unmarked_objects(run: RunFolder) -> set[str]:
 
 def main(argv: list[str]) -> int:
     from tasks.extract.stage import ExtractStage
+    from tasks.runfolder.schedule import ShardScheduler, run_one_at_a_time
 
     cfg = load_config(argv[0])
     run = RunFolder(cfg.run_root)
@@ -88,12 +91,20 @@ def main(argv: list[str]) -> int:
     stage = ExtractStage(cfg, run, load_tokenizer(cfg.target.model_path), part_bytes=part_bytes)
     pending = stage.prepare()
     print("READY", len(pending), flush=True)
-    for shard_id in pending:
-        stage.run_shard(shard_id)
-        print("COMMITTED", shard_id, flush=True)
+
+    def run_one(shard_id: str) -> dict[str, Any]:
+        outcome = asdict(stage.run_shard(shard_id))
+        print(outcome["status"].upper(), shard_id, flush=True)
+        return outcome
+
+    scheduler = ShardScheduler(stage, pending, max_running=1)
+    failures = run_one_at_a_time(scheduler, run_one, min(1.0, cfg.extract.lease_heartbeat_s))
     summary = stage.finish()
+    stage.close()
     print("COMPLETE" if summary["complete"] else "INCOMPLETE", flush=True)
-    return 0
+    if failures:
+        print(f"FAILED {failures}", file=sys.stderr, flush=True)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ FAILPOINTS = ["commit.after_data:2", "commit.after_part:5", "commit.before_marke
 RANDOM_KILLS = 2
 # The tiny target's shards (8 rows, ~30-130 kB each) become 4 to 8 parts.
 PART_BYTES = 60_000
+# A killed runner's shard lease keeps the next runner off that shard until it expires.
+LEASES = {"lease_ttl_s": 2.0, "lease_heartbeat_s": 0.5}
 
 
 def _start(params, log, failpoint: str | None = None) -> subprocess.Popen:
@@ -51,7 +53,7 @@ def test_kill9_mid_extraction_then_resume_extracts_every_row_once(
     tmp_path_factory, tmp_path, tiny_target_dir
 ):
     cfg, params = generated_run(
-        tmp_path_factory.getbasetemp(), tiny_target_dir, tmp_path, batch_size=1
+        tmp_path_factory.getbasetemp(), tiny_target_dir, tmp_path, batch_size=1, **LEASES
     )
     run = RunFolder(cfg.run_root)
     log = open(tmp_path / "runner.log", "a")  # noqa: SIM115 - shared with the children

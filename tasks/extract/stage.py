@@ -12,6 +12,11 @@ A shard's states are written as parts of about `part_bytes` while it is extracte
 self-contained safetensors object, decoded back and verified before it is written), then
 committed under one marker listing them: a shard of 100+ GB never sits in host memory,
 is never hashed in one pass, and no object exceeds S3's single-PUT limit.
+
+Several workers may extract one run root: like generation, each shard runs under its lease
+(tasks/runfolder/leases.py), checked between capture chunks and verified right before the
+commit; start-up cleanup spares the parts of shards leased elsewhere, and a worker that takes
+over a dead worker's shard removes the parts that worker left.
 """
 
 from __future__ import annotations
@@ -29,8 +34,18 @@ from tasks.extract.capture import CaptureBackend, aux_capture_layers
 from tasks.extract.forecast import check_forecast, forecast_extract
 from tasks.extract.sequences import SequenceBuilder
 from tasks.extract.storage import STAGE, ExtractFormatError, ShardWriter, verify_shard
-from tasks.runfolder import FingerprintMismatch, RunFolder, ShardStore, content_hash, new_attempt_id
+from tasks.runfolder import (
+    FingerprintMismatch,
+    Lease,
+    LeaseTable,
+    LeaseView,
+    RunFolder,
+    ShardStore,
+    content_hash,
+    new_attempt_id,
+)
 from tasks.runfolder.fingerprint import diff_fingerprints
+from tasks.runfolder.schedule import run_under_lease
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +65,7 @@ CAPTURE_CHUNK_BATCHES = 8
 @dataclass
 class ExtractShardOutcome:
     shard_id: str
-    status: str  # "committed" | "skipped" | "lost_race"
+    status: str  # "committed" | "skipped" | "lost_race" | "leased" | "lease_lost"
     rows: int
     dead: int
     tokens: int
@@ -75,12 +90,14 @@ class ExtractStage:
         self.part_bytes = part_bytes if part_bytes is not None else cfg.extract.part_bytes
         self.gen = ShardStore(run, "generate")
         self.store = ShardStore(run, STAGE)
+        ex = cfg.extract
+        self.leases = LeaseTable(run, STAGE, ex.lease_ttl_s, ex.lease_heartbeat_s)
+        self._sources: dict[str, dict[str, Any]] = {}  # generation markers, as last observed
         recorded = run.read_json("run.json")
         if recorded is None:
             raise FileNotFoundError(f"{run.url}/run.json is missing: run the generate stage first")
         self.layout = target_layout(cfg.target.model_path, cfg.target.revision)
         self.aux_layer_ids = aux_capture_layers(self.layout.model_type, self.layout.num_layers)
-        ex = cfg.extract
         self.settings: dict[str, Any] = {
             "aux_layer_ids": self.aux_layer_ids,
             "hidden_size": self.layout.hidden_size,
@@ -136,8 +153,8 @@ class ExtractStage:
 
     def prepare(self) -> list[str]:
         """Clean up after crashes, refuse changed settings or a forecast that does not fit,
-        and return the shards to run."""
-        self.store.cleanup()
+        and return the shards to run (some may be leased by other workers right now)."""
+        self.store.cleanup(protected=self.leases.live_shards)
         self._check_settings()
         ex = self.cfg.extract
         self.forecast = forecast_extract(
@@ -151,7 +168,35 @@ class ExtractStage:
         check_forecast(self.forecast)
         return self.pending_shards()
 
+    def observe(self) -> tuple[dict[str, dict[str, Any]], dict[str, LeaseView]]:
+        """(committed extract markers, current leases), from the run folder."""
+        self._sources = self.gen.committed()
+        return self.store.committed(), self.leases.scan()
+
+    def marker_done(self, shard_id: str, marker: dict[str, Any]) -> bool:
+        """A marker finishes its shard unless it is stale (as of the last `observe`)."""
+        source = self._sources.get(shard_id)
+        return source is not None and not self._stale(marker, source)
+
+    def claim(self, shard_id: str) -> bool:
+        """Take the shard's lease for this process; False while another worker holds it."""
+        return self.leases.claim(shard_id) is not None
+
+    def release(self, shard_id: str) -> None:
+        self.leases.release(shard_id)
+
     def run_shard(self, shard_id: str) -> ExtractShardOutcome:
+        """Extract one shard under its lease: the one `claim` took (the caller releases it),
+        else one claimed and released here. A shard leased by a live worker elsewhere, or
+        taken over mid-run, ends as "leased" / "lease_lost" without committing."""
+        return run_under_lease(
+            self.leases,
+            shard_id,
+            lambda lease: self._run_leased(shard_id, lease),
+            lambda status: ExtractShardOutcome(shard_id, status, 0, 0, 0, 0, {}),
+        )
+
+    def _run_leased(self, shard_id: str, lease: Lease) -> ExtractShardOutcome:
         source = self.gen.marker(shard_id)
         if source is None:
             raise ValueError(f"shard {shard_id}: no committed generation shard of that id")
@@ -166,6 +211,10 @@ class ExtractStage:
                 existing.get("truncated", 0),
                 existing,
             )
+        if "took_over" in lease.record:
+            # The dead holder's parts were spared by every cleanup while its lease was live;
+            # only this lease may write the shard now, so they are strays.
+            self.store.cleanup(protected=lambda: self.leases.live_shards() - {shard_id})
         rows = self.gen.read_rows(source)
         built = self.builder.build(rows)
         parts = self.store.part_writer(shard_id, new_attempt_id(), "safetensors")
@@ -188,12 +237,14 @@ class ExtractStage:
             for start in range(0, len(built.sequences), chunk):
                 group = built.sequences[start : start + chunk]
                 writer.add_many(group, self.backend.capture([s.input_ids for s in group]))
+                lease.check()
             writer.flush()
             if keys != [s.sequence_id for s in built.sequences]:
                 raise ExtractFormatError(
                     f"shard {shard_id}: sequence ids decoded from its {len(parts.parts)} parts "
                     "differ from the built ones"
                 )
+            lease.verify()  # asks the store: a takeover seen here stops before the marker
         except BaseException:
             parts.abort()  # an attempt that will not commit leaves no parts behind
             raise
@@ -273,6 +324,8 @@ class ExtractStage:
         return {**summary, "complete": complete}
 
     def close(self) -> None:
+        """Release this process's leases and the capture backend (idempotent)."""
+        self.leases.close()
         if self._backend is not None:
             self._backend.close()
             self._backend = None

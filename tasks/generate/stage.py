@@ -16,6 +16,7 @@ from tasks.generate.plan import ShardPlan, load_or_plan_shards, planned_requests
 from tasks.generate.progress import ProgressTracker
 from tasks.generate.shard import STAGE, ShardOutcome, run_shard
 from tasks.runfolder import Lease, LeaseLost, LeaseTable, LeaseView, RunFolder, ShardStore
+from tasks.runfolder.schedule import run_under_lease
 from tasks.target import render_prompt_ids
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class GenerateStage:
         self._by_id = {s.shard_id: s for s in self.shards}
         self._sampling = sampling_params(self.cfg)
         self._render_lock = threading.Lock()
+        self._prepared_attempts: dict[str, str | None] = {}
         k = self.cfg.sampling.samples_per_prompt
         self.progress = ProgressTracker(
             self.run,
@@ -72,6 +74,7 @@ class GenerateStage:
         may be leased by other workers right now: `claimable` says which to start)."""
         self.store.cleanup(protected=self.leases.live_shards)
         committed = self.store.committed()
+        self._prepared_attempts = {s: m.get("attempt") for s, m in committed.items()}
         retry_dead = self.cfg.generate.retry_dead
         pending = []
         for shard in self.shards:
@@ -101,6 +104,13 @@ class GenerateStage:
     def release(self, shard_id: str) -> None:
         self.leases.release(shard_id)
 
+    def marker_done(self, shard_id: str, marker: dict[str, Any]) -> bool:
+        """retry-dead reruns marked shards: only a newer marker than the one prepare() saw
+        finishes such a shard."""
+        if not self.cfg.generate.retry_dead or marker.get("dead", 0) == 0:
+            return True
+        return marker.get("attempt") != self._prepared_attempts.get(shard_id)
+
     def lease_views(self) -> dict[str, LeaseView]:
         return self.leases.scan()
 
@@ -108,20 +118,12 @@ class GenerateStage:
         """Run one shard under its lease: the one `claim` took (kept afterwards, the caller
         releases it), else one claimed and released here. A shard leased by a live worker
         elsewhere, or taken over mid-run, ends as "leased" / "lease_lost", not as a failure."""
-        lease = self.leases.held(shard_id)
-        owned = lease is None
-        if owned:
-            lease = self.leases.claim(shard_id)
-            if lease is None:
-                return self._not_ours(shard_id, "leased")
-        try:
-            return self._run_leased(shard_id, lease)
-        except LeaseLost as e:
-            log.warning("%s", e)
-            return self._not_ours(shard_id, "lease_lost")
-        finally:
-            if owned:
-                self.leases.release(shard_id)
+        return run_under_lease(
+            self.leases,
+            shard_id,
+            lambda lease: self._run_leased(shard_id, lease),
+            lambda status: self._not_ours(shard_id, status),
+        )
 
     def _not_ours(self, shard_id: str, status: str) -> ShardOutcome:
         view = self.leases.scan([shard_id]).get(shard_id)
