@@ -39,11 +39,11 @@ browser:
 	  || echo "browser: no chromium and it could not be installed; the UI browser test will skip"
 
 test: $(STAMP) browser
-	$(BIN)/ruff check flows tasks tests benchmarks
+	$(BIN)/ruff check flows tasks tests benchmarks deployments
 	PREFECT_SERVER_ANALYTICS_ENABLED=false $(BIN)/pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check flows tasks tests benchmarks
+	$(BIN)/ruff check flows tasks tests benchmarks deployments
 
 # A real Prefect server on 127.0.0.1:4200 (profile eaglescale-local), work pools, a process
 # worker, the deployments and automations; infra/prefect/local_server.sh --help for options.
