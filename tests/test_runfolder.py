@@ -263,3 +263,21 @@ def test_racing_part_writers_one_winner_losers_parts_gone(tmp_path):
     assert run.listdir("extract/data") == [f"s0.{winner}.p000{i}.bin" for i in range(3)]
     assert run.listdir("extract/dead") == [f"s0.{winner}.parquet"]
     assert _keys_of(store, marker) == keys
+
+
+def test_committed_reads_each_marker_once_until_it_is_rewritten(tmp_path):
+    run = RunFolder(str(tmp_path / "run"))
+    store = ShardStore(run, "generate")
+    store.commit("s0", _rows(["a"]), _dead(["b"]), {"a", "b"}, "t1", "fp")
+    store.commit("s1", _rows(["c"]), _dead([]), {"c"}, "t1", "fp")
+    reads: list[str] = []
+    read_json = run.read_json
+    run.read_json = lambda rel: reads.append(rel) or read_json(rel)  # counts the store's GETs
+    assert set(store.committed()) == {"s0", "s1"} and len(reads) == 2
+    assert store.committed()["s0"]["attempt"] == "t1" and len(reads) == 2  # served from the cache
+    # Another writer (a second store on the same run) replaces s0: the next scan sees it.
+    ShardStore(RunFolder(str(tmp_path / "run")), "generate").commit(
+        "s0", _rows(["a", "b"]), _dead([]), {"a", "b"}, "t2", "fp", replace=True
+    )
+    assert store.committed()["s0"]["attempt"] == "t2"
+    assert reads[2:] == ["generate/_SUCCESS/s0.json"]

@@ -171,7 +171,9 @@ class ExtractStage:
     def observe(self) -> tuple[dict[str, dict[str, Any]], dict[str, LeaseView]]:
         """(committed extract markers, current leases), from the run folder."""
         self._sources = self.gen.committed()
-        return self.store.committed(), self.leases.scan()
+        committed = self.store.committed()
+        done = {s for s, m in committed.items() if self.marker_done(s, m)}
+        return committed, self.leases.scan(s for s in self._sources if s not in done)
 
     def marker_done(self, shard_id: str, marker: dict[str, Any]) -> bool:
         """A marker finishes its shard unless it is stale (as of the last `observe`)."""

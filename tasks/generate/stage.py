@@ -180,7 +180,9 @@ class GenerateStage:
         """(committed markers, current leases) of every shard, from the run folder; shards
         committed or leased by other workers are reflected in progress."""
         committed = self.store.committed()
-        views = self.leases.scan()
+        # Finished shards' leases no longer matter: read only the others' (one GET each).
+        done = {s for s, m in committed.items() if self.marker_done(s, m)}
+        views = self.leases.scan(s for s in self._by_id if s not in done)
         for shard_id, marker in committed.items():
             if shard_id in self._by_id:
                 self.progress.note_committed_elsewhere(

@@ -77,6 +77,9 @@ class ShardStore:
 
     def __init__(self, run: RunFolder, stage: str):
         self.run, self.stage = run, stage
+        # name -> (size, modification stamp, marker): a scan that runs every few seconds for
+        # days reads only markers that are new or rewritten (one LIST, not one GET per shard).
+        self._markers: dict[str, tuple[Any, Any, dict[str, Any]]] = {}
 
     def marker_key(self, shard_id: str) -> str:
         return f"{self.stage}/_SUCCESS/{shard_id}.json"
@@ -86,12 +89,27 @@ class ShardStore:
 
     def committed(self) -> dict[str, dict[str, Any]]:
         """shard_id -> marker for every marked shard (the markers are trusted as written last)."""
+        full = self.run.path(f"{self.stage}/_SUCCESS")
+        self.run.fs.invalidate_cache(full)
+        try:
+            entries = self.run.fs.ls(full, detail=True)
+        except FileNotFoundError:
+            return {}
         out = {}
-        for name in self.run.listdir(f"{self.stage}/_SUCCESS"):
-            if name.endswith(".json") and not name.startswith(TMP_PREFIX):
-                marker = self.run.read_json(f"{self.stage}/_SUCCESS/{name}")
-                if marker is not None:
-                    out[name.removesuffix(".json")] = marker
+        for entry in entries:
+            name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
+            if not name.endswith(".json") or name.startswith(TMP_PREFIX):
+                continue
+            stamp = entry.get("ETag") or entry.get("mtime") or entry.get("LastModified")
+            cached = self._markers.get(name)
+            if stamp is not None and cached is not None and cached[:2] == (entry.get("size"), stamp):
+                out[name.removesuffix(".json")] = cached[2]
+                continue
+            marker = self.run.read_json(f"{self.stage}/_SUCCESS/{name}")
+            if marker is not None:
+                out[name.removesuffix(".json")] = marker
+                if stamp is not None:
+                    self._markers[name] = (entry.get("size"), stamp, marker)
         return out
 
     def commit(
