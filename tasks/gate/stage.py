@@ -197,8 +197,8 @@ def _scaling(run: RunFolder, config: EagleScaleConfig, replayed: ReplayResult, p
     points = train_at_fractions(run, config.train, config.target.model_path, config.gate.scaling_fractions, num_steps=k)
     # The full-data point is the trained draft itself, replayed above: not trained again.
     n_train = int(extract_metadata(run)["splits"].get("train", 0))
-    points.append(ScalingPoint(OVERALL, n_train, replayed.overall[k]["accept_length"]))
-    points += [ScalingPoint(d, n_train, t[k]["accept_length"]) for d, t in replayed.per_domain.items()
+    tables = {OVERALL: replayed.overall, **replayed.per_domain}
+    points += [ScalingPoint(d, n_train, t[k]["accept_length"]) for d, t in tables.items()
                if t[k]["accept_length"] is not None]  # fmt: skip
     break_even = prediction.per_steps[k]["break_even_accept_length"] if prediction and k in prediction.per_steps else None
     return write_scaling_report(run, points, break_even, k)
