@@ -14,12 +14,16 @@ from tasks.engines.local_spec import DecodeResult, SpecEngine
 
 @torch.inference_mode()
 def measure_step_costs(
-    engine: SpecEngine, num_steps: Sequence[int], iters: int = 50, position: int = 256
+    engine: SpecEngine, num_steps: Sequence[int], iters: int = 50, position: int = 256, synced: bool = False
 ) -> dict[str, Any]:
     """Mean seconds of one baseline step, one verify of k+1 tokens and one draft cycle
     (extend over k+1 rows + rollout of k), each timed alone over `iters` runs after three
     warm-up runs, at a mid-sequence `position` (attention reads the whole static cache, so the
-    cost does not depend on it). Returns the cost model's dict (tasks.gate.cost_model)."""
+    cost does not depend on it). Returns the cost model's dict (tasks.gate.cost_model).
+
+    `synced` syncs after every run: a decode cycle reads its result back once, so host launches
+    and device work do not overlap across cycles; where the host is the bottleneck (eager CUDA)
+    that, not the pipelined timing, is what one cycle costs alone."""
     if position + max(num_steps, default=0) + 2 >= engine.target.max_len:
         position = engine.target.max_len // 2
 
@@ -28,6 +32,16 @@ def measure_step_costs(
             reset()
             run()
         engine.sync()
+        if synced:
+            total = 0.0
+            for _ in range(iters):
+                reset()
+                engine.sync()
+                began = time.perf_counter()
+                run()
+                engine.sync()
+                total += time.perf_counter() - began
+            return total / iters
         began = time.perf_counter()
         for _ in range(iters):
             reset()
@@ -39,7 +53,7 @@ def measure_step_costs(
         "baseline_step_s": timed(engine.baseline_step(), lambda: engine.base_pos.fill_(position)),
         "verify_s": {},
         "draft_cycle_s": {},
-        "source": "local_spec",
+        "source": "local_spec synced" if synced else "local_spec",
         "cuda_graphs": engine.use_cuda_graphs,
         "device": str(engine.device),
     }
