@@ -26,6 +26,7 @@ from rich.text import Text
 from tasks.notify import format_duration
 from tasks.runfolder import LeaseView, RunFolder, ShardStore, holder_label, read_leases
 from tasks.runfolder.fingerprint import flatten
+from tasks.status_stages import later_stages, stage_rows
 
 DEFAULT_STALL_AFTER_S = 900.0
 DEFAULT_LEASE_TTL_S = 120.0  # for lease records that do not carry their holder's TTL
@@ -234,6 +235,7 @@ def read_status(
         },
         "discover": _discover_status(run),
         "generate": generate,
+        **later_stages(run, generate["shards"]["committed"], DEFAULT_LEASE_TTL_S),
         "stalled": generate["stalled"],
     }
 
@@ -288,6 +290,8 @@ def _overview(status: dict[str, Any]) -> Table:
     grid.add_row("", ProgressBar(total=max(req["total"], 1), completed=req["done"], width=60))
     states = " · ".join(f"{n} {s}" for s, n in sorted(shards["by_state"].items())) or "none"
     grid.add_row("shards", f"{shards['committed']} / {shards['planned']} committed ({states})")
+    for label, text in stage_rows(status):
+        grid.add_row(label, text)
     return grid
 
 

@@ -254,3 +254,27 @@ def test_render_is_compact_for_hundreds_of_shards(tmp_path: Path) -> None:
     assert "failed" in shard_rows[0] and "EngineUnavailable: no server" in shard_rows[0]
     assert "http://10.0.0.1:30000" in text
     assert len(text.splitlines()) < 60
+
+
+def test_later_stages_show_extraction_training_and_the_gate(tmp_path: Path) -> None:
+    root = make_run(tmp_path / "run")
+    run = open_run(str(root))
+    assert {k: read_status(run, now=NOW)[k] for k in ("extract", "train", "gate")} == dict.fromkeys(
+        ("extract", "train", "gate")
+    )
+    _write(root, "extract/_SUCCESS/s00000-abcd.json", {"rows": 20, "attempt": "x1"})
+    _write(root, "train/best.json", {"step": 200, "sim_accept_len": 1.75})
+    _write(root, "train/result.json", {"steps": 300})
+    summary = {"outcome": "promote", "speedup": 1.31, "ci": [1.12, 1.5], "accept_length": 2.4, "message": "m"}
+    _write(root, "gate/_SUCCESS.json", {"identity": {}, "summary": summary})
+    _write(root, "promoted.json", {"draft_id": "run-abc123"})
+    status = read_status(run, now=NOW)
+    assert status["extract"] == {"shards": 1, "of": 2, "sequences": 20, "complete": False, "leased": []}
+    assert status["train"] == {"steps": 300, "best_step": 200, "best_sim_accept_len": 1.75, "exported": False}
+    assert status["gate"]["outcome"] == "promote" and status["gate"]["promoted_draft"] == "run-abc123"
+    console = Console(width=120, record=True)
+    console.print(render_status(status))
+    text = console.export_text()
+    assert "extract      running: 1 / 2 shards, 20 sequences" in text
+    assert "PROMOTE: speedup 1.310x (CI 1.120–1.500), accept length 2.40" in text
+    assert "run-abc123" in text

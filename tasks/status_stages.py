@@ -1,0 +1,98 @@
+"""`eaglescale status` for the stages after generation: extraction, training, the gate.
+
+Like the rest of the status command, it reads only the run folder (markers and the small JSON
+files each stage writes last), so it works with no Prefect server and on a crashed run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tasks.runfolder import RunFolder, ShardStore, read_leases
+
+# The files each stage writes; named here, not imported, to keep `status` light to start.
+EXTRACT_COMPLETE = "extract/_COMPLETE"
+TRAIN_BEST = "train/best.json"
+TRAIN_RESULT = "train/result.json"
+TRAIN_FINAL = "train/final/config.json"
+GATE_DONE = "gate/_SUCCESS.json"
+PROMOTED = "promoted.json"
+
+
+def extract_status(run: RunFolder, generated: int, lease_ttl_s: float) -> dict[str, Any] | None:
+    committed = ShardStore(run, "extract").committed()
+    if not committed and not run.exists(EXTRACT_COMPLETE):
+        return None
+    leased = [f"{v.shard_id}: {v.describe()}" for v in read_leases(run, "extract", lease_ttl_s).values()
+              if v.live and v.shard_id not in committed]  # fmt: skip
+    return {
+        "shards": len(committed),
+        "of": generated,
+        "sequences": sum(int(m.get("rows", 0)) for m in committed.values()),
+        "complete": run.exists(EXTRACT_COMPLETE),
+        "leased": leased,
+    }
+
+
+def train_status(run: RunFolder) -> dict[str, Any] | None:
+    best, result = run.read_json(TRAIN_BEST), run.read_json(TRAIN_RESULT)
+    if best is None and result is None:
+        return None
+    best = best or {}
+    return {
+        "steps": (result or {}).get("steps"),
+        "best_step": best.get("step"),
+        "best_sim_accept_len": best.get("sim_accept_len"),
+        "exported": run.exists(TRAIN_FINAL),
+    }
+
+
+def gate_status(run: RunFolder) -> dict[str, Any] | None:
+    done = run.read_json(GATE_DONE)
+    if done is None:
+        return None
+    summary = done.get("summary", {})
+    promoted = run.read_json(PROMOTED)
+    return {
+        "outcome": summary.get("outcome"),
+        "speedup": summary.get("speedup"),
+        "ci": summary.get("ci"),
+        "accept_length": summary.get("accept_length"),
+        "message": summary.get("message"),
+        "promoted_draft": (promoted or {}).get("draft_id"),
+    }
+
+
+def later_stages(run: RunFolder, generated: int, lease_ttl_s: float) -> dict[str, Any]:
+    return {
+        "extract": extract_status(run, generated, lease_ttl_s),
+        "train": train_status(run),
+        "gate": gate_status(run),
+    }
+
+
+def _fmt(x: Any, spec: str) -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def stage_rows(stages: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, text) rows for the status view; stages not started are left out."""
+    rows = []
+    ext = stages.get("extract")
+    if ext is not None:
+        state = "COMPLETE" if ext["complete"] else "running"
+        rows.append(("extract", f"{state}: {ext['shards']} / {ext['of']} shards, {ext['sequences']:,} sequences"))
+        rows += [("", f"leased: {d}") for d in ext["leased"]]
+    tr = stages.get("train")
+    if tr is not None:
+        text = (f"{_fmt(tr['steps'], ',')} steps; best step {_fmt(tr['best_step'], ',')}, "
+                f"simulated accept length {_fmt(tr['best_sim_accept_len'], '.3f')}")  # fmt: skip
+        rows.append(("train", text + ("; exported" if tr["exported"] else "; not exported yet")))
+    gate = stages.get("gate")
+    if gate is not None:
+        ci = gate["ci"] or [None, None]
+        text = (f"{str(gate['outcome']).upper()}: speedup {_fmt(gate['speedup'], '.3f')}x "
+                f"(CI {_fmt(ci[0], '.3f')}–{_fmt(ci[1], '.3f')}), accept length {_fmt(gate['accept_length'], '.2f')}")  # fmt: skip
+        rows.append(("gate", text))
+        rows.append(("promoted", gate["promoted_draft"] or "none"))
+    return rows
