@@ -28,6 +28,7 @@ def write_params(tmp_path: Path, model_dir: Path, run_root: str, **sections: dic
     params = yaml.safe_load((ROOT / "deployments/params/smoke.yaml").read_text())
     params["run_root"] = run_root
     params["target"]["model_path"] = str(model_dir)
+    params["gate"]["registry_url"] = str(tmp_path / "registry")  # never the checkout's
     for source in params["discover"]["sources"]:
         source["path"] = str(ROOT / source["path"])
     for name, values in sections.items():
