@@ -67,7 +67,7 @@ def run_shard(
     store: ShardStore,
     shard_id: str,
     planned: list[PlannedRequest],
-    render_ids: Callable[[str], list[int]],
+    render_ids: Callable[[list[str]], list[list[int]]],
     engine: Engine,
     sampling: SamplingParams,
     fp_hash: str,
@@ -173,7 +173,7 @@ def _generate(
     attempt: str,
     pending: list[PlannedRequest],
     by_rid: dict[str, PlannedRequest],
-    render_ids: Callable[[str], list[int]],
+    render_ids: Callable[[list[str]], list[list[int]]],
     engine: Engine,
     sampling: SamplingParams,
     journal_flush_s: float,
@@ -199,11 +199,10 @@ def _generate(
         if lease is not None:
             lease.check()  # journaled first: the taker's replay can still use this result
 
+    rendered = render_ids([p.prompt_id for p in pending])
     requests = [
-        GenerationRequest(
-            p.request_id, p.prompt_id, p.sample_index, tuple(render_ids(p.prompt_id)), sampling
-        )
-        for p in pending
+        GenerationRequest(p.request_id, p.prompt_id, p.sample_index, tuple(ids), sampling)
+        for p, ids in zip(pending, rendered, strict=True)
     ]
     try:
         engine.generate(requests, sink)

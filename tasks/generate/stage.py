@@ -92,10 +92,12 @@ class GenerateStage:
         self.progress.write()
         return pending
 
-    def _render(self, prompt_id: str) -> list[int]:
-        # Tokenizers are not guaranteed thread-safe; shard tasks share this one.
+    def _render(self, prompt_ids: list[str]) -> list[list[int]]:
+        # Tokenizers are not guaranteed thread-safe; shard tasks share this one. One critical
+        # section per shard, not per prompt: shards starting together would otherwise
+        # interleave and none would send a request until all had rendered (P7).
         with self._render_lock:
-            return render_prompt_ids(self.tokenizer, json.loads(self._messages[prompt_id]))
+            return [render_prompt_ids(self.tokenizer, json.loads(self._messages[p])) for p in prompt_ids]
 
     def claim(self, shard_id: str) -> bool:
         """Take the shard's lease for this process; False while another worker holds it."""
