@@ -219,3 +219,29 @@ def test_failed_stage_makes_watch_exit_nonzero_and_reaches_slack(stack, tmp_path
     for text in stack.texts("/"):
         assert SECRET not in text
     assert SECRET not in result.stdout + result.stderr
+
+
+def test_stage_named_in_stage_deployments_runs_as_a_child_deployment(stack, tmp_path, tiny_target_dir):
+    """What kimi-k25 does with its GPU stages, on the process pool: the parent hands `generate`
+    to its own deployment through run_deployment, and the child run shows under the parent."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentTaskRunId
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    deploy = ["--no-prompt", "deploy", "flows/generate.py:generate_flow", "-n", "e2e-child", "-p", "eaglescale-process"]
+    _ok(_prefect(deploy, stack.env))
+    run_root = tmp_path / "run"
+    config = _smoke_config(run_root, tiny_target_dir)
+    config["orchestration"] = {"stage_deployments": {"generate": "generate/e2e-child"}}
+    out = _ok(stack.run_smoke(config))
+    assert "Completed" in out
+    committed = ShardStore(RunFolder(str(run_root)), "generate").committed()
+    assert len(committed) == 7 and sum(m["rows"] for m in committed.values()) == 276
+    with temporary_settings(updates={PREFECT_API_URL: stack.url}), get_client(sync_client=True) as client:
+        (child_deployment,) = [d for d in client.read_deployments() if d.name == "e2e-child"]
+        children = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_task_run_id=FlowRunFilterParentTaskRunId(is_null_=False))
+        )
+        mine = [r for r in children if r.deployment_id == child_deployment.id]
+        assert len(mine) == 1 and mine[0].state.is_completed()
+        assert mine[0].parameters["config"]["run_root"] == str(run_root)
