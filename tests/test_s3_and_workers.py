@@ -42,6 +42,13 @@ def test_smoke_run_on_s3_run_root(tmp_path, tiny_target_dir, monkeypatch):
         assert attempts and run.listdir(f"generate/journal/{shard}/{attempts[0]}")
         progress = run.read_json("generate/progress.json")
         assert progress["requests"]["done"] == 60
+        # The later stages on the object store: extraction, the exported draft, the gate.
+        assert ShardStore(run, "extract").is_complete()
+        assert run.exists("train/final/model.safetensors")
+        decision = run.read_json("gate/_SUCCESS.json")["summary"]
+        assert decision["outcome"] in ("promote", "reject", "stopped") and decision["message"]
+        assert run.exists("gate/report.md")
+        assert run.read_json("gate/replay.json")["overall"]
         assert "testing" not in log.read_text()  # the secret key never reaches the logs
 
 

@@ -82,8 +82,8 @@ def materialize_draft(run: RunFolder, dest: Path) -> Path:
     if "config.json" not in names:
         raise FileNotFoundError(f"{run.url}/{DRAFT_KEY} holds no exported draft: run the train stage first")
     dest.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        (dest / name).write_bytes(run.read_bytes(f"{DRAFT_KEY}/{name}"))
+    for name in names:  # streamed: a production draft's weights are gigabytes
+        run.fs.get_file(run.path(f"{DRAFT_KEY}/{name}"), str(dest / name))
     return dest
 
 
