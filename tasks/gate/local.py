@@ -23,9 +23,8 @@ from tasks.gate.plan import (
     GateStopped,
     LaunchRecord,
     RequestRecord,
-    launch_order,
 )
-from tasks.gate.protocol import BaselineOutputs, accept_length, check_acceptance
+from tasks.gate.protocol import BaselineOutputs, accept_length, check_acceptance, run_protocol
 
 
 def local_configs(configs: list[BenchConfig]) -> list[BenchConfig]:
@@ -52,19 +51,11 @@ class LocalGateRunner:
         self.reference = BaselineOutputs()
 
     def run(self) -> BenchResult:
-        result = BenchResult(self.configs, self.prompts, self.cfg.repetitions)
-        for rep, config in launch_order(self.configs, self.cfg.repetitions):
-            record = LaunchRecord(config.name, config.env_name, rep, f"local:{self.engine.device}", "")
-            record.server_info = {"engine": "local_spec", "cuda_graphs": self.engine.use_cuda_graphs}
-            result.launches.append(record)
-            try:
-                self._launch(rep, config, record)
-            except GateStopped as e:
-                result.stopped = str(e)
-                break
-        return result
+        return run_protocol(self.configs, self.prompts, self.cfg.repetitions, self._launch)
 
     def _launch(self, rep: int, config: BenchConfig, record: LaunchRecord) -> None:
+        record.url = f"local:{self.engine.device}"
+        record.server_info = {"engine": "local_spec", "cuda_graphs": self.engine.use_cuda_graphs}
         warm = [self._request(config, -1, p) for p in self.prompts[: self.cfg.warmup_requests]]
         if config.spec is not None:
             record.warmup_accept_length = check_acceptance(self.cfg.acceptance_floor, config, warm, "after warm-up")

@@ -21,6 +21,7 @@ import hashlib
 import itertools
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -77,6 +78,26 @@ def diagnose_acceptance(accept: float, floor: float, config: str, when: str = "a
     )
 
 
+def run_protocol(
+    configs: list[BenchConfig],
+    prompts: list[BenchPrompt],
+    repetitions: int,
+    launch: Callable[[int, BenchConfig, LaunchRecord], None],
+) -> BenchResult:
+    """Every (repetition, config) in launch order, one LaunchRecord each, filled by `launch`;
+    the first GateStopped ends the benchmark with its diagnosis."""
+    result = BenchResult(configs, prompts, repetitions)
+    for rep, config in launch_order(configs, repetitions):
+        record = LaunchRecord(config.name, config.env_name, rep, "", "")
+        result.launches.append(record)
+        try:
+            launch(rep, config, record)
+        except GateStopped as e:
+            result.stopped = str(e)
+            break
+    return result
+
+
 def check_acceptance(floor: float, config: BenchConfig, records: list[RequestRecord], when: str) -> float:
     """Accept length over `records`; stops the gate on failed requests, on a server that does
     not speculate, and below the floor (with the diagnosis)."""
@@ -129,17 +150,11 @@ class GateRunner:
         self._rids = itertools.count()
 
     def run(self) -> BenchResult:
-        result = BenchResult(self.configs, self.prompts, self.cfg.repetitions)
         with httpx.Client(timeout=self.cfg.request_timeout_s, trust_env=False) as client:
-            for rep, config in launch_order(self.configs, self.cfg.repetitions):
-                record = LaunchRecord(config.name, config.env_name, rep, "", "")
-                result.launches.append(record)
-                try:
-                    self._launch(client, rep, config, record)
-                except GateStopped as e:
-                    result.stopped = str(e)
-                    break
-        return result
+            return run_protocol(
+                self.configs, self.prompts, self.cfg.repetitions,
+                lambda rep, config, record: self._launch(client, rep, config, record),
+            )  # fmt: skip
 
     def _launch(self, client: httpx.Client, rep: int, config: BenchConfig, record: LaunchRecord) -> None:
         cfg = self.cfg

@@ -212,6 +212,7 @@ def run_gate_stage(config: EagleScaleConfig, work_dir: Path) -> GateOutcome:
     from tasks.target import read_model_config, resolve_model_dir, text_config
 
     gate, run = config.gate, RunFolder(config.run_root, config.storage_options)
+    identity = gate_identity(run, config)  # the draft as benchmarked, hashed once
     draft_dir = materialize_draft(run, work_dir / "draft")
     target_config = text_config(read_model_config(resolve_model_dir(config.target.model_path)))
     configs = plan_configs(gate, str(draft_dir))
@@ -239,6 +240,6 @@ def run_gate_stage(config: EagleScaleConfig, work_dir: Path) -> GateOutcome:
         registry_storage_options=gate.registry_storage_options, draft_storage_options=config.storage_options,
     )  # fmt: skip
     scaling = _scaling(run, config, replayed, prediction) if gate.scaling_fractions else None
-    run.write_json_atomic(DONE_KEY, {"identity": gate_identity(run, config), "summary": summary})
+    run.write_json_atomic(DONE_KEY, {"identity": identity, "summary": summary})
     pred = prediction.to_dict() if prediction else None
     return GateOutcome(summary, decision, replayed.to_dict(), pred, report, scaling)
