@@ -27,6 +27,7 @@ from tasks.draft import checkpoint as ckpt
 from tasks.draft.export import export_speculators, export_to_run
 from tasks.draft.trainer import PLOT_KEY, RESULT_KEY, TrainCallbacks, train_draft
 from tasks.runfolder import RunFolder
+from tasks.runfolder.layout import TRAIN_FINAL
 
 SPECULATORS_KEY = "train/final-speculators"
 EVAL_COLUMNS = ("step", "loss", "sim_accept", "sim_accept_len", "acc_0", "acc_1", "acc_2", "acc_3")
@@ -53,7 +54,7 @@ def _export(config: EagleScaleConfig, run: RunFolder) -> dict[str, Any]:
         raise RuntimeError(f"{run.url}/{ckpt.BEST_KEY} is missing: training produced no evaluated checkpoint")
     # Exports never hold the embedding (the server shares the target's), so none is loaded.
     model = ckpt.load_run_checkpoint_model(run, best["checkpoint"])
-    final = export_to_run(model, run, "train/final")
+    final = export_to_run(model, run, TRAIN_FINAL)
     # The speculators writer targets a local folder: write there, then copy into the run
     # folder (any store), config.json last so a reader never finds it without its weights.
     with tempfile.TemporaryDirectory() as tmp:

@@ -9,19 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.runfolder import RunFolder, ShardStore, read_leases
-
-# The files each stage writes; named here, not imported, to keep `status` light to start.
-EXTRACT_COMPLETE = "extract/_COMPLETE"
-TRAIN_BEST = "train/best.json"
-TRAIN_RESULT = "train/result.json"
-TRAIN_FINAL = "train/final/config.json"
-GATE_DONE = "gate/_SUCCESS.json"
-PROMOTED = "promoted.json"
+from tasks.runfolder.layout import GATE_DONE, PROMOTED, TRAIN_BEST, TRAIN_FINAL, TRAIN_RESULT
 
 
 def extract_status(run: RunFolder, generated: int, lease_ttl_s: float) -> dict[str, Any] | None:
-    committed = ShardStore(run, "extract").committed()
-    if not committed and not run.exists(EXTRACT_COMPLETE):
+    store = ShardStore(run, "extract")
+    committed = store.committed()
+    if not committed and not store.is_complete():
         return None
     leased = [f"{v.shard_id}: {v.describe()}" for v in read_leases(run, "extract", lease_ttl_s).values()
               if v.live and v.shard_id not in committed]  # fmt: skip
@@ -29,7 +23,7 @@ def extract_status(run: RunFolder, generated: int, lease_ttl_s: float) -> dict[s
         "shards": len(committed),
         "of": generated,
         "sequences": sum(int(m.get("rows", 0)) for m in committed.values()),
-        "complete": run.exists(EXTRACT_COMPLETE),
+        "complete": store.is_complete(),
         "leased": leased,
     }
 
@@ -43,7 +37,7 @@ def train_status(run: RunFolder) -> dict[str, Any] | None:
         "steps": (result or {}).get("steps"),
         "best_step": best.get("step"),
         "best_sim_accept_len": best.get("sim_accept_len"),
-        "exported": run.exists(TRAIN_FINAL),
+        "exported": run.exists(f"{TRAIN_FINAL}/config.json"),
     }
 
 

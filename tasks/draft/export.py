@@ -53,6 +53,7 @@ from tasks.draft.export_checks import (
 )
 from tasks.draft.model import Eagle3Draft
 from tasks.runfolder import RunFolder
+from tasks.runfolder.layout import TRAIN_FINAL
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -219,7 +220,7 @@ def export_speculators(
 def export_to_run(
     model: Eagle3Draft,
     run: RunFolder,
-    rel: str = "train/final",
+    rel: str = TRAIN_FINAL,
     extra_config: dict[str, Any] | None = None,
     dtype: str | None = None,
 ) -> str:

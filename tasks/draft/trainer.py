@@ -29,9 +29,10 @@ from tasks.draft.target_heads import load_target_heads
 from tasks.draft.ttt import Batch, StepStats, TTTModel, counted_rows, summarize
 from tasks.draft.vocab import VOCAB_MAP_KEY, VocabMap, build_vocab_map, count_tokens
 from tasks.runfolder import RunFolder
+from tasks.runfolder.layout import TRAIN_RESULT
 from tasks.target import read_model_config, resolve_model_dir
 
-RESULT_KEY = "train/result.json"
+RESULT_KEY = TRAIN_RESULT
 PLOT_KEY = "train/plots/accuracy.png"
 
 

@@ -22,8 +22,9 @@ import fsspec
 
 from tasks.gate.decision import GateDecision
 from tasks.runfolder import RunFolder
+from tasks.runfolder.layout import PROMOTED
 
-POINTER = "promoted.json"
+POINTER = PROMOTED
 CHUNK = 8 * 1024 * 1024
 
 

@@ -30,6 +30,7 @@ from tasks.gate.promote import promote
 from tasks.gate.replay import ReplayResult, replay
 from tasks.gate.report import write_gate_report
 from tasks.runfolder import RunFolder
+from tasks.runfolder.layout import GATE_DONE, TRAIN_FINAL
 
 if TYPE_CHECKING:
     from tasks.config import EagleScaleConfig
@@ -37,11 +38,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DRAFT_KEY = "train/final"
+DRAFT_KEY = TRAIN_FINAL
 REPLAY_KEY = "gate/replay.json"
 COSTS_KEY = "gate/costs.json"
 PREDICTION_KEY = "gate/prediction.json"
-DONE_KEY = "gate/_SUCCESS.json"
+DONE_KEY = GATE_DONE
 
 
 @dataclass
