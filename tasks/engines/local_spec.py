@@ -124,11 +124,13 @@ class SpecEngine:
         dtype: torch.dtype = torch.float32,
         **kwargs: Any,
     ) -> SpecEngine:
-        """Target from a local HF folder; draft from an export (SGLang or speculators format),
-        given the target's embedding."""
+        """Target from any `target.model_path` (a folder, a GGUF, a package path); draft from an
+        export (SGLang or speculators format), given the target's embedding."""
         from tasks.draft.export import load_exported
+        from tasks.target import resolve_model_dir
 
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, local_files_only=True)
+        model_dir = resolve_model_dir(model_path)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, local_files_only=True)
         model = model.to(device)
         draft = None
         if draft_dir is not None:

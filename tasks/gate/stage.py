@@ -153,7 +153,11 @@ def _benchmark_server(
         launcher = EmulatedLauncher(gate.sglang_version, dict(gate.emulator))
     logs = work_dir / "server-logs"
     logs.mkdir(parents=True, exist_ok=True)
-    return GateRunner(gate, launcher, config.target.model_path, configs, prompts, logs).run()
+    from tasks.target import resolve_model_dir
+
+    # Servers load a local HF folder: a package or GGUF target is its converted folder.
+    model_dir = str(resolve_model_dir(config.target.model_path, config.target.revision))
+    return GateRunner(gate, launcher, model_dir, configs, prompts, logs).run()
 
 
 def calibrated_prediction(costs: dict[str, Any], decision: GateDecision, replayed: ReplayResult) -> Prediction | None:
