@@ -3,7 +3,8 @@
 One process by default; with `train.nproc > 1` the same trainer runs under torchrun (DDP), and
 this flow waits for it. Either way the run folder holds the checkpoints, train/best.json and
 train/result.json, and the best checkpoint is exported to train/final (SGLang's EAGLE3 format)
-and train/final-speculators (vLLM's speculators format).
+and train/final-speculators (vLLM's speculators format). With `train.scaling_fractions` the same
+training then runs on those fractions of the data (train/scaling/, for the gate's curve).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from flows.concurrency import gpu_slots, gpus_needed
 from tasks.config import EagleScaleConfig
 from tasks.draft import checkpoint as ckpt
 from tasks.draft.export import export_speculators, export_to_run
+from tasks.draft.scaling_drafts import scaling_drafts, train_scaling_drafts
 from tasks.draft.trainer import PLOT_KEY, RESULT_KEY, TrainCallbacks, train_draft
 from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import TRAIN_FINAL
@@ -82,6 +84,8 @@ def train_flow(config: EagleScaleConfig) -> dict[str, Any]:
         else:
             callbacks = TrainCallbacks(on_eval=lambda e: log.info("eval: %s", {k: e.get(k) for k in EVAL_COLUMNS}))
             train_draft(run, config.train, config.target.model_path, callbacks=callbacks)
+            if config.train.scaling_fractions:  # the data-scaling drafts the gate measures
+                train_scaling_drafts(run, config.train, config.target.model_path, callbacks=callbacks)
     result = run.read_json(RESULT_KEY) or {}
     exported = _export(config, run)
     evals = result.get("evals", [])
@@ -100,6 +104,7 @@ def train_flow(config: EagleScaleConfig) -> dict[str, Any]:
         "best_step": best.get("step"),
         "best_sim_accept_len": best.get("sim_accept_len"),
         "final": exported["final"],
+        "scaling_drafts": [d["samples"] for d in scaling_drafts(run)],
     }
     notifier.stage_completed("train", summary, time.time() - started)
     return summary

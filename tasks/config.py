@@ -179,7 +179,20 @@ class TrainConfig(Strict):
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
     nproc: int = Field(1, ge=1, description="Processes (GPUs) under torchrun.")
     intermediate_size: int | None = Field(None, ge=1, description="Default: the target's.")
+    scaling_fractions: list[float] = Field(
+        default_factory=list,
+        description="Data-scaling curve: after the full draft, train one more draft on each of these "
+        "fractions of the training split (e.g. [0.1, 0.3]), exported to train/scaling/; the gate "
+        "replays and measures each beside the full one and plots acceptance against samples.",
+    )
     seed: int = 0
+
+    @field_validator("scaling_fractions")
+    @classmethod
+    def _fractions(cls, v: list[float]) -> list[float]:
+        if any(not 0.0 < f < 1.0 for f in v) or len(set(v)) != len(v):
+            raise ValueError(f"scaling_fractions must be distinct fractions in (0, 1), got {v}")
+        return sorted(v)
 
 
 class SlackConfig(Strict):

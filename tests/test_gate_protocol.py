@@ -4,6 +4,7 @@ meta_info fields and log lines; fresh launches per repetition."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +119,9 @@ def test_a_faster_speculative_config_is_promoted(tmp_path: Path, run: RunFolder)
     assert {json.dumps(x["server_info"]["eaglescale_env"]) for x in launches} == {'{"NCCL_ALGO": "Ring"}'}
     assert all(x["graph_problems"] == [] and x["info_problems"] == [] for x in launches)
     assert all(x["log"]["captures"]["target"] == {"begin": 1, "end": 1} for x in launches)
-    assert all(x["log"]["decode_lines"] > 0 and x["log"]["cache_flushes"] == 1 for x in launches)
+    # One flush before the measured requests, and two per cost probe (prefill, then the whole).
+    assert all(x["log"]["decode_lines"] > 0 and x["log"]["cache_flushes"] == 1 + 2 * cfg.warmup_requests for x in launches)
+    assert all(len(x["probes"]) == 2 * cfg.warmup_requests and x["prefill_s"] > 0 and x["step_s"] > 0 for x in launches)
     requests = [r for x in launches for r in x["requests"]]
     assert len(requests) == 6 * 4
     spec = [r for r in requests if r["config"] != "baseline"]
@@ -220,3 +223,81 @@ def test_preflight_fails_before_any_launch(tmp_path: Path, run: RunFolder) -> No
             aux_layer_ids=[2, 4, 5],
         )  # fmt: skip
     assert not (tmp_path / "logs").exists() and not run.exists("gate/report.json")
+
+
+def test_concurrent_servers_start_in_waves_and_are_measured_one_at_a_time(tmp_path: Path, run: RunFolder) -> None:
+    """gate.concurrent_servers: every server of a wave serves before the first of it is
+    measured; measurements never overlap; the protocol order and the decision are unchanged."""
+    cfg = gate_cfg(num_steps=[1, 3], concurrent_servers=4, mem_fraction_static=0.05)
+    result, d = bench(tmp_path, run, cfg, FAST)
+    order = [(x.repetition, x.config) for x in result.launches]
+    assert order == [(rep, c.name) for rep, c in launch_order(plan_configs(cfg, "/d"), cfg.repetitions)]
+    assert len(result.launches) == 6  # a wave of 4, then one of 2
+    for wave in (result.launches[:4], result.launches[4:]):
+        first_measured = min(x.measured_at for x in wave)
+        assert all(x.started_at < first_measured for x in wave)
+    spans = [(x.measured_at, x.measured_at + sum(r.latency_s for r in x.requests)) for x in result.launches]
+    assert all(a[1] <= b[0] + 0.05 for a, b in zip(spans, spans[1:], strict=False))
+    assert d.outcome == "promote"
+
+
+def test_a_speculative_config_that_cannot_start_is_reported_and_the_rest_go_on(tmp_path: Path, run: RunFolder) -> None:
+    cfg = gate_cfg(topk_points=[SpecPoint(num_steps=3, topk=4, num_draft_tokens=8)], concurrent_servers=6,
+                   mem_fraction_static=0.05)  # fmt: skip
+    result, d = bench(tmp_path, run, cfg, {**FAST, "max_topk": 1})
+    tree = [x for x in result.launches if x.config == "eagle3-s3-k4-n8"]
+    assert len(tree) == 2 and all("exited with code 1" in (x.error or "") for x in tree)
+    assert all(x.requests == [] for x in tree)
+    s = d.config("eagle3-s3-k4-n8")
+    assert s is not None and not s.eligible and "exited with code 1" in s.reasons[0]
+    assert d.outcome == "promote" and d.best == "eagle3-s3-k1-n4"
+
+
+def test_reference_and_scaling_drafts_are_measured_beside_and_never_promoted(tmp_path: Path, run: RunFolder) -> None:
+    from tasks.gate.plan import REFERENCE, SCALING, ExtraDraft
+
+    cfg = gate_cfg(repetitions=2, acceptance_floor=1.5)
+    extra = [ExtraDraft("ref-public", "/drafts/public", 3), ExtraDraft("scaling-100", "/drafts/s100", 3, role=SCALING, samples=100)]
+    prompts = load_bench_prompts(run, cfg.num_prompts, cfg.prompt_seed, encode)
+    configs = plan_configs(cfg, str(tmp_path / "draft"), extra)
+    assert [(c.name, c.role, c.repetitions) for c in configs] == [
+        ("baseline", "candidate", None), ("eagle3-s3-k1-n4", "candidate", None),
+        ("ref-public:eagle3-s3-k1-n4", REFERENCE, None), ("scaling-100:eagle3-s3-k1-n4", SCALING, 1),
+    ]  # fmt: skip
+    # Emulated acceptance below the floor: the candidate alone would stop the gate; a reference
+    # or scaling draft is only measured. The scaling draft runs in repetition 0 only.
+    runner = GateRunner(cfg, EmulatedLauncher(cfg.sglang_version, FAST), "/m", configs[:1] + configs[2:], prompts,
+                        tmp_path / "logs")  # fmt: skip
+    result = runner.run()
+    assert result.stopped is None
+    assert [x.config for x in result.launches].count("scaling-100:eagle3-s3-k1-n4") == 1
+    d = decide(result, cfg)
+    ref = d.config("ref-public:eagle3-s3-k1-n4")
+    assert ref is not None and ref.role == REFERENCE and ref.speedup is not None and ref.speedup > 1.3
+    assert d.best is None and d.outcome == "reject"  # only the candidate can be promoted
+    scaling = d.config("scaling-100:eagle3-s3-k1-n4")
+    assert scaling is not None and scaling.samples == 100 and set(scaling.accept_length_per_domain) == {"chat", "code"}
+
+
+def test_cost_probes_recover_the_servers_step_costs_and_predict_its_speed(tmp_path: Path, run: RunFolder) -> None:
+    """The probes time a server's prefill, decode step and verify cycles apart from the measured
+    requests; with the emulator's expected acceptance the prediction lands on the measured speed."""
+    from tasks.gate.cost_model import costs_from_launches, predict
+
+    sim = {**FAST, "min_new_fraction": 1.0}  # every completion runs to max_new_tokens
+    cfg = gate_cfg(num_steps=[1, 3], max_new_tokens=64, warmup_requests=2)
+    result, d = bench(tmp_path, run, cfg, sim)
+    costs = costs_from_launches(result)
+    # Time to the first token as the client sees it: the prefill plus the HTTP round trip.
+    assert FAST["prefill_s"] <= costs.prefill_s < FAST["prefill_s"] + 0.03
+    assert costs.baseline_step_s == pytest.approx(FAST["baseline_step_s"], rel=0.15)
+    for k in (1, 3):
+        cycle = FAST["verify_step_s"] + k * FAST["draft_step_s"]
+        assert costs.cycle_s[k] == pytest.approx(cycle, rel=0.15)
+    probs = FAST["accept_probs"]
+    expected = {k: 1 + sum(math.prod(probs[: j + 1]) for j in range(k)) for k in (1, 3)}
+    prediction = predict(costs, expected, tokens_per_request=64)
+    for k in (1, 3):
+        measured = d.config(f"eagle3-s{k}-k1-n{k + 1}").median_tok_s
+        assert prediction.per_steps[k]["tok_s"] == pytest.approx(measured, rel=0.10)
+    assert prediction.baseline_tok_s == pytest.approx(d.config("baseline").median_tok_s, rel=0.10)

@@ -13,6 +13,7 @@ import yaml
 from tasks.config import EagleScaleConfig
 from tasks.draft import checkpoint as ckpt
 from tasks.draft.export import export_to_run
+from tasks.draft.scaling_drafts import train_scaling_drafts
 from tasks.draft.trainer import train_draft
 from tasks.extract.storage import extract_metadata
 from tasks.gate.promote import POINTER
@@ -63,9 +64,12 @@ def test_local_gate_is_lossless_reports_and_keeps_the_previous_draft(trained, tm
     run_root = _copy_run(config, tmp_path / "run")
     registry = tmp_path / "registry"
     # min_speedup 100: whatever the CPU measures, this draft cannot be promoted.
-    cfg = _with_gate(config, run_root, min_speedup=100.0, registry_url=str(registry), scaling_fractions=[0.5])
-    outcome = run_gate_stage(cfg, tmp_path / "work")
+    cfg = _with_gate(config, run_root, min_speedup=100.0, registry_url=str(registry))
     run = RunFolder(str(run_root))
+    # The train stage's data-scaling draft at half the training sequences (train.scaling_fractions).
+    train_scaling_drafts(run, cfg.train.model_copy(update={"scaling_fractions": [0.5]}), cfg.target.model_path,
+                         eval_max_batches=2)  # fmt: skip
+    outcome = run_gate_stage(cfg, tmp_path / "work")
 
     assert outcome.summary["outcome"] == "reject" and outcome.summary["promoted"] is False
     assert outcome.summary["previous_draft"] is None and not (registry / POINTER).exists()
@@ -78,10 +82,11 @@ def test_local_gate_is_lossless_reports_and_keeps_the_previous_draft(trained, tm
         if not c.baseline:
             assert 1.0 <= c.accept_length <= c.spec["num_steps"] + 1
     replay = run.read_json(REPLAY_KEY)
-    assert set(replay["overall"]) == {"1", "2"} and replay["overall"]["1"]["sequences"] == 24
+    # num_steps 1, 2 and the scaling curve's 3 (gate.scaling_num_steps)
+    assert set(replay["overall"]) == {"1", "2", "3"} and replay["overall"]["1"]["sequences"] == 24
     assert set(run.read_json(COSTS_KEY)["verify_s"]) == {"2", "3"}
     prediction = run.read_json(PREDICTION_KEY)
-    assert set(prediction["per_steps"]) == {"1", "2"}
+    assert set(prediction["per_steps"]) == {"1", "2"}  # the timed ones
     report = json.loads((run_root / "gate/report.json").read_text())
     assert report["summary"]["outcome"] == "reject"
     assert set(report["predictions"]) == {"baseline", "eagle3-s1-k1-n2", "eagle3-s2-k1-n3"}
@@ -93,7 +98,8 @@ def test_local_gate_is_lossless_reports_and_keeps_the_previous_draft(trained, tm
     # The data-scaling curve: half the training sequences, then the trained draft itself.
     n_train = extract_metadata(run)["splits"]["train"]
     overall = [p for p in outcome.scaling["points"] if p["domain"] == "all"]
-    assert [p["samples"] for p in overall] == [round(0.5 * n_train), n_train]
+    # The local engine measures no scaling draft: replayed points only.
+    assert [(p["samples"], p["kind"]) for p in overall] == [(round(0.5 * n_train), "replay"), (n_train, "replay")]
     assert (run_root / "gate/scaling/curve.png").stat().st_size > 1000
     # A resumed run finds this draft decided with these settings; other settings decide anew.
     assert completed_gate(cfg) == outcome.summary

@@ -1,5 +1,5 @@
 """Data-scaling curve: the fit and projection on constructed points, the report and plot, and
-one small real run of training at two data fractions on the tiny target."""
+one small real run of the train stage's scaling drafts (two data fractions) on the tiny target."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from tasks.draft.scaling_drafts import TrainElsewhere, scaling_drafts, train_scaling_drafts
 from tasks.gate.scaling import (
-    OVERALL,
+    MEASURED,
+    REPLAY,
     ScalingPoint,
-    TrainElsewhere,
     fit_trend,
     plot_scaling,
-    train_at_fractions,
     write_scaling_report,
 )
 from tasks.runfolder import RunFolder
@@ -63,13 +63,22 @@ def test_report_and_plot(tmp_path: Path):
     assert plot_scaling(constructed(), fit_trend(constructed()), None)[:8] == PNG
 
 
+def test_measured_points_win_the_fit_over_replayed_ones():
+    replayed = [ScalingPoint("chat", s, 1.0 + 0.5 * math.log(s), REPLAY) for s in (100, 1000)]
+    measured = [ScalingPoint("chat", s, 1.1 + 0.2 * math.log(s), MEASURED) for s in (100, 1000)]
+    fit = fit_trend(replayed + measured)["chat"]
+    assert fit.slope == pytest.approx(0.2) and fit.points == 2
+    assert fit_trend(replayed)["chat"].slope == pytest.approx(0.5)
+
+
 def test_train_keys_are_redirected(tmp_path: Path):
     run = RunFolder(str(tmp_path / "run"))
-    view = TrainElsewhere(run, "gate/scaling/frac-10")
-    assert view.path("train/checkpoints/step-4") == run.path("gate/scaling/frac-10/train/checkpoints/step-4")
+    view = TrainElsewhere(run, "train/scaling/frac-10")
+    assert view.path("train/checkpoints/step-4") == run.path("train/scaling/frac-10/checkpoints/step-4")
+    assert view.path("train") == run.path("train/scaling/frac-10")
     assert view.path("extract/_SUCCESS/s0.json") == run.path("extract/_SUCCESS/s0.json")
     view.write_json_atomic("train/best.json", {"step": 4})
-    assert run.read_json("gate/scaling/frac-10/train/best.json") == {"step": 4}
+    assert run.read_json("train/scaling/frac-10/best.json") == {"step": 4}
     assert not run.exists("train/best.json")
 
 
@@ -82,7 +91,7 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def test_training_at_fractions_on_the_tiny_target(
+def test_scaling_drafts_on_the_tiny_target(
     tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path, one_thread: None
 ):
     cfg, _ = extracted_run(tmp_path_factory.getbasetemp(), tiny_target_dir, tmp_path_factory.mktemp("scaling"),
@@ -90,18 +99,18 @@ def test_training_at_fractions_on_the_tiny_target(
     run = RunFolder(cfg.run_root)
     from tasks.extract.storage import extract_metadata
 
-    meta = extract_metadata(run)
-    n_train = meta["splits"]["train"]
-    points = train_at_fractions(run, cfg.train, cfg.target.model_path, fractions=(0.25, 1.0), num_steps=2)
-    small = round(0.25 * n_train)
-    assert sorted({p.samples for p in points}) == [small, n_train]
-    domains = {p.domain for p in points}
-    assert OVERALL in domains and len(domains) >= 2
-    assert all(1.0 <= p.accept_length <= 3.0 for p in points)
-    # Each fraction trained in its own folder; the run's own train/ was never written.
-    assert run.exists(f"gate/scaling/frac-{small}/train/result.json")
-    assert run.exists(f"gate/scaling/frac-{n_train}/train/result.json")
+    n_train = extract_metadata(run)["splits"]["train"]
+    train = cfg.train.model_copy(update={"scaling_fractions": [0.25, 0.5]})
+    entries = train_scaling_drafts(run, train, cfg.target.model_path)
+    small, half = round(0.25 * n_train), round(0.5 * n_train)
+    assert [(e["fraction"], e["samples"]) for e in entries] == [(0.25, small), (0.5, half)]
+    assert scaling_drafts(run) == entries
+    # Each fraction trained in its own folder, exported beside it; the run's own train/ result
+    # was never written.
+    for samples in (small, half):
+        assert json.loads(run.read_bytes(f"train/scaling/frac-{samples}/result.json"))["steps"] == 6
+        assert run.exists(f"train/scaling/frac-{samples}/final/config.json")
     assert not run.exists("train/result.json")
-    assert json.loads(run.read_bytes(f"gate/scaling/frac-{small}/train/result.json"))["steps"] == 6
-    fits = fit_trend(points)
-    assert set(fits) == domains
+    # A second call resumes finished trainings: no step is taken again.
+    again = train_scaling_drafts(run, train, cfg.target.model_path)
+    assert [e["steps"] for e in again] == [6, 6]

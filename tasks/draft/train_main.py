@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from tasks.config import ConfigError, load_config
+from tasks.draft.scaling_drafts import train_scaling_drafts
 from tasks.draft.trainer import TrainError, train_draft
 from tasks.runfolder import RunFolder
 
@@ -46,9 +47,10 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(_backend(cfg.train.device))
     try:
-        result = train_draft(
-            RunFolder(cfg.run_root, cfg.storage_options), cfg.train, cfg.target.model_path
-        )
+        run = RunFolder(cfg.run_root, cfg.storage_options)
+        result = train_draft(run, cfg.train, cfg.target.model_path)
+        if cfg.train.scaling_fractions:
+            train_scaling_drafts(run, cfg.train, cfg.target.model_path)
     except (TrainError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -141,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(e.code, str):
             print(e.code, file=sys.stderr, flush=True)
         return 2 if e.code else 0
+    if cfg.max_topk is not None and (args.speculative_eagle_topk or 1) > cfg.max_topk:
+        sglang_log(f"RuntimeError: speculative_eagle_topk {args.speculative_eagle_topk} > 1 is not supported "
+                   "by this attention backend", rank=False)  # fmt: skip
+        return 1
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(cfg, args, sim.sim_launch_index))
     return 0

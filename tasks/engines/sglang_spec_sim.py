@@ -23,7 +23,8 @@ metrics mixin and EAGLE worker):
   draft-extend graphs, and `Decode batch ... accept len: X, ... cuda graph: True, gen
   throughput (token/s): Y` every `decode_log_interval` forward steps.
 Failure switches: `stuck_acceptance` (every draft rejected: the EAGLE-vs-EAGLE3 symptom),
-`disagree_from`, `never_healthy` (hangs in CUDA-graph capture; /health_generate never passes).
+`disagree_from`, `never_healthy` (hangs in CUDA-graph capture; /health_generate never passes),
+`max_topk` (a tree config above it exits during start-up).
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ class SpecSimConfig:
     disagree_from: int | None = None  # speculative outputs diverge from the baseline at this token
     stuck_acceptance: bool = False
     never_healthy: bool = False
+    # A launch with --speculative-eagle-topk above this exits during start-up, as a server whose
+    # attention backend has no tree-verify kernels would.
+    max_topk: int | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SpecSimConfig:

@@ -22,6 +22,17 @@ class SpecPoint(_Strict):
     num_draft_tokens: int | None = Field(None, ge=2, description="Required when topk > 1.")
 
 
+class ReferenceDraft(_Strict):
+    """A draft from elsewhere (e.g. a public trainer's, on the same target) benchmarked beside
+    the run's own under the same protocol: reported with its speedup and CI, never promoted."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="Short name used in the report's config names.")
+    path: str = Field(description="SGLang EAGLE3 draft folder the server can read.")
+    num_steps: int = Field(3, ge=1)
+    topk: int = Field(1, ge=1)
+    num_draft_tokens: int | None = Field(None, ge=2, description="Required when topk > 1.")
+
+
 class GateConfig(_Strict):
     engine: Literal["local", "sglang", "emulated"] = Field(
         "local",
@@ -57,6 +68,21 @@ class GateConfig(_Strict):
         description="topk > 1 points (SGLang engines; the local engine drafts chains only).",
     )
     repetitions: int = Field(3, ge=2, description="Fresh launches per config (>= 2 to see spread).")
+    concurrent_servers: int = Field(
+        1,
+        ge=1,
+        description="SGLang engines: launches started together, in protocol order. 1: launch, measure, "
+        "stop, one at a time (production targets fill their GPUs). N > 1: N servers start at once and, "
+        "once all serve, each is measured alone while the others wait idle (small targets that fit "
+        "many times on one GPU, whose gate start-up would otherwise dwarf its measurement). Needs a "
+        "bounded KV pool per server (mem_fraction_static, and max_total_tokens in extra_server_args).",
+    )
+    reference_drafts: list[ReferenceDraft] = Field(
+        default_factory=list, description="Drafts from elsewhere measured beside ours; never promoted."
+    )
+    scaling_num_steps: int = Field(
+        3, ge=1, description="num_steps (topk 1) at which the train stage's data-scaling drafts are measured."
+    )
     num_prompts: int = Field(32, ge=1, description="Held-out prompts in the benchmark set.")
     prompt_seed: int = 0
     max_new_tokens: int = Field(256, ge=1)
@@ -79,11 +105,6 @@ class GateConfig(_Strict):
     request_timeout_s: float = Field(600.0, gt=0)
     registry_url: str | None = Field(None, description="Where promoted drafts go: a path or s3:// URL.")
     registry_storage_options: dict[str, Any] = Field(default_factory=dict)
-    scaling_fractions: list[float] = Field(
-        default_factory=list,
-        description="Data-scaling curve: also train at these fractions of the training data "
-        "(e.g. [0.1, 0.3]; the full run is the 1.0 point) and plot acceptance vs samples.",
-    )
 
     @field_validator("sglang_version")
     @classmethod
@@ -97,13 +118,6 @@ class GateConfig(_Strict):
             raise ValueError(f"num_steps must be distinct integers >= 1, got {v}")
         return v
 
-    @field_validator("scaling_fractions")
-    @classmethod
-    def _fractions(cls, v: list[float]) -> list[float]:
-        if any(not 0.0 < f < 1.0 for f in v) or len(set(v)) != len(v):
-            raise ValueError(f"scaling_fractions must be distinct fractions in (0, 1), got {v}")
-        return sorted(v)
-
     @model_validator(mode="after")
     def _has_configs(self) -> GateConfig:
         if not self.num_steps and not self.topk_points:
@@ -112,4 +126,12 @@ class GateConfig(_Strict):
             raise ValueError("the local engine drafts chains (topk=1) only: num_steps is empty")
         if not self.nccl_env_sweep:
             raise ValueError("nccl_env_sweep must have at least one entry ({} for the plain env)")
+        if self.concurrent_servers > 1 and self.engine == "sglang" and self.mem_fraction_static is None:
+            raise ValueError(
+                f"gate.concurrent_servers {self.concurrent_servers} with gate.engine sglang needs "
+                "gate.mem_fraction_static (and --max-total-tokens in gate.extra_server_args): with "
+                "SGLang's default each server would claim most of the GPU's memory"
+            )
+        if self.reference_drafts and self.engine == "local":
+            raise ValueError("gate.reference_drafts are measured on SGLang servers; gate.engine is local")
         return self

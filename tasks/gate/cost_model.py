@@ -21,7 +21,14 @@ Costs dict format (what `StepCosts.from_dict` reads; SpecEngine.measure_step_cos
      "overhead_s": 0.00005,                           # optional, default 0
      "source": "local_spec" | "sglang" | ...}         # free text, kept in reports
 
-An SGLang run's step times come as records (`costs_from_step_records`):
+A server benchmark measures whole verify cycles instead (`costs_from_launches`: each launch's
+cost probes, tasks/gate/protocol.py), so its costs carry `cycle_s` keyed by num_steps (draft +
+verify + extend, host time included, overhead 0) and `prefill_s`. With `prefill_s` and the
+tokens per request a prediction is per request, as the benchmark measures tok/s:
+
+    tok/s(k) = n / (prefill + (n - 1) * cycle(k) / accept_len(k))    (first token from prefill)
+
+An SGLang run's step times may also come as records (`costs_from_step_records`):
     {"kind": "baseline" | "verify" | "draft", "tokens": int, "step_time_s": float}
 where tokens is 1 for baseline, the tokens verified (k+1) for verify, and the draft tokens
 rolled out (k) for draft; each (kind, tokens) group's median is taken.
@@ -68,28 +75,34 @@ class StepCosts:
     draft_step_s: float | None = None
     overhead_s: float = 0.0
     source: str = ""
+    cycle_s: dict[int, float] = field(default_factory=dict)  # num_steps k -> a whole cycle, timed
+    prefill_s: float | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StepCosts:
         known = {"baseline_step_s", "verify_s", "draft_cycle_s", "draft_step_s", "overhead_s",
-                 "source", "cuda_graphs", "device"}  # fmt: skip
+                 "source", "cuda_graphs", "device", "cycle_s", "prefill_s"}  # fmt: skip
         unknown = sorted(set(d) - known)
         if unknown:
             raise CostModelError(f"step costs: unknown keys {unknown} (known: {sorted(known)})")
-        for key in ("baseline_step_s", "verify_s"):
-            if key not in d:
-                raise CostModelError(f"step costs: {key} is missing")
+        if "baseline_step_s" not in d:
+            raise CostModelError("step costs: baseline_step_s is missing")
+        if "verify_s" not in d and "cycle_s" not in d:
+            raise CostModelError("step costs: verify_s (or a measured cycle_s) is missing")
+        prefill = d.get("prefill_s")
         overhead = d.get("overhead_s", 0.0)
         if isinstance(overhead, bool) or not isinstance(overhead, int | float) or overhead < 0:
             raise CostModelError(f"step costs: overhead_s must be >= 0 seconds, got {overhead!r}")
         draft_step = d.get("draft_step_s")
         return cls(
             baseline_step_s=_positive(d["baseline_step_s"], "step costs: baseline_step_s"),
-            verify_s=_keyed(d["verify_s"], "step costs: verify_s"),
+            verify_s=_keyed(d.get("verify_s", {}), "step costs: verify_s"),
             draft_cycle_s=_keyed(d.get("draft_cycle_s", {}), "step costs: draft_cycle_s"),
             draft_step_s=None if draft_step is None else _positive(draft_step, "step costs: draft_step_s"),
             overhead_s=float(overhead),
             source=str(d.get("source", "")),
+            cycle_s=_keyed(d.get("cycle_s", {}), "step costs: cycle_s"),
+            prefill_s=None if prefill is None else _positive(prefill, "step costs: prefill_s"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -100,6 +113,8 @@ class StepCosts:
             "draft_step_s": self.draft_step_s,
             "overhead_s": self.overhead_s,
             "source": self.source,
+            "cycle_s": {str(k): v for k, v in sorted(self.cycle_s.items())},
+            "prefill_s": self.prefill_s,
         }
 
     def draft_cost(self, k: int) -> float:
@@ -120,7 +135,13 @@ class StepCosts:
             )
         return self.verify_s[k + 1]
 
+    def covers(self, k: int) -> bool:
+        """Whether a cycle of num_steps k has a cost here."""
+        return k in self.cycle_s or (k + 1 in self.verify_s and (k in self.draft_cycle_s or self.draft_step_s is not None))
+
     def cycle_cost(self, k: int) -> float:
+        if k in self.cycle_s:
+            return self.cycle_s[k] + self.overhead_s
         return self.verify_cost(k) + self.draft_cost(k) + self.overhead_s
 
     def baseline_cost(self) -> float:
@@ -132,7 +153,7 @@ def calibrate_overhead(costs: StepCosts, measured_baseline_tok_s: float) -> Step
     per_token = 1.0 / _positive(measured_baseline_tok_s, "measured_baseline_tok_s")
     return StepCosts(
         costs.baseline_step_s, dict(costs.verify_s), dict(costs.draft_cycle_s), costs.draft_step_s,
-        max(0.0, per_token - costs.baseline_step_s), costs.source,
+        max(0.0, per_token - costs.baseline_step_s), costs.source, dict(costs.cycle_s), costs.prefill_s,
     )  # fmt: skip
 
 
@@ -179,13 +200,49 @@ class Prediction:
         return out
 
 
-def predict(costs: StepCosts | dict[str, Any], accept_lengths: dict[int, float]) -> Prediction:
-    """Predicted tok/s, speedup and break-even acceptance length for each num_steps."""
+def costs_from_launches(result: Any, source: str = "sglang") -> StepCosts:
+    """Step costs from a server benchmark's cost probes (a BenchResult's LaunchRecord.prefill_s
+    and step_s): the median over the baseline launches, and over each topk=1 num_steps of the
+    candidate draft's launches (reference and scaling drafts are left out)."""
+    configs = {c.name: c for c in result.configs}
+    base, prefill, cycles = [], [], defaultdict(list)
+    for x in result.launches:
+        config = configs[x.config]
+        if x.prefill_s is not None:
+            prefill.append(x.prefill_s)
+        if x.step_s is None:
+            continue
+        if config.spec is None:
+            base.append(x.step_s)
+        elif config.role == "candidate" and config.spec.topk == 1:
+            cycles[config.spec.num_steps].append(x.step_s)
+    if not base:
+        raise CostModelError("no baseline launch measured a step cost")
+    return StepCosts(
+        baseline_step_s=statistics.median(base), verify_s={},
+        cycle_s={k: statistics.median(v) for k, v in sorted(cycles.items())},
+        prefill_s=statistics.median(prefill) if prefill else None, source=source,
+    )  # fmt: skip
+
+
+def predict(
+    costs: StepCosts | dict[str, Any], accept_lengths: dict[int, float], tokens_per_request: float | None = None
+) -> Prediction:
+    """Predicted tok/s, speedup and break-even acceptance length for each num_steps; per request
+    (prefill included) when the costs have `prefill_s` and `tokens_per_request` is given."""
     if isinstance(costs, dict):
         costs = StepCosts.from_dict(costs)
     if not accept_lengths:
         raise CostModelError("no acceptance lengths to predict from")
-    baseline = 1.0 / costs.baseline_cost()
+    n, prefill = tokens_per_request, costs.prefill_s
+    per_request = n is not None and n > 1 and prefill is not None
+
+    def rate(step: float, tokens_per_step: float) -> float:
+        if per_request:
+            return n / (prefill + (n - 1) * step / tokens_per_step)  # type: ignore[operator]
+        return tokens_per_step / step
+
+    baseline = rate(costs.baseline_cost(), 1.0)
     rows: dict[int, dict[str, float]] = {}
     for k, length in sorted(accept_lengths.items()):
         if not isinstance(k, int) or k < 1:
@@ -195,7 +252,7 @@ def predict(costs: StepCosts | dict[str, Any], accept_lengths: dict[int, float])
                 f"acceptance length {length!r} for num_steps {k} is outside [1, {k + 1}] (tokens per verify)"
             )
         cycle = costs.cycle_cost(k)
-        tok_s = length / cycle
+        tok_s = rate(cycle, length)
         rows[k] = {
             "accept_length": float(length),
             "cycle_s": cycle,

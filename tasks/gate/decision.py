@@ -31,18 +31,22 @@ class ConfigSummary:
     baseline: bool
     spec: dict[str, Any] | None
     notes: list[str]
+    role: str = "candidate"  # tasks.gate.plan: candidate | reference | scaling
+    samples: int | None = None  # scaling drafts: their training sequences
     n_requests: int = 0
     n_errors: int = 0
     median_tok_s: float | None = None
     rep_medians: list[float] = field(default_factory=list)
     spread: float | None = None  # (max - min) of the repetition medians / overall median
     accept_length: float | None = None
+    accept_length_per_domain: dict[str, float] = field(default_factory=dict)
     accept_per_position: list[float] | None = None
     exact_match_fraction: float | None = None
     n_compared: int = 0
     first_mismatch_min: int | None = None
     graph_problems: list[str] = field(default_factory=list)
     info_problems: list[str] = field(default_factory=list)
+    launch_errors: list[str] = field(default_factory=list)
     speedup: float | None = None
     ci_low: float | None = None
     ci_high: float | None = None
@@ -137,10 +141,12 @@ def summarize(config: BenchConfig, result: BenchResult) -> ConfigSummary:
     records = result.records(config.name)
     launches = [x for x in result.launches if x.config == config.name]
     s = ConfigSummary(config.name, config.env_name, config.is_baseline,
-                      asdict(config.spec) if config.spec else None, list(config.notes))  # fmt: skip
+                      asdict(config.spec) if config.spec else None, list(config.notes),
+                      config.role, config.samples)  # fmt: skip
     s.n_requests, s.n_errors = len(records), sum(1 for r in records if r.error)
     s.graph_problems = sorted({p for x in launches for p in x.graph_problems})
     s.info_problems = sorted({p for x in launches for p in x.info_problems})
+    s.launch_errors = [x.error.splitlines()[0] for x in launches if x.error]
     m = tok_s_matrix(records, len(result.prompts))
     if m.size and not np.all(np.isnan(m)):
         s.median_tok_s = float(np.nanmedian(m))
@@ -151,6 +157,11 @@ def summarize(config: BenchConfig, result: BenchResult) -> ConfigSummary:
     s.accept_length = accept_length(
         sum(r.completion_tokens for r in spec_ok), sum(r.spec_verify_ct or 0 for r in spec_ok), len(spec_ok)
     )
+    for domain in sorted({r.domain for r in spec_ok}):
+        mine = [r for r in spec_ok if r.domain == domain]
+        value = accept_length(sum(r.completion_tokens for r in mine), sum(r.spec_verify_ct or 0 for r in mine), len(mine))
+        if value is not None:
+            s.accept_length_per_domain[domain] = value
     s.accept_per_position = _per_position(ok)
     compared = [r for r in ok if r.exact_match is not None]
     s.n_compared = len(compared)
@@ -162,7 +173,7 @@ def summarize(config: BenchConfig, result: BenchResult) -> ConfigSummary:
 
 
 def _eligibility(s: ConfigSummary, cfg: GateConfig) -> list[str]:
-    reasons = []
+    reasons = list(s.launch_errors)
     if s.median_tok_s is None:
         reasons.append("no successful request")
     if s.n_errors:
@@ -216,10 +227,11 @@ def decide(result: BenchResult, cfg: GateConfig) -> GateDecision:
         ci = bootstrap_speedup(base_m, spec_m, cfg.n_bootstrap, cfg.ci_level, cfg.bootstrap_seed)
         if ci is not None:
             s.speedup, s.ci_low, s.ci_high = ci
-    eligible = [s for s in summaries if not s.baseline and s.eligible and s.speedup is not None]
+    # Only the run's own draft can be promoted; references and scaling drafts are measured beside it.
+    eligible = [s for s in summaries if s.role == "candidate" and not s.baseline and s.eligible and s.speedup is not None]
     if not eligible:
         decision.reasons = ["no speculative config is eligible"] + [
-            f"{s.name}: {'; '.join(s.reasons)}" for s in summaries if not s.baseline
+            f"{s.name}: {'; '.join(s.reasons)}" for s in summaries if not s.baseline and s.role == "candidate"
         ]
         return decision
     best = max(eligible, key=lambda s: s.median_tok_s or 0.0)

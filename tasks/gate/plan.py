@@ -67,6 +67,12 @@ def encoder_for_target(model_path: str, chat_template: str | None = None) -> Enc
     return lambda messages: render_prompt_ids(tokenizer, messages)
 
 
+# What a speculative config benchmarks: the run's own draft (the only one that can be promoted),
+# a draft from elsewhere measured beside it (e.g. a public trainer's), or one of the train
+# stage's data-scaling drafts (measured once, for the curve).
+CANDIDATE, REFERENCE, SCALING = "candidate", "reference", "scaling"
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     name: str
@@ -74,24 +80,46 @@ class BenchConfig:
     env_name: str
     env: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    role: str = CANDIDATE
+    repetitions: int | None = None  # launches of this config; None: the gate's repetitions
+    samples: int | None = None  # scaling drafts: training sequences
 
     @property
     def is_baseline(self) -> bool:
         return self.spec is None
 
 
-def plan_configs(cfg: GateConfig, draft_dir: str) -> list[BenchConfig]:
+@dataclass(frozen=True)
+class ExtraDraft:
+    """A draft benchmarked beside the candidate at one config: a reference or a scaling draft."""
+
+    name: str
+    path: str
+    num_steps: int
+    topk: int = 1
+    num_draft_tokens: int | None = None
+    role: str = REFERENCE
+    samples: int | None = None
+
+
+def plan_configs(cfg: GateConfig, draft_dir: str, extra: list[ExtraDraft] | None = None) -> list[BenchConfig]:
     points = [(s, 1, None) for s in cfg.num_steps] + [(p.num_steps, p.topk, p.num_draft_tokens) for p in cfg.topk_points]
     specs = [resolve_spec(draft_dir, s, k, n) for s, k, n in points]
-    labels = [s.label for s, _ in specs]
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"gate config repeats a speculative config: {labels}")
+    others = [(d, resolve_spec(d.path, d.num_steps, d.topk, d.num_draft_tokens)) for d in extra or []]
+    names = [s.label for s, _ in specs] + [f"{d.name}:{s.label}" for d, (s, _) in others]
+    if len(set(names)) != len(names):
+        raise ValueError(f"gate config repeats a speculative config: {names}")
     configs = []
     for i, env in enumerate(cfg.nccl_env_sweep):
         env_name = "default" if len(cfg.nccl_env_sweep) == 1 else f"env{i}"
         suffix = "" if env_name == "default" else f"@{env_name}"
         configs.append(BenchConfig(f"baseline{suffix}", None, env_name, dict(env)))
         configs += [BenchConfig(f"{s.label}{suffix}", s, env_name, dict(env), tuple(n)) for s, n in specs]
+        configs += [
+            BenchConfig(f"{d.name}:{s.label}{suffix}", s, env_name, dict(env), tuple(n), role=d.role,
+                        repetitions=1 if d.role == SCALING else None, samples=d.samples)
+            for d, (s, n) in others
+        ]  # fmt: skip
     return configs
 
 
@@ -99,7 +127,7 @@ def launch_order(configs: list[BenchConfig], repetitions: int) -> list[tuple[int
     order = []
     for rep in range(repetitions):
         for env_name in dict.fromkeys(c.env_name for c in configs):
-            group = [c for c in configs if c.env_name == env_name]
+            group = [c for c in configs if c.env_name == env_name and (c.repetitions is None or rep < c.repetitions)]
             specs = [c for c in group if not c.is_baseline]
             k = rep % len(specs) if specs else 0
             seq = [c for c in group if c.is_baseline] + specs[k:] + specs[:k]
@@ -143,6 +171,19 @@ class LaunchRecord:
     log: dict[str, Any] = field(default_factory=dict)
     warmup_accept_length: float | None = None
     requests: list[RequestRecord] = field(default_factory=list)
+    # Step costs, timed on probe requests after warm-up (not on the measured ones): the time to
+    # the first token as the client sees it (prefill + the HTTP round trip: max_new_tokens 1),
+    # then seconds per decode step (baseline) or per verify cycle (speculative: draft + verify +
+    # extend), that first token's time taken out.
+    probes: list[RequestRecord] = field(default_factory=list)
+    prefill_s: float | None = None
+    step_s: float | None = None
+    started_at: float | None = None  # wall clock: the launch, and the first measured request
+    measured_at: float | None = None
+    # Why this launch has no valid measurement: a speculative server that never served (with its
+    # log tail), or a reference/scaling draft whose requests failed. The candidate's problems
+    # stop the gate instead.
+    error: str | None = None
 
 
 @dataclass

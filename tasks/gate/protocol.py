@@ -20,8 +20,10 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -30,6 +32,7 @@ from tasks.engines.sglang_protocol import MalformedResponse, read_generate_reply
 from tasks.gate.config import GateConfig
 from tasks.gate.launch import LaunchSpec
 from tasks.gate.plan import (
+    CANDIDATE,
     BenchConfig,
     BenchPrompt,
     BenchResult,
@@ -39,7 +42,9 @@ from tasks.gate.plan import (
     launch_order,
 )
 from tasks.gate.server import (
+    LaunchedServer,
     Launcher,
+    ServerStartError,
     check_server_info,
     fetch_server_info,
     free_port,
@@ -48,6 +53,7 @@ from tasks.gate.server import (
     wait_healthy,
 )
 
+PROBE_REPETITION = -2  # cost-probe requests: neither warm-up (-1) nor measured (>= 0)
 STUCK_DIAGNOSIS = "acceptance stuck at 1.0: check --speculative-algorithm EAGLE3 and the aux hidden states"
 
 
@@ -130,8 +136,24 @@ class BaselineOutputs:
             rec.exact_match, rec.first_mismatch = agreement(ref[prompt.index], ids)
 
 
+@dataclass
+class _Started:
+    """A launch of the current wave: serving (server set), or failed to start (error set)."""
+
+    spec: LaunchSpec
+    server: LaunchedServer | None
+    started_at: float
+    health_s: float | None = None
+    error: str | None = None
+
+
 class GateRunner:
-    """Runs the launches of `configs` in protocol order; `run()` returns everything measured."""
+    """Runs the launches of `configs` in protocol order; `run()` returns everything measured.
+
+    With `cfg.concurrent_servers` N > 1 the launches start in waves of N (in protocol order);
+    every server of a wave is serving before the first is measured, and each is measured alone
+    while the others wait idle, then stopped. Nothing starts or compiles during a measurement.
+    """
 
     def __init__(
         self,
@@ -148,38 +170,72 @@ class GateRunner:
         self.configs, self.prompts, self.work_dir = configs, prompts, Path(work_dir)
         self.reference = BaselineOutputs()
         self._rids = itertools.count()
+        self._order = launch_order(configs, cfg.repetitions)
+        self._next = 0  # index into _order of the next launch run_protocol asks for
+        self._started: dict[int, _Started] = {}
 
     def run(self) -> BenchResult:
         with httpx.Client(timeout=self.cfg.request_timeout_s, trust_env=False) as client:
-            return run_protocol(
-                self.configs, self.prompts, self.cfg.repetitions,
-                lambda rep, config, record: self._launch(client, rep, config, record),
-            )  # fmt: skip
+            try:
+                return run_protocol(
+                    self.configs, self.prompts, self.cfg.repetitions,
+                    lambda rep, config, record: self._launch(client, rep, config, record),
+                )  # fmt: skip
+            finally:  # a stopped benchmark leaves no server of its wave behind
+                for started in self._started.values():
+                    if started.server is not None:
+                        started.server.stop()
+                self._started.clear()
 
-    def _launch(self, client: httpx.Client, rep: int, config: BenchConfig, record: LaunchRecord) -> None:
+    def _spec(self, config: BenchConfig) -> LaunchSpec:
         cfg = self.cfg
-        spec = LaunchSpec(
+        return LaunchSpec(
             model_path=self.model_path, port=free_port(cfg.host), host=cfg.host, tp_size=cfg.tp_size,
             spec=config.spec, cuda_graph_max_bs=cfg.cuda_graph_max_bs,
             mem_fraction_static=cfg.mem_fraction_static, extra_args=tuple(cfg.extra_server_args),
             env={**cfg.env, **config.env},
         )  # fmt: skip
-        log_path = self.work_dir / f"{len(list(self.work_dir.glob('*.log'))):03d}-{config.name}-rep{rep}.log"
-        server = launch(self.launcher, spec, log_path)
-        record.url, record.log_path = server.url, str(log_path)
+
+    def _start_wave(self, client: httpx.Client, first: int) -> None:
+        """Start launches first..first+N-1 together, then wait until each serves (or failed)."""
+        wave = range(first, min(first + self.cfg.concurrent_servers, len(self._order)))
+        servers: dict[int, tuple[LaunchSpec, LaunchedServer, float]] = {}
+        for i in wave:
+            rep, config = self._order[i]
+            spec = self._spec(config)
+            log_path = self.work_dir / f"{i:03d}-{config.name.replace(':', '_')}-rep{rep}.log"
+            servers[i] = (spec, launch(self.launcher, spec, log_path), time.time())
+        for i, (spec, server, started_at) in servers.items():
+            config = self._order[i][1]
+            try:
+                wait_healthy(server, client, self.cfg.health_timeout_s, self.cfg.health_poll_s)
+            except ServerStartError as e:
+                if config.is_baseline:  # without its baseline nothing of the wave can be judged
+                    for _, other, _ in servers.values():
+                        other.stop()
+                    raise
+                self._started[i] = _Started(spec, None, started_at, error=str(e))  # reported; the others go on
+                continue
+            self._started[i] = _Started(spec, server, started_at, health_s=time.time() - started_at)
+
+    def _launch(self, client: httpx.Client, rep: int, config: BenchConfig, record: LaunchRecord) -> None:
+        index = self._next
+        self._next += 1
+        assert self._order[index] == (rep, config), "run_protocol and the runner disagree on the order"
+        if index not in self._started:
+            self._start_wave(client, index)
+        started = self._started.pop(index)
+        record.started_at, server = started.started_at, started.server
+        if server is None:
+            record.error = started.error
+            return
+        record.url, record.log_path, record.health_s = server.url, str(server.log_path), started.health_s
         try:
-            record.health_s = wait_healthy(server, client, cfg.health_timeout_s, cfg.health_poll_s)
-            record.server_info = fetch_server_info(client, server.url, self.launcher.version)
-            record.info_problems = check_server_info(record.server_info, spec)
-            if record.info_problems:
-                raise GateStopped(f"{config.name}: the server does not echo the launch: " + "; ".join(record.info_problems))
-            warm = [self._request(client, server.url, config, -1, p) for p in self.prompts[: cfg.warmup_requests]]
-            client.post(server.url + "/flush_cache", timeout=60.0).raise_for_status()
-            if config.spec is not None:
-                record.warmup_accept_length = self._check_acceptance(config, warm, "after warm-up")
-            record.requests = [self._request(client, server.url, config, rep, p) for p in self.prompts]
-            if config.spec is not None:
-                self._check_acceptance(config, record.requests, "over the measured requests")
+            self._measure(client, server.url, started.spec, config, rep, record)
+        except GateStopped as e:
+            if config.role == CANDIDATE:
+                raise
+            record.error = str(e)  # a draft from elsewhere that fails is reported, not fatal
         finally:
             server.stop()
             log = parse_server_log(server.log_text())
@@ -187,14 +243,55 @@ class GateRunner:
             steps = config.spec.num_steps if config.spec else 0
             record.graph_problems = log.graph_problems(config.spec is not None, steps)
 
-    def _check_acceptance(self, config: BenchConfig, records: list[RequestRecord], when: str) -> float:
-        return check_acceptance(self.cfg.acceptance_floor, config, records, when)
+    def _measure(
+        self, client: httpx.Client, url: str, spec: LaunchSpec, config: BenchConfig, rep: int, record: LaunchRecord
+    ) -> None:
+        cfg = self.cfg
+        record.server_info = fetch_server_info(client, url, self.launcher.version)
+        record.info_problems = check_server_info(record.server_info, spec)
+        if record.info_problems:
+            raise GateStopped(f"{config.name}: the server does not echo the launch: " + "; ".join(record.info_problems))
+        warm = [self._request(client, url, config, -1, p) for p in self.prompts[: cfg.warmup_requests]]
+        # Only the candidate's own configs stop the gate below the floor; a reference or a
+        # small-data scaling draft is measured for what it is.
+        floor = cfg.acceptance_floor if config.role == CANDIDATE else 1.0
+        if config.spec is not None:
+            record.warmup_accept_length = check_acceptance(floor, config, warm, "after warm-up")
+        self._probe_costs(client, url, config, record)
+        client.post(url + "/flush_cache", timeout=60.0).raise_for_status()
+        record.measured_at = time.time()
+        record.requests = [self._request(client, url, config, rep, p) for p in self.prompts]
+        if config.spec is not None:
+            check_acceptance(floor, config, record.requests, "over the measured requests")
 
-    def _request(self, client: httpx.Client, url: str, config: BenchConfig, rep: int, prompt: BenchPrompt) -> RequestRecord:
+    def _probe_costs(self, client: httpx.Client, url: str, config: BenchConfig, record: LaunchRecord) -> None:
+        """Per warm-up prompt, on an empty cache: the prefill alone (max_new_tokens 1), then the
+        whole request; their latency difference over its decode steps (or verify cycles) is one
+        step's cost, its prefill taken out."""
+        prefills, steps = [], []
+        for prompt in self.prompts[: self.cfg.warmup_requests]:
+            client.post(url + "/flush_cache", timeout=60.0).raise_for_status()
+            first = self._request(client, url, config, PROBE_REPETITION, prompt, max_new_tokens=1)
+            client.post(url + "/flush_cache", timeout=60.0).raise_for_status()
+            whole = self._request(client, url, config, PROBE_REPETITION, prompt)
+            record.probes += [first, whole]
+            if first.error or whole.error:
+                continue
+            cycles = whole.spec_verify_ct if config.spec is not None else whole.completion_tokens - 1
+            prefills.append(first.latency_s)
+            if cycles:
+                steps.append((whole.latency_s - first.latency_s) / cycles)
+        record.prefill_s = statistics.median(prefills) if prefills else None
+        record.step_s = statistics.median(steps) if steps else None
+
+    def _request(
+        self, client: httpx.Client, url: str, config: BenchConfig, rep: int, prompt: BenchPrompt,
+        max_new_tokens: int | None = None,
+    ) -> RequestRecord:  # fmt: skip
         rec = RequestRecord(config.name, config.env_name, rep, prompt.index, prompt.prompt_id, prompt.domain)
         body = {
             "input_ids": list(prompt.input_ids),
-            "sampling_params": {"temperature": 0.0, "max_new_tokens": self.cfg.max_new_tokens},
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens or self.cfg.max_new_tokens},
             "rid": f"gate-{config.name}-r{rep}-p{prompt.index}-{next(self._rids)}",
         }
         t0 = time.perf_counter()

@@ -223,12 +223,16 @@ def replay(
 
 
 def replay_run(
-    run: RunFolder, draft: Eagle3Draft, num_steps: Sequence[int] = (1, 2, 3, 4, 5), split: str = "eval", **kwargs: Any
+    run: RunFolder, draft: Eagle3Draft, num_steps: Sequence[int] = (1, 2, 3, 4, 5), split: str = "eval",
+    limit: int | None = None, **kwargs: Any,
 ) -> ReplayResult:
-    """Replay on a run's committed extract shards (the held-out split by default)."""
+    """Replay on a run's committed extract shards (the held-out split by default; the first
+    `limit` sequences, in the store's order, when given)."""
+    import itertools
+
     from tasks.extract.storage import iter_extracted
 
-    result = replay(draft, iter_extracted(run, split), num_steps, **kwargs)
+    result = replay(draft, itertools.islice(iter_extracted(run, split), limit), num_steps, **kwargs)
     if not result.sequences:
         raise ValueError(f"{run.url}/extract has no committed {split!r} sequences to replay")
     return result

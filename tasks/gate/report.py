@@ -61,6 +61,8 @@ def render_markdown(decision: GateDecision, result: BenchResult, cfg: GateConfig
         reps = ", ".join(f"{m:.1f}" for m in s.rep_medians) or "-"
         exact = "-" if s.exact_match_fraction is None else f"{s.exact_match_fraction:.0%} of {s.n_compared}"
         verdict = "eligible" if s.eligible else "; ".join(s.reasons)
+        if s.role != "candidate":  # measured beside the candidate, never promoted
+            verdict = f"{s.role}{f' ({s.samples} samples)' if s.samples else ''}: {verdict}"
         lines.append(
             f"| {s.name} | {s.env_name} | {_num(s.median_tok_s)} | {reps} | {_num(s.spread, '.1%')} | "
             f"{_ci(s)} | {_num(s.accept_length, '.2f')} | {exact} | {verdict} |"
@@ -74,18 +76,31 @@ def render_markdown(decision: GateDecision, result: BenchResult, cfg: GateConfig
         for s in per_pos:
             cells = [f"{p:.2f}" for p in s.accept_per_position or []] + ["-"] * width
             lines.append(f"| {s.name} | " + " | ".join(cells[:width]) + " |")
+    per_domain = [s for s in decision.configs if s.accept_length_per_domain]
+    if per_domain:
+        domains = sorted({d for s in per_domain for d in s.accept_length_per_domain})
+        lines += ["", "## Accept length per domain", ""]
+        lines.append("| config | " + " | ".join(domains) + " |")
+        lines.append("|---|" + "---|" * len(domains))
+        for s in per_domain:
+            lines.append(f"| {s.name} | " + " | ".join(_num(s.accept_length_per_domain.get(d), ".2f") for d in domains) + " |")
     if cfg.engine == "local":
         lines += ["", "## Passes", "", "| config | rep | warm-up accept len | requests |", "|---|---|---|---|"]
         for x in result.launches:
             lines.append(f"| {x.config} | {x.repetition} | {_num(x.warmup_accept_length, '.2f')} | {len(x.requests)} |")
     else:
-        lines += ["", "## Launches", "", "| config | rep | health s | graph captures (target/draft/extend) | decode lines on graphs | problems |", "|---|---|---|---|---|---|"]
+        lines += ["", "## Launches", "", "| config | rep | ready after s | graph captures (target/draft/extend) | decode lines on graphs | time to 1st token ms | ms per step or cycle | problems |", "|---|---|---|---|---|---|---|---|"]
         for x in result.launches:
             caps = x.log.get("captures", {})
             cap = "/".join(str(caps.get(k, {}).get("end", 0)) for k in ("target", "draft", "draft_extend"))
             graphs = f"{x.log.get('decode_cuda_graph_true', 0)}/{x.log.get('decode_lines', 0)}"
-            problems = "; ".join(x.info_problems + x.graph_problems) or "-"
-            lines.append(f"| {x.config} | {x.repetition} | {_num(x.health_s)} | {cap} | {graphs} | {problems} |")
+            problems = "; ".join(x.info_problems + x.graph_problems + ([x.error.splitlines()[0]] if x.error else [])) or "-"
+            ttft = _num(x.prefill_s * 1e3 if x.prefill_s else None, ".2f")
+            step = _num(x.step_s * 1e3 if x.step_s else None, ".3f")
+            lines.append(f"| {x.config} | {x.repetition} | {_num(x.health_s)} | {cap} | {graphs} | {ttft} | {step} | {problems} |")
+        if cfg.concurrent_servers > 1:
+            lines += ["", f"Servers started in waves of {cfg.concurrent_servers}; each was measured alone "
+                      "while the others of its wave waited idle."]  # fmt: skip
     if result.stopped:
         lines += ["", f"**Stopped:** {result.stopped}"]
     lines += ["", "## Thresholds", "", "```json", json.dumps(decision.thresholds, indent=2), "```", ""]

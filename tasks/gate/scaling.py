@@ -1,9 +1,11 @@
 """Data-scaling curve: acceptance length against training samples, per domain, with a trend.
 
-Points come from training the draft on fractions of a run's training split (`train_at_fractions`,
-each fraction in its own train folder so none resumes another) and replaying the held-out split,
-or from measurements made elsewhere. The trend is least squares of acceptance length on
-ln(samples); the projection inverts it at the break-even acceptance length (cost_model).
+The drafts come from the train stage (tasks/draft/scaling_drafts.py: the same training on
+fractions of the training split, plus the full draft). Each point is either measured (the
+server's accept length on the gate's held-out prompts) or predicted (offline replay of the
+held-out extracted sequences); both kinds are plotted, and the trend is fitted to the measured
+points when there are any. The trend is least squares of acceptance length on ln(samples); the
+projection inverts it at the break-even acceptance length (cost_model).
 """
 
 from __future__ import annotations
@@ -12,14 +14,11 @@ import io
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from tasks.runfolder import RunFolder
-
-if TYPE_CHECKING:
-    from tasks.config import TrainConfig
 
 SCALING_ROOT = "gate/scaling"
 _FLAT = 1e-9  # slope (accept length per e-fold of samples) below which a trend is flat
@@ -27,11 +26,15 @@ _MAX_EXP = math.log(1e300)
 OVERALL = "all"
 
 
+MEASURED, REPLAY = "measured", "replay"
+
+
 @dataclass(frozen=True)
 class ScalingPoint:
     domain: str
     samples: int  # training sequences
     accept_length: float
+    kind: str = REPLAY  # measured (on a server) | replay (offline prediction)
 
 
 @dataclass
@@ -55,10 +58,13 @@ class ScalingFit:
 
 
 def fit_trend(points: Sequence[ScalingPoint]) -> dict[str, ScalingFit]:
-    """Least squares accept = a + b ln(samples), per domain; needs two distinct sample counts."""
+    """Least squares accept = a + b ln(samples), per domain, on its measured points when it has
+    any (else its replayed ones); needs two distinct sample counts."""
     out = {}
     for domain in sorted({p.domain for p in points}):
         mine = [p for p in points if p.domain == domain]
+        if any(p.kind == MEASURED for p in mine):
+            mine = [p for p in mine if p.kind == MEASURED]
         bad = [p for p in mine if p.samples < 1 or not math.isfinite(p.accept_length)]
         if bad:
             raise ValueError(f"domain {domain!r}: points need samples >= 1 and a finite accept length, got {bad[0]}")
@@ -91,8 +97,14 @@ def plot_scaling(points: Sequence[ScalingPoint], fits: dict[str, ScalingFit], br
     xs_all = [p.samples for p in points]
     for i, (domain, fit) in enumerate(sorted(fits.items())):
         color = f"C{i % 10}"
-        mine = [p for p in points if p.domain == domain]
-        ax.scatter([p.samples for p in mine], [p.accept_length for p in mine], color=color, label=domain)
+        measured = [p for p in points if p.domain == domain and p.kind == MEASURED]
+        replayed = [p for p in points if p.domain == domain and p.kind == REPLAY]
+        if measured:
+            ax.scatter([p.samples for p in measured], [p.accept_length for p in measured], color=color,
+                       label=f"{domain} (measured)")  # fmt: skip
+        if replayed:
+            ax.scatter([p.samples for p in replayed], [p.accept_length for p in replayed], facecolors="none",
+                       edgecolors=color, label=f"{domain} (replay)")  # fmt: skip
         hi = max(xs_all)
         crossing = fit.samples_for(break_even) if break_even is not None else None
         if crossing is not None and math.isfinite(crossing):
@@ -128,57 +140,3 @@ def write_scaling_report(
     run.write_json_atomic(f"{SCALING_ROOT}/report.json", report)
     run.write_bytes_atomic(f"{SCALING_ROOT}/curve.png", plot_scaling(points, fits, break_even))
     return report
-
-
-class TrainElsewhere(RunFolder):
-    """The run with its train/ keys under another prefix: each fraction trains in a folder of
-    its own (never resuming another fraction's checkpoints) on the same extract data. Every
-    RunFolder method resolves keys through path(), so this one override redirects them all."""
-
-    def __init__(self, run: RunFolder, prefix: str) -> None:
-        self.__dict__.update(vars(run))
-        self.prefix = prefix.strip("/")
-
-    def path(self, rel: str) -> str:
-        rel = rel.strip("/")
-        if rel == "train" or rel.startswith("train/"):
-            rel = f"{self.prefix}/{rel}"
-        return super().path(rel)
-
-
-def train_at_fractions(
-    run: RunFolder,
-    cfg: TrainConfig,
-    target_model_path: str,
-    fractions: Sequence[float] = (0.1, 0.3, 1.0),
-    num_steps: int = 3,
-    **train_kwargs: Any,
-) -> list[ScalingPoint]:
-    """Train at each fraction of the training split, replay the held-out split with the best
-    checkpoint, and return one point per domain plus the overall one (domain "all")."""
-    from tasks.draft import checkpoint as ckpt
-    from tasks.draft.target_heads import load_target_heads
-    from tasks.draft.trainer import train_draft
-    from tasks.extract.storage import extract_metadata
-    from tasks.gate.replay import replay_run
-
-    if not fractions or any(not 0 < f <= 1 for f in fractions):
-        raise ValueError(f"fractions must lie in (0, 1], got {list(fractions)}")
-    n_train = int(extract_metadata(run)["splits"].get("train", 0))
-    if n_train == 0:
-        raise ValueError(f"{run.url}/extract has no training sequences")
-    embed, _ = load_target_heads(target_model_path)
-    points = []
-    for fraction in sorted(set(fractions)):
-        samples = max(1, round(fraction * n_train))
-        view = TrainElsewhere(run, f"{SCALING_ROOT}/frac-{samples}")
-        result = train_draft(view, cfg, target_model_path, max_train_sequences=samples, **train_kwargs)
-        key = (result.best or {}).get("step")
-        chosen = ckpt.checkpoint_key(key) if key is not None else result.last_checkpoint
-        draft = ckpt.load_checkpoint_model(view.path(chosen), embed.float())
-        replayed = replay_run(run, draft, [num_steps])
-        points.append(ScalingPoint(OVERALL, samples, replayed.overall[num_steps]["accept_length"]))
-        for domain, table in replayed.per_domain.items():
-            if table[num_steps]["accept_length"] is not None:
-                points.append(ScalingPoint(domain, samples, table[num_steps]["accept_length"]))
-    return points

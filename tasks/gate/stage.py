@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,8 +20,10 @@ from typing import TYPE_CHECKING, Any
 from tasks.gate.cost_model import CostModelError, Prediction, StepCosts, calibrate_overhead, predict
 from tasks.gate.decision import GateDecision, decide
 from tasks.gate.plan import (
+    SCALING,
     BenchConfig,
     BenchResult,
+    ExtraDraft,
     encoder_for_target,
     load_bench_prompts,
     plan_configs,
@@ -77,14 +80,15 @@ def completed_gate(config: EagleScaleConfig) -> dict[str, Any] | None:
     return done["summary"]
 
 
-def materialize_draft(run: RunFolder, dest: Path) -> Path:
-    """A local copy of the exported draft (train/final): engines and servers read local paths."""
-    names = run.listdir(DRAFT_KEY)
+def materialize_draft(run: RunFolder, dest: Path, key: str = DRAFT_KEY) -> Path:
+    """A local copy of an exported draft (train/final by default): engines and servers read
+    local paths."""
+    names = run.listdir(key)
     if "config.json" not in names:
-        raise FileNotFoundError(f"{run.url}/{DRAFT_KEY} holds no exported draft: run the train stage first")
+        raise FileNotFoundError(f"{run.url}/{key} holds no exported draft: run the train stage first")
     dest.mkdir(parents=True, exist_ok=True)
     for name in names:  # streamed: a production draft's weights are gigabytes
-        run.fs.get_file(run.path(f"{DRAFT_KEY}/{name}"), str(dest / name))
+        run.fs.get_file(run.path(f"{key}/{name}"), str(dest / name))
     return dest
 
 
@@ -96,13 +100,23 @@ def load_draft(model_path: str, draft_dir: Path) -> Eagle3Draft:
     return load_exported(draft_dir, embed_weight=embed.float()).eval()
 
 
+def replay_steps(config: EagleScaleConfig, run: RunFolder) -> list[int]:
+    """The num_steps replayed: the sweep's, and the scaling curve's when there is a curve."""
+    from tasks.draft.scaling_drafts import scaling_drafts
+
+    steps = set(config.gate.num_steps)
+    if scaling_drafts(run):
+        steps.add(config.gate.scaling_num_steps)
+    return sorted(steps)
+
+
 def offline_replay(run: RunFolder, config: EagleScaleConfig, draft: Eagle3Draft) -> ReplayResult:
     from tasks.extract.storage import iter_extracted
 
     gate = config.gate
     seqs = itertools.islice(iter_extracted(run, "eval"), gate.replay_sequences)
-    result = replay(draft, seqs, gate.num_steps, n_bootstrap=gate.n_bootstrap, seed=gate.bootstrap_seed,
-                    ci_level=gate.ci_level)  # fmt: skip
+    result = replay(draft, seqs, replay_steps(config, run), n_bootstrap=gate.n_bootstrap,
+                    seed=gate.bootstrap_seed, ci_level=gate.ci_level)  # fmt: skip
     if not result.sequences:
         raise ValueError(f"{run.url}/extract has no committed 'eval' sequences to replay")
     run.write_json_atomic(REPLAY_KEY, result.to_dict())
@@ -144,6 +158,7 @@ def _benchmark_server(
 ) -> BenchResult:
     from tasks.gate.protocol import GateRunner
     from tasks.gate.server import EmulatedLauncher, Launcher, SGLangLauncher
+    from tasks.target import resolve_model_dir
 
     gate = config.gate
     launcher: Launcher
@@ -153,37 +168,67 @@ def _benchmark_server(
         launcher = EmulatedLauncher(gate.sglang_version, dict(gate.emulator))
     logs = work_dir / "server-logs"
     logs.mkdir(parents=True, exist_ok=True)
-    from tasks.target import resolve_model_dir
-
     # Servers load a local HF folder: a package or GGUF target is its converted folder.
     model_dir = str(resolve_model_dir(config.target.model_path, config.target.revision))
     return GateRunner(gate, launcher, model_dir, configs, prompts, logs).run()
 
 
 def calibrated_prediction(costs: dict[str, Any], decision: GateDecision, replayed: ReplayResult) -> Prediction | None:
-    """Replay acceptance over the measured step costs, host overhead calibrated on the measured
-    baseline (the one number taken from the benchmark; every speculative figure is predicted)."""
+    """Local engine: replay acceptance over the measured step costs, host overhead calibrated on
+    the measured baseline (the one number taken from the benchmark; every speculative figure is
+    predicted)."""
     baseline = decision.config(decision.baseline)
     lengths = replayed.accept_lengths()
     if baseline is None or baseline.median_tok_s is None or not lengths:
         return None
     try:
-        return predict(calibrate_overhead(StepCosts.from_dict(costs), baseline.median_tok_s), lengths)
+        step_costs = StepCosts.from_dict(costs)
+        lengths = {k: v for k, v in lengths.items() if step_costs.covers(k)}
+        return predict(calibrate_overhead(step_costs, baseline.median_tok_s), lengths)
     except CostModelError as e:
         log.warning("no prediction: %s", e)
         return None
 
 
-def prediction_markdown(replayed: ReplayResult, prediction: Prediction | None) -> str:
+def server_prediction(result: BenchResult, replayed: ReplayResult) -> tuple[dict[str, Any] | None, Prediction | None]:
+    """Server engines: replay acceptance over the cycle costs the launches' cost probes timed,
+    per request (prefill included) at the baseline's median completion length. No number of the
+    measured requests enters it."""
+    from tasks.gate.cost_model import costs_from_launches
+
+    try:
+        costs = costs_from_launches(result)
+    except CostModelError as e:
+        log.warning("no step costs: %s", e)
+        return None, None
+    lengths = {k: v for k, v in replayed.accept_lengths().items() if costs.covers(k)}
+    probes = [r.completion_tokens for x in result.launches for r in x.probes
+              if x.config.split("@")[0] == "baseline" and r.error is None and r.completion_tokens > 1]  # fmt: skip
+    tokens = float(statistics.median(probes)) if probes else None
+    try:
+        return costs.to_dict(), predict(costs, lengths, tokens) if lengths else None
+    except CostModelError as e:
+        log.warning("no prediction: %s", e)
+        return costs.to_dict(), None
+
+
+def prediction_markdown(replayed: ReplayResult, prediction: Prediction | None, decision: GateDecision) -> str:
     lines = ["", "## Offline replay and cost model", "",
-             "| num_steps | replay accept length (CI) | predicted tok/s | predicted speedup | break-even accept length |",
-             "|---|---|---|---|---|"]  # fmt: skip
+             "| num_steps | replay accept length (CI) | measured accept length | predicted tok/s | measured tok/s | error | predicted speedup | break-even accept length |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    measured = {c.spec["num_steps"]: c for c in decision.configs
+                if c.role == "candidate" and c.spec and c.spec["topk"] == 1 and c.env_name == "default"}  # fmt: skip
     for k, row in replayed.overall.items():
         length = row["accept_length"]
         ci = f"{length:.3f} ({row['ci_low']:.3f}-{row['ci_high']:.3f})" if length is not None else "-"
         p = prediction.per_steps.get(k) if prediction else None
-        cells = [f"{p['tok_s']:.1f}", f"{p['speedup']:.3f}x", f"{p['break_even_accept_length']:.3f}"] if p else ["-"] * 3
-        lines.append(f"| {k} | {ci} | " + " | ".join(cells) + " |")
+        m = measured.get(k)
+        m_len = f"{m.accept_length:.3f}" if m and m.accept_length is not None else "-"
+        m_tok = m.median_tok_s if m else None
+        cells = [f"{p['tok_s']:.1f}" if p else "-", f"{m_tok:.1f}" if m_tok else "-",
+                 f"{(p['tok_s'] / m_tok - 1):+.1%}" if p and m_tok else "-",
+                 f"{p['speedup']:.3f}x" if p else "-", f"{p['break_even_accept_length']:.3f}" if p else "-"]  # fmt: skip
+        lines.append(f"| {k} | {ci} | {m_len} | " + " | ".join(cells) + " |")
     lines += ["", "Replay accept length per domain:", ""]
     for domain, table in replayed.per_domain.items():
         per_k = ", ".join(f"k={k}: {r['accept_length']:.2f}" for k, r in table.items() if r["accept_length"] is not None)
@@ -191,28 +236,91 @@ def prediction_markdown(replayed: ReplayResult, prediction: Prediction | None) -
     if prediction is not None:
         best = prediction.best_num_steps
         lines.append(f"\nPredicted best num_steps: {best if best is not None else 'none beats the baseline'}.")
+        lines.append(break_even_statement(decision, prediction))
     return "\n".join(lines) + "\n"
 
 
-def _scaling(run: RunFolder, config: EagleScaleConfig, replayed: ReplayResult, prediction: Prediction | None) -> dict[str, Any]:
-    from tasks.extract.storage import extract_metadata
-    from tasks.gate.scaling import OVERALL, ScalingPoint, train_at_fractions, write_scaling_report
+def break_even_statement(decision: GateDecision, prediction: Prediction) -> str:
+    """By how much the best measured topk=1 config beats (or trails) the baseline, and the accept
+    length it would need to break even at its measured cycle cost."""
+    rows = [c for c in decision.configs if c.role == "candidate" and c.spec and c.spec["topk"] == 1
+            and c.spec["num_steps"] in prediction.per_steps and c.speedup is not None]  # fmt: skip
+    if not rows:
+        return ""
+    best = max(rows, key=lambda c: c.speedup or 0.0)
+    k = best.spec["num_steps"] if best.spec else 0
+    need = prediction.per_steps[k]["break_even_accept_length"]
+    verb = "faster" if (best.speedup or 0) >= 1 else "slower"
+    return (
+        f"\nBest measured chain config {best.name}: {abs((best.speedup or 1) - 1):.1%} {verb} than the "
+        f"baseline at accept length {best.accept_length:.2f}; at its cycle cost an accept length of "
+        f"{need:.2f} breaks even (k={k}: at most {k + 1} tokens per verify)."
+    )
 
-    k = (prediction.best_num_steps if prediction else None) or max(config.gate.num_steps)
-    points = train_at_fractions(run, config.train, config.target.model_path, config.gate.scaling_fractions, num_steps=k)
-    # The full-data point is the trained draft itself, replayed above: not trained again.
+
+def extra_drafts(config: EagleScaleConfig, run: RunFolder, work_dir: Path) -> list[ExtraDraft]:
+    """Reference drafts, and the train stage's data-scaling drafts (copied next to the
+    candidate: servers read local folders), measured beside the candidate on server engines."""
+    from tasks.draft.scaling_drafts import scaling_drafts
+
+    gate = config.gate
+    out = [ExtraDraft(f"ref-{r.name}", r.path, r.num_steps, r.topk, r.num_draft_tokens) for r in gate.reference_drafts]
+    if gate.engine != "local":
+        for entry in scaling_drafts(run):
+            local = materialize_draft(run, work_dir / f"scaling-{entry['samples']}", entry["final"])
+            out.append(ExtraDraft(f"scaling-{entry['samples']}", str(local), gate.scaling_num_steps,
+                                  role=SCALING, samples=int(entry["samples"])))  # fmt: skip
+    return out
+
+
+def _scaling(
+    run: RunFolder, config: EagleScaleConfig, replayed: ReplayResult, decision: GateDecision,
+    prediction: Prediction | None, work_dir: Path,
+) -> dict[str, Any] | None:
+    """The curve over the train stage's scaling drafts and the full draft, at
+    gate.scaling_num_steps: replayed for every draft, measured where a server measured it."""
+    from tasks.draft.scaling_drafts import scaling_drafts
+    from tasks.extract.storage import extract_metadata
+    from tasks.gate.replay import replay_run
+    from tasks.gate.scaling import MEASURED, OVERALL, REPLAY, ScalingPoint, write_scaling_report
+
+    drafts = scaling_drafts(run)
+    if not drafts:
+        return None
+    k = config.gate.scaling_num_steps
+    points: list[ScalingPoint] = []
+
+    def add_replay(samples: int, result: ReplayResult) -> None:
+        tables = {OVERALL: result.overall, **result.per_domain}
+        points.extend(ScalingPoint(d, samples, t[k]["accept_length"], REPLAY) for d, t in tables.items()
+                      if k in t and t[k]["accept_length"] is not None)  # fmt: skip
+
+    def add_measured(samples: int, summary: Any) -> None:
+        if summary is None or summary.accept_length is None:
+            return
+        points.append(ScalingPoint(OVERALL, samples, summary.accept_length, MEASURED))
+        points.extend(ScalingPoint(d, samples, v, MEASURED) for d, v in summary.accept_length_per_domain.items())
+
+    for entry in drafts:
+        samples = int(entry["samples"])
+        local = materialize_draft(run, work_dir / f"scaling-{samples}", entry["final"])
+        draft = load_draft(config.target.model_path, local)
+        add_replay(samples, replay_run(run, draft, [k], limit=config.gate.replay_sequences))
+        add_measured(samples, next((c for c in decision.configs if c.role == SCALING and c.samples == samples), None))
     n_train = int(extract_metadata(run)["splits"].get("train", 0))
-    tables = {OVERALL: replayed.overall, **replayed.per_domain}
-    points += [ScalingPoint(d, n_train, t[k]["accept_length"]) for d, t in tables.items()
-               if t[k]["accept_length"] is not None]  # fmt: skip
+    add_replay(n_train, replayed)  # the full draft: offline_replay covers scaling_num_steps
+    full = next((c for c in decision.configs if c.role == "candidate" and c.env_name == "default" and c.spec
+                 and c.spec["topk"] == 1 and c.spec["num_steps"] == k), None)  # fmt: skip
+    add_measured(n_train, full)
     break_even = prediction.per_steps[k]["break_even_accept_length"] if prediction and k in prediction.per_steps else None
     return write_scaling_report(run, points, break_even, k)
 
 
 def run_gate_stage(config: EagleScaleConfig, work_dir: Path) -> GateOutcome:
     """The whole gate for the run's exported draft. Raises PreflightError before any benchmark
-    when the draft does not fit the sweep; a benchmark that cannot give valid evidence (acceptance
-    below the floor, a server that does not echo its launch) ends in a "stopped" decision."""
+    when a draft does not fit its configs; a benchmark that cannot give valid evidence
+    (acceptance below the floor, a server that does not echo its launch) ends in a "stopped"
+    decision."""
     from tasks.extract.storage import extract_metadata
     from tasks.target import read_model_config, resolve_model_dir, text_config
 
@@ -220,31 +328,38 @@ def run_gate_stage(config: EagleScaleConfig, work_dir: Path) -> GateOutcome:
     identity = gate_identity(run, config)  # the draft as benchmarked, hashed once
     draft_dir = materialize_draft(run, work_dir / "draft")
     target_config = text_config(read_model_config(resolve_model_dir(config.target.model_path)))
-    configs = plan_configs(gate, str(draft_dir))
-    specs = [c.spec for c in configs if c.spec is not None and (gate.engine != "local" or c.spec.topk == 1)]
-    preflight_sweep(str(draft_dir), specs, target_config, extract_metadata(run)["aux_layer_ids"])
+    extra = extra_drafts(config, run, work_dir)
+    configs = plan_configs(gate, str(draft_dir), extra)
+    aux_ids = extract_metadata(run)["aux_layer_ids"]
+    # Every draft is checked against its own configs before anything is launched.
+    for path in dict.fromkeys([str(draft_dir), *(d.path for d in extra)]):
+        specs = [c.spec for c in configs if c.spec is not None and c.spec.draft_model_path == path
+                 and (gate.engine != "local" or c.spec.topk == 1)]  # fmt: skip
+        preflight_sweep(path, specs, target_config, aux_ids)
     replayed = offline_replay(run, config, load_draft(config.target.model_path, draft_dir))
     encode = encoder_for_target(config.target.model_path, config.target.chat_template)
     prompts = load_bench_prompts(run, gate.num_prompts, gate.prompt_seed, encode)
-    costs = None
     if gate.engine == "local":
         result, costs = _benchmark_local(config, draft_dir, configs, prompts)
-        run.write_json_atomic(COSTS_KEY, costs)
+        decision = decide(result, gate)
+        prediction = calibrated_prediction(costs, decision, replayed)
     else:
         result = _benchmark_server(config, configs, prompts, work_dir)
-    decision = decide(result, gate)
-    prediction = calibrated_prediction(costs, decision, replayed) if costs else None
+        decision = decide(result, gate)
+        costs, prediction = server_prediction(result, replayed)
+    if costs is not None:
+        run.write_json_atomic(COSTS_KEY, costs)
     if prediction is not None:
         run.write_json_atomic(PREDICTION_KEY, prediction.to_dict())
     report = write_gate_report(
         run, decision, result, gate, prediction.gate_predictions() if prediction else None,
-        extra_markdown=prediction_markdown(replayed, prediction),
+        extra_markdown=prediction_markdown(replayed, prediction, decision),
     )  # fmt: skip
     summary = promote(
         run, decision, f"{run.url}/{DRAFT_KEY}", gate.registry_url,
         registry_storage_options=gate.registry_storage_options, draft_storage_options=config.storage_options,
     )  # fmt: skip
-    scaling = _scaling(run, config, replayed, prediction) if gate.scaling_fractions else None
+    scaling = _scaling(run, config, replayed, decision, prediction, work_dir)
     run.write_json_atomic(DONE_KEY, {"identity": identity, "summary": summary})
     pred = prediction.to_dict() if prediction else None
     return GateOutcome(summary, decision, replayed.to_dict(), pred, report, scaling)

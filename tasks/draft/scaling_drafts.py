@@ -1,0 +1,84 @@
+"""Data-scaling drafts: the same training on fractions of the training split, for the curve of
+acceptance against training samples that the gate measures (train.scaling_fractions).
+
+Each fraction trains in a folder of its own, `train/scaling/frac-<samples>/` (checkpoints,
+best.json, result.json: the train stage's layout, one level down, so none resumes another and a
+crash resumes each exactly like the main draft), on the first <samples> training sequences, and
+is exported to `train/scaling/frac-<samples>/final` in SGLang's format. `train/scaling/index.json`
+lists the finished ones; the gate reads only that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from tasks.runfolder import RunFolder
+
+if TYPE_CHECKING:
+    from tasks.config import TrainConfig
+
+SCALING_TRAIN_ROOT = "train/scaling"
+SCALING_INDEX = f"{SCALING_TRAIN_ROOT}/index.json"
+
+
+class TrainElsewhere(RunFolder):
+    """The run with its train/ keys under another prefix, on the same extract data. Every
+    RunFolder method resolves keys through path(), so this one override redirects them all."""
+
+    def __init__(self, run: RunFolder, prefix: str) -> None:
+        self.__dict__.update(vars(run))
+        self.prefix = prefix.strip("/")
+
+    def path(self, rel: str) -> str:
+        rel = rel.strip("/")
+        if rel == "train" or rel.startswith("train/"):
+            rel = f"{self.prefix}/{rel.removeprefix('train').lstrip('/')}".rstrip("/")
+        return super().path(rel)
+
+
+def fraction_samples(n_train: int, fractions: Sequence[float]) -> list[tuple[float, int]]:
+    """(fraction, training sequences) per distinct fraction, at least one sequence each."""
+    if any(not 0 < f < 1 for f in fractions):
+        raise ValueError(f"scaling fractions must lie in (0, 1), got {list(fractions)}")
+    return [(f, max(1, round(f * n_train))) for f in sorted(set(fractions))]
+
+
+def train_scaling_drafts(
+    run: RunFolder, cfg: TrainConfig, target_model_path: str, **train_kwargs: Any
+) -> list[dict[str, Any]]:
+    """Train, resume or skip each fraction of `cfg.scaling_fractions`; export each best
+    checkpoint; write and return the index (one entry per fraction)."""
+    from tasks.draft import checkpoint as ckpt
+    from tasks.draft.export import export_to_run
+    from tasks.draft.trainer import Dist, train_draft
+    from tasks.extract.storage import extract_metadata
+
+    rank = Dist.current()  # under torchrun every rank trains; rank 0 exports and writes the index
+    n_train = int(extract_metadata(run)["splits"].get("train", 0))
+    if n_train == 0:
+        raise ValueError(f"{run.url}/extract has no training sequences")
+    entries = []
+    for fraction, samples in fraction_samples(n_train, cfg.scaling_fractions):
+        prefix = f"{SCALING_TRAIN_ROOT}/frac-{samples}"
+        view = TrainElsewhere(run, prefix)
+        result = train_draft(view, cfg, target_model_path, max_train_sequences=samples, **train_kwargs)
+        best = result.best or {}
+        chosen = ckpt.checkpoint_key(best["step"]) if best.get("step") is not None else result.last_checkpoint
+        if chosen is None:
+            raise RuntimeError(f"{run.url}/{prefix}: training at {samples} samples left no checkpoint")
+        final = f"{prefix}/final"
+        if rank.rank == 0:
+            export_to_run(ckpt.load_run_checkpoint_model(view, chosen), run, final)
+        rank.barrier()
+        entries.append({"fraction": fraction, "samples": samples, "steps": result.steps,
+                        "best": best or None, "final": final})  # fmt: skip
+    if rank.rank == 0:
+        run.write_json_atomic(SCALING_INDEX, {"train_sequences": n_train, "drafts": entries})
+    return entries
+
+
+def scaling_drafts(run: RunFolder) -> list[dict[str, Any]]:
+    """The finished scaling drafts the train stage listed (none when it trained none)."""
+    index = run.read_json(SCALING_INDEX)
+    return list(index["drafts"]) if index else []
