@@ -307,6 +307,32 @@ def test_the_emulator_rejects_the_old_flag_on_0_5_23() -> None:
     assert "unrecognized arguments: --cuda-graph-max-bs 8" in proc.stderr
 
 
+def _emulate(version: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The emulator's command line only: `--help`-style exits happen before it serves."""
+    return subprocess.run(
+        [sys.executable, "-m", "tasks.engines.sglang_spec_launch", "--sim-config-json",
+         json.dumps({"sglang_version": version}), "--model-path", "/m", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_the_0_5_14_emulator_takes_exactly_the_recorded_flags() -> None:
+    unknown = _emulate("0.5.14", "--foo")
+    assert unknown.returncode == 2 and "unrecognized arguments: --foo" in unknown.stderr
+    choice = _emulate("0.5.14", "--attention-backend", "fa9")
+    assert choice.returncode == 2 and "invalid choice: 'fa9'" in choice.stderr
+    old_alias = _emulate("0.5.14", "--tp", "2")  # 0.5.14 lists --tp-size and --tensor-parallel-size only
+    assert old_alias.returncode == 2 and "unrecognized arguments: --tp 2" in old_alias.stderr
+
+
+def test_regenerating_the_flag_file_gives_the_shipped_one(capsys: pytest.CaptureFixture[str]) -> None:
+    from tasks.engines.sglang_flags import main
+
+    shipped = json.loads((ROOT / "tasks/data/sglang/flags-0.5.14.json").read_text())
+    assert main([str(ROOT / "tests/fixtures/sglang-0.5.14/help.txt"), "0.5.14", shipped["source"]]) == 0
+    assert json.loads(capsys.readouterr().out) == shipped
+
+
 def test_server_info_check_catches_sglangs_silent_adjustment(tmp_path: Path) -> None:
     """Bypassing the builder's guard: SGLang (emulated) forces draft tokens to steps+1 and the
     server-info check names the difference."""

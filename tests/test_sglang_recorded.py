@@ -187,7 +187,9 @@ def templates(log: str) -> set[str]:
 @pytest.mark.parametrize("speculative", [False, True], ids=["baseline", "eagle3"])
 def test_the_emulator_answers_and_logs_like_0_5_14(speculative: bool, tmp_path: Path) -> None:
     spec = SpecParams("/drafts/d", num_steps=3, topk=1, num_draft_tokens=4) if speculative else None
-    launch_spec = LaunchSpec("/models/t", free_port(), spec=spec, server=H200, extra_args=("--context-length", "2048"))
+    # Flags the emulator does not model but 0.5.14 lists are taken, as SGLang would.
+    extra = ("--context-length", "2048", "--kv-cache-dtype", "fp8_e4m3", "--enable-metrics")
+    launch_spec = LaunchSpec("/models/t", free_port(), spec=spec, server=H200, extra_args=extra)
     server = launch(EmulatedLauncher("0.5.14", {"decode_log_interval": 4}), launch_spec, tmp_path / "server.log")
     name = "eagle3" if speculative else "base"
     try:
