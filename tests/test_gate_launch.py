@@ -200,6 +200,8 @@ def test_0_5_14_refuses_deprecated_unknown_and_out_of_choice_flags() -> None:
 
 
 def test_server_settings_per_version() -> None:
+    # One flag per setting, named like it (a setting without a flag would silently do nothing).
+    assert {name: "--" + name.replace("_", "-") for name in ServerSettings.model_fields} == SETTING_FLAGS
     s = ServerSettings(attention_backend="triton", skip_tokenizer_init=True, sleep_on_idle=True, random_seed=3,
                        max_running_requests=4, max_total_tokens=4096, dtype="bfloat16")  # fmt: skip
     for version in PINNED_VERSIONS:

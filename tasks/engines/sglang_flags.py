@@ -94,12 +94,6 @@ def extract_help_flags(text: str) -> dict[str, Any]:
     }
 
 
-def recorded_versions() -> tuple[str, ...]:
-    folder = resources.files("tasks") / "data" / "sglang"
-    names = [p.name for p in folder.iterdir() if p.name.startswith("flags-") and p.name.endswith(".json")]
-    return tuple(sorted(n[len("flags-") : -len(".json")] for n in names))
-
-
 @functools.cache
 def recorded_flags(version: str) -> RecordedFlags | None:
     """The shipped flag list of `version`, or None when no `--help` of it was recorded."""
