@@ -2,23 +2,31 @@
 
 from __future__ import annotations
 
+import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
-from tasks.gate.config import GateConfig
+from tasks.engines.sglang_flags import extract_help_flags, recorded_flags
+from tasks.gate.config import GateConfig, SpecPoint
 from tasks.gate.launch import (
+    PINNED_VERSIONS,
+    SETTING_FLAGS,
     LaunchError,
     LaunchSpec,
+    ServerSettings,
     SpecParams,
     build_launch_command,
     build_server_args,
     flag_set,
     resolve_spec,
 )
+from tasks.gate.plan import plan_configs
 from tasks.gate.server import (
     EmulatedLauncher,
     check_server_info,
@@ -31,6 +39,17 @@ from tasks.gate.server import (
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = SpecParams("/drafts/d1", num_steps=3, topk=1, num_draft_tokens=4)
+# What a real SGLang 0.5.14 `launch_server --help` printed on the H200 node (not the shipped data
+# file: the tests below check the shipped file against this).
+HELP_0514 = extract_help_flags((ROOT / "tests/fixtures/sglang-0.5.14/help.txt").read_text())
+# The H200 node's settings (its bundle has no FA3 kernels, flashinfer is imported only).
+H200 = ServerSettings(attention_backend="triton", sampling_backend="pytorch", grammar_backend="none",
+                      skip_tokenizer_init=True, dtype="bfloat16")  # fmt: skip
+EVERY_SETTING = ServerSettings(
+    attention_backend="triton", sampling_backend="pytorch", grammar_backend="none", skip_tokenizer_init=True,
+    dtype="bfloat16", disable_prefill_cuda_graph=True, sleep_on_idle=True, max_total_tokens=65536,
+    max_running_requests=8, random_seed=7,
+)  # fmt: skip
 
 
 def flag_value(args: list[str], flag: str) -> str:
@@ -61,13 +80,172 @@ def test_0_5_23_uses_the_decode_cuda_graph_flags() -> None:
     assert not [a for a in baseline if a.startswith("--speculative")]
 
 
+SPEC_ARGS = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/drafts/d1",
+             "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]  # fmt: skip
+BASE_ARGS = ["--model-path", "/m", "--host", "127.0.0.1", "--port", "30000", "--tp-size", "1"]
+
+
+@pytest.mark.parametrize(
+    ("version", "graphs_on", "graphs_off"),
+    [
+        ("0.5.4", ["--cuda-graph-max-bs", "8"], ["--disable-cuda-graph"]),
+        ("0.5.14", ["--cuda-graph-max-bs-decode", "8"], ["--disable-decode-cuda-graph", "--disable-prefill-cuda-graph"]),
+        ("0.5.23", ["--cuda-graph-max-bs-decode", "8"], ["--disable-decode-cuda-graph"]),
+    ],
+)  # fmt: skip
+def test_each_versions_baseline_and_speculative_commands(version: str, graphs_on: list[str], graphs_off: list[str]) -> None:
+    """The exact arguments per version with the default settings (nothing beyond the builder's own)."""
+    assert build_server_args(LaunchSpec("/m", 30000), version) == BASE_ARGS + graphs_on
+    assert build_server_args(LaunchSpec("/m", 30000, spec=SPEC), version) == BASE_ARGS + graphs_on + SPEC_ARGS
+    assert build_server_args(LaunchSpec("/m", 30000, spec=SPEC, disable_cuda_graph=True), version) == (
+        BASE_ARGS + graphs_off + SPEC_ARGS)  # fmt: skip
+
+
+def test_the_shipped_0_5_14_flags_are_the_recorded_help() -> None:
+    shipped = json.loads((ROOT / "tasks/data/sglang/flags-0.5.14.json").read_text())
+    assert shipped["version"] == "0.5.14"
+    assert {k: shipped[k] for k in ("flags", "choices", "deprecated")} == HELP_0514
+    recorded = recorded_flags("0.5.14")
+    assert recorded is not None and recorded.flags == set(HELP_0514["flags"])
+    assert recorded_flags("0.5.23") is None  # no --help of it was recorded
+    # Facts the builder relies on, as the real help states them.
+    assert {"--cuda-graph-max-bs-decode", "--disable-decode-cuda-graph", "--disable-prefill-cuda-graph",
+            "--tensor-parallel-size", "--skip-tokenizer-init", "--sleep-on-idle"} <= recorded.flags  # fmt: skip
+    assert recorded.deprecated["--cuda-graph-max-bs"] == ("--cuda-graph-max-bs-decode",)
+    assert recorded.deprecated["--disable-cuda-graph"] == ("--cuda-graph-backend-{decode,prefill}=disabled",)
+    assert "--tp" not in recorded.flags and "--help" not in recorded.flags
+    assert recorded.choices["--grammar-backend"] == ("xgrammar", "outlines", "llguidance", "none")
+
+
+def _setting_variants() -> list[ServerSettings]:
+    """No settings, each setting alone, all of them."""
+    alone = [ServerSettings(**{name: getattr(EVERY_SETTING, name)}) for name in ServerSettings.model_fields]
+    return [ServerSettings(), *alone, EVERY_SETTING]
+
+
+def test_every_0_5_14_launch_the_gate_can_build_has_only_recorded_flags() -> None:
+    """Baseline, EAGLE3 chains (topk 1) and trees (topk > 1), graphs on and off, every server
+    setting: each emitted flag is in the recorded --help, none is a deprecated alias, and a value
+    of a flag with choices is one of them."""
+    flags, deprecated, choices = set(HELP_0514["flags"]), set(HELP_0514["deprecated"]), HELP_0514["choices"]
+    cfg = GateConfig(engine="sglang", sglang_version="0.5.14", num_steps=[1, 2, 3, 5],
+                     topk_points=[SpecPoint(num_steps=3, topk=4, num_draft_tokens=8),
+                                  SpecPoint(num_steps=2, topk=2, num_draft_tokens=4)])  # fmt: skip
+    configs = plan_configs(cfg, "/drafts/d")
+    assert sum(c.spec is None for c in configs) == 1 and sum(bool(c.spec and c.spec.topk > 1) for c in configs) == 2
+    seen: set[str] = set()
+    for config in configs:
+        for graphs_off in (False, True):
+            for settings in _setting_variants():
+                spec = LaunchSpec("/models/t", 30000, tp_size=2, spec=config.spec, cuda_graph_max_bs=cfg.cuda_graph_max_bs,
+                                  disable_cuda_graph=graphs_off, mem_fraction_static=0.8, server=settings)  # fmt: skip
+                args = build_server_args(spec, "0.5.14")
+                for i, arg in enumerate(args):
+                    if arg.startswith("--"):
+                        assert arg in flags and arg not in deprecated, (config.name, arg)
+                        if arg in choices:
+                            assert args[i + 1] in choices[arg], (arg, args[i + 1])
+                        seen.add(arg)
+    # Every flag the builder has for 0.5.14 was among those checked.
+    assert seen >= {*SETTING_FLAGS.values(), *flag_set("0.5.14").disable_cuda_graph, "--cuda-graph-max-bs-decode",
+                    "--speculative-eagle-topk", "--mem-fraction-static"}  # fmt: skip
+
+
+def test_the_h200_settings_rebuild_the_launch_that_worked() -> None:
+    """The command that served on the H200 (its notes, 2026-12-01) is what the builder makes of
+    the H200 settings, plus the builder's explicit --tp-size 1."""
+    worked = ("--model-path MODEL --skip-tokenizer-init --attention-backend triton --sampling-backend pytorch "
+              "--grammar-backend none --host 127.0.0.1 --port 30000 --mem-fraction-static 0.5 "
+              "--cuda-graph-max-bs-decode 256 --dtype bfloat16 --speculative-algorithm EAGLE3 "
+              "--speculative-draft-model-path DRAFT --speculative-num-steps 2 --speculative-eagle-topk 1 "
+              "--speculative-num-draft-tokens 3")  # fmt: skip
+    worked_args = shlex.split(worked)
+
+    def pairs(args: list[str]) -> dict[str, str | None]:
+        return {a: (args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else None)
+                for i, a in enumerate(args) if a.startswith("--")}  # fmt: skip
+
+    spec, _ = resolve_spec("DRAFT", 2, 1)
+    built = build_server_args(LaunchSpec("MODEL", 30000, spec=spec, cuda_graph_max_bs=256, mem_fraction_static=0.5,
+                                         server=H200), "0.5.14")  # fmt: skip
+    assert pairs(built) == {**pairs(worked_args), "--tp-size": "1"}
+    assert len(built) == len(worked_args) + 2
+
+
+def test_0_5_14_refuses_deprecated_unknown_and_out_of_choice_flags() -> None:
+    def build(*extra: str, server: ServerSettings | None = None) -> list[str]:
+        return build_server_args(LaunchSpec("/m", 30000, server=server or ServerSettings(), extra_args=extra), "0.5.14")
+
+    with pytest.raises(LaunchError, match=r"--cuda-graph-max-bs is a deprecated alias in SGLang 0\.5\.14: use "
+                                          r"--cuda-graph-max-bs-decode instead \(the gate sets it from cuda_graph_max_bs\)"):
+        build("--cuda-graph-max-bs", "8")
+    with pytest.raises(LaunchError, match=r"--disable-cuda-graph is a deprecated alias in SGLang 0\.5\.14: use "
+                                          r"--cuda-graph-backend-\{decode,prefill\}=disabled instead"):
+        build("--disable-cuda-graph")
+    with pytest.raises(LaunchError, match=r"--piecewise-cuda-graph-max-tokens is a deprecated alias .* use --cuda-graph-max-bs-prefill"):
+        build("--piecewise-cuda-graph-max-tokens=512")
+    with pytest.raises(LaunchError, match=r"extra server arg --foo is not an SGLang 0\.5\.14 flag \(not in its recorded --help\)"):
+        build("--foo")
+    with pytest.raises(LaunchError, match=r"extra server arg --tp is not an SGLang 0\.5\.14 flag"):
+        build("--tp", "2")
+    with pytest.raises(LaunchError, match=r"extra server arg: --kv-cache-dtype 'fp9' is not one of SGLang 0\.5\.14's choices"):
+        build("--kv-cache-dtype=fp9")
+    with pytest.raises(LaunchError, match=r"--cuda-graph-backend-decode is set by the gate itself"):
+        build("--cuda-graph-backend-decode", "disabled")
+    with pytest.raises(LaunchError, match=r"--skip-tokenizer-init is the server setting skip_tokenizer_init"):
+        build("--skip-tokenizer-init")
+    with pytest.raises(LaunchError, match=r"server setting attention_backend: --attention-backend 'fa5' is not one of"):
+        build(server=ServerSettings(attention_backend="fa5"))
+    assert build("--kv-cache-dtype", "fp8_e4m3", "--trust-remote-code")[-3:] == ["--kv-cache-dtype", "fp8_e4m3", "--trust-remote-code"]
+
+
+def test_server_settings_per_version() -> None:
+    # One flag per setting, named like it (a setting without a flag would silently do nothing).
+    assert {name: "--" + name.replace("_", "-") for name in ServerSettings.model_fields} == SETTING_FLAGS
+    s = ServerSettings(attention_backend="triton", skip_tokenizer_init=True, sleep_on_idle=True, random_seed=3,
+                       max_running_requests=4, max_total_tokens=4096, dtype="bfloat16")  # fmt: skip
+    for version in PINNED_VERSIONS:
+        args = build_server_args(LaunchSpec("/m", 30000, server=s), version)
+        assert flag_value(args, "--attention-backend") == "triton" and flag_value(args, "--random-seed") == "3"
+        assert flag_value(args, "--max-running-requests") == "4" and flag_value(args, "--max-total-tokens") == "4096"
+        assert "--skip-tokenizer-init" in args and "--sleep-on-idle" in args
+    prefill = ServerSettings(disable_prefill_cuda_graph=True)
+    with pytest.raises(LaunchError, match=r"server setting disable_prefill_cuda_graph: SGLang 0\.5\.4 has no "
+                                          r"--disable-prefill-cuda-graph \(0\.5\.4 captures prefill graphs only with"):
+        build_server_args(LaunchSpec("/m", 30000, server=prefill), "0.5.4")
+    assert "--disable-prefill-cuda-graph" in build_server_args(LaunchSpec("/m", 30000, server=prefill), "0.5.23")
+    # Without a recorded --help a value cannot be checked; it goes to SGLang, which decides.
+    assert flag_value(build_server_args(LaunchSpec("/m", 30000, server=ServerSettings(attention_backend="fa5")), "0.5.23"),
+                      "--attention-backend") == "fa5"  # fmt: skip
+    with pytest.raises(ValidationError, match="max_total_tokens"):
+        ServerSettings(max_total_tokens=0)
+    with pytest.raises(ValidationError, match="attention_backnd"):
+        ServerSettings(attention_backnd="triton")  # type: ignore[call-arg]
+
+
+def test_gate_config_checks_settings_and_extra_args_when_loaded() -> None:
+    with pytest.raises(ValidationError, match=r"--foo is not an SGLang 0\.5\.14 flag"):
+        GateConfig(sglang_version="0.5.14", extra_server_args=["--foo"])
+    with pytest.raises(ValidationError, match=r"deprecated alias in SGLang 0\.5\.14: use --cuda-graph-max-bs-decode"):
+        GateConfig(sglang_version="0.5.14", extra_server_args=["--cuda-graph-max-bs", "8"])
+    with pytest.raises(ValidationError, match=r"SGLang 0\.5\.4 has no --disable-prefill-cuda-graph"):
+        GateConfig(sglang_version="0.5.4", server={"disable_prefill_cuda_graph": True})
+    with pytest.raises(ValidationError, match=r"server\.attention_backnd"):
+        GateConfig(server={"attention_backnd": "triton"})
+    cfg = GateConfig(engine="sglang", sglang_version="0.5.14", server={"attention_backend": "triton", "dtype": "bfloat16"},
+                     extra_server_args=["--trust-remote-code", "--context-length", "4096"])  # fmt: skip
+    assert cfg.server.attention_backend == "triton" and cfg.server.skip_tokenizer_init is False
+
+
 def test_versions_are_pinned() -> None:
     assert flag_set("v0.5.4.post1").version == "0.5.4"
+    assert flag_set("0.5.14.post2").version == "0.5.14"
     assert flag_set("0.5.23rc1").version == "0.5.23"
-    with pytest.raises(LaunchError, match=r"'0\.5\.9' is not pinned.*\['0\.5\.4', '0\.5\.23'\]"):
+    with pytest.raises(LaunchError, match=r"'0\.5\.9' is not pinned.*\['0\.5\.4', '0\.5\.14', '0\.5\.23'\]"):
         flag_set("0.5.9")
     with pytest.raises(ValueError, match="sglang_version"):
         GateConfig(sglang_version="0.4.0")
+    assert GateConfig(engine="sglang", sglang_version="0.5.14").sglang_version == "0.5.14"
 
 
 def test_extra_args_may_not_carry_foreign_or_managed_flags() -> None:
@@ -77,8 +255,11 @@ def test_extra_args_may_not_carry_foreign_or_managed_flags() -> None:
         build_server_args(LaunchSpec("/m", 30000, extra_args=("--disable-decode-cuda-graph",)), "0.5.4")
     with pytest.raises(LaunchError, match="--speculative-num-steps is set by the gate itself"):
         build_server_args(LaunchSpec("/m", 30000, extra_args=("--speculative-num-steps=2",)), "0.5.23")
-    ok = build_server_args(LaunchSpec("/m", 30000, extra_args=("--attention-backend", "fa3")), "0.5.23")
-    assert ok[-2:] == ["--attention-backend", "fa3"]
+    # A server setting's flag belongs to the setting, not to extra args.
+    with pytest.raises(LaunchError, match=r"--attention-backend is the server setting attention_backend: set it there"):
+        build_server_args(LaunchSpec("/m", 30000, extra_args=("--attention-backend", "fa3")), "0.5.23")
+    ok = build_server_args(LaunchSpec("/m", 30000, extra_args=("--trust-remote-code",)), "0.5.23")
+    assert ok[-1:] == ["--trust-remote-code"]
 
 
 def test_spec_resolution_refuses_or_corrects_the_topk1_coercion() -> None:
@@ -99,7 +280,7 @@ def test_spec_resolution_refuses_or_corrects_the_topk1_coercion() -> None:
         build_server_args(LaunchSpec("/m", 30000, spec=SpecParams("/d", 3, 1, 6)), "0.5.4")
 
 
-@pytest.mark.parametrize("version", ["0.5.4", "0.5.23"])
+@pytest.mark.parametrize("version", ["0.5.4", "0.5.14", "0.5.23"])
 def test_the_emulator_takes_each_versions_command(version: str, tmp_path: Path) -> None:
     """A built command launches the emulator of that version, whose server info echoes it."""
     launcher = EmulatedLauncher(version, {"decode_log_interval": 2})
@@ -113,7 +294,7 @@ def test_the_emulator_takes_each_versions_command(version: str, tmp_path: Path) 
         server.stop()
     assert check_server_info(info, spec) == []
     assert info["version"] == version
-    assert info[{"0.5.4": "cuda_graph_max_bs", "0.5.23": "cuda_graph_max_bs_decode"}[version]] == 4
+    assert info["cuda_graph_max_bs" if version == "0.5.4" else "cuda_graph_max_bs_decode"] == 4
     assert info["eaglescale_env"] == {"NCCL_ALGO": "Ring"}
     assert not server.alive()
 
@@ -126,6 +307,32 @@ def test_the_emulator_rejects_the_old_flag_on_0_5_23() -> None:
     )  # fmt: skip
     assert proc.returncode == 2
     assert "unrecognized arguments: --cuda-graph-max-bs 8" in proc.stderr
+
+
+def _emulate(version: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The emulator's command line only: `--help`-style exits happen before it serves."""
+    return subprocess.run(
+        [sys.executable, "-m", "tasks.engines.sglang_spec_launch", "--sim-config-json",
+         json.dumps({"sglang_version": version}), "--model-path", "/m", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_the_0_5_14_emulator_takes_exactly_the_recorded_flags() -> None:
+    unknown = _emulate("0.5.14", "--foo")
+    assert unknown.returncode == 2 and "unrecognized arguments: --foo" in unknown.stderr
+    choice = _emulate("0.5.14", "--attention-backend", "fa9")
+    assert choice.returncode == 2 and "invalid choice: 'fa9'" in choice.stderr
+    old_alias = _emulate("0.5.14", "--tp", "2")  # 0.5.14 lists --tp-size and --tensor-parallel-size only
+    assert old_alias.returncode == 2 and "unrecognized arguments: --tp 2" in old_alias.stderr
+
+
+def test_regenerating_the_flag_file_gives_the_shipped_one(capsys: pytest.CaptureFixture[str]) -> None:
+    from tasks.engines.sglang_flags import main
+
+    shipped = json.loads((ROOT / "tasks/data/sglang/flags-0.5.14.json").read_text())
+    assert main([str(ROOT / "tests/fixtures/sglang-0.5.14/help.txt"), "0.5.14", shipped["source"]]) == 0
+    assert json.loads(capsys.readouterr().out) == shipped
 
 
 def test_server_info_check_catches_sglangs_silent_adjustment(tmp_path: Path) -> None:

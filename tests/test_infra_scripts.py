@@ -16,7 +16,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.gate.launch import PINNED_VERSIONS, LaunchSpec, build_launch_command, resolve_spec
+from tasks.gate.launch import (
+    PINNED_VERSIONS,
+    SETTING_FLAGS,
+    LaunchSpec,
+    ServerSettings,
+    build_launch_command,
+    resolve_spec,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SGLANG = ROOT / "infra/sglang"
@@ -48,20 +55,50 @@ def _dry(out: subprocess.CompletedProcess) -> tuple[dict[str, str], list[str]]:
 def test_help_and_bad_arguments():
     out = _run(LAUNCH, "--help")
     assert out.returncode == 0 and "--model PATH" in out.stdout and "--nccl-seed-tuning" in out.stdout
+    # Every server setting the builder takes is in the script's help.
+    for flag in SETTING_FLAGS.values():
+        assert flag in out.stdout, flag
     bad = _run(LAUNCH, "--modle", "x")
-    assert bad.returncode == 2 and "unknown argument '--modle'" in bad.stderr
+    assert bad.returncode == 2 and "unrecognized arguments: --modle x" in bad.stderr
     missing = _run(LAUNCH, "--tp", "8")
     assert missing.returncode == 2 and "--model is required" in missing.stderr
     no_value = _run(LAUNCH, "--model", "/m", "--nccl-proto")
     assert no_value.returncode == 2 and "--nccl-proto needs a value" in no_value.stderr
+    spec = _run(LAUNCH, "--model", "/m", "--draft", "/d", "--dry-run")
+    assert spec.returncode == 2 and "--draft is not an option of the generation server" in spec.stderr
 
 
 def test_dry_run_builds_the_launch_command():
     out = _run(LAUNCH, "--model", "/models/Kimi-K2.5", "--nccl-ib-disable", "--dry-run", "--", "--log-level", "info")
     env, cmd = _dry(out)
     assert env == {"NCCL_IB_DISABLE": "1"}
-    assert shlex.join(cmd).startswith("python -m sglang.launch_server --model-path /models/Kimi-K2.5 --tp 8")
-    assert shlex.join(cmd).endswith("--trust-remote-code --log-level info")
+    assert cmd == build_launch_command(
+        LaunchSpec("/models/Kimi-K2.5", 30000, host="0.0.0.0", tp_size=8, cuda_graph_max_bs=None,
+                   mem_fraction_static=0.88, extra_args=("--trust-remote-code", "--log-level", "info")),
+        PINNED_VERSIONS[-1], python=sys.executable,
+    )  # fmt: skip
+    assert not [a for a in cmd if "cuda-graph" in a]  # a generation server keeps SGLang's graph sizes
+
+
+def test_target_takes_the_server_settings_of_its_version():
+    """The H200's 0.5.14 settings, through the builder: each setting once, every flag in 0.5.14's
+    recorded --help; a setting the version lacks is refused naming it."""
+    out = _run(LAUNCH, "--model", "/m", "--sglang-version", "0.5.14", "--attention-backend", "triton",
+               "--sampling-backend", "pytorch", "--grammar-backend", "none", "--dtype", "bfloat16",
+               "--disable-prefill-cuda-graph", "--context-length", "4096", "--dry-run")  # fmt: skip
+    _, cmd = _dry(out)
+    settings = ServerSettings(attention_backend="triton", sampling_backend="pytorch", grammar_backend="none",
+                              dtype="bfloat16", disable_prefill_cuda_graph=True)  # fmt: skip
+    assert cmd == build_launch_command(
+        LaunchSpec("/m", 30000, host="0.0.0.0", tp_size=8, cuda_graph_max_bs=None, mem_fraction_static=0.88,
+                   server=settings, extra_args=("--trust-remote-code", "--context-length", "4096")),
+        "0.5.14", python=sys.executable,
+    )  # fmt: skip
+    assert cmd[cmd.index("--attention-backend") + 1] == "triton"
+    old = _run(LAUNCH, "--model", "/m", "--sglang-version", "0.5.4", "--disable-prefill-cuda-graph", "--dry-run")
+    assert old.returncode == 2 and "SGLang 0.5.4 has no --disable-prefill-cuda-graph" in old.stderr
+    bad = _run(LAUNCH, "--model", "/m", "--sglang-version", "0.5.14", "--dry-run", "--", "--cuda-graph-max-bs", "64")
+    assert bad.returncode == 2 and "use --cuda-graph-max-bs-decode instead" in bad.stderr
 
 
 def test_nccl_options_export_the_seed_settings():
@@ -77,7 +114,8 @@ def test_nccl_options_export_the_seed_settings():
 def test_speculative_help_lists_script_nccl_and_builder_options():
     out = _run(SPECULATIVE, "--help")
     assert out.returncode == 0, out.stderr
-    for flag in ("--draft PATH", "--baseline", "--num-steps", "--sglang-version", "--nccl-seed-tuning", "--dry-run"):
+    for flag in ("--draft PATH", "--baseline", "--num-steps", "--sglang-version", "--nccl-seed-tuning", "--dry-run",
+                 *SETTING_FLAGS.values()):  # fmt: skip
         assert flag in out.stdout, flag
 
 
@@ -122,6 +160,12 @@ def test_speculative_baseline_has_no_speculative_flags():
         (["--model", "/m", "--baseline", "--", "--speculative-algorithm", "EAGLE"],
          "--speculative-algorithm is set by the gate itself"),
         (["--model", "/m", "--baseline", "--sglang-version", "0.4.9"], "'0.4.9' is not pinned"),
+        (["--model", "/m", "--baseline", "--sglang-version", "0.5.14", "--", "--disable-cuda-graph"],
+         "--disable-cuda-graph is a deprecated alias in SGLang 0.5.14"),
+        (["--model", "/m", "--baseline", "--sglang-version", "0.5.14", "--", "--foo"],
+         "--foo is not an SGLang 0.5.14 flag"),
+        (["--model", "/m", "--baseline", "--sglang-version", "0.5.14", "--attention-backend", "fa9"],
+         "--attention-backend 'fa9' is not one of SGLang 0.5.14's choices"),
         (["--model", "/m", "--baseline", "--nccl-algo"], "--nccl-algo needs a value"),
         (["--model", "/m", "--baseline", "--python"], "--python needs a value"),
     ],

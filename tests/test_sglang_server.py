@@ -9,6 +9,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +18,8 @@ from tasks.engines.sglang_server import ServerProcess, ServerThread, serve_main,
 from tasks.engines.sglang_sim import SIM_EOS_ID, plan_completion, simulated_output
 
 SMALL = {"input_ids": [1], "sampling_params": {"max_new_tokens": 2}}
-META_KEYS = {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "e2e_latency"}
+# The meta_info keys a real SGLang 0.5.14 baseline returned (tests/fixtures/sglang-0.5.14/).
+META_KEYS = set(json.loads((Path(__file__).parent / "fixtures/sglang-0.5.14/gen-base.json").read_text())["meta_info"])
 
 
 def call(url: str, body: Any = None, timeout: float = 10.0) -> tuple[int, Any]:

@@ -17,10 +17,11 @@ usage: launch_speculative.sh --model PATH (--draft PATH --num-steps N | --baseli
 
 Starts \`python -m sglang.launch_server\` for the target with the EAGLE3 draft (or, with
 --baseline, the same launch without speculation: the gate's comparison point). The flags are
-built per pinned SGLang version (--sglang-version; CUDA-graph flags differ between 0.5.4 and
-0.5.23) by tasks/gate/launch.py, which refuses EAGLE instead of EAGLE3, topk=1 with draft
-tokens != steps + 1, and extra args that the builder owns or the version does not have.
-Use the numbers of the promoted config (promoted.json / gate/report.md).
+built per pinned SGLang version (--sglang-version 0.5.4, 0.5.14 or 0.5.23; CUDA-graph flags
+differ between them) by tasks/gate/launch.py, which refuses EAGLE instead of EAGLE3, topk=1 with
+draft tokens != steps + 1, and extra args that the builder owns or the version does not have
+(for 0.5.14: anything not in its recorded --help, and its deprecated aliases).
+Use the numbers and the server settings of the promoted config (promoted.json / gate/report.md).
 
 Script options:
   --python PY           interpreter with sglang and eaglescale (default \$EAGLESCALE_PYTHON or python)
@@ -30,7 +31,11 @@ Builder options (python -m tasks.gate.launch; defaults: --tp 8, --port 30000, --
 --mem-fraction 0.88, --cuda-graph-max-bs 8, --topk 1, --sglang-version 0.5.23):
   --model PATH --draft PATH --baseline --sglang-version V --num-steps N --topk K
   --num-draft-tokens N --correct-draft-tokens --tp N --host H --port P --mem-fraction F
-  --max-running-requests N --cuda-graph-max-bs N --disable-cuda-graph
+  --cuda-graph-max-bs N|default --disable-cuda-graph
+Server settings (the gate's gate.server; each emitted only when given):
+  --attention-backend B --sampling-backend B --grammar-backend B --dtype D --skip-tokenizer-init
+  --disable-prefill-cuda-graph --sleep-on-idle --max-total-tokens N --max-running-requests N
+  --random-seed N
 Anything after \`--\` is passed to sglang.launch_server unchanged.
 Health: curl http://HOST:PORT/health_generate ; info (echoes the speculative settings):
 curl http://HOST:PORT/server_info

@@ -27,7 +27,9 @@ from tasks.engines.sglang_protocol import (
     response_item,
 )
 
-SGLANG_COMPAT_VERSION = "0.5.23"  # the SGLang release whose HTTP surface this server mimics
+# The SGLang release whose /generate answers this server reproduces key for key (recorded from a
+# real server: tests/fixtures/sglang-0.5.14/).
+SGLANG_COMPAT_VERSION = "0.5.14"
 SERVER_VERSION = f"eaglescale-compat/{SGLANG_COMPAT_VERSION}"
 HEALTH_GENERATE_TIMEOUT_S = 20.0
 _HEALTH_SAMPLING = SamplingParams(temperature=0.0, max_new_tokens=1)
@@ -62,8 +64,10 @@ def _reset_connection(request: web.Request) -> None:
 class SGLangCompatServer:
     """The aiohttp application and its state: backend, fault injector, request counters."""
 
-    def __init__(self, backend: Backend, fault: FaultSpec | None = None) -> None:
+    def __init__(self, backend: Backend, fault: FaultSpec | None = None, skip_tokenizer_init: bool = False) -> None:
         self.backend = backend
+        # As SGLang's --skip-tokenizer-init: answers carry no "text" and text input is refused.
+        self.skip_tokenizer_init = skip_tokenizer_init
         self.faults = FaultInjector(fault)
         self.requests: dict[str, int] = {}
         self.in_flight = 0
@@ -123,20 +127,26 @@ class SGLangCompatServer:
                 body = loads(await request.read())
             except ValueError as e:
                 return _json(error_body(f"request body is not valid JSON: {e}"), status=400)
+            text = not self.skip_tokenizer_init
             try:
-                items, batched = parse_generate(body, self.backend.tokenize, self.backend.context_length)
+                items, batched = parse_generate(body, self._tokenize, self.backend.context_length)
                 if mode == "abort":
                     status = self.faults.spec.status or 500
-                    out = [abort_item(i, "injected fault: aborted", status, time.perf_counter() - t0) for i in items]
+                    out = [abort_item(i, "injected fault: aborted", status, time.perf_counter() - t0, text) for i in items]
                 else:
                     outputs = await self.backend.generate(items)
                     dt = time.perf_counter() - t0
-                    out = [response_item(i, o, dt) for i, o in zip(items, outputs, strict=True)]
+                    out = [response_item(i, o, dt, text) for i, o in zip(items, outputs, strict=True)]
             except (RequestError, BackendRequestError) as e:
                 return _json(error_body(str(e)), status=400)
             return _json(out if batched else out[0])
         finally:
             self.in_flight -= 1
+
+    def _tokenize(self, text: str) -> list[int]:
+        if self.skip_tokenizer_init:
+            raise RequestError("this server runs with --skip-tokenizer-init (no tokenizer): send input_ids, not text")
+        return self.backend.tokenize(text)
 
     async def _gate(self, request: web.Request, endpoint: str) -> web.StreamResponse | None:
         """Count a non-generate request and apply a scope="all" fault to it."""
@@ -174,6 +184,7 @@ class SGLangCompatServer:
             "max_req_input_len": b.context_length - 1,
             "tp_size": 1,
             "version": SERVER_VERSION,
+            "skip_tokenizer_init": self.skip_tokenizer_init,
             "eaglescale_backend": b.kind,
         }
         # A backend that emulates launch flags echoes them, as SGLang echoes its server args.

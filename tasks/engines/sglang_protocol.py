@@ -7,8 +7,9 @@ and HTTP server (see DESIGN.md §4), so a client that works here works against S
 from __future__ import annotations
 
 import json
+import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tasks.engines.base import SamplingParams
@@ -163,26 +164,35 @@ def parse_generate(body: Any, tokenize: Any, context_length: int) -> tuple[list[
     return items, batched
 
 
-def response_item(item: BackendInput, out: BackendOutput, e2e_latency: float) -> dict[str, Any]:
-    return {
-        "text": out.text,
-        "output_ids": out.output_ids,
-        "meta_info": {
-            "id": item.rid,
-            "finish_reason": out.finish_reason,
-            "prompt_tokens": len(item.input_ids),
-            "completion_tokens": len(out.output_ids),
-            "cached_tokens": out.cached_tokens,
-            "e2e_latency": e2e_latency,
-            **out.meta_extra,
-        },
+def response_item(item: BackendInput, out: BackendOutput, e2e_latency: float, with_text: bool = True) -> dict[str, Any]:
+    """One /generate answer item with exactly the keys a real SGLang 0.5.14 returns
+    (tests/fixtures/sglang-0.5.14/gen-*.json); a speculative backend's spec_* fields come before
+    response_sent_to_client_ts, as there. Without a tokenizer (--skip-tokenizer-init) there is
+    no "text"."""
+    meta: dict[str, Any] = {
+        "id": item.rid,
+        "finish_reason": out.finish_reason,
+        "prompt_tokens": len(item.input_ids),
+        "weight_version": "default",
+        "num_retractions": 0,
+        "reasoning_tokens": 0,
+        "completion_tokens": len(out.output_ids),
+        "cached_tokens": out.cached_tokens,
+        # SGLang reports where cached tokens came from, and null when none were cached.
+        "cached_tokens_details": {"device": out.cached_tokens, "host": 0} if out.cached_tokens else None,
+        "dp_rank": None,
+        "e2e_latency": e2e_latency,
+        **out.meta_extra,
+        "response_sent_to_client_ts": time.time(),
     }
+    answer: dict[str, Any] = {"text": out.text} if with_text else {}
+    return {**answer, "output_ids": out.output_ids, "meta_info": meta}
 
 
-def abort_item(item: BackendInput, message: str, status_code: int, e2e_latency: float) -> dict[str, Any]:
+def abort_item(item: BackendInput, message: str, status_code: int, e2e_latency: float, with_text: bool = True) -> dict[str, Any]:
     """An aborted request as SGLang reports it: HTTP 200, finish_reason type "abort"."""
     out = BackendOutput([], "", {"type": "abort", "message": message, "status_code": status_code})
-    return response_item(item, out, e2e_latency)
+    return response_item(item, out, e2e_latency, with_text)
 
 
 # -- the client side -------------------------------------------------------------------------
@@ -205,14 +215,14 @@ class GenerateReply:
     e2e_latency: float | None
     abort_message: str = ""
     abort_status: int | None = None
+    # The whole meta_info, for fields only some readers need (a speculative server's spec_*).
+    meta: dict[str, Any] = field(default_factory=dict)
 
 
-def read_generate_reply(body: bytes) -> GenerateReply:
-    """Parse a single-request /generate answer; finish_reason may be SGLang's object or a string."""
+def _reply_item(data: Any, body: bytes) -> GenerateReply:
+    """One response item; finish_reason may be SGLang's object or a string. "text" is absent
+    when the server runs with --skip-tokenizer-init (read as "")."""
     try:
-        data = loads(body)
-        if isinstance(data, list) and len(data) == 1:
-            data = data[0]
         meta = data["meta_info"]
         reason = meta["finish_reason"]
         finish = reason["type"] if isinstance(reason, dict) else reason
@@ -226,6 +236,7 @@ def read_generate_reply(body: bytes) -> GenerateReply:
             completion_tokens=int(meta["completion_tokens"]) if "completion_tokens" in meta else None,
             cached_tokens=int(meta.get("cached_tokens") or 0),
             e2e_latency=float(e2e) if isinstance(e2e, int | float) else None,
+            meta=dict(meta),
         )
     except (ValueError, KeyError, TypeError, IndexError) as e:
         raise MalformedResponse(f"malformed /generate response ({type(e).__name__}: {e}): {body[:200]!r}") from None
@@ -237,6 +248,29 @@ def read_generate_reply(body: bytes) -> GenerateReply:
     if finish not in ("stop", "length"):
         raise MalformedResponse(f"unexpected finish_reason {reason!r}")
     return reply
+
+
+def _load(body: bytes) -> Any:
+    try:
+        return loads(body)
+    except ValueError as e:
+        raise MalformedResponse(f"malformed /generate response (not JSON: {e}): {body[:200]!r}") from None
+
+
+def read_generate_reply(body: bytes) -> GenerateReply:
+    """Parse a single-request /generate answer (a one-item list is accepted too)."""
+    data = _load(body)
+    if isinstance(data, list) and len(data) == 1:
+        data = data[0]
+    return _reply_item(data, body)
+
+
+def read_generate_replies(body: bytes) -> list[GenerateReply]:
+    """Parse a batched /generate answer: a list with one item per prompt, in request order."""
+    data = _load(body)
+    if not isinstance(data, list) or not data:
+        raise MalformedResponse(f"a batched /generate answer must be a non-empty list: {body[:200]!r}")
+    return [_reply_item(item, body) for item in data]
 
 
 def error_message(body: bytes) -> str:

@@ -46,6 +46,7 @@ class ServerOptions:
     batch_window_s: float = 0.005
     fault: FaultSpec = field(default_factory=FaultSpec)
     router: list[str] = field(default_factory=list)  # worker URLs: serve as a router instead
+    skip_tokenizer_init: bool = False  # as SGLang's flag: no "text" in answers, no text input
 
     def build_backend(self) -> Backend:
         if self.model_path is not None:
@@ -91,7 +92,9 @@ class ServerThread:
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         try:
-            self.server = SGLangCompatServer(self.options.build_backend(), self.options.fault)
+            self.server = SGLangCompatServer(
+                self.options.build_backend(), self.options.fault, self.options.skip_tokenizer_init
+            )
             self._runner, self.url = self._loop.run_until_complete(
                 start_site(self.server, self.options.host, self.options.port)
             )
@@ -216,6 +219,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--context-length", type=int, default=None)
     p.add_argument("--vocab-size", type=int, default=32000, help="simulator: output id range")
     p.add_argument("--batch-window-ms", type=float, default=5.0, help="model: micro-batch window")
+    p.add_argument("--skip-tokenizer-init", action="store_true",
+                   help='as SGLang\'s flag: answers carry no "text"; requests must send input_ids')  # fmt: skip
     p.add_argument("--fault", choices=FAULT_MODES, default="none")
     p.add_argument("--fault-rate", type=float, default=1.0, help="fraction of requests (seeded)")
     p.add_argument("--fault-count", type=int, default=None, help="at most this many faults")
@@ -255,6 +260,7 @@ def options_from_args(argv: list[str] | None) -> ServerOptions:
         batch_window_s=a.batch_window_ms / 1000.0,
         fault=fault,
         router=[u.strip() for u in (a.router or "").split(",") if u.strip()],
+        skip_tokenizer_init=a.skip_tokenizer_init,
     )
 
 
@@ -263,7 +269,7 @@ async def _serve(options: ServerOptions) -> None:
         server: SGLangCompatServer | RouterApp = RouterApp(options.router)
         about = f"router over {len(options.router)} workers"
     else:
-        server = SGLangCompatServer(options.build_backend(), options.fault)
+        server = SGLangCompatServer(options.build_backend(), options.fault, options.skip_tokenizer_init)
         b = server.backend
         about = (
             f"backend={b.kind} model={b.model_path} context_length={b.context_length} "

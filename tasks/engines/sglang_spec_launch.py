@@ -2,8 +2,9 @@
 launch emulator's command line (see sglang_spec_sim.py for what it emulates).
 
 It parses SGLANG_ARGS as the pinned version's `sglang.launch_server` would (unknown flags exit 2;
-0.5.23 refuses --cuda-graph-max-bs), applies SGLang's speculative-argument rules, logs the
-start-up (weights, CUDA-graph captures) in SGLang's format and serves on --host/--port.
+0.5.23 refuses --cuda-graph-max-bs; 0.5.14 takes exactly the flags of its recorded --help),
+applies SGLang's speculative-argument rules, logs the start-up (weights, CUDA-graph captures) in
+the version's wording and serves on --host/--port.
 """
 
 from __future__ import annotations
@@ -17,20 +18,31 @@ import sys
 from dataclasses import asdict, fields
 
 from tasks.engines.sglang_app import SGLangCompatServer
+from tasks.engines.sglang_flags import recorded_flags
 from tasks.engines.sglang_server import start_site
 from tasks.engines.sglang_spec_sim import LaunchArgs, SpecSimBackend, SpecSimConfig, sglang_log
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
+# The server settings the emulator reads (tasks/gate/launch.py's ServerSettings emits them).
+_SETTING_VALUES = ("--attention-backend", "--sampling-backend", "--grammar-backend", "--dtype")
+_SETTING_SWITCHES = ("--skip-tokenizer-init", "--sleep-on-idle")
 
 
 def _sglang_parser(version: str) -> argparse.ArgumentParser:
+    """argparse as the pinned version's launch_server has it, for the flags the emulator reads;
+    with a recorded --help (0.5.14) every other flag it lists is accepted (and ignored) too, and
+    choices are the recorded ones, so a command SGLang would refuse is refused here."""
+    recorded = recorded_flags(version)
+    choices = recorded.choices if recorded is not None else {}
     p = argparse.ArgumentParser(prog="sglang.launch_server (emulated)", allow_abbrev=False)
     p.add_argument("--model-path", "--model", dest="model_path", required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--tp-size", "--tp", dest="tp_size", type=int, default=1)
+    tp_aliases = ("--tp-size", "--tensor-parallel-size") if recorded is not None else ("--tp-size", "--tp")
+    p.add_argument(*tp_aliases, dest="tp_size", type=int, default=1)
     p.add_argument("--mem-fraction-static", type=float, default=None)
     p.add_argument("--max-running-requests", type=int, default=None)
+    p.add_argument("--max-total-tokens", type=int, default=None)
     p.add_argument("--context-length", type=int, default=None)
     p.add_argument("--speculative-algorithm", choices=ALGORITHMS, default=None)
     p.add_argument("--speculative-draft-model-path", default=None)
@@ -41,18 +53,35 @@ def _sglang_parser(version: str) -> argparse.ArgumentParser:
     p.add_argument("--disable-radix-cache", action="store_true")
     p.add_argument("--log-level", default="info")
     p.add_argument("--random-seed", type=int, default=None)
+    for flag in _SETTING_VALUES:
+        p.add_argument(flag, default=None, choices=choices.get(flag))
+    for flag in _SETTING_SWITCHES:
+        p.add_argument(flag, action="store_true")
+    p.set_defaults(disable_prefill_cuda_graph=False)
     if version == "0.5.4":
         p.add_argument("--cuda-graph-max-bs", dest="cuda_graph_max_bs", type=int, default=None)
         p.add_argument("--disable-cuda-graph", dest="disable_cuda_graph", action="store_true")
     else:
         p.add_argument("--cuda-graph-max-bs-decode", dest="cuda_graph_max_bs", type=int, default=None)
         p.add_argument("--disable-decode-cuda-graph", dest="disable_cuda_graph", action="store_true")
+        p.add_argument("--disable-prefill-cuda-graph", action="store_true")
+    if version == "0.5.14":
+        # The deprecated aliases still work there (SGLang warns); the gate's builder never emits them.
+        p.add_argument("--cuda-graph-max-bs", dest="cuda_graph_max_bs", type=int, default=None)
+        p.add_argument("--disable-cuda-graph", dest="deprecated_disable_cuda_graph", action="store_true")
+    if recorded is not None:
+        taken = {o for action in p._actions for o in action.option_strings}
+        for flag in sorted(recorded.flags - taken):
+            p.add_argument(flag, nargs="*", dest=f"ignored_{flag.lstrip('-').replace('-', '_')}",
+                           choices=None if flag not in choices else [*choices[flag]])  # fmt: skip
     return p
 
 
 def parse_launch_args(version: str, argv: list[str]) -> LaunchArgs:
     """Parse as SGLang's argparse would (unknown flags exit 2); apply SGLang's spec rules."""
     a = _sglang_parser(version).parse_args(argv)
+    if getattr(a, "deprecated_disable_cuda_graph", False):  # 0.5.14: both phases, as SGLang maps it
+        a.disable_cuda_graph = a.disable_prefill_cuda_graph = True
     args = LaunchArgs(**{f.name: getattr(a, f.name) for f in fields(LaunchArgs)})
     spec = (args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens)
     if args.speculative_algorithm is not None and (None in spec and spec != (None, None, None)):
@@ -60,48 +89,83 @@ def parse_launch_args(version: str, argv: list[str]) -> LaunchArgs:
     return args
 
 
+# 0.5.14's prefill graph sizes, as its log lists them (tests/fixtures/sglang-0.5.14/).
+PREFILL_GRAPH_TOKENS = (
+    [*range(4, 33, 4), *range(48, 257, 16), *range(288, 513, 32), *range(576, 1025, 64),
+     *range(1280, 4097, 256), *range(4608, 8193, 512)]
+)  # fmt: skip
+# Decode graph batch sizes: 1, 2, 4, 8, 12, then steps of 8 (0.5.14's baseline log, up to 256).
+DECODE_GRAPH_BS = [1, 2, 4, 8, 12, *range(16, 257, 8)]
+
+
+def _graph_bs(a: LaunchArgs) -> list[int]:
+    top = a.cuda_graph_max_bs or 8
+    if a.speculative_algorithm is not None:  # 0.5.14's EAGLE3 log: every size up to 8
+        return sorted(set(range(1, min(top, 8) + 1)) | {b for b in DECODE_GRAPH_BS if b <= top})
+    return [b for b in DECODE_GRAPH_BS if b <= top]
+
+
 def _capture(version: str, kind: str, a: LaunchArgs, hang: bool = False) -> bool:
     """Log a CUDA-graph capture in the version's wording; False (no end line) when it hangs.
 
     0.5.4: model_runner's "Capture cuda graph begin" and the EAGLE worker's "Capture draft
-    [extend ]cuda graph begin". Newer (cuda_graph_setup): "Capture target verify|decode CUDA
-    graph begin. backend=..., num_tokens_per_req=..., bs=[...], avail mem=..."."""
+    [extend ]cuda graph begin". 0.5.14 (recorded) and newer: "Capture target verify|decode|prefill
+    CUDA graph begin. backend=..., num_tokens_per_bs=..., bs=[...], avail mem=...", "Capture draft
+    decode|extend CUDA graph begin. ..."."""
+    rank = _rank(version, a)
     if version == "0.5.4":
         label = {"target": "", "draft": "draft ", "draft_extend": "draft extend "}[kind]
         begin = f"Capture {label}cuda graph begin. This can take up to several minutes. avail mem=70.00 GB"
         end = f"Capture {label}cuda graph end. Time elapsed: 0.01 s. mem usage=0.50 GB. avail mem=69.50 GB."
+    elif kind == "prefill":
+        begin = f"Capture target prefill CUDA graph begin. backend=tc_piecewise, num_tokens={PREFILL_GRAPH_TOKENS}, avail mem=70.00 GB"
+        end = "Capture target prefill CUDA graph end. elapsed=0.01 s, mem usage=0.40 GB, avail mem=69.60 GB."
     else:
         spec = a.speculative_algorithm is not None
         label = {"target": "target verify" if spec else "target decode", "draft": "draft decode",
                  "draft_extend": "draft extend"}[kind]  # fmt: skip
-        per_req = (a.speculative_num_draft_tokens or 1) if kind == "target" else 1
-        begin = (f"Capture {label} CUDA graph begin. backend=full, num_tokens_per_req={per_req}, "
-                 f"bs={[b for b in (1, 2, 4, 8) if b <= (a.cuda_graph_max_bs or 8)]}, avail mem=70.00 GB")  # fmt: skip
+        steps, topk = a.speculative_num_steps or 0, a.speculative_eagle_topk or 1
+        per_bs = {"target": a.speculative_num_draft_tokens or 1, "draft": topk, "draft_extend": steps + 1}[kind]
+        key = "num_tokens_per_bs" if version == "0.5.14" else "num_tokens_per_req"
+        begin = f"Capture {label} CUDA graph begin. backend=full, {key}={per_bs}, bs={_graph_bs(a)}, avail mem=70.00 GB"
         end = f"Capture {label} CUDA graph end. elapsed=0.01 s, mem usage=0.50 GB, avail mem=69.50 GB."
-    sglang_log(begin)
+    sglang_log(begin, rank)
     if hang:
         return False
-    sglang_log(end)
+    sglang_log(end, rank)
     return True
 
 
+def _rank(version: str, a: LaunchArgs) -> bool:
+    """Whether scheduler lines carry " TP0": 0.5.14 on one GPU prints none (its recorded log)."""
+    return version != "0.5.14" or a.tp_size > 1
+
+
 def startup_log(cfg: SpecSimConfig, a: LaunchArgs) -> None:
+    version, rank = cfg.sglang_version, _rank(cfg.sglang_version, a)
     sglang_log(f"server_args=ServerArgs({', '.join(f'{k}={v!r}' for k, v in asdict(a).items())})", rank=False)
     if a.speculative_eagle_topk == 1 and a.speculative_num_draft_tokens != (a.speculative_num_steps or 0) + 1:
         sglang_log("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when speculative_eagle_topk == 1", rank=False)
         a.speculative_num_draft_tokens = (a.speculative_num_steps or 0) + 1
-    sglang_log("Load weight begin. avail mem=79.00 GB")
-    sglang_log("Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, avail mem=71.00 GB, mem usage=8.00 GB.")
-    if a.speculative_algorithm is not None:
-        sglang_log("Load weight end. type=LlamaForCausalLMEagle3, dtype=torch.bfloat16, avail mem=70.50 GB, mem usage=0.50 GB.")
+    models = ["LlamaForCausalLM"] + (["LlamaForCausalLMEagle3"] if a.speculative_algorithm is not None else [])
+    for model in models:
+        sglang_log("Load weight begin. avail mem=79.00 GB", rank)
+        if version == "0.5.14":
+            sglang_log(f"Load weight end. elapsed=0.10 s, type={model}, avail mem=71.00 GB, mem usage=8.00 GB.", rank)
+        else:
+            sglang_log(f"Load weight end. type={model}, dtype=torch.bfloat16, avail mem=71.00 GB, mem usage=8.00 GB.", rank)
+    # 0.5.14 captures prefill graphs for a plain launch (its EAGLE3 log shows none).
+    if version == "0.5.14" and a.speculative_algorithm is None and not a.disable_prefill_cuda_graph:
+        _capture(version, "prefill", a)
     if not a.disable_cuda_graph:
-        if not _capture(cfg.sglang_version, "target", a, hang=cfg.never_healthy):
+        if not _capture(version, "target", a, hang=cfg.never_healthy):
             return
         if a.speculative_algorithm is not None:
             if (a.speculative_num_steps or 0) > 1:  # SGLang captures no draft graph for one step
-                _capture(cfg.sglang_version, "draft", a)
-            _capture(cfg.sglang_version, "draft_extend", a)
-    sglang_log(f"max_total_num_tokens=100000, max_running_requests={a.max_running_requests or 1}, context_len=32768")
+                _capture(version, "draft", a)
+            _capture(version, "draft_extend", a)
+    sglang_log(f"max_total_num_tokens={a.max_total_tokens or 100000}, max_running_requests={a.max_running_requests or 1}, "
+               f"context_len={a.context_length or 32768}", rank)  # fmt: skip
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -113,7 +177,7 @@ def _parser() -> argparse.ArgumentParser:
 
 async def _serve(cfg: SpecSimConfig, args: LaunchArgs, launch_index: int) -> None:
     startup_log(cfg, args)
-    server = SGLangCompatServer(SpecSimBackend(cfg, args, launch_index))
+    server = SGLangCompatServer(SpecSimBackend(cfg, args, launch_index), skip_tokenizer_init=args.skip_tokenizer_init)
     runner, url = await start_site(server, args.host, args.port)
     sglang_log(f"Uvicorn running on {url} (Press CTRL+C to quit)", rank=False)
     if not cfg.never_healthy:

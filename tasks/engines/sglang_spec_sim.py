@@ -10,13 +10,14 @@ What is emulated (field names and log formats read from SGLang's tokenizer manag
 metrics mixin and EAGLE worker):
 - the CLI of the pinned version: 0.5.4 takes --cuda-graph-max-bs / --disable-cuda-graph,
   0.5.23 takes --cuda-graph-max-bs-decode / --disable-decode-cuda-graph and rejects the old
-  max-bs flag; with topk=1 a draft-token count other than steps+1 is silently adjusted, as
+  max-bs flag, 0.5.14 takes the flags of its recorded --help; with topk=1 a draft-token count other than steps+1 is silently adjusted, as
   SGLang does (a warning in the log, the adjusted value in server info);
 - outputs: a deterministic function of the prompt ids, so baseline and speculative agree
   token for token unless `disagree_from` is set;
 - speculation: each verify cycle accepts a run of draft tokens drawn from per-position
-  acceptance probabilities (seeded); meta_info carries spec_verify_ct (and, for 0.5.23, the
-  accept length/rate, draft counts and the correct-drafts histogram);
+  acceptance probabilities (seeded); meta_info carries spec_verify_ct (and, for 0.5.14 and
+  0.5.23, the accept length/rate, draft counts and the correct-drafts histogram: for 0.5.14
+  exactly the recorded keys); without --skip-tokenizer-init an answer also has "text";
 - time: prefill, then baseline steps or verify cycles (draft steps + a verify step), scaled by
   a per-launch and a per-request speed factor (the run-to-run spread);
 - log lines: CUDA-graph capture begin/end for the target (verify) graph and the draft and
@@ -43,7 +44,7 @@ from typing import Any
 from tasks.engines.sglang_backends import BackendInput, BackendOutput
 from tasks.engines.sglang_sim import SIM_EOS_ID
 
-EMULATED_VERSIONS = ("0.5.4", "0.5.23")
+EMULATED_VERSIONS = ("0.5.4", "0.5.14", "0.5.23")
 
 
 @dataclass
@@ -133,8 +134,18 @@ class LaunchArgs:
     speculative_num_draft_tokens: int | None
     cuda_graph_max_bs: int | None
     disable_cuda_graph: bool
+    disable_prefill_cuda_graph: bool
     max_running_requests: int | None
+    max_total_tokens: int | None
     mem_fraction_static: float | None
+    context_length: int | None
+    skip_tokenizer_init: bool
+    attention_backend: str | None
+    sampling_backend: str | None
+    grammar_backend: str | None
+    dtype: str | None
+    sleep_on_idle: bool
+    random_seed: int | None
 
 
 def sglang_log(message: str, rank: bool = True) -> None:
@@ -151,13 +162,14 @@ class SpecSimBackend:
         self.cfg = cfg
         self.args = args
         self.model_path = args.model_path
-        self.context_length = 32768
+        self.context_length = args.context_length or 32768
         self.max_running_requests = args.max_running_requests or 1
         self.speculative = args.speculative_algorithm is not None
         self._launch_factor = launch_speed_factor(cfg.seed, launch_index, cfg.launch_jitter)
         self._rng = random.Random(f"requests:{cfg.seed}:{launch_index}")
         self._lock: asyncio.Lock | None = None
         self._forward_ct = 0
+        self._rank = cfg.sglang_version != "0.5.14" or args.tp_size > 1  # 0.5.14 on one GPU: no " TP0"
         self._window = {"forward": 0, "tokens": 0, "time": 0.0}
         self.requests = 0
 
@@ -178,6 +190,15 @@ class SpecSimBackend:
             "speculative_num_draft_tokens": a.speculative_num_draft_tokens,
             ("cuda_graph_max_bs" if old else "cuda_graph_max_bs_decode"): a.cuda_graph_max_bs,
             ("disable_cuda_graph" if old else "disable_decode_cuda_graph"): a.disable_cuda_graph,
+            **({} if old else {"disable_prefill_cuda_graph": a.disable_prefill_cuda_graph}),
+            "skip_tokenizer_init": a.skip_tokenizer_init,
+            "attention_backend": a.attention_backend,
+            "sampling_backend": a.sampling_backend,
+            "grammar_backend": a.grammar_backend,
+            "dtype": a.dtype or "auto",
+            "sleep_on_idle": a.sleep_on_idle,
+            "max_total_tokens": a.max_total_tokens,
+            "random_seed": a.random_seed,
             "eaglescale_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")},
         }
 
@@ -224,30 +245,51 @@ class SpecSimBackend:
             left -= steps[-1][0]
         factor = self._launch_factor * speed_factor(self._rng, cfg.request_jitter)
         await asyncio.sleep(factor * (cfg.prefill_s + sum(s for _, s in steps)))
+        self._log_prefill(len(item.input_ids), factor)
         self._log_decode(steps, factor)
         reason: dict[str, Any] = {"type": "stop", "matched": SIM_EOS_ID} if finish == "stop" else {"type": "length", "length": len(ids)}
         text = "".join(chr(97 + i % 26) for i in ids)
         return BackendOutput(ids, text, reason, meta_extra=self._spec_meta(len(ids), len(steps), hist))
 
     def _spec_meta(self, completion: int, verify_ct: int, hist: list[int]) -> dict[str, Any]:
+        """A speculative answer's meta_info fields. 0.5.14's (recorded, gen-eagle3.json) are the
+        nine below, in that order, with the histogram cut after its last non-zero count; 0.5.23
+        keeps the full num_steps + 1 histogram; 0.5.4 has spec_verify_ct only."""
         if not self.speculative:
             return {}
-        meta: dict[str, Any] = {"spec_verify_ct": verify_ct}
-        if self.cfg.sglang_version == "0.5.4" or verify_ct == 0:
-            return meta
+        version = self.cfg.sglang_version
+        if version == "0.5.4" or (version == "0.5.23" and verify_ct == 0):
+            return {"spec_verify_ct": verify_ct}
         correct = sum(k * c for k, c in enumerate(hist))
         proposed = verify_ct * ((self.args.speculative_num_draft_tokens or 1) - 1)
-        meta.update(
-            spec_accept_length=completion / verify_ct,
-            spec_accept_rate=correct / proposed if proposed else 0.0,
-            spec_num_correct_drafts=correct,
-            spec_num_proposed_drafts=proposed,
-            spec_accepted_drafts=correct,
-            spec_proposed_drafts=proposed,
-            spec_correct_drafts_histogram=list(hist),
-            spec_accept_histogram=list(hist),
+        if version == "0.5.14":
+            hist = hist[: max(1, max((k + 1 for k, c in enumerate(hist) if c), default=1))]
+        # verify_ct 0 (a one-token answer) was not recorded; the ratios read 0 and the length
+        # is the completion itself.
+        return {
+            "spec_accept_rate": correct / proposed if proposed else 0.0,
+            "spec_accept_length": completion / verify_ct if verify_ct else float(completion),
+            "spec_num_correct_drafts": correct,
+            "spec_num_proposed_drafts": proposed,
+            "spec_verify_ct": verify_ct,
+            "spec_accepted_drafts": correct,
+            "spec_proposed_drafts": proposed,
+            "spec_correct_drafts_histogram": list(hist),
+            "spec_accept_histogram": list(hist),
+        }
+
+    def _log_prefill(self, n_input: int, factor: float) -> None:
+        """0.5.14's `Prefill batch` line, one per request (its recorded wording)."""
+        if self.cfg.sglang_version != "0.5.14":
+            return
+        graph = not (self.speculative or self.args.disable_prefill_cuda_graph or self.args.disable_cuda_graph)
+        seconds = factor * self.cfg.prefill_s
+        sglang_log(
+            f"Prefill batch, #new-seq: 1, #new-token: {n_input}, #cached-token: 0, token usage: 0.00, "
+            f"#running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: {graph}, "
+            f"input throughput (token/s): {n_input / seconds if seconds else 0:.2f}",
+            self._rank,
         )
-        return meta
 
     def _log_decode(self, steps: list[tuple[int, float]], factor: float) -> None:
         """One `Decode batch` line per decode_log_interval forward steps, SGLang's format."""
@@ -268,7 +310,7 @@ class SpecSimBackend:
                     msg += f"accept rate: {(w['tokens'] - w['forward']) / drafts if drafts else 0:.2f}, "
             msg += f"cuda graph: {not self.args.disable_cuda_graph}, "
             msg += f"gen throughput (token/s): {w['tokens'] / w['time'] if w['time'] else 0:.2f}, #queue-req: 0"
-            sglang_log(msg + (", " if old else ""))
+            sglang_log(msg + (", " if old else ""), self._rank)
             w.update(forward=0, tokens=0, time=0.0)
 
     def flush_cache(self) -> None:

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tasks.gate.launch import flag_set
+from tasks.gate.launch import PINNED_VERSIONS, ServerSettings, check_server_config, flag_set
 
 
 class _Strict(BaseModel):
@@ -49,13 +49,23 @@ class GateConfig(_Strict):
         256, ge=1, description="Held-out extracted sequences replayed offline (the cost model's input)."
     )
     cost_iters: int = Field(50, ge=1, description="local engine: timed runs per step cost.")
-    sglang_version: str = Field("0.5.23", description="Pinned SGLang version (launch flags differ).")
+    sglang_version: str = Field(
+        "0.5.23", description=f"Pinned SGLang version, one of {list(PINNED_VERSIONS)} (launch flags differ)."
+    )
     python: str = Field("python", description="Interpreter that has sglang installed.")
     host: str = "127.0.0.1"
     tp_size: int = Field(1, ge=1)
     mem_fraction_static: float | None = Field(None, gt=0, lt=1)
     cuda_graph_max_bs: int = Field(8, ge=1)
-    extra_server_args: list[str] = Field(default_factory=list)
+    server: ServerSettings = Field(
+        default_factory=ServerSettings,
+        description="SGLang server settings shared by every launch (attention/sampling/grammar "
+        "backend, --skip-tokenizer-init, dtype, prefill graphs, ...); each unset one is SGLang's default.",
+    )
+    extra_server_args: list[str] = Field(
+        default_factory=list,
+        description="Further launch_server flags, checked against the version's flags before any launch.",
+    )
     env: dict[str, str] = Field(default_factory=dict, description="Applied to every launch.")
     nccl_env_sweep: list[dict[str, str]] = Field(
         default_factory=lambda: [{}],
@@ -124,6 +134,8 @@ class GateConfig(_Strict):
             raise ValueError("num_steps and topk_points are both empty: nothing to benchmark")
         if self.engine == "local" and not self.num_steps:
             raise ValueError("the local engine drafts chains (topk=1) only: num_steps is empty")
+        # Settings the version lacks, unknown or deprecated extra flags: refused at load time.
+        check_server_config(self.server, self.extra_server_args, self.sglang_version)
         if not self.nccl_env_sweep:
             raise ValueError("nccl_env_sweep must have at least one entry ({} for the plain env)")
         if self.concurrent_servers > 1 and self.engine == "sglang" and self.mem_fraction_static is None:

@@ -1,13 +1,21 @@
 """`python -m sglang.launch_server` command lines for the pinned SGLang versions (DESIGN §5).
 
-Flag facts, read from SGLang's server_args.py and EAGLE worker:
+Flag facts, read from SGLang's server_args.py and EAGLE worker, and for 0.5.14 from its recorded
+`--help` (tests/fixtures/sglang-0.5.14/help.txt, shipped as tasks/data/sglang/flags-0.5.14.json):
 - speculative decoding: `--speculative-algorithm EAGLE3` (an EAGLE-3 draft under `EAGLE` skips
   its fc layer and accepts ~1 token, with no error), `--speculative-draft-model-path`,
   `--speculative-num-steps`, `--speculative-eagle-topk`, `--speculative-num-draft-tokens`: all
   three numbers or none. With topk=1 SGLang silently forces draft tokens = steps + 1; the
   builder refuses the mismatch (or, asked to, corrects it and says so) instead.
-- CUDA graphs: 0.5.4 has `--cuda-graph-max-bs` and `--disable-cuda-graph`; 0.5.23 has
-  `--cuda-graph-max-bs-decode` and `--disable-decode-cuda-graph` and rejects the old max-bs flag.
+- CUDA graphs: 0.5.4 has `--cuda-graph-max-bs` and `--disable-cuda-graph`; 0.5.14 has
+  `--cuda-graph-max-bs-decode`, `--disable-decode-cuda-graph` and `--disable-prefill-cuda-graph`
+  (its `--cuda-graph-max-bs` and `--disable-cuda-graph` are deprecated aliases, never emitted and
+  refused in extra args); 0.5.23 has `--cuda-graph-max-bs-decode` and
+  `--disable-decode-cuda-graph` and rejects the old max-bs flag.
+- server settings (`ServerSettings`): each is emitted only for a version known to have its flag.
+
+Every flag the builder emits is checked against the version's known flags before a command is
+returned; for a version with a recorded `--help` the extra server args are checked against it too.
 """
 
 from __future__ import annotations
@@ -18,6 +26,10 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.engines.sglang_flags import RecordedFlags, recorded_flags
+
 SGLANG_MODULE = "sglang.launch_server"
 
 
@@ -25,31 +37,141 @@ class LaunchError(ValueError):
     """A launch that SGLang would refuse or silently change; the message names the flag."""
 
 
+class ServerSettings(BaseModel):
+    """Server-wide SGLang settings, applied alike to every launch built from them: the gate's
+    baseline and speculative launches (`gate.server`), an operator's launch through
+    `python -m tasks.gate.launch` / infra/sglang/launch_speculative.sh, and the generation server
+    of infra/sglang/launch_target.sh. Unset (None / false) means SGLang's own default: nothing is
+    emitted. A set field is emitted only for SGLang versions known to have its flag, and refused
+    (naming the flag and the version) for the others.
+
+    What the H200 node's SGLang 0.5.14 bundle needs (/work/shared/h200/README.md):
+    attention_backend triton (no FA3 kernels; FA3 is Hopper's default), sampling_backend pytorch,
+    grammar_backend none, skip_tokenizer_init, dtype bfloat16, disable_prefill_cuda_graph.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    attention_backend: str | None = Field(
+        None, description="--attention-backend, e.g. triton (the H200 bundle has no FA3 kernels)."
+    )
+    sampling_backend: str | None = Field(
+        None, description="--sampling-backend, e.g. pytorch (flashinfer's kernels are not needed)."
+    )
+    grammar_backend: str | None = Field(
+        None, description="--grammar-backend, e.g. none (no constrained decoding is used)."
+    )
+    skip_tokenizer_init: bool = Field(
+        False,
+        description="--skip-tokenizer-init: the server loads no tokenizer; requests must send "
+        "input_ids (ours do) and answers carry no \"text\".",
+    )
+    dtype: str | None = Field(None, description="--dtype, e.g. bfloat16.")
+    disable_prefill_cuda_graph: bool = Field(
+        False,
+        description="--disable-prefill-cuda-graph: no prefill graph capture (36 s of a server's "
+        "start-up on the H200); decode speed, what the gate measures, does not depend on it.",
+    )
+    sleep_on_idle: bool = Field(False, description="--sleep-on-idle: no busy polling while idle.")
+    max_total_tokens: int | None = Field(None, ge=1, description="--max-total-tokens (KV pool size).")
+    max_running_requests: int | None = Field(None, ge=1, description="--max-running-requests.")
+    random_seed: int | None = Field(None, ge=0, description="--random-seed.")
+
+
+# Each setting's SGLang flag (the flag is its field name, dashed; kept explicit so a rename of
+# either side is a visible change).
+SETTING_FLAGS: dict[str, str] = {
+    "attention_backend": "--attention-backend",
+    "sampling_backend": "--sampling-backend",
+    "grammar_backend": "--grammar-backend",
+    "skip_tokenizer_init": "--skip-tokenizer-init",
+    "dtype": "--dtype",
+    "disable_prefill_cuda_graph": "--disable-prefill-cuda-graph",
+    "sleep_on_idle": "--sleep-on-idle",
+    "max_total_tokens": "--max-total-tokens",
+    "max_running_requests": "--max-running-requests",
+    "random_seed": "--random-seed",
+}
+
+# What the builder itself emits, on every version.
+_BUILDER_FLAGS = frozenset(
+    {
+        "--model-path", "--host", "--port", "--tp-size", "--mem-fraction-static",
+        "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-num-steps",
+        "--speculative-eagle-topk", "--speculative-num-draft-tokens",
+    }
+)  # fmt: skip
+# Server-setting flags SGLang has had since well before 0.5.4 (server_args.py; --sleep-on-idle
+# since mid-2025) and that 0.5.14's recorded --help still lists.
+_LONG_STANDING_SETTINGS = frozenset(
+    {
+        "--attention-backend", "--sampling-backend", "--grammar-backend", "--skip-tokenizer-init",
+        "--dtype", "--sleep-on-idle", "--max-total-tokens", "--max-running-requests", "--random-seed",
+    }
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class FlagSet:
     version: str
     cuda_graph_max_bs: str
-    disable_cuda_graph: str
+    # A launch without CUDA graphs (the graphs-off comparison): all of these.
+    disable_cuda_graph: tuple[str, ...]
     # Flags this version does not take (argparse refuses them, or they belong to the other era).
     foreign: tuple[str, ...]
     # /server_info is the newer name; /get_server_info the older one. Tried in this order.
     server_info_paths: tuple[str, ...]
+    # Every flag the builder may emit for this version: the recorded --help where there is one,
+    # else the builder's own flags that the version's source has.
+    known: frozenset[str]
+    # The version's whole recorded --help (extra server args are checked against it), or None.
+    recorded: RecordedFlags | None = None
+    # Why a flag the builder could emit is missing from this version (said when it is refused).
+    missing_notes: dict[str, str] = field(default_factory=dict)
 
+
+def _recorded(version: str) -> RecordedFlags:
+    found = recorded_flags(version)
+    if found is None:  # the data file ships with the package; its absence is a broken install
+        raise RuntimeError(f"tasks/data/sglang/flags-{version}.json is missing from the installed package")
+    return found
+
+
+_R0514 = _recorded("0.5.14")
 
 FLAG_SETS: dict[str, FlagSet] = {
     "0.5.4": FlagSet(
         version="0.5.4",
         cuda_graph_max_bs="--cuda-graph-max-bs",
-        disable_cuda_graph="--disable-cuda-graph",
-        foreign=("--cuda-graph-max-bs-decode", "--disable-decode-cuda-graph"),
+        disable_cuda_graph=("--disable-cuda-graph",),
+        foreign=("--cuda-graph-max-bs-decode", "--disable-decode-cuda-graph", "--disable-prefill-cuda-graph"),
         server_info_paths=("/get_server_info", "/server_info"),
+        known=_BUILDER_FLAGS | _LONG_STANDING_SETTINGS | {"--cuda-graph-max-bs", "--disable-cuda-graph"},
+        missing_notes={
+            "--disable-prefill-cuda-graph": "0.5.4 captures prefill graphs only with "
+            "--enable-piecewise-cuda-graph, which is off by default; leave the setting false",
+        },
+    ),
+    "0.5.14": FlagSet(
+        version="0.5.14",
+        cuda_graph_max_bs="--cuda-graph-max-bs-decode",
+        # --disable-cuda-graph is a deprecated alias here: the two per-phase flags replace it.
+        disable_cuda_graph=("--disable-decode-cuda-graph", "--disable-prefill-cuda-graph"),
+        foreign=(),  # the recorded --help decides (deprecated aliases are refused separately)
+        server_info_paths=("/server_info", "/get_server_info"),
+        known=_R0514.flags,
+        recorded=_R0514,
     ),
     "0.5.23": FlagSet(
         version="0.5.23",
         cuda_graph_max_bs="--cuda-graph-max-bs-decode",
-        disable_cuda_graph="--disable-decode-cuda-graph",
+        disable_cuda_graph=("--disable-decode-cuda-graph",),
         foreign=("--cuda-graph-max-bs",),
         server_info_paths=("/server_info", "/get_server_info"),
+        # --disable-prefill-cuda-graph: the per-phase CUDA-graph flags 0.5.14 introduced (of which
+        # 0.5.23's --disable-decode-cuda-graph is one); public 0.5.19+ launch recipes use it.
+        known=_BUILDER_FLAGS | _LONG_STANDING_SETTINGS
+        | {"--cuda-graph-max-bs-decode", "--disable-decode-cuda-graph", "--disable-prefill-cuda-graph"},
     ),
 }
 PINNED_VERSIONS = tuple(FLAG_SETS)
@@ -57,14 +179,25 @@ PINNED_VERSIONS = tuple(FLAG_SETS)
 # Flags the builder owns: repeating one in extra args would silently override the gate's choice.
 MANAGED_FLAGS = frozenset(
     {
-        "--model-path", "--model", "--host", "--port", "--tp-size", "--tp",
-        "--mem-fraction-static", "--max-running-requests",
+        "--model-path", "--model", "--host", "--port", "--tp-size", "--tp", "--tensor-parallel-size",
+        "--mem-fraction-static",
         "--speculative-algorithm", "--speculative-algo", "--speculative-draft-model-path",
-        "--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens",
+        "--speculative-draft-model", "--speculative-num-steps", "--speculative-eagle-topk",
+        "--speculative-num-draft-tokens",
         "--cuda-graph-max-bs", "--cuda-graph-max-bs-decode", "--disable-cuda-graph",
         "--disable-decode-cuda-graph",
+        # 0.5.14's other ways of switching CUDA graphs on and off
+        "--cuda-graph-config", "--cuda-graph-backend-decode", "--cuda-graph-backend-prefill",
+        *SETTING_FLAGS.values(),
     }
 )  # fmt: skip
+_SETTING_OF_FLAG = {flag: name for name, flag in SETTING_FLAGS.items()}
+# What the builder sets instead of a deprecated CUDA-graph alias.
+_BUILDER_INSTEAD = {
+    "--cuda-graph-max-bs": "the gate sets it from cuda_graph_max_bs",
+    "--disable-cuda-graph": "the gate's graphs-off launch emits --disable-decode-cuda-graph "
+    "--disable-prefill-cuda-graph",
+}
 
 
 def flag_set(version: str) -> FlagSet:
@@ -79,6 +212,32 @@ def flag_set(version: str) -> FlagSet:
     return found
 
 
+def _check_choice(flag: str, value: str, flags: FlagSet, where: str) -> None:
+    allowed = flags.recorded.choices.get(flag) if flags.recorded else None
+    if allowed is not None and value not in allowed:
+        raise LaunchError(f"{where}: {flag} {value!r} is not one of SGLang {flags.version}'s choices {list(allowed)}")
+
+
+def settings_args(settings: ServerSettings, flags: FlagSet) -> list[str]:
+    """The flags of the set server settings, in declaration order; refuses a setting whose flag
+    this version does not have, and (where the --help is recorded) a value outside its choices."""
+    args: list[str] = []
+    for name, flag in SETTING_FLAGS.items():
+        value = getattr(settings, name)
+        if value is None or value is False:
+            continue
+        if flag not in flags.known:
+            note = flags.missing_notes.get(flag)
+            raise LaunchError(
+                f"server setting {name}: SGLang {flags.version} has no {flag}"
+                + (f" ({note})" if note else " (not a flag of that version as far as the repo knows)")
+            )
+        if value is True:
+            args.append(flag)
+        else:
+            _check_choice(flag, str(value), flags, f"server setting {name}")
+            args += [flag, str(value)]
+    return args
 @dataclass(frozen=True)
 class SpecParams:
     draft_model_path: str
@@ -145,7 +304,9 @@ def resolve_spec(
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    """One server launch. `env` is applied on top of the launching process's environment."""
+    """One server launch. `env` is applied on top of the launching process's environment.
+    `disable_cuda_graph` is the graphs-off comparison (every CUDA graph the version can switch
+    off); `server` holds the settings that every launch of a run shares."""
 
     model_path: str
     port: int
@@ -155,7 +316,7 @@ class LaunchSpec:
     cuda_graph_max_bs: int | None = 8
     disable_cuda_graph: bool = False
     mem_fraction_static: float | None = None
-    max_running_requests: int | None = None
+    server: ServerSettings = field(default_factory=ServerSettings)
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
 
@@ -165,15 +326,49 @@ def _flag_name(arg: str) -> str | None:
 
 
 def check_extra_args(extra_args: tuple[str, ...] | list[str], flags: FlagSet) -> None:
-    for arg in extra_args:
+    """Refuse extra server args that SGLang would refuse or that override the builder: flags of
+    another version, deprecated aliases and (with a recorded --help) anything it does not list,
+    values outside a flag's recorded choices, and flags the builder or a server setting owns."""
+    args = list(extra_args)
+    for i, arg in enumerate(args):
         name = _flag_name(arg)
-        if name in flags.foreign:
-            raise LaunchError(f"extra server arg {name} is not an SGLang {flags.version} flag")
+        if name is None:
+            continue
+        recorded = flags.recorded
+        if name in flags.foreign or (recorded is not None and name not in recorded.flags):
+            where = " (not in its recorded --help)" if recorded is not None else ""
+            raise LaunchError(f"extra server arg {name} is not an SGLang {flags.version} flag{where}")
+        if recorded is not None and name in recorded.deprecated:
+            instead = _BUILDER_INSTEAD.get(name)
+            raise LaunchError(
+                f"extra server arg {name} is a deprecated alias in SGLang {flags.version}: "
+                f"{recorded.replacement(name)}" + (f" ({instead})" if instead else "")
+            )
+        if name in _SETTING_OF_FLAG:
+            setting = _SETTING_OF_FLAG[name]
+            raise LaunchError(
+                f"extra server arg {name} is the server setting {setting}: set it there "
+                f"(gate.server.{setting}, or {name} of python -m tasks.gate.launch), not in extra_server_args"
+            )
         if name in MANAGED_FLAGS:
             raise LaunchError(
                 f"extra server arg {name} is set by the gate itself (from the gate config); "
                 f"remove it from extra_server_args"
             )
+        value = arg.split("=", 1)[1] if "=" in arg else None
+        if value is None and i + 1 < len(args) and not args[i + 1].startswith("--"):
+            value = args[i + 1]
+        if value is not None:
+            _check_choice(name, value, flags, "extra server arg")
+
+
+def check_server_config(settings: ServerSettings, extra_args: tuple[str, ...] | list[str], version: str) -> FlagSet:
+    """Everything about a run's launches that can be checked before one starts (the gate config
+    calls this when it is loaded)."""
+    flags = flag_set(version)
+    settings_args(settings, flags)
+    check_extra_args(extra_args, flags)
+    return flags
 
 
 def build_server_args(spec: LaunchSpec, version: str) -> list[str]:
@@ -190,10 +385,9 @@ def build_server_args(spec: LaunchSpec, version: str) -> list[str]:
     args += ["--tp-size", str(spec.tp_size)]
     if spec.mem_fraction_static is not None:
         args += ["--mem-fraction-static", str(spec.mem_fraction_static)]
-    if spec.max_running_requests is not None:
-        args += ["--max-running-requests", str(spec.max_running_requests)]
+    args += settings_args(spec.server, flags)
     if spec.disable_cuda_graph:
-        args.append(flags.disable_cuda_graph)
+        args += [f for f in flags.disable_cuda_graph if f not in args]
     elif spec.cuda_graph_max_bs is not None:
         args += [flags.cuda_graph_max_bs, str(spec.cuda_graph_max_bs)]
     if spec.spec is not None:
@@ -207,6 +401,14 @@ def build_server_args(spec: LaunchSpec, version: str) -> list[str]:
             "--speculative-eagle-topk", str(s.topk),
             "--speculative-num-draft-tokens", str(s.num_draft_tokens),
         ]  # fmt: skip
+    # The builder's own flags must be ones this version has (a wrong table entry fails here, in
+    # a test, rather than in SGLang's argparse on a GPU node).
+    unknown = [a for a in args if a.startswith("--") and a not in flags.known]
+    if unknown:
+        raise LaunchError(f"built flags {unknown} are not SGLang {flags.version} flags")
+    aliases = [a for a in args if flags.recorded is not None and a in flags.recorded.deprecated]
+    if aliases:
+        raise LaunchError(f"built flags {aliases} are deprecated aliases in SGLang {flags.version}")
     return args + list(spec.extra_args)
 
 
@@ -214,16 +416,40 @@ def build_launch_command(spec: LaunchSpec, version: str, python: str = "python")
     return [python, "-m", SGLANG_MODULE, *build_server_args(spec, version)]
 
 
-# The command-line entry: what infra/sglang/launch_speculative.sh runs, so an operator's launch
-# and the gate's come from this one builder.
+# The command-line entry: what infra/sglang/launch_speculative.sh and launch_target.sh run, so an
+# operator's launches and the gate's come from this one builder.
+def _max_bs(value: str) -> int | None:
+    if value == "default":
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'default', got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'default', got {value!r}")
+    return n
+
+
+def add_settings_arguments(p: argparse.ArgumentParser) -> None:
+    """One option per ServerSettings field, named like its SGLang flag."""
+    group = p.add_argument_group("server settings (gate.server in the params; unset: SGLang's default)")
+    for name, info in ServerSettings.model_fields.items():
+        flag = SETTING_FLAGS[name]
+        if info.annotation is bool:
+            group.add_argument(flag, dest=name, action="store_true", help=info.description)
+        else:
+            kind = int if name in ("max_total_tokens", "max_running_requests", "random_seed") else str
+            group.add_argument(flag, dest=name, type=kind, default=None, help=info.description)
+
+
 def _cli_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m tasks.gate.launch",
         description="Print the `sglang.launch_server` command the gate builds, for an operator's "
-        "launch (infra/sglang/launch_speculative.sh runs it). Arguments after `--` are passed to "
-        "SGLang unchanged (flags the builder owns are refused).",
+        "launch (infra/sglang/launch_speculative.sh and launch_target.sh run it). Arguments after "
+        "`--` are passed to SGLang unchanged (flags the builder owns are refused).",
     )
-    p.add_argument("--model", required=True, help="HF model folder of the target")
+    p.add_argument("--model", help="HF model folder of the target (required)")
     p.add_argument("--draft", help="exported EAGLE3 draft folder (train/final or the promoted copy)")
     p.add_argument("--baseline", action="store_true", help="no speculation: the gate's baseline launch")
     p.add_argument("--sglang-version", default=PINNED_VERSIONS[-1], help=f"one of {list(PINNED_VERSIONS)} (default %(default)s)")
@@ -235,11 +461,12 @@ def _cli_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--mem-fraction", type=float, default=0.88, help="--mem-fraction-static (default 0.88)")
-    p.add_argument("--max-running-requests", type=int)
-    p.add_argument("--cuda-graph-max-bs", type=int, default=8, help="decode CUDA-graph batch sizes up to N (default 8, the gate's)")
-    p.add_argument("--disable-cuda-graph", action="store_true")
+    p.add_argument("--cuda-graph-max-bs", type=_max_bs, default=8,
+                   help="decode CUDA-graph batch sizes up to N (default 8, the gate's); 'default': SGLang's own")  # fmt: skip
+    p.add_argument("--disable-cuda-graph", action="store_true", help="no CUDA graphs (the graphs-off comparison)")
     p.add_argument("--python", default="python", help="interpreter that has sglang (default python)")
     p.add_argument("--lines", action="store_true", help="one argument per line (for scripts) instead of a shell-quoted line")
+    add_settings_arguments(p)
     return p
 
 
@@ -250,7 +477,12 @@ def main(argv: list[str] | None = None) -> int:
         cut = argv.index("--")
         argv, extra = argv[:cut], argv[cut + 1 :]
     parser = _cli_parser()
-    args = parser.parse_args(argv)
+    # Unknown options first: a misspelt --model should be named as such, not as a missing one.
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)} (SGLang flags go after --)")
+    if not args.model:
+        parser.error("--model is required")
     if args.baseline == bool(args.draft):
         parser.error("give exactly one of --draft PATH and --baseline")
     try:
@@ -263,14 +495,17 @@ def main(argv: list[str] | None = None) -> int:
             )
             for note in notes:
                 print(f"launch: {note}", file=sys.stderr)
+        settings = ServerSettings(**{name: getattr(args, name) for name in ServerSettings.model_fields})
         launch = LaunchSpec(
             model_path=args.model, port=args.port, host=args.host, tp_size=args.tp, spec=spec,
             cuda_graph_max_bs=args.cuda_graph_max_bs, disable_cuda_graph=args.disable_cuda_graph,
-            mem_fraction_static=args.mem_fraction, max_running_requests=args.max_running_requests,
-            extra_args=tuple(extra),
+            mem_fraction_static=args.mem_fraction, server=settings, extra_args=tuple(extra),
         )  # fmt: skip
         cmd = build_launch_command(launch, args.sglang_version, python=args.python)
     except LaunchError as e:
+        print(f"launch: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:  # pydantic's ValidationError: a setting out of range
         print(f"launch: {e}", file=sys.stderr)
         return 2
     if args.lines:

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import httpx
 
-from tasks.engines.sglang_protocol import MalformedResponse, read_generate_reply
+from tasks.engines.sglang_protocol import MalformedResponse, error_message, read_generate_reply
 from tasks.gate.config import GateConfig
-from tasks.gate.launch import LaunchSpec
+from tasks.gate.launch import LaunchSpec, SpecParams
 from tasks.gate.plan import (
     CANDIDATE,
     BenchConfig,
@@ -192,7 +192,8 @@ class GateRunner:
         return LaunchSpec(
             model_path=self.model_path, port=free_port(cfg.host), host=cfg.host, tp_size=cfg.tp_size,
             spec=config.spec, cuda_graph_max_bs=cfg.cuda_graph_max_bs,
-            mem_fraction_static=cfg.mem_fraction_static, extra_args=tuple(cfg.extra_server_args),
+            mem_fraction_static=cfg.mem_fraction_static, server=cfg.server,
+            extra_args=tuple(cfg.extra_server_args),
             env={**cfg.env, **config.env},
         )  # fmt: skip
 
@@ -297,30 +298,50 @@ class GateRunner:
         t0 = time.perf_counter()
         try:
             r = client.post(url + "/generate", json=body)
-            rec.latency_s = time.perf_counter() - t0
-            if r.status_code != 200:
-                rec.error = f"HTTP {r.status_code}: {r.text[:300]}"
-                return rec
-            reply = read_generate_reply(r.content)
-            data = r.json()
-            meta = (data[0] if isinstance(data, list) else data)["meta_info"]
-        except (httpx.HTTPError, MalformedResponse, ValueError) as e:
+        except httpx.HTTPError as e:
             rec.latency_s = time.perf_counter() - t0
             rec.error = f"{type(e).__name__}: {e}"
             return rec
-        rec.finish = reply.finish
-        if reply.finish == "abort":
-            rec.error = f"aborted: {reply.abort_message}"
-            return rec
-        ids = reply.output_ids
-        rec.completion_tokens = reply.completion_tokens if reply.completion_tokens is not None else len(ids)
-        rec.tok_s = rec.completion_tokens / rec.latency_s if rec.latency_s > 0 else None
-        rec.server_e2e_latency_s = reply.e2e_latency
-        if "spec_verify_ct" in meta:
-            rec.spec_verify_ct = int(meta["spec_verify_ct"])
-            rec.accept_length = accept_length(rec.completion_tokens, rec.spec_verify_ct)
-            hist = meta.get("spec_correct_drafts_histogram", meta.get("spec_accept_histogram"))
-            rec.correct_drafts_histogram = [int(x) for x in hist] if isinstance(hist, list) else None
-        rec.output_sha = hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:16]
-        self.reference.compare(rec, config, prompt, ids)
+        rec.latency_s = time.perf_counter() - t0
+        ids = record_generate_answer(rec, r.status_code, r.content, config.spec)
+        if ids is not None:
+            self.reference.compare(rec, config, prompt, ids)
         return rec
+
+
+def record_generate_answer(rec: RequestRecord, status: int, body: bytes, spec: SpecParams | None) -> list[int] | None:
+    """Fill `rec` (its latency_s already measured) from one /generate answer: finish reason,
+    completion tokens, tok/s, the server's e2e latency and, from a speculative server's
+    meta_info, spec_verify_ct, the accept length by our definition and the correct-drafts
+    histogram (padded to num_steps + 1 entries: SGLang 0.5.14 drops trailing zero counts).
+    Returns the output ids, or None with rec.error set (HTTP error, malformed body, abort)."""
+    if status != 200:
+        rec.error = f"HTTP {status}: {error_message(body)[:300]}"
+        return None
+    try:
+        reply = read_generate_reply(body)
+    except MalformedResponse as e:
+        rec.error = f"{type(e).__name__}: {e}"
+        return None
+    rec.finish = reply.finish
+    if reply.finish == "abort":
+        rec.error = f"aborted: {reply.abort_message}"
+        return None
+    ids, meta = reply.output_ids, reply.meta
+    rec.completion_tokens = reply.completion_tokens if reply.completion_tokens is not None else len(ids)
+    rec.tok_s = rec.completion_tokens / rec.latency_s if rec.latency_s > 0 else None
+    rec.server_e2e_latency_s = reply.e2e_latency
+    if "spec_verify_ct" in meta:
+        hist = meta.get("spec_correct_drafts_histogram", meta.get("spec_accept_histogram"))
+        try:
+            rec.spec_verify_ct = int(meta["spec_verify_ct"])
+            counts = [int(x) for x in hist] if isinstance(hist, list) else None
+        except (TypeError, ValueError):
+            rec.error = f"malformed speculative meta_info: spec_verify_ct {meta['spec_verify_ct']!r}, histogram {hist!r}"
+            return None
+        rec.accept_length = accept_length(rec.completion_tokens, rec.spec_verify_ct)
+        if counts is not None:
+            width = spec.num_steps + 1 if spec is not None else len(counts)
+            rec.correct_drafts_histogram = counts + [0] * (width - len(counts))
+    rec.output_sha = hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:16]
+    return ids
