@@ -3,8 +3,9 @@ acceptance against training samples that the gate measures (train.scaling_fracti
 
 Each fraction trains in a folder of its own, `train/scaling/frac-<samples>/` (checkpoints,
 best.json, result.json: the train stage's layout, one level down, so none resumes another and a
-crash resumes each exactly like the main draft), on the first <samples> training sequences, and
-is exported to `train/scaling/frac-<samples>/final` in SGLang's format. `train/scaling/index.json`
+crash resumes each exactly like the main draft), on the first <samples> training sequences with
+the full draft's vocabulary map, and is exported to `train/scaling/frac-<samples>/final` in
+SGLang's format. `train/scaling/index.json`
 lists the finished ones; the gate reads only that.
 """
 
@@ -52,17 +53,22 @@ def train_scaling_drafts(
     from tasks.draft import checkpoint as ckpt
     from tasks.draft.export import export_to_run
     from tasks.draft.trainer import Dist, train_draft
+    from tasks.draft.vocab import VOCAB_MAP_KEY, VocabMap
     from tasks.extract.storage import extract_metadata
 
     rank = Dist.current()  # under torchrun every rank trains; rank 0 exports and writes the index
     n_train = int(extract_metadata(run)["splits"].get("train", 0))
     if n_train == 0:
         raise ValueError(f"{run.url}/extract has no training sequences")
+    # Every fraction drafts over the full draft's vocabulary: the drafts differ in their training
+    # data only (and no fraction re-counts the whole training split for a map of its own).
+    vocab = VocabMap.load(run) if run.exists(VOCAB_MAP_KEY) else None
     entries = []
     for fraction, samples in fraction_samples(n_train, cfg.scaling_fractions):
         prefix = f"{SCALING_TRAIN_ROOT}/frac-{samples}"
         view = TrainElsewhere(run, prefix)
-        result = train_draft(view, cfg, target_model_path, max_train_sequences=samples, **train_kwargs)
+        result = train_draft(view, cfg, target_model_path, vocab_map=vocab, max_train_sequences=samples,
+                             **train_kwargs)  # fmt: skip
         best = result.best or {}
         chosen = ckpt.checkpoint_key(best["step"]) if best.get("step") is not None else result.last_checkpoint
         if chosen is None:

@@ -85,7 +85,8 @@ class GateConfig(_Strict):
         "stop, one at a time (production targets fill their GPUs). N > 1: N servers start at once and, "
         "once all serve, each is measured alone while the others wait idle (small targets that fit "
         "many times on one GPU, whose gate start-up would otherwise dwarf its measurement). Needs a "
-        "bounded KV pool per server (mem_fraction_static, and max_total_tokens in extra_server_args).",
+        "bounded KV pool per server (mem_fraction_static and server.max_total_tokens) and, to keep idle "
+        "servers off the CPU, server.sleep_on_idle.",
     )
     reference_drafts: list[ReferenceDraft] = Field(
         default_factory=list, description="Drafts from elsewhere measured beside ours; never promoted."
@@ -138,11 +139,14 @@ class GateConfig(_Strict):
         check_server_config(self.server, self.extra_server_args, self.sglang_version)
         if not self.nccl_env_sweep:
             raise ValueError("nccl_env_sweep must have at least one entry ({} for the plain env)")
-        if self.concurrent_servers > 1 and self.engine == "sglang" and self.mem_fraction_static is None:
+        if self.concurrent_servers > 1 and self.engine == "sglang" and (
+            self.mem_fraction_static is None or self.server.max_total_tokens is None
+        ):
+            # SGLang sizes its KV pool from the memory free when it starts: servers starting
+            # together would each claim most of the GPU, or race each other to an OOM.
             raise ValueError(
                 f"gate.concurrent_servers {self.concurrent_servers} with gate.engine sglang needs "
-                "gate.mem_fraction_static (and --max-total-tokens in gate.extra_server_args): with "
-                "SGLang's default each server would claim most of the GPU's memory"
+                "gate.mem_fraction_static and gate.server.max_total_tokens (a bounded KV pool per server)"
             )
         if self.reference_drafts and self.engine == "local":
             raise ValueError("gate.reference_drafts are measured on SGLang servers; gate.engine is local")
