@@ -149,7 +149,7 @@ def test_chat_template_override_and_missing_model(tiny_target_dir: Path, tmp_pat
     with pytest.raises(TargetError, match="neither a Jinja template nor a readable file"):
         load_tokenizer(str(tiny_target_dir), chat_template=str(tmp_path / "absent.jinja"))
     missing = tmp_path / "no-such-model"
-    with pytest.raises(TargetError, match=f"target model folder not found: {missing}"):
+    with pytest.raises(TargetError, match=f"target model not found: {missing}"):
         load_tokenizer(str(missing))
 
 
