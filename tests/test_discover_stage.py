@@ -1,20 +1,24 @@
-"""The stage on the tiny target: the committed tables and their marker."""
+"""The stage on the tiny target: its token counter, the committed tables and their marker."""
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.config import EagleScaleConfig
+from tasks.config import DiscoverConfig, EagleScaleConfig, SourceConfig
+from tasks.discover import discover_prompts
 from tasks.discover.commit import MARKER, TABLES, read_prompts_table
 from tasks.discover.stage import run_discover_stage
 from tasks.runfolder import RunFolder
 from tasks.runfolder.shards import sha256_hex
-from tasks.target import count_prompt_tokens, load_tokenizer
+from tasks.target import count_prompt_tokens, load_tokenizer, render_prompt_ids
+
+LENGTH_WARNING = "Token indices sequence length is longer than the specified maximum"
 
 
 def write_jsonl(path: Path, rows: list[Any]) -> str:
@@ -24,6 +28,44 @@ def write_jsonl(path: Path, rows: list[Any]) -> str:
 
 def q(text: str) -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": text}]}
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_length_check_does_not_print_the_tokenizers_length_warning(
+    tiny_target_dir: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    tokenizer = load_tokenizer(str(tiny_target_dir))
+    tokenizer.model_max_length = 32  # the tiny target's own 2048 is never reached here
+    long_prompt = "please summarize this sentence again " * 20
+    path = write_jsonl(tmp_path / "s.jsonl", [q(long_prompt), q("a short question")])
+    cfg = DiscoverConfig(
+        sources=[SourceConfig(name="s", path=path, domain="d")],
+        max_prompt_tokens=24,
+        holdout_per_domain=0,
+    )
+    records = _Records()
+    transformers_log = logging.getLogger("transformers")  # it does not propagate to the root
+    transformers_log.addHandler(records)
+    try:
+        result = discover_prompts(cfg, count_prompt_tokens(tokenizer))
+        assert result.report["totals"]["too_long"] == 1
+        [too_long] = result.filtered.to_pylist()
+        assert too_long["n_tokens"] > tokenizer.model_max_length
+        assert not any(LENGTH_WARNING in m for m in records.messages)
+        assert LENGTH_WARNING not in capfd.readouterr().err
+        # Outside discovery's length check the warning stays: the same call warns.
+        render_prompt_ids(tokenizer, [{"role": "user", "content": long_prompt}])
+        assert any(LENGTH_WARNING in m for m in records.messages)
+    finally:
+        transformers_log.removeHandler(records)
 
 
 def test_committed_tables_include_filtered_under_the_marker(tiny_target_dir: Path, tmp_path: Path) -> None:
