@@ -16,6 +16,8 @@ from functools import lru_cache
 from tasks.discover.formats import Messages
 
 _ASCII_LETTER = re.compile(r"[A-Za-z]")
+_NON_ASCII = re.compile(r"[^\x00-\x7f]+")
+_NOT_ASCII_LETTER = bytes(b for b in range(128) if not chr(b).isalpha())
 
 
 @lru_cache(maxsize=65536)
@@ -31,12 +33,15 @@ def latin_fraction(messages: Messages) -> float | None:
     text = "".join(m["content"] for m in messages)
     if text.isascii():  # the common case, without a per-character loop
         return 1.0 if _ASCII_LETTER.search(text) else None
-    latin = other = 0
-    for ch in text:
-        kind = _letter_kind(ch)
-        if kind == 1:
-            latin += 1
-        elif kind == 2:
-            other += 1
+    # ASCII letters are counted in C; only the non-ASCII characters are looked at one by one.
+    latin = len(text.encode("ascii", "ignore").translate(None, _NOT_ASCII_LETTER))
+    other = 0
+    for run in _NON_ASCII.findall(text):
+        for ch in run:
+            kind = _letter_kind(ch)
+            if kind == 1:
+                latin += 1
+            elif kind == 2:
+                other += 1
     letters = latin + other
     return latin / letters if letters else None
