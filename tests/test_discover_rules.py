@@ -12,7 +12,7 @@ import yaml
 
 from tasks.config import ConfigError, DiscoverConfig, SourceConfig, load_config
 from tasks.discover import FILTERED_SCHEMA, DiscoverConfigError, discover_prompts, prompt_id_of
-from tasks.discover.report import OUTCOMES, funnel_counts
+from tasks.discover.report import OUTCOMES, funnel_counts, reason_kinds
 
 
 def words(messages: list[dict[str, str]]) -> int:
@@ -227,3 +227,16 @@ def test_source_option_errors_name_the_key(
         load_config(path)
     assert message in str(err.value)
     assert str(err.value).startswith(str(path))
+
+
+def test_quarantine_reason_kinds_blank_numbers_not_names() -> None:
+    assert reason_kinds(
+        [
+            "conversations[3].value is empty",
+            "conversations[12].value is empty",
+            "truncated: ShareGPT_V3_unfiltered_cleaned_split.json ends inside this row",
+        ]
+    ) == {
+        "conversations[N].value is empty": 2,
+        "truncated: ShareGPT_V3_unfiltered_cleaned_split.json ends inside this row": 1,
+    }

@@ -45,6 +45,7 @@ _HEADERS = {
     "kept": "kept",
 }
 _EXAMPLES_PER_REASON = 3
+_NUMBER = re.compile(r"(?<![A-Za-z_-])\d+")
 
 
 def empty_counts() -> dict[str, int]:
@@ -86,8 +87,10 @@ def funnel_counts(
 
 
 def reason_kinds(reasons: Iterable[str]) -> dict[str, int]:
-    """Quarantine reasons with numbers (line, index, column) blanked, most common first."""
-    kinds = Counter(re.sub(r"\d+", "N", r) for r in reasons)
+    """Quarantine reasons with numbers (line, index, column) blanked, most common first.
+
+    Digits glued to a letter stay: they are part of a name (ShareGPT_V3_..., utf-8)."""
+    kinds = Counter(_NUMBER.sub("N", r) for r in reasons)
     return dict(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
