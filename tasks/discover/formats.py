@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.config import USER_TEMPLATE_PLACEHOLDER
+from tasks.config import USER_TEMPLATE_PLACEHOLDER, PromptTurns, SystemTurns
 
 Messages = list[dict[str, str]]
 
@@ -104,8 +104,8 @@ def _openai_content(value: Any, where: str) -> str:
 class RowOptions:
     """How a source's rows become prompts (SourceConfig's fields of the same names)."""
 
-    prompt_turns: str = "through_last_user"  # or "first_user"
-    system_turns: str = "keep"  # or "drop"
+    prompt_turns: PromptTurns = "through_last_user"
+    system_turns: SystemTurns = "keep"
     user_template: str | None = None  # prompt rows only; USER_TEMPLATE_PLACEHOLDER once
 
 
