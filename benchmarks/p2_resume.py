@@ -54,7 +54,8 @@ def build_synthetic_run(root: Path) -> tuple[EagleScaleConfig, str]:
         }
     )
     empty = manifest.slice(0, 0)
-    commit_discovery(run, {"manifest": manifest, "holdout": empty, "quarantine": empty}, {}, "", "bench")
+    tables = {"manifest": manifest, "holdout": empty, "quarantine": empty, "filtered": empty}
+    commit_discovery(run, tables, {}, "", "bench")
     fp_hash = "benchfingerprint"
     store = ShardStore(run, "generate")
     shards = cut_shards(prompt_ids, SHARD_SIZE)

@@ -6,6 +6,7 @@ error naming the key, never a silent default.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,16 +32,110 @@ class Strict(BaseModel):
 
 ConversationFormat = Literal["auto", "openai", "sharegpt", "alpaca", "prompt"]
 FileFormat = Literal["auto", "jsonl", "json", "parquet", "hf_disk"]
+PromptTurns = Literal["through_last_user", "first_user"]
+SystemTurns = Literal["keep", "drop"]
+DedupeKey = Literal["conversation", "user_turns"]
+# The one placeholder of `SourceConfig.user_template`; any other `{name}` is refused as a typo.
+USER_TEMPLATE_PLACEHOLDER = "{prompt}"
+_TEMPLATE_FIELD = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
+
+
+class DomainRule(Strict):
+    pattern: str = Field(
+        description="Python regular expression searched (re.search) in the user turns of the "
+        "prompt as kept, joined by newlines; `(?i)` makes it case-insensitive."
+    )
+    domain: str = Field(description="Domain given to the rows whose user text matches.")
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as e:
+            raise ValueError(f"pattern {v!r} is not a valid regular expression: {e}") from None
+        return v
 
 
 class SourceConfig(Strict):
     name: str = Field(description="Short name, used in the manifest's `source` column.")
-    path: str = Field(description="Local path or fsspec URL of a file, a glob, or a datasets folder.")
-    domain: str = Field(description="Domain tag, e.g. agentic_coding, reasoning, general_chat.")
-    file_format: FileFormat = "auto"
-    conversation_format: ConversationFormat = "auto"
+    path: str = Field(
+        description="Local path or fsspec URL of a file, a glob, or a datasets folder; or "
+        "`package://<import name>/<path>` for a file inside an installed Python package."
+    )
+    domain: str = Field(
+        description="Domain tag, e.g. agentic_coding, reasoning, general_chat; the domain of "
+        "every row that no `domain_rules` entry matches."
+    )
+    file_format: FileFormat = Field(
+        "auto", description="auto: from the extension (.jsonl, .json, .parquet, + .gz/.bz2/.xz/.zst)."
+    )
+    conversation_format: ConversationFormat = Field(
+        "auto", description="Row shape; auto: from the fields of each row."
+    )
     split: str | None = Field(None, description="Split to read from a DatasetDict folder.")
     max_rows: int | None = Field(None, ge=1, description="Read at most this many rows.")
+    prompt_turns: PromptTurns = Field(
+        "through_last_user",
+        description="Which prompt a conversation gives. through_last_user: every turn up to the "
+        "last user turn that has text (earlier answers stay as context; the answer to it and any "
+        "trailing empty user turns are dropped). first_user: only the first user turn (and a "
+        "system turn before it), the usual choice to regenerate multi-turn chats single-turn. "
+        "Either way assistant turns before the first user turn are dropped, and only the turns "
+        "kept must have text.",
+    )
+    system_turns: SystemTurns = Field(
+        "keep",
+        description="keep: system turns stay in the prompt; drop: they are removed (ShareGPT's "
+        "are share-tool banners, not instructions). Empty system turns are always removed.",
+    )
+    min_latin_fraction: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        description="Script filter: rows whose prompt text (all turns kept) has a smaller "
+        "fraction of Latin-script letters among its letters are filtered as non_latin. A prompt "
+        "with no letters at all passes. None: no filter.",
+    )
+    domain_rules: list[DomainRule] = Field(
+        default_factory=list,
+        description="Rows whose user text matches a rule's pattern get the rule's domain instead "
+        "of `domain`; the first matching rule wins.",
+    )
+    user_template: str | None = Field(
+        None,
+        description="For conversation_format prompt: the user turn's text, with `{prompt}` "
+        "(exactly once) replaced by the row's prompt, e.g. \"Complete the following Python "
+        "function:\\n\\n```python\\n{prompt}```\". None: the prompt as is.",
+    )
+
+    @field_validator("user_template")
+    @classmethod
+    def _one_placeholder(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        found = _TEMPLATE_FIELD.findall(v)
+        others = sorted({f for f in found if f != USER_TEMPLATE_PLACEHOLDER})
+        if others:
+            raise ValueError(
+                f"user_template has placeholder(s) {others}; the only placeholder is "
+                f"{USER_TEMPLATE_PLACEHOLDER}"
+            )
+        if len(found) != 1:
+            raise ValueError(
+                f"user_template must contain {USER_TEMPLATE_PLACEHOLDER} exactly once "
+                f"(found {len(found)} times)"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _template_needs_prompt_format(self) -> SourceConfig:
+        if self.user_template is not None and self.conversation_format != "prompt":
+            raise ValueError(
+                f"user_template is set but conversation_format is {self.conversation_format!r}; "
+                "it applies to conversation_format prompt only (set it explicitly)"
+            )
+        return self
 
 
 class DiscoverConfig(Strict):
@@ -55,8 +150,14 @@ class DiscoverConfig(Strict):
     holdout_per_domain: int = Field(
         8, ge=0, description="Prompts per domain split off as the gate's benchmark set."
     )
-    min_prompt_tokens: int = Field(1, ge=0)
-    max_prompt_tokens: int = Field(4096, ge=1)
+    min_prompt_tokens: int = Field(1, ge=0, description="Shorter prompts are filtered (too_short).")
+    max_prompt_tokens: int = Field(4096, ge=1, description="Longer prompts are filtered (too_long).")
+    dedupe_key: DedupeKey = Field(
+        "conversation",
+        description="What makes two prompts duplicates (exact and normalized dedupe, and "
+        "decontamination). conversation: every turn, so prompts that differ only by a system "
+        "turn stay distinct; user_turns: the user turns only.",
+    )
     seed: int = 0
 
 

@@ -121,12 +121,16 @@ def _check_messages(messages: Any) -> None:
                 )
 
 
-def render_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict]) -> list[int]:
+def render_prompt_ids(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict], *, verbose: bool = True
+) -> list[int]:
     """Token ids of `messages` rendered with the chat template and the generation prompt.
 
     Renders to text, then encodes without adding special tokens (the template writes its own
     bos), which is what apply_chat_template does internally; going through text keeps the
     result a plain list of ints whatever transformers' return-type conventions are.
+    `verbose=False` silences the tokenizer's "longer than the specified maximum sequence
+    length" warning for this call only.
     """
     _check_messages(messages)
     try:
@@ -135,15 +139,20 @@ def render_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: list[dict]) 
         raise TargetError(f"chat template failed on these messages: {e}") from e
     if not isinstance(text, str):
         raise TargetError(f"chat template rendered {type(text).__name__}, expected a string")
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    ids = tokenizer(text, add_special_tokens=False, verbose=verbose)["input_ids"]
     return [int(i) for i in ids]
 
 
 def count_prompt_tokens(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[dict]], int]:
-    """`count_tokens(messages) -> int` for discovery: the rendered prompt's length in tokens."""
+    """`count_tokens(messages) -> int` for discovery: the rendered prompt's length in tokens.
+
+    Quiet: discovery measures prompts in order to filter the long ones, so the tokenizer's
+    warning that a sequence exceeds the model's maximum ("will result in indexing errors") is
+    noise there; everywhere else it stays on.
+    """
 
     def count_tokens(messages: list[dict]) -> int:
-        return len(render_prompt_ids(tokenizer, messages))
+        return len(render_prompt_ids(tokenizer, messages, verbose=False))
 
     return count_tokens
 

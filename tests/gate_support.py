@@ -12,7 +12,7 @@ import pyarrow as pa
 from safetensors.numpy import save_file
 
 from tasks.discover.commit import commit_discovery
-from tasks.discover.result import MANIFEST_SCHEMA, QUARANTINE_SCHEMA
+from tasks.discover.result import FILTERED_SCHEMA, MANIFEST_SCHEMA, QUARANTINE_SCHEMA
 from tasks.runfolder import RunFolder
 
 # The tiny target's shape (tests/conftest.py): 8 layers -> EAGLE-3 aux ids [1, 3, 4].
@@ -95,7 +95,8 @@ def commit_holdout(run: RunFolder, per_domain: int = 3, domains: tuple[str, ...]
             rows.append({"prompt_id": f"{d}-{i:03d}", "source": "test", "domain": d,
                          "messages": json.dumps([{"role": "user", "content": content}]), "n_tokens": len(content)})  # fmt: skip
     table = pa.Table.from_pylist(sorted(rows, key=lambda r: r["prompt_id"]), schema=MANIFEST_SCHEMA)
-    tables = {"manifest": table, "holdout": table, "quarantine": pa.Table.from_pylist([], schema=QUARANTINE_SCHEMA)}
+    tables = {"manifest": table, "holdout": table, "quarantine": QUARANTINE_SCHEMA.empty_table(),
+              "filtered": FILTERED_SCHEMA.empty_table()}  # fmt: skip
     commit_discovery(run, tables, {}, "", "test-config")
     return table
 

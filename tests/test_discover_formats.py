@@ -9,6 +9,7 @@ import pytest
 
 from tasks.discover.formats import (
     MalformedRow,
+    RowOptions,
     canonical_json,
     normalize_row,
     normalized_hash,
@@ -214,3 +215,84 @@ def test_normalized_hash_ignores_case_punctuation_and_spacing_but_not_roles() ->
     assert normalized_hash([user("What's the capital\nof France!!")]) == base
     assert normalized_hash([user("What's the capital of Spain?")]) != base
     assert normalized_hash([system("What's the capital of France?")]) != base
+
+
+def sg(*turns: tuple[str, str]) -> dict[str, object]:
+    return {"conversations": [{"from": who, "value": text} for who, text in turns]}
+
+
+FIRST = RowOptions(prompt_turns="first_user")
+BANNER = "*This conversation is shared from [**ChatHub**](https://chathub.gg)*"
+
+
+def test_first_user_turn_only_keeps_the_system_turn_before_it() -> None:
+    row = sg(("system", BANNER), ("human", "Fix the bug."), ("gpt", "Done."), ("human", "More?"))
+    assert normalize_row(row, "sharegpt", FIRST) == [system(BANNER), user("Fix the bug.")]
+    drop = RowOptions(prompt_turns="first_user", system_turns="drop")
+    assert normalize_row(row, "sharegpt", drop) == [user("Fix the bug.")]
+    assert normalize_row(row, "sharegpt", RowOptions(system_turns="drop")) == [
+        user("Fix the bug."),
+        bot("Done."),
+        user("More?"),
+    ]
+    alpaca = {"system": "Be kind.", "instruction": "And now?", "history": [["First?", "Yes."]]}
+    assert normalize_row(alpaca, "auto", FIRST) == [system("Be kind."), user("First?")]
+
+
+def test_leading_assistant_turns_are_dropped() -> None:
+    # ShareGPT V3's split file starts most continuation chunks (id suffix _1, _2, ...) with
+    # the answer that ended the previous chunk.
+    row = sg(("gpt", "...end of an answer."), ("human", "Shorter."), ("gpt", "Ok."), ("human", "Go"))
+    assert normalize_row(row, "sharegpt") == [user("Shorter."), bot("Ok."), user("Go")]
+    assert normalize_row(row, "sharegpt", FIRST) == [user("Shorter.")]
+    after_system = sg(("system", "S"), ("gpt", "Hi, I am a bot."), ("human", "Hello"))
+    assert normalize_row(after_system, "sharegpt") == [system("S"), user("Hello")]
+
+
+def test_empty_turns_count_only_inside_the_prompt_kept() -> None:
+    after_prompt = sg(("human", "Question"), ("gpt", ""), ("human", ""), ("gpt", "?"))
+    assert normalize_row(after_prompt, "sharegpt", FIRST) == [user("Question")]
+    # through_last_user: trailing empty user turns (and answers to them) end the conversation.
+    trailing = sg(("human", "A"), ("gpt", "B"), ("human", ""), ("gpt", "You didn't ask anything."))
+    assert normalize_row(trailing, "sharegpt") == [user("A")]
+    empty_system = {"messages": [system(" "), user("Hi")]}
+    assert normalize_row(empty_system) == [user("Hi")]
+
+
+@pytest.mark.parametrize(
+    ("row", "options", "reason"),
+    [
+        (sg(("human", "A"), ("gpt", ""), ("human", "C")), RowOptions(), "conversations[1].value is empty"),
+        (sg(("human", ""), ("gpt", "B"), ("human", "C")), RowOptions(), "conversations[0].value is empty"),
+        (sg(("gpt", "x"), ("human", ""), ("gpt", "B"), ("human", "C")), FIRST, "conversations[1].value is empty"),
+        (sg(("human", ""), ("gpt", "B"), ("human", " ")), RowOptions(), "conversations[0].value is empty"),
+        (sg(("human", "A"), ("wizard", "B")), FIRST, "conversations[1].from 'wizard' unknown"),
+        ({"messages": [{"role": "system", "content": None}, user("Hi")]}, RowOptions(), "messages[0].content is null"),
+        (
+            {"prompt": [user("Q1")]},
+            RowOptions(user_template="Q: {prompt}"),
+            "prompt is a message list; user_template applies to text prompts",
+        ),
+    ],
+)  # fmt: skip
+def test_malformed_under_options(row: object, options: RowOptions, reason: str) -> None:
+    with pytest.raises(MalformedRow) as err:
+        normalize_row(row, "auto", options)
+    assert str(err.value) == reason
+
+
+def test_bing_and_bard_are_assistants() -> None:
+    row = sg(("system", BANNER), ("human", "33?"), ("bing", "A number."), ("human", "And 666?"))
+    assert normalize_row(row)[2] == bot("A number.")
+    assert normalize_row(sg(("human", "Hi"), ("bard", "Hello"), ("human", "Bye")))[1] == bot("Hello")
+
+
+def test_user_template_wraps_prompt_rows() -> None:
+    stub = 'def add(a, b):\n    """Add two numbers."""\n'
+    template = "Complete the following Python function:\n\n```python\n{prompt}```"
+    row = {"task_id": "HumanEval/0", "prompt": stub, "entry_point": "add"}
+    assert normalize_row(row, "prompt", RowOptions(user_template=template)) == [
+        user(f"Complete the following Python function:\n\n```python\n{stub}```")
+    ]
+    literal = RowOptions(user_template="Return {'a': 1} for: {prompt}")
+    assert normalize_row({"question": "x"}, "prompt", literal) == [user("Return {'a': 1} for: x")]

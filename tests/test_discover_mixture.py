@@ -334,7 +334,7 @@ def test_shipped_sample_set(tmp_path: Path) -> None:
     assert_funnel_closes(report)
 
     markdown = result.report_markdown()
-    assert "| domain | read | malformed | dup exact |" in markdown
+    assert "| domain | read | malformed | non-Latin | dup exact |" in markdown
     for domain in ("agentic_coding", "reasoning", "general_chat"):
         assert f"| {domain} | {report['domains'][domain]['rows_read']} |" in markdown
     assert "messages[1].role 'robot' unknown" in markdown

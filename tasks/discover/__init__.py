@@ -2,6 +2,7 @@
 
 from tasks.discover.formats import (
     MalformedRow,
+    RowOptions,
     canonical_json,
     normalize_row,
     normalized_hash,
@@ -9,11 +10,17 @@ from tasks.discover.formats import (
 )
 from tasks.discover.mixture import DiscoverConfigError
 from tasks.discover.pipeline import CountTokens, discover_prompts
-from tasks.discover.result import MANIFEST_SCHEMA, QUARANTINE_SCHEMA, DiscoveryResult
+from tasks.discover.result import (
+    FILTERED_SCHEMA,
+    MANIFEST_SCHEMA,
+    QUARANTINE_SCHEMA,
+    DiscoveryResult,
+)
 from tasks.discover.samples import SAMPLE_PROMPTS_DIR, sample_prompt_sources
 from tasks.discover.sources import SourceError
 
 __all__ = [
+    "FILTERED_SCHEMA",
     "MANIFEST_SCHEMA",
     "QUARANTINE_SCHEMA",
     "SAMPLE_PROMPTS_DIR",
@@ -21,6 +28,7 @@ __all__ = [
     "DiscoverConfigError",
     "DiscoveryResult",
     "MalformedRow",
+    "RowOptions",
     "SourceError",
     "canonical_json",
     "discover_prompts",

@@ -14,7 +14,9 @@ from tasks.runfolder import FingerprintMismatch, RunFolder, content_hash
 from tasks.runfolder.shards import sha256_hex, table_bytes
 
 MARKER = "prompts/_SUCCESS.json"
-TABLES = ("manifest", "holdout", "quarantine")
+# Every table the marker covers: the prompts (manifest, holdout) and every row left out
+# (quarantine: malformed; filtered: dropped by a setting), each verified by its sha256.
+TABLES = ("manifest", "holdout", "quarantine", "filtered")
 
 
 def manifest_hash(manifest: pa.Table) -> str:
@@ -49,7 +51,9 @@ def commit_discovery(
     report_md: str,
     config_hash: str,
 ) -> dict[str, Any]:
-    """Write the three tables and the report, then the marker that makes them count."""
+    """Write the tables and the report, then the marker that makes them count."""
+    if set(tables) != set(TABLES):
+        raise ValueError(f"commit_discovery needs the tables {list(TABLES)}, got {sorted(tables)}")
     files = {}
     for name in TABLES:
         data = table_bytes(tables[name])

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from fractions import Fraction
 
 from tasks.config import ConfigError, DiscoverConfig
+from tasks.discover.domains import declared_domains
 
 
 class DiscoverConfigError(ConfigError):
@@ -28,7 +29,7 @@ class DiscoverConfigError(ConfigError):
 
 
 def check_mixture_config(cfg: DiscoverConfig) -> None:
-    domains = sorted({s.domain for s in cfg.sources})
+    domains = declared_domains(cfg)
     for field, table in (
         ("domain_quotas", cfg.domain_quotas),
         ("domain_weights", cfg.domain_weights),
@@ -36,8 +37,8 @@ def check_mixture_config(cfg: DiscoverConfig) -> None:
         for name, value in table.items():
             if name not in domains:
                 raise DiscoverConfigError(
-                    f"discover.{field}: domain {name!r} is not the domain of any source "
-                    f"(domains: {domains})"
+                    f"discover.{field}: domain {name!r} is not the domain of any source or "
+                    f"domain rule (domains: {domains})"
                 )
             if value < 0:
                 raise DiscoverConfigError(f"discover.{field}.{name}: must be >= 0 (got {value})")

@@ -1,17 +1,24 @@
-"""discover_prompts: configured sources -> manifest, holdout, quarantine and a report.
+"""discover_prompts: configured sources -> manifest, holdout, quarantine, filtered and a report.
 
 Order of operations (each row lands in one bucket, see report.py):
-  1. read every source, normalize each row; rows that cannot be normalized are quarantined;
-  2. exact dedupe on prompt_id (the copy kept is the one with the smallest (domain, source), so
-     the result does not depend on input order);
-  3. token-length filter with the caller's `count_tokens`;
-  4. group by normalized-text hash; each group's smallest prompt_id represents it;
-  5. hold out `holdout_per_domain` representatives per domain (seeded);
-  6. decontaminate: the other members of a held-out group are dropped as "contaminated";
+  0. every source is resolved (package:// paths, globs, folders) before any is read, so a
+     missing package or file fails before the first large file is parsed;
+  1. read every source, normalize each row (RowOptions: prompt turns, system turns, template);
+     rows that cannot be normalized are quarantined; the domain rules give each row its domain;
+  2. script filter (`min_latin_fraction`), per source;
+  3. exact dedupe on the dedupe key (the copy kept is the one with the smallest
+     (domain, source, row), so the result does not depend on input order);
+  4. token-length filter with the caller's `count_tokens`;
+  5. group by normalized-text hash of the dedupe key; each group's smallest prompt_id
+     represents it;
+  6. hold out `holdout_per_domain` representatives per domain (seeded);
+  7. decontaminate: the other members of a held-out group are dropped as "contaminated";
      the other members of every remaining group as "duplicates_normalized";
-  7. the mixture caps each domain (seeded), the rest is "over_quota".
-Decontamination is exact on the normalized text only: an n-gram overlap check would also drop
-every prompt sharing a long system prompt or tool boilerplate with a held-out one.
+  8. the mixture caps each domain (seeded), the rest is "over_quota".
+Every row left out in 2-8 is a record of the filtered table (reason, detail, tokens); the
+report's counts are derived from the records. Decontamination is exact on the normalized text
+only: an n-gram overlap check would also drop every prompt sharing a long system prompt or tool
+boilerplate with a held-out one.
 """
 
 from __future__ import annotations
@@ -25,13 +32,16 @@ from typing import Any
 import pyarrow as pa
 
 from tasks.config import DiscoverConfig, SourceConfig
+from tasks.discover.domains import DomainRules, declared_domains, source_domains
 from tasks.discover.formats import (
     MalformedRow,
     Messages,
+    RowOptions,
     canonical_json,
     normalize_row,
     normalized_hash,
     prompt_id_of,
+    user_turns,
 )
 from tasks.discover.mixture import (
     DiscoverConfigError,
@@ -39,13 +49,15 @@ from tasks.discover.mixture import (
     domain_caps,
     seeded_pick,
 )
-from tasks.discover.report import build_report, empty_counts, reason_kinds
+from tasks.discover.report import build_report, funnel_counts, reason_kinds
 from tasks.discover.result import (
+    FILTERED_SCHEMA,
     MANIFEST_SCHEMA,
     QUARANTINE_SCHEMA,
     DiscoveryResult,
     truncate_raw,
 )
+from tasks.discover.script import latin_fraction
 from tasks.discover.sources import SourceReader, redact
 
 CountTokens = Callable[[Messages], int]
@@ -58,10 +70,13 @@ class _Prompt:
     domain: str
     row_index: int
     messages: Messages
-    n_tokens: int = 0
+    n_tokens: int | None = None
 
     def rank(self) -> tuple[str, str, int]:
         return (self.domain, self.source, self.row_index)
+
+    def where(self) -> str:
+        return f"{self.prompt_id} ({self.source} row {self.row_index})"
 
     def record(self) -> dict[str, Any]:
         return {
@@ -102,57 +117,104 @@ class _Discovery:
     def __init__(self, cfg: DiscoverConfig, count_tokens: CountTokens) -> None:
         self.cfg = cfg
         self.count_tokens = count_tokens
-        self.counts = {s.name: empty_counts() for s in cfg.sources}
+        self.rows_read = {s.name: 0 for s in cfg.sources}
         self.quarantine: list[dict[str, Any]] = []
-        self.prompts: dict[str, _Prompt] = {}
+        self.filtered: list[dict[str, Any]] = []
+        self.prompts: dict[str, _Prompt] = {}  # dedupe key -> the copy kept
         self.warnings: list[str] = []
 
-    def drop(self, p: _Prompt, outcome: str) -> None:
-        self.counts[p.source][outcome] += 1
+    def dedupe_messages(self, p: _Prompt) -> Messages:
+        return user_turns(p.messages) if self.cfg.dedupe_key == "user_turns" else p.messages
 
-    def quarantine_row(self, src: SourceConfig, row_index: int, reason: str, raw: str) -> None:
-        self.counts[src.name]["malformed"] += 1
+    def drop(self, p: _Prompt, reason: str, detail: str, **extra: Any) -> None:
+        self.filtered.append(
+            {
+                "source": p.source,
+                "domain": p.domain,
+                "row_index": p.row_index,
+                "prompt_id": p.prompt_id,
+                "reason": reason,
+                "detail": detail,
+                "n_tokens": p.n_tokens,
+                "latin_fraction": extra.get("latin_fraction"),
+                "duplicate_of": extra.get("duplicate_of"),
+            }
+        )
+
+    def quarantine_row(self, source: str, domain: str, row_index: int, reason: str, raw: str) -> None:
         self.quarantine.append(
             {
-                "source": src.name,
-                "domain": src.domain,
+                "source": source,
+                "domain": domain,
                 "row_index": row_index,
                 "reason": reason,
                 "raw": truncate_raw(raw),
             }
         )
 
-    def read(self, src: SourceConfig, storage_options: dict[str, Any] | None) -> None:
-        for raw in SourceReader(src, storage_options).rows():
-            self.counts[src.name]["rows_read"] += 1
+    def read(self, reader: SourceReader) -> None:
+        src = reader.src
+        options = RowOptions(src.prompt_turns, src.system_turns, src.user_template)
+        rules = DomainRules(src)
+        for raw in reader.rows():
+            self.rows_read[src.name] += 1
             if raw.error is not None:
-                self.quarantine_row(src, raw.row_index, raw.error, raw.raw_text or "")
+                self.quarantine_row(
+                    src.name, src.domain, raw.row_index, raw.error, raw.raw_text or ""
+                )
                 continue
             try:
-                messages = normalize_row(raw.row, src.conversation_format)
+                messages = normalize_row(raw.row, src.conversation_format, options)
             except MalformedRow as e:
-                self.quarantine_row(src, raw.row_index, str(e), _raw_json(raw.row))
+                self.quarantine_row(
+                    src.name, src.domain, raw.row_index, str(e), _raw_json(raw.row)
+                )
                 continue
-            p = _Prompt(prompt_id_of(messages), src.name, src.domain, raw.row_index, messages)
-            kept = self.prompts.setdefault(p.prompt_id, p)
+            p = _Prompt(
+                prompt_id_of(messages), src.name, rules.domain_of(messages), raw.row_index, messages
+            )
+            if not self.passes_script(src, p):
+                continue
+            key = prompt_id_of(self.dedupe_messages(p))
+            kept = self.prompts.setdefault(key, p)
             if kept is not p:
                 winner, loser = sorted((kept, p), key=_Prompt.rank)
-                self.prompts[p.prompt_id] = winner
-                self.drop(loser, "duplicates_exact")
+                self.prompts[key] = winner
+                self.drop(
+                    loser,
+                    "duplicates_exact",
+                    f"same {self.cfg.dedupe_key} as {winner.where()}",
+                    duplicate_of=winner.prompt_id,
+                )
+        self.warnings += [f"source {src.name!r}: {w}" for w in reader.warnings]
+
+    def passes_script(self, src: SourceConfig, p: _Prompt) -> bool:
+        if src.min_latin_fraction is None:
+            return True
+        fraction = latin_fraction(p.messages)
+        if fraction is None or fraction >= src.min_latin_fraction:
+            return True
+        self.drop(
+            p,
+            "non_latin",
+            f"Latin-script letters are {fraction:.3f} of the prompt's letters, below "
+            f"min_latin_fraction {src.min_latin_fraction}",
+            latin_fraction=fraction,
+        )
+        return False
 
     def filter_lengths(self) -> list[_Prompt]:
-        sources = {s.name: s for s in self.cfg.sources}
         passed: list[_Prompt] = []
         failures: list[Exception] = []
-        for pid in sorted(self.prompts):
-            p = self.prompts[pid]
+        lo, hi = self.cfg.min_prompt_tokens, self.cfg.max_prompt_tokens
+        for p in sorted(self.prompts.values(), key=lambda p: p.prompt_id):
             try:
                 n = self.count_tokens(p.messages)
             except Exception as e:  # a chat template that rejects this conversation
                 failures.append(e)
                 reason = f"token count failed: {type(e).__name__}: {e}"
                 self.quarantine_row(
-                    sources[p.source], p.row_index, reason, canonical_json(p.messages)
+                    p.source, p.domain, p.row_index, reason, canonical_json(p.messages)
                 )
                 continue
             try:
@@ -162,10 +224,10 @@ class _Discovery:
                     f"count_tokens returned {type(n).__name__}, expected an int"
                 ) from None
             p.n_tokens = n
-            if n < self.cfg.min_prompt_tokens:
-                self.drop(p, "too_short")
-            elif n > self.cfg.max_prompt_tokens:
-                self.drop(p, "too_long")
+            if n < lo:
+                self.drop(p, "too_short", f"{n} tokens, below min_prompt_tokens {lo}")
+            elif n > hi:
+                self.drop(p, "too_long", f"{n} tokens, above max_prompt_tokens {hi}")
             else:
                 passed.append(p)
         if failures and len(failures) == len(self.prompts):
@@ -178,7 +240,7 @@ class _Discovery:
         """Holdout, then decontamination and normalized dedupe; returns (holdout, remaining)."""
         groups: dict[str, list[_Prompt]] = {}
         for p in passed:  # sorted by prompt_id, so each group's first member is its smallest
-            groups.setdefault(normalized_hash(p.messages), []).append(p)
+            groups.setdefault(normalized_hash(self.dedupe_messages(p)), []).append(p)
         reps_by_domain: dict[str, list[str]] = {}
         for members in groups.values():
             reps_by_domain.setdefault(members[0].domain, []).append(members[0].prompt_id)
@@ -198,15 +260,18 @@ class _Discovery:
             is_held = rep.prompt_id in held
             (holdout if is_held else remaining).append(rep)
             for p in others:
-                self.drop(p, "contaminated" if is_held else "duplicates_normalized")
-        for p in holdout:
-            self.drop(p, "holdout")
+                if is_held:
+                    detail = f"normalized text equals held-out {rep.where()}"
+                    self.drop(p, "contaminated", detail, duplicate_of=rep.prompt_id)
+                else:
+                    detail = f"normalized text equals {rep.where()}"
+                    self.drop(p, "duplicates_normalized", detail, duplicate_of=rep.prompt_id)
         return holdout, remaining
 
     def mix(self, remaining: list[_Prompt]) -> tuple[list[_Prompt], dict[str, dict[str, Any]]]:
-        by_domain: dict[str, list[_Prompt]] = {s.domain: [] for s in self.cfg.sources}
+        by_domain: dict[str, list[_Prompt]] = {d: [] for d in declared_domains(self.cfg)}
         for p in remaining:
-            by_domain.setdefault(p.domain, []).append(p)
+            by_domain[p.domain].append(p)
         caps = domain_caps(self.cfg, {d: len(ps) for d, ps in by_domain.items()})
         kept: list[_Prompt] = []
         mixture: dict[str, dict[str, Any]] = {}
@@ -219,9 +284,10 @@ class _Discovery:
             for p in ps:
                 if p.prompt_id in chosen:
                     kept.append(p)
-                    self.drop(p, "kept")
                 else:
-                    self.drop(p, "over_quota")
+                    self.drop(
+                        p, "over_quota", f"domain {domain!r} keeps {cap} of {len(ps)} available"
+                    )
             mixture[domain] = {"available": len(ps), "cap": cap, "kept": len(chosen)}
         return kept, mixture
 
@@ -239,30 +305,49 @@ def _table(prompts: list[_Prompt]) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=MANIFEST_SCHEMA)
 
 
+def _source_info(src: SourceConfig) -> dict[str, Any]:
+    return {
+        "domain": src.domain,
+        "path": redact(src.path),
+        "file_format": src.file_format,
+        "conversation_format": src.conversation_format,
+        "prompt_turns": src.prompt_turns,
+        "system_turns": src.system_turns,
+        "min_latin_fraction": src.min_latin_fraction,
+        "domain_rules": [r.model_dump() for r in src.domain_rules],
+        "user_template": src.user_template,
+    }
+
+
 def discover_prompts(
     cfg: DiscoverConfig,
     count_tokens: CountTokens,
     storage_options: dict[str, Any] | None = None,
 ) -> DiscoveryResult:
-    """Read, normalize, dedupe, filter, hold out and mix the configured prompt sources."""
+    """Read, normalize, filter, dedupe, hold out and mix the configured prompt sources."""
     check_discover_config(cfg)
+    readers = [SourceReader(src, storage_options) for src in cfg.sources]
+    for reader in readers:
+        reader.plan()
     run = _Discovery(cfg, count_tokens)
-    for src in cfg.sources:
-        run.read(src, storage_options)
+    for reader in readers:
+        run.read(reader)
     holdout, remaining = run.split(run.filter_lengths())
     kept, mixture = run.mix(remaining)
-    for name, c in run.counts.items():
-        if c["rows_read"] and not c["kept"]:
-            run.warnings.append(f"source {name!r}: none of its {c['rows_read']} rows was kept")
-    sources_info = {
-        s.name: {
-            "domain": s.domain,
-            "path": redact(s.path),
-            "file_format": s.file_format,
-            "conversation_format": s.conversation_format,
-        }
-        for s in cfg.sources
-    }
+    quarantine = sorted(run.quarantine, key=lambda q: (q["source"], q["row_index"]))
+    filtered = sorted(run.filtered, key=lambda f: (f["source"], f["row_index"]))
+    outcomes = [
+        *((q["source"], q["domain"], "malformed") for q in quarantine),
+        *((f["source"], f["domain"], f["reason"]) for f in filtered),
+        *((p.source, p.domain, "holdout") for p in holdout),
+        *((p.source, p.domain, "kept") for p in kept),
+    ]
+    counts = funnel_counts(
+        {s.name: source_domains(s) for s in cfg.sources}, run.rows_read, outcomes
+    )
+    for name, by_domain in counts.items():
+        if run.rows_read[name] and not any(c["kept"] for c in by_domain.values()):
+            run.warnings.append(f"source {name!r}: none of its {run.rows_read[name]} rows was kept")
     settings = {
         "seed": cfg.seed,
         "min_prompt_tokens": cfg.min_prompt_tokens,
@@ -271,14 +356,21 @@ def discover_prompts(
         "total_prompts": cfg.total_prompts,
         "domain_quotas": dict(cfg.domain_quotas),
         "domain_weights": dict(cfg.domain_weights),
+        "dedupe_key": cfg.dedupe_key,
         "mixture_mode": run.mixture_mode(),
     }
-    reasons = reason_kinds(q["reason"] for q in run.quarantine)
-    report = build_report(sources_info, run.counts, mixture, settings, run.warnings, reasons)
-    quarantine = sorted(run.quarantine, key=lambda q: (q["source"], q["row_index"]))
+    report = build_report(
+        {s.name: _source_info(s) for s in cfg.sources},
+        counts,
+        mixture,
+        settings,
+        run.warnings,
+        reason_kinds(q["reason"] for q in quarantine),
+    )
     return DiscoveryResult(
         manifest=_table(kept),
         holdout=_table(holdout),
         quarantine=pa.Table.from_pylist(quarantine, schema=QUARANTINE_SCHEMA),
+        filtered=pa.Table.from_pylist(filtered, schema=FILTERED_SCHEMA),
         report=report,
     )

@@ -2,8 +2,10 @@
 
 Each row read lands in exactly one bucket, in the order the stage applies them, so for every
 source `rows_read` equals the sum of the other counts:
-malformed -> duplicates_exact -> too_short / too_long -> holdout -> contaminated
+malformed -> non_latin -> duplicates_exact -> too_short / too_long -> holdout -> contaminated
 -> duplicates_normalized -> over_quota -> kept.
+The counts are never kept on the side: `funnel_counts` derives them from the row records the
+stage writes (quarantine, filtered, holdout, manifest), so the report cannot disagree with them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 OUTCOMES = (
     "malformed",
+    "non_latin",
     "duplicates_exact",
     "too_short",
     "too_long",
@@ -25,10 +28,13 @@ OUTCOMES = (
     "kept",
 )
 COUNT_KEYS = ("rows_read", *OUTCOMES)
+# The outcomes recorded in the filtered table (valid prompts left out by a setting).
+FILTERED_OUTCOMES = tuple(o for o in OUTCOMES if o not in ("malformed", "holdout", "kept"))
 
 _HEADERS = {
     "rows_read": "read",
     "malformed": "malformed",
+    "non_latin": "non-Latin",
     "duplicates_exact": "dup exact",
     "too_short": "too short",
     "too_long": "too long",
@@ -38,6 +44,8 @@ _HEADERS = {
     "over_quota": "over quota",
     "kept": "kept",
 }
+_EXAMPLES_PER_REASON = 3
+_NUMBER = re.compile(r"(?<![A-Za-z_-])\d+")
 
 
 def empty_counts() -> dict[str, int]:
@@ -52,30 +60,64 @@ def sum_counts(rows: Iterable[Mapping[str, int]]) -> dict[str, int]:
     return total
 
 
+def funnel_counts(
+    domains_of: Mapping[str, list[str]],
+    rows_read: Mapping[str, int],
+    outcomes: Iterable[tuple[str, str, str]],
+) -> dict[str, dict[str, dict[str, int]]]:
+    """source -> domain -> counts, from one (source, domain, outcome) per row.
+
+    `domains_of` lists each source's possible domains (so a domain no row reached shows as
+    zeros). A source whose records do not add up to the rows its reader counted is a bug in the
+    stage, and stops it rather than report numbers that do not close.
+    """
+    counts = {s: {d: empty_counts() for d in ds} for s, ds in domains_of.items()}
+    for source, domain, outcome in outcomes:
+        row = counts[source].setdefault(domain, empty_counts())
+        row[outcome] += 1
+        row["rows_read"] += 1
+    for source, by_domain in counts.items():
+        recorded = sum(c["rows_read"] for c in by_domain.values())
+        if recorded != rows_read[source]:
+            raise RuntimeError(
+                f"discovery lost track of rows: source {source!r} read {rows_read[source]} rows "
+                f"but recorded {recorded}"
+            )
+    return counts
+
+
 def reason_kinds(reasons: Iterable[str]) -> dict[str, int]:
-    """Quarantine reasons with numbers (line, index, column) blanked, most common first."""
-    kinds = Counter(re.sub(r"\d+", "N", r) for r in reasons)
+    """Quarantine reasons with numbers (line, index, column) blanked, most common first.
+
+    Digits glued to a letter stay: they are part of a name (ShareGPT_V3_..., utf-8)."""
+    kinds = Counter(_NUMBER.sub("N", r) for r in reasons)
     return dict(sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def build_report(
     sources: Mapping[str, dict[str, Any]],
-    source_counts: Mapping[str, dict[str, int]],
+    counts: Mapping[str, Mapping[str, dict[str, int]]],
     mixture: Mapping[str, dict[str, Any]],
     settings: dict[str, Any],
     warnings: list[str],
     quarantine_reasons: dict[str, int],
 ) -> dict[str, Any]:
-    """`sources`: name -> {domain, path, formats}; `mixture`: domain -> {available, cap, kept}."""
+    """`sources`: name -> {domain, path, formats, ...}; `counts`: see funnel_counts;
+    `mixture`: domain -> {available, cap, kept}."""
     by_domain: dict[str, list[dict[str, int]]] = {}
-    for name, info in sources.items():
-        by_domain.setdefault(info["domain"], []).append(source_counts[name])
+    for by_dom in counts.values():
+        for domain, c in by_dom.items():
+            by_domain.setdefault(domain, []).append(c)
     domains = {d: sum_counts(rows) for d, rows in sorted(by_domain.items())}
-    totals = sum_counts(source_counts.values())
+    per_source = {name: sum_counts(counts[name].values()) for name in sources}
+    totals = sum_counts(per_source.values())
     return {
         "settings": settings,
-        "sources": {name: {**info, **source_counts[name]} for name, info in sources.items()},
+        "sources": {name: {**info, **per_source[name]} for name, info in sources.items()},
         "domains": domains,
+        "source_domains": {
+            name: {d: dict(c) for d, c in sorted(counts[name].items())} for name in sources
+        },
         "totals": totals,
         "holdout": {
             "per_domain": {d: c["holdout"] for d, c in domains.items()},
@@ -99,36 +141,62 @@ def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
 
 
 def _counts_table(
-    first: str, rows: Mapping[str, Mapping[str, int]], totals: Mapping[str, int]
+    first: list[str], rows: Mapping[tuple[str, ...], Mapping[str, int]], totals: Mapping[str, int]
 ) -> list[str]:
-    headers = [first] + [_HEADERS[k] for k in COUNT_KEYS]
-    body = [[name] + [c[k] for k in COUNT_KEYS] for name, c in rows.items()]
-    body.append(["**total**"] + [f"**{totals[k]}**" for k in COUNT_KEYS])
+    headers = first + [_HEADERS[k] for k in COUNT_KEYS]
+    body = [[*names] + [c[k] for k in COUNT_KEYS] for names, c in rows.items()]
+    body.append(["**total**"] + [""] * (len(first) - 1) + [f"**{totals[k]}**" for k in COUNT_KEYS])
     return _table(headers, body)
 
 
-def render_markdown(report: Mapping[str, Any], quarantine_examples: list[dict[str, Any]]) -> str:
+def filtered_examples(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The first few filtered rows of each reason, in the funnel's order."""
+    picked: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        bucket = picked.setdefault(row["reason"], [])
+        if len(bucket) < _EXAMPLES_PER_REASON:
+            bucket.append(row)
+    return [r for reason in FILTERED_OUTCOMES for r in picked.get(reason, [])]
+
+
+def render_markdown(
+    report: Mapping[str, Any],
+    quarantine_examples: list[dict[str, Any]],
+    filtered_examples: list[Mapping[str, Any]] = (),
+) -> str:
     totals = report["totals"]
     settings = report["settings"]
+    filtered = sum(totals[k] for k in FILTERED_OUTCOMES)
     lines = [
         "# Prompt discovery",
         "",
         f"**{totals['kept']}** prompts kept in the manifest over {len(report['domains'])} "
         f"domain(s); **{totals['holdout']}** held out for the gate; "
-        f"**{totals['malformed']}** rows quarantined; {totals['rows_read']} rows read "
-        f"from {len(report['sources'])} source(s).",
+        f"**{totals['malformed']}** rows quarantined; {filtered} filtered; "
+        f"{totals['rows_read']} rows read from {len(report['sources'])} source(s).",
         "",
         f"Seed {settings['seed']}; prompt length {settings['min_prompt_tokens']}–"
         f"{settings['max_prompt_tokens']} tokens; {settings['holdout_per_domain']} held out "
-        f"per domain; mixture mode: {settings['mixture_mode']}.",
+        f"per domain; dedupe key: {settings['dedupe_key']}; mixture mode: "
+        f"{settings['mixture_mode']}.",
         "",
         "## Per domain",
         "",
-        *_counts_table("domain", report["domains"], totals),
+        *_counts_table(["domain"], {(d,): c for d, c in report["domains"].items()}, totals),
         "",
         "## Per source",
         "",
-        *_counts_table("source", {n: s for n, s in report["sources"].items()}, totals),
+        *_counts_table(["source"], {(n,): s for n, s in report["sources"].items()}, totals),
+    ]
+    split = {
+        (name, domain): c
+        for name, by_domain in report["source_domains"].items()
+        for domain, c in by_domain.items()
+    }
+    if len(split) > len(report["sources"]):  # some source spreads over several domains
+        lines += ["", "## Per source and domain", ""]
+        lines += _counts_table(["source", "domain"], split, totals)
+    lines += [
         "",
         "## Mixture",
         "",
@@ -152,6 +220,16 @@ def render_markdown(report: Mapping[str, Any], quarantine_examples: list[dict[st
             *_table(
                 ["source", "row", "reason"],
                 [[q["source"], q["row_index"], q["reason"]] for q in quarantine_examples],
+            ),
+        ]
+    if filtered_examples:
+        lines += [
+            "",
+            f"## Filtered (examples of each reason; all {filtered} in prompts/filtered.parquet)",
+            "",
+            *_table(
+                ["source", "row", "reason", "detail"],
+                [[f["source"], f["row_index"], f["reason"], f["detail"]] for f in filtered_examples],
             ),
         ]
     return "\n".join(lines) + "\n"

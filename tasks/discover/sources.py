@@ -1,14 +1,21 @@
 """Read the rows of one configured source, streaming, through fsspec (so s3:// works).
 
-A source is a file, a glob, a folder of data files, or a `datasets` folder written by
+A source is a file, a glob, a folder of data files, a `datasets` folder written by
 `save_to_disk` (read straight from its Arrow stream files, batch by batch, so a remote folder is
-never downloaded whole). Rows come out in a fixed order (files sorted by path) with their
-position in the source. A line that is not JSON is a row-level problem (`RawRow.error`); a
-source that cannot be opened or parsed as a whole is a config problem (`SourceError`).
+never downloaded whole), or a `package://` path to a file inside an installed Python package.
+Rows come out in a fixed order (files sorted by path) with their position in the source. A line
+that is not JSON is a row-level problem (`RawRow.error`); a source that cannot be opened or
+parsed as a whole is a config problem (`SourceError`).
+
+A `.json` array is parsed one element at a time, so memory holds one row, not the file's whole
+object tree, and `max_rows` reads only the start of a large file. A file that ends inside the
+array (a cut download, or a package that ships a truncated copy) is read like a JSON-lines file
+cut mid-line: the complete rows count, the cut one is a row-level error, and `warnings` says so.
 """
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import posixpath
@@ -24,6 +31,7 @@ from fsspec.core import OpenFile, url_to_fs
 from fsspec.utils import infer_compression
 
 from tasks.config import ConfigError, SourceConfig
+from tasks.packages import PackagePathError, is_package_path, resolve_package_path
 
 _EXTENSION_FORMATS = {
     ".jsonl": "jsonl",
@@ -34,6 +42,7 @@ _EXTENSION_FORMATS = {
 }
 _COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
 _BATCH_ROWS = 1024
+_JSON_CHUNK_BYTES = 1 << 20
 _HF_DICT_FILE = "dataset_dict.json"
 _HF_STATE_FILE = "state.json"
 
@@ -74,6 +83,8 @@ class SourceReader:
     def __init__(self, src: SourceConfig, storage_options: dict[str, Any] | None = None) -> None:
         self.src = src
         self.storage_options = dict(storage_options or {})
+        self.warnings: list[str] = []  # whole-file observations made while reading (truncation)
+        self._plan_cache: _Plan | None = None
 
     def fail(self, what: str, file: str | None = None) -> SourceError:
         where = self.src.path if file is None or file == self.src.path else file
@@ -98,9 +109,21 @@ class SourceReader:
         return fmt
 
     def plan(self) -> _Plan:
+        """The files to read; resolved once, so checking every source up front costs nothing."""
+        if self._plan_cache is None:
+            self._plan_cache = self._resolve()
+        return self._plan_cache
+
+    def _resolve(self) -> _Plan:
+        url, options = self.src.path, self.storage_options
+        if is_package_path(url):
+            try:
+                url, options = str(resolve_package_path(url)), {}
+            except PackagePathError as e:
+                raise self.fail(str(e)) from None
         # Any failure here is the source's (filesystem drivers raise their own exception types).
         try:
-            fs, root = url_to_fs(self.src.path, **self.storage_options)
+            fs, root = url_to_fs(url, **options)
         except Exception as e:
             raise self.fail(f"cannot open the filesystem: {type(e).__name__}: {e}") from None
         try:
@@ -191,7 +214,7 @@ class SourceReader:
             if fmt == "jsonl":
                 yield from _jsonl_rows(f, posixpath.basename(path))
             elif fmt == "json":
-                yield from _json_rows(f, posixpath.basename(path))
+                yield from _json_rows(f, posixpath.basename(path), self.warnings)
             elif fmt == "parquet":
                 for batch in pq.ParquetFile(f).iter_batches(batch_size=_BATCH_ROWS):
                     for row in batch.to_pylist():
@@ -237,11 +260,124 @@ def _jsonl_rows(f: Any, name: str) -> Iterator[tuple[Any, str | None, str | None
             yield None, f"invalid JSON at line {lineno} of {name}: {e.msg} (column {e.colno})", text
 
 
-def _json_rows(f: Any, name: str) -> Iterator[tuple[Any, str | None, str | None]]:
+def _json_rows(
+    f: Any, name: str, warnings: list[str]
+) -> Iterator[tuple[Any, str | None, str | None]]:
     """A `.json` file is either one JSON array of rows or, as often in the wild, JSON lines."""
-    data = f.read()
-    if not data.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"["):
-        yield from _jsonl_rows(data.splitlines(keepends=True), name)
+    head = f.read(_JSON_CHUNK_BYTES)
+    if head.startswith(codecs.BOM_UTF8):
+        head = head[len(codecs.BOM_UTF8) :]
+    if not head.lstrip(b" \t\r\n").startswith(b"["):
+        yield from _jsonl_rows((head + f.read()).splitlines(keepends=True), name)
         return
-    for row in json.loads(data.decode("utf-8-sig")):
-        yield row, None, None
+    yield from _JsonArray(f, name, head, warnings).rows()
+
+
+_WHITESPACE = re.compile(r"[ \t\r\n]*")
+_NUMBER_PREFIX = re.compile(r"-?\d*(\.\d*)?([eE][-+]?\d*)?")
+_LITERALS = ("true", "false", "null", "NaN", "Infinity", "-Infinity")
+
+
+def _cut_inside_value(err: json.JSONDecodeError, text: str) -> bool:
+    """Whether `err`, raised on `text` that runs to the end of the file, means the file ends
+    inside the value (more bytes could complete it) rather than a syntax error inside it."""
+    if err.msg.startswith("Unterminated string"):  # raised only at the end of the input
+        return True
+    if err.msg.startswith("Invalid \\uXXXX escape"):  # "\u12" + end of file
+        return len(text) - err.pos <= 6
+    tail = text[err.pos :].strip()
+    return (
+        not tail
+        or any(lit.startswith(tail) for lit in _LITERALS)
+        or _NUMBER_PREFIX.fullmatch(tail) is not None
+    )
+
+
+class _JsonArray:
+    """The elements of a top-level JSON array, decoded from the stream one at a time."""
+
+    def __init__(self, f: Any, name: str, head: bytes, warnings: list[str]) -> None:
+        self.f, self.name, self.warnings = f, name, warnings
+        self.decoder = codecs.getincrementaldecoder("utf-8")()
+        self.buf = self.decoder.decode(head)
+        self.pos = _WHITESPACE.match(self.buf).end() + 1  # past "["
+        self.eof = False
+        self.cut_mid_character = False
+
+    def _more(self) -> None:
+        """Read on; at least as much again as is pending, so one huge row is read in O(size)."""
+        data = self.f.read(max(_JSON_CHUNK_BYTES, len(self.buf) - self.pos))
+        if data:
+            text = self.decoder.decode(data)
+        else:
+            self.eof = True
+            try:
+                text = self.decoder.decode(b"", final=True)
+            except UnicodeDecodeError:  # the file ends in half a character: it was cut
+                text, self.cut_mid_character = "", True
+        self.buf = self.buf[self.pos :] + text
+        self.pos = 0
+
+    def _at_data(self) -> bool:
+        """Skip whitespace; False at the end of the file."""
+        while True:
+            self.pos = _WHITESPACE.match(self.buf, self.pos).end()
+            if self.pos < len(self.buf):
+                return True
+            if self.eof:
+                return False
+            self._more()
+
+    def _cut(self, rows: int, inside_row: bool) -> tuple[None, str, str] | None:
+        """Record that the file ends early; the cut row (if any) as a row-level error."""
+        where = f"inside row {rows}" if inside_row else "before the JSON array is closed"
+        self.warnings.append(
+            f"{self.name} ends {where} (a truncated file?); the {rows} complete row(s) before "
+            "it are read"
+        )
+        if not inside_row:
+            return None
+        reason = f"truncated: {self.name} ends inside this row (a cut file?)"
+        return None, reason, self.buf[self.pos :]
+
+    def rows(self) -> Iterator[tuple[Any, str | None, str | None]]:
+        decode = json.JSONDecoder().raw_decode
+        n = 0
+        need_value = False  # right after a comma
+        while True:
+            if not self._at_data():
+                self._cut(n, inside_row=False)
+                return
+            ch = self.buf[self.pos]
+            if not need_value and ch == "]":
+                return  # what follows the array is not read
+            if n and not need_value:
+                if ch != ",":
+                    raise ValueError(f"invalid JSON array: expected ',' or ']' after row {n - 1}")
+                self.pos += 1
+                need_value = True
+                continue
+            try:
+                value, end = decode(self.buf, self.pos)
+            except json.JSONDecodeError as e:
+                if not self.eof:
+                    self._more()
+                    continue
+                pending = self.buf[self.pos :]
+                shifted = json.JSONDecodeError(e.msg, pending, e.pos - self.pos)
+                if not (self.cut_mid_character or _cut_inside_value(shifted, pending)):
+                    raise ValueError(f"invalid JSON in row {n} of the array: {e.msg}") from None
+                value, end = self._cut(n, inside_row=True), -1
+            if end == len(self.buf):
+                if not self.eof:
+                    self._more()  # a number at the end of the buffer may go on
+                    continue
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    value, end = self._cut(n, inside_row=True), -1  # "12" + end: maybe "123"
+            if end < 0:
+                yield value
+                return
+            yield value, None, None
+            n += 1
+            need_value = False
+            self.pos = end

@@ -29,6 +29,5 @@ def run_discover_stage(cfg: EagleScaleConfig, run: RunFolder, tokenizer: Any) ->
         return {"skipped": True, "report": report, "marker": discovery_marker(run)}
     options = None if run.is_local else cfg.storage_options
     result = discover_prompts(cfg.discover, count_prompt_tokens(tokenizer), options)
-    tables = {"manifest": result.manifest, "holdout": result.holdout, "quarantine": result.quarantine}
-    marker = commit_discovery(run, tables, result.report, result.report_markdown(), config_hash)
+    marker = commit_discovery(run, result.tables(), result.report, result.report_markdown(), config_hash)
     return {"skipped": False, "report": result.report, "report_md": result.report_markdown(), "marker": marker}

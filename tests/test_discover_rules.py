@@ -1,0 +1,242 @@
+"""Source rules and the row records: script filter, domain rules, dedupe key, the filtered table."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tasks.config import ConfigError, DiscoverConfig, SourceConfig, load_config
+from tasks.discover import FILTERED_SCHEMA, DiscoverConfigError, discover_prompts, prompt_id_of
+from tasks.discover.report import OUTCOMES, funnel_counts, reason_kinds
+
+
+def words(messages: list[dict[str, str]]) -> int:
+    return sum(len(m["content"].split()) for m in messages)
+
+
+def q(text: str, system: str | None = None) -> dict[str, Any]:
+    head = [{"role": "system", "content": system}] if system else []
+    return {"messages": [*head, {"role": "user", "content": text}]}
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> str:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return str(path)
+
+
+def discover(sources: list[SourceConfig], **kw: Any):
+    kw.setdefault("holdout_per_domain", 0)
+    return discover_prompts(DiscoverConfig(sources=sources, **kw), words)
+
+
+def test_script_filter_records_the_measured_fraction(tmp_path: Path) -> None:
+    rows = [
+        q("How do I sort a list in Python?"),
+        q("파이썬에서 리스트를 정렬하는 방법은?"),
+        q("Écris-moi un poème sur l'été, s'il te plaît"),  # accented Latin passes
+        q("번역: hello"),  # 2 Hangul syllables, 5 Latin letters: 5/7
+        q("1 + 1 = ?"),  # no letters: nothing to measure, passes
+        q("Ｆｕｌｌｗｉｄｔｈ letters"),  # fullwidth Latin is Latin
+    ]
+    src = SourceConfig(
+        name="s", path=write_jsonl(tmp_path / "s.jsonl", rows), domain="d", min_latin_fraction=0.9
+    )
+    result = discover([src])
+    kept = sorted(json.loads(m)[0]["content"] for m in result.manifest.column("messages").to_pylist())
+    assert kept == sorted([rows[i]["messages"][0]["content"] for i in (0, 2, 4, 5)])
+    filtered = result.filtered.to_pylist()
+    assert [(f["row_index"], f["reason"], f["latin_fraction"]) for f in filtered] == [
+        (1, "non_latin", 0.0),
+        (3, "non_latin", pytest.approx(5 / 7)),
+    ]
+    assert filtered[1]["detail"] == (
+        "Latin-script letters are 0.714 of the prompt's letters, below min_latin_fraction 0.9"
+    )
+    assert filtered[0]["n_tokens"] is None  # dropped before the length check
+    assert result.report["sources"]["s"]["non_latin"] == 2
+    assert result.report["sources"]["s"]["min_latin_fraction"] == 0.9
+
+
+def test_domain_rules_split_a_source_and_the_report_counts_both_ways(tmp_path: Path) -> None:
+    chat_rows = [
+        q("Write a haiku about rain"),
+        q("Why does this fail?\n```python\nprint(1/0)\n```"),
+        q("Explain: def f(x): return x"),
+        # Code in an earlier answer does not make the prompt a coding prompt.
+        {
+            "messages": [
+                {"role": "user", "content": "Show me a loop"},
+                {"role": "assistant", "content": "```python\nfor i in range(3): pass\n```"},
+                {"role": "user", "content": "Thanks, now a limerick"},
+            ]
+        },
+        q("Tell me a joke"),
+    ]
+    rule = {"pattern": r"```|\bdef \w+\(", "domain": "coding"}
+    chat = SourceConfig(
+        name="chat",
+        path=write_jsonl(tmp_path / "chat.jsonl", chat_rows),
+        domain="general_chat",
+        domain_rules=[rule],
+    )
+    code = SourceConfig(
+        name="code", path=write_jsonl(tmp_path / "code.jsonl", [q("Fix my regex please")]), domain="coding"
+    )
+    result = discover([chat, code], domain_quotas={"coding": 2})
+    assert Counter(result.manifest.column("domain").to_pylist()) == {"general_chat": 3, "coding": 2}
+    report = result.report
+    assert report["source_domains"]["chat"]["coding"]["rows_read"] == 2
+    assert report["source_domains"]["chat"]["general_chat"]["rows_read"] == 3
+    assert report["domains"]["coding"]["rows_read"] == 3
+    assert (report["domains"]["coding"]["kept"], report["domains"]["coding"]["over_quota"]) == (2, 1)
+    assert report["sources"]["chat"]["rows_read"] == 5
+    assert "| chat | coding | 2 |" in result.report_markdown()
+    with pytest.raises(DiscoverConfigError, match="domain 'reasoning' is not the domain of any source or domain rule"):
+        discover([chat], domain_quotas={"reasoning": 1})
+
+
+def test_every_row_left_out_is_a_record_and_the_counts_are_the_records(tmp_path: Path) -> None:
+    rows = [
+        q("keep me one two"),
+        q("keep me one two"),  # duplicates_exact
+        q("Keep me, one two!"),  # duplicates_normalized (or contaminated if its twin is held out)
+        q("short"),  # too_short
+        q("far too many words in this prompt to pass the filter"),  # too_long
+        q("이것은 한국어입니다"),  # non_latin
+        {"messages": "not a list"},  # malformed
+        *[q(f"distinct prompt number {i}") for i in range(8)],  # holdout, kept, over_quota
+    ]
+    src = SourceConfig(
+        name="s", path=write_jsonl(tmp_path / "s.jsonl", rows), domain="d", min_latin_fraction=0.5
+    )
+    result = discover(
+        [src], min_prompt_tokens=2, max_prompt_tokens=6, holdout_per_domain=2, total_prompts=4
+    )
+    assert result.filtered.schema == FILTERED_SCHEMA
+    records = Counter(result.filtered.column("reason").to_pylist())
+    records["malformed"] = result.quarantine.num_rows
+    records["holdout"] = result.holdout.num_rows
+    records["kept"] = result.manifest.num_rows
+    counts = result.report["sources"]["s"]
+    assert {k: counts[k] for k in OUTCOMES if counts[k]} == dict(records)
+    assert counts["rows_read"] == len(rows) == sum(records.values())
+    assert set(records) >= {"duplicates_exact", "too_short", "too_long", "non_latin", "over_quota"}
+    assert records["duplicates_normalized"] + records["contaminated"] == 1
+    by_reason = {f["reason"]: f for f in result.filtered.to_pylist()}
+    assert by_reason["too_long"]["detail"] == "11 tokens, above max_prompt_tokens 6"
+    assert by_reason["too_long"]["n_tokens"] == 11
+    assert by_reason["too_short"]["detail"] == "1 tokens, below min_prompt_tokens 2"
+    dup = by_reason["duplicates_exact"]
+    assert dup["row_index"] == 1 and dup["duplicate_of"] == dup["prompt_id"]
+    assert dup["detail"] == f"same conversation as {dup['prompt_id']} (s row 0)"
+    assert by_reason["over_quota"]["detail"] == "domain 'd' keeps 4 of 7 available"
+    markdown = result.report_markdown()
+    assert "## Filtered (examples of each reason; all 8 in prompts/filtered.parquet)" in markdown
+    assert "| s | 4 | too_long | 11 tokens, above max_prompt_tokens 6 |" in markdown
+
+
+def test_counts_that_do_not_close_stop_the_stage() -> None:
+    with pytest.raises(RuntimeError, match="source 's' read 3 rows but recorded 2"):
+        funnel_counts({"s": ["d"]}, {"s": 3}, [("s", "d", "kept"), ("s", "d", "malformed")])
+
+
+def test_dedupe_key_user_turns_ignores_system_turns(tmp_path: Path) -> None:
+    rows = [
+        q("What is the capital of France?"),
+        q("What is the capital of France?", system="You are a geography tutor."),
+        q("what is the CAPITAL of france", system="Answer in one word."),
+    ]
+    src = SourceConfig(name="s", path=write_jsonl(tmp_path / "s.jsonl", rows), domain="d")
+    by_conversation = discover([src])
+    assert by_conversation.manifest.num_rows == 3
+    assert by_conversation.report["settings"]["dedupe_key"] == "conversation"
+    by_user = discover([src], dedupe_key="user_turns")
+    assert by_user.manifest.num_rows == 1
+    assert by_user.report["settings"]["dedupe_key"] == "user_turns"
+    assert "dedupe key: user_turns" in by_user.report_markdown()
+    records = {f["reason"]: f for f in by_user.filtered.to_pylist()}
+    assert sorted(records) == ["duplicates_exact", "duplicates_normalized"]
+    first = prompt_id_of(rows[0]["messages"])
+    exact = records["duplicates_exact"]
+    assert (exact["row_index"], exact["duplicate_of"]) == (1, first)
+    assert exact["detail"] == f"same user_turns as {first} (s row 0)"
+    # The normalized group's representative is its smallest prompt_id, as for conversations.
+    [kept_id] = by_user.manifest.column("prompt_id").to_pylist()
+    assert records["duplicates_normalized"]["duplicate_of"] == kept_id
+
+
+def test_template_applies_to_prompt_rows(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "he.jsonl", [{"task_id": "T/0", "prompt": "def f():\n"}])
+    src = SourceConfig(
+        name="he",
+        path=path,
+        domain="coding",
+        conversation_format="prompt",
+        user_template="Complete:\n```python\n{prompt}```",
+    )
+    [messages] = discover([src]).manifest.column("messages").to_pylist()
+    assert json.loads(messages) == [{"role": "user", "content": "Complete:\n```python\ndef f():\n```"}]
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        (
+            {"conversation_format": "prompt", "user_template": "Complete this function"},
+            "key 'discover.sources.0.user_template': Value error, user_template must contain "
+            "{prompt} exactly once (found 0 times)",
+        ),
+        (
+            {"conversation_format": "prompt", "user_template": "{prompt}\n\n{prompt}"},
+            "user_template must contain {prompt} exactly once (found 2 times)",
+        ),
+        (
+            {"conversation_format": "prompt", "user_template": "Complete {question}"},
+            "user_template has placeholder(s) ['{question}']; the only placeholder is {prompt}",
+        ),
+        (
+            {"user_template": "{prompt}"},
+            "user_template is set but conversation_format is 'auto'; it applies to "
+            "conversation_format prompt only",
+        ),
+        (
+            {"domain_rules": [{"pattern": "```(", "domain": "coding"}]},
+            "key 'discover.sources.0.domain_rules.0.pattern': Value error, pattern '```(' is not "
+            "a valid regular expression",
+        ),
+        ({"min_latin_fraction": 1.5}, "key 'discover.sources.0.min_latin_fraction'"),
+        ({"prompt_turns": "first"}, "key 'discover.sources.0.prompt_turns'"),
+    ],
+)
+def test_source_option_errors_name_the_key(
+    tmp_path: Path, source: dict[str, Any], message: str
+) -> None:
+    params = {
+        "run_root": str(tmp_path / "run"),
+        "target": {"model_path": "unused"},
+        "discover": {"sources": [{"name": "s", "path": "x.jsonl", "domain": "d", **source}]},
+    }
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert message in str(err.value)
+    assert str(err.value).startswith(str(path))
+
+
+def test_quarantine_reason_kinds_blank_numbers_not_names() -> None:
+    assert reason_kinds(
+        [
+            "conversations[3].value is empty",
+            "conversations[12].value is empty",
+            "truncated: ShareGPT_V3_unfiltered_cleaned_split.json ends inside this row",
+        ]
+    ) == {
+        "conversations[N].value is empty": 2,
+        "truncated: ShareGPT_V3_unfiltered_cleaned_split.json ends inside this row": 1,
+    }
