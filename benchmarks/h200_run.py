@@ -240,7 +240,7 @@ def _read_json(path: Path) -> Any:
 
 RESULT_FILES = (
     "run.json", "prompts/discovery_report.json", "prompts/_SUCCESS.json", "generate/progress.json",
-    "extract/metadata.json", "train/result.json", "train/best.json", "train/scaling/index.json",
+"train/result.json", "train/best.json", "train/scaling/index.json",
     "train/plots/accuracy.png", "gate/report.json", "gate/report.md", "gate/replay.json", "gate/costs.json",
     "gate/prediction.json", "gate/scaling/report.json", "gate/scaling/curve.png", "gate/plots/tok_s.png",
     "gate/plots/acceptance.png", "gate/plots/predicted_vs_measured.png", "promoted.json",
@@ -262,7 +262,7 @@ def collect_node_results(out: Path) -> None:
         for rel in RESULT_FILES:
             if (run / rel).is_file():
                 tar.add(run / rel, f"run/{rel}")
-        for path in sorted(run.glob("train/scaling/frac-*/result.json")) + sorted(run.glob("generate/_SUCCESS/*.json")):
+        for path in sorted(run.glob("train/scaling/frac-*/result.json")) + sorted(run.glob("generate/_SUCCESS/*.json")) + sorted(run.glob("extract/_SUCCESS/*.json")):
             tar.add(path, f"run/{path.relative_to(run)}")
         for path in sorted((NODE / "logs").glob("*.log")) if (NODE / "logs").is_dir() else []:
             data = path.read_bytes()[-200_000:]  # the tail: what says why

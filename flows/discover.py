@@ -17,9 +17,9 @@ from tasks.target import load_tokenizer
 
 def _table_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
-    for scope in ("per_source", "per_domain"):
-        for name, counts in (report.get(scope) or {}).items():
-            rows.append({"scope": scope.removeprefix("per_"), "name": name, **counts})
+    for scope, key in (("source", "sources"), ("domain", "domains")):
+        for name, counts in (report.get(key) or {}).items():
+            rows.append({"scope": scope, "name": name, **{k: v for k, v in counts.items() if isinstance(v, int)}})
     return rows
 
 
