@@ -432,8 +432,9 @@ class Pipeline:
         draft beside it on the same GPU; then the train stage once more to resume, export and
         index what they made."""
         self.note("train-parallel", "running")
+        sets = [a for o in (*EXTRA_SETS, "train.scaling_fractions=[]") for a in ("--set", o)]
         main = self.py(["-m", "flows.cli", "run", "--params", str(PROFILE), "--run-root", str(self.run_root),
-                        "--stages", "train", "--set", "train.scaling_fractions=[]"], "train-main", wait=False)  # fmt: skip
+                        "--stages", "train", *sets], "train-main", wait=False)  # fmt: skip
         vocab = self.run_root / "train/vocab_map.safetensors"
         while not vocab.exists() and main.poll() is None:
             time.sleep(2)
@@ -554,6 +555,8 @@ def node_agreement(n: int = 32, new_tokens: int = 64) -> int:
         # Whether a reply carries its stop token differs between the two: compare without it.
         hf = [t for t in out[0, len(ids):].tolist() if t not in eos]
         sg = [t for t in list(row["output_ids"])[:new_tokens] if t not in eos]
+        if row["finish_reason"] == "length":  # the server stopped at max_new_tokens: compare that far
+            hf = hf[: len(sg)]
         n = min(len(hf), len(sg))
         k = next((i for i in range(n) if hf[i] != sg[i]), None)
         if k is None and len(hf) == len(sg):

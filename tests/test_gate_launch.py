@@ -396,3 +396,18 @@ def test_server_log_parsing_in_both_wordings() -> None:
     eager = parse_server_log("[t TP0] Decode batch, #running-req: 1, cuda graph: False, gen throughput (token/s): 1.00\n" * 2)
     assert eager.graph_problems(speculative=False) == [
         "no target CUDA-graph capture in the server log", "all 2 decode log lines say cuda graph: False"]
+
+
+def test_a_key_the_server_info_omits_is_unverified_not_a_mismatch() -> None:
+    from tasks.gate.server import unreported_server_info
+
+    spec = LaunchSpec("/m", 30000, spec=SpecParams("/drafts/d1", 3, 1, 4))
+    info = {"speculative_algorithm": "EAGLE3", "speculative_num_steps": 3}
+    assert check_server_info(info, spec) == []
+    assert unreported_server_info(info, spec) == [
+        "server info has no speculative_draft_model_path", "server info has no speculative_eagle_topk",
+        "server info has no speculative_num_draft_tokens",
+    ]
+    assert check_server_info({**info, "speculative_algorithm": "EAGLE"}, spec) == [
+        "server info speculative_algorithm is 'EAGLE', expected 'EAGLE3'"
+    ]

@@ -141,3 +141,24 @@ def test_retry_dead_reruns_only_dead_letters(tmp_path, tiny_target_dir):
     for shard_id, old_rows in before.items():
         for row in old_rows:
             assert after[shard_id][row["request_id"]]["output_ids"] == row["output_ids"]
+
+
+def test_ids_only_answers_get_their_text_from_the_targets_tokenizer(tmp_path, tiny_target_dir):
+    """A server started with --skip-tokenizer-init answers without "text": the rows still hold
+    the reply's text (decoded here), and no row is flagged empty."""
+    server = ServerProcess(["--model", str(tiny_target_dir), "--skip-tokenizer-init"])
+    try:
+        body = httpx.post(f"{server.url}/generate", json={"input_ids": [5, 6, 7]}, timeout=30).json()
+        assert "text" not in body and body["output_ids"]
+        stage = _stage(tmp_path, tiny_target_dir, [server.url], shard_size=200)
+        shard_id = stage.prepare()[0]
+        outcome = stage.run_shard(shard_id)
+    finally:
+        server.stop()
+    rows = ShardStore(stage.run, "generate").read_rows(outcome.marker).to_pylist()
+    nonempty = [r for r in rows if r["output_ids"]]
+    assert nonempty and all(
+        r["text"] == stage.tokenizer.decode(r["output_ids"], skip_special_tokens=True) for r in nonempty
+    )
+    assert outcome.marker["quality"]["empty_output"] == sum(1 for r in rows if not r["text"].strip())
+    assert outcome.marker["quality"]["empty_output"] < len(rows) // 2

@@ -55,7 +55,8 @@ def test_report_and_plot(tmp_path: Path):
     report = write_scaling_report(run, constructed(), break_even=1.6, num_steps=3)
     stored = json.loads(run.read_bytes("gate/scaling/report.json"))
     assert stored == json.loads(json.dumps(report))
-    assert set(stored) == {"num_steps", "break_even_accept_length", "points", "fits"}
+    assert set(stored) == {"num_steps", "break_even_accept_length", "points", "fits", "no_fit"}
+    assert stored["no_fit"] == {}
     assert stored["fits"]["math"]["samples_for_break_even"] == pytest.approx(math.exp(4.0))
     assert stored["fits"]["code"]["samples_for_break_even"] is None
     assert len(stored["points"]) == 5
@@ -114,3 +115,14 @@ def test_scaling_drafts_on_the_tiny_target(
     # A second call resumes finished trainings: no step is taken again.
     again = train_scaling_drafts(run, train, cfg.target.model_path)
     assert [e["steps"] for e in again] == [6, 6]
+
+
+def test_a_domain_with_one_measured_count_falls_back_to_replay_and_one_without_any_is_reported(tmp_path: Path):
+    points = [
+        ScalingPoint("chat", 100, 1.6, MEASURED), ScalingPoint("chat", 100, 1.5, REPLAY),
+        ScalingPoint("chat", 1000, 1.9, REPLAY), ScalingPoint("code", 1000, 2.0, MEASURED),
+    ]  # fmt: skip
+    report = write_scaling_report(RunFolder(str(tmp_path / "run")), points, break_even=2.5, num_steps=3)
+    assert set(report["fits"]) == {"chat"} and report["fits"]["chat"]["points"] == 2  # the replayed ones
+    assert report["no_fit"] == {"code": "fewer than two sample counts measured or replayed"}
+    assert len(report["points"]) == 4

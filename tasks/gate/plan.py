@@ -167,6 +167,7 @@ class LaunchRecord:
     health_s: float | None = None
     server_info: dict[str, Any] = field(default_factory=dict)
     info_problems: list[str] = field(default_factory=list)
+    info_notes: list[str] = field(default_factory=list)  # launch settings the server info omits
     graph_problems: list[str] = field(default_factory=list)
     log: dict[str, Any] = field(default_factory=dict)
     warmup_accept_length: float | None = None

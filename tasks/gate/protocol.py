@@ -50,6 +50,7 @@ from tasks.gate.server import (
     free_port,
     launch,
     parse_server_log,
+    unreported_server_info,
     wait_healthy,
 )
 
@@ -250,6 +251,7 @@ class GateRunner:
         cfg = self.cfg
         record.server_info = fetch_server_info(client, url, self.launcher.version)
         record.info_problems = check_server_info(record.server_info, spec)
+        record.info_notes = unreported_server_info(record.server_info, spec)
         if record.info_problems:
             raise GateStopped(f"{config.name}: the server does not echo the launch: " + "; ".join(record.info_problems))
         warm = [self._request(client, url, config, -1, p) for p in self.prompts[: cfg.warmup_requests]]

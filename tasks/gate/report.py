@@ -94,7 +94,8 @@ def render_markdown(decision: GateDecision, result: BenchResult, cfg: GateConfig
             caps = x.log.get("captures", {})
             cap = "/".join(str(caps.get(k, {}).get("end", 0)) for k in ("target", "draft", "draft_extend"))
             graphs = f"{x.log.get('decode_cuda_graph_true', 0)}/{x.log.get('decode_lines', 0)}"
-            problems = "; ".join(x.info_problems + x.graph_problems + ([x.error.splitlines()[0]] if x.error else [])) or "-"
+            problems = "; ".join(x.info_problems + x.graph_problems + x.info_notes
+                                 + ([x.error.splitlines()[0]] if x.error else [])) or "-"  # fmt: skip
             ttft = _num(x.prefill_s * 1e3 if x.prefill_s else None, ".2f")
             step = _num(x.step_s * 1e3 if x.step_s else None, ".3f")
             lines.append(f"| {x.config} | {x.repetition} | {_num(x.health_s)} | {cap} | {graphs} | {ttft} | {step} | {problems} |")

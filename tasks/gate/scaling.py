@@ -126,17 +126,36 @@ def plot_scaling(points: Sequence[ScalingPoint], fits: dict[str, ScalingFit], br
     return buf.getvalue()
 
 
+def fittable(points: Sequence[ScalingPoint]) -> tuple[list[ScalingPoint], dict[str, str]]:
+    """The points of the domains a trend can be fitted to (fit_trend's choice of kind: two or
+    more sample counts), and why each other domain has no trend."""
+    keep, skipped = [], {}
+    for domain in sorted({p.domain for p in points}):
+        mine = [p for p in points if p.domain == domain]
+        measured = [p for p in mine if p.kind == MEASURED]
+        if measured and len({p.samples for p in measured}) < 2:
+            mine = [p for p in mine if p.kind == REPLAY]  # too few measured: fall back to replay
+        if len({p.samples for p in mine}) < 2:
+            skipped[domain] = "fewer than two sample counts measured or replayed"
+            continue
+        keep += mine
+    return keep, skipped
+
+
 def write_scaling_report(
     run: RunFolder, points: Sequence[ScalingPoint], break_even: float | None, num_steps: int
 ) -> dict[str, Any]:
-    """gate/scaling/report.json and gate/scaling/curve.png; returns the report."""
-    fits = fit_trend(points)
+    """gate/scaling/report.json and gate/scaling/curve.png; returns the report. A domain with
+    too few points for a trend keeps its points in the report and says why it has no fit."""
+    usable, skipped = fittable(points)
+    fits = fit_trend(usable) if usable else {}
     report = {
         "num_steps": num_steps,
         "break_even_accept_length": break_even,
         "points": [vars(p) for p in points],
         "fits": projection(fits, break_even) if break_even is not None else projection(fits, math.inf),
+        "no_fit": skipped,
     }
     run.write_json_atomic(f"{SCALING_ROOT}/report.json", report)
-    run.write_bytes_atomic(f"{SCALING_ROOT}/curve.png", plot_scaling(points, fits, break_even))
+    run.write_bytes_atomic(f"{SCALING_ROOT}/curve.png", plot_scaling(usable or list(points), fits, break_even))
     return report

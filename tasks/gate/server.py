@@ -174,9 +174,7 @@ def fetch_server_info(client: httpx.Client, url: str, version: str) -> dict[str,
     raise ServerStartError(f"{url} serves neither /server_info nor /get_server_info")
 
 
-def check_server_info(info: dict[str, Any], spec: LaunchSpec) -> list[str]:
-    """Where the server's own account of itself differs from what was launched."""
-    problems = []
+def _expected_info(spec: LaunchSpec) -> dict[str, Any]:
     s = spec.spec
     expected: dict[str, Any] = {"speculative_algorithm": s.algorithm if s else None}
     if s is not None:
@@ -186,14 +184,26 @@ def check_server_info(info: dict[str, Any], spec: LaunchSpec) -> list[str]:
             speculative_eagle_topk=s.topk,
             speculative_num_draft_tokens=s.num_draft_tokens,
         )
-    for key, want in expected.items():
-        got = info.get(key, "<missing>")
-        if got != want:
-            problems.append(f"server info {key} is {got!r}, expected {want!r}")
+    return expected
+
+
+def check_server_info(info: dict[str, Any], spec: LaunchSpec) -> list[str]:
+    """Where the server's own account of itself differs from what was launched. A key the
+    server does not report cannot differ: `unreported_server_info` lists those."""
+    problems = []
+    for key, want in _expected_info(spec).items():
+        if key in info and info[key] != want:
+            problems.append(f"server info {key} is {info[key]!r}, expected {want!r}")
     for key in ("disable_cuda_graph", "disable_decode_cuda_graph"):
         if key in info and bool(info[key]) != spec.disable_cuda_graph:
             problems.append(f"server info {key} is {info[key]!r}, expected {spec.disable_cuda_graph!r}")
     return problems
+
+
+def unreported_server_info(info: dict[str, Any], spec: LaunchSpec) -> list[str]:
+    """The launch settings the server's info does not mention, so nothing confirms them there
+    (speculation still shows in spec_verify_ct and the draft's CUDA-graph captures)."""
+    return [f"server info has no {key}" for key in _expected_info(spec) if key not in info]
 
 
 # Two wordings: "Capture cuda graph begin" / "Capture draft [extend ]cuda graph begin" (0.5.4 era)

@@ -77,8 +77,12 @@ def run_shard(
     on_outcome: Callable[[Outcome], None] | None = None,
     on_replay: Callable[[dict[str, dict], dict[str, dict]], None] | None = None,
     lease: Lease | None = None,
+    detokenize: Callable[[list[int]], str] | None = None,
 ) -> ShardOutcome:
     """Generate the requests of one shard that no journal or marker already holds.
+
+    `detokenize` gives the text of a result that came back as ids only (an SGLang server
+    started with --skip-tokenizer-init), so rows and quality flags read the real text.
 
     With a `lease`, the attempt stops (LeaseLost) as soon as a takeover is seen: at the next
     outcome, and for certain right before the commit."""
@@ -121,6 +125,7 @@ def run_shard(
             journal_flush_s,
             on_outcome,
             lease,
+            detokenize,
         )
         ok.update(ok_new)
         dead.update(dead_new)
@@ -179,6 +184,7 @@ def _generate(
     journal_flush_s: float,
     on_outcome: Callable[[Outcome], None] | None,
     lease: Lease | None,
+    detokenize: Callable[[list[int]], str] | None = None,
 ) -> tuple[dict[str, dict], dict[str, dict]]:
     ok: dict[str, dict] = {}
     dead: dict[str, dict] = {}
@@ -191,6 +197,8 @@ def _generate(
         record.update(prompt_id=plan.prompt_id, sample_index=plan.sample_index, attempt=attempt)
         if isinstance(outcome, GenerationResult):
             record["engine"] = engine.name
+            if not record.get("text") and outcome.output_ids and detokenize is not None:
+                record["text"] = detokenize(list(outcome.output_ids))
         journal.append(record)
         with lock:
             (ok if isinstance(outcome, GenerationResult) else dead)[outcome.request_id] = record

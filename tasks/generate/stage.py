@@ -92,6 +92,10 @@ class GenerateStage:
         self.progress.write()
         return pending
 
+    def _detokenize(self, output_ids: list[int]) -> str:
+        # What SGLang's detokenizer returns by default (skip_special_tokens): the reply's text.
+        return self.tokenizer.decode(output_ids, skip_special_tokens=True)
+
     def _render(self, prompt_ids: list[str]) -> list[list[int]]:
         # Tokenizers are not guaranteed thread-safe; shard tasks share this one. One critical
         # section per shard, not per prompt: shards starting together would otherwise
@@ -169,6 +173,7 @@ class GenerateStage:
                 on_outcome,
                 on_replay,
                 lease,
+                self._detokenize,
             )
         except LeaseLost:
             raise
