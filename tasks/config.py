@@ -1,7 +1,9 @@
 """The one configuration model: the parent flow's parameter, loadable from YAML.
 
 Every model forbids unknown keys, so a typo in a params file or in the Prefect UI form is an
-error naming the key, never a silent default.
+error naming the key, never a silent default. Settings that contradict each other (servers for
+the local engine, a topk sweep for an engine that drafts chains only) are refused the same way,
+naming both keys, instead of one of them being ignored.
 """
 
 from __future__ import annotations
@@ -232,6 +234,77 @@ class EagleScaleConfig(Strict):
         False, description="Resume even when run.json's fingerprint differs (dangerous)."
     )
 
+    @model_validator(mode="after")
+    def _no_contradictions(self) -> EagleScaleConfig:
+        problems = contradictions(self)
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+
+def contradictions(cfg: EagleScaleConfig) -> list[str]:
+    """Settings that one side of the configuration would silently ignore, each naming both keys.
+
+    Only combinations that change what the run does are refused (servers that would never be
+    asked, a sweep point that would never be measured); tuning knobs of the engine not chosen
+    (timeouts, concurrency, tp_size) are left alone, so a profile can switch engines with one
+    `--set`. `train.nproc > 1` on the CPU is not here: torchrun with gloo is a supported setup.
+    """
+    problems = []
+    engine = cfg.engine
+    if engine.kind == "local" and engine.endpoints:
+        problems.append(
+            f"engine.endpoints lists {engine.endpoints} but engine.kind is 'local': the local "
+            "engine runs the target in this process and would never send them a request; set "
+            "engine.kind: sglang to generate on those servers, or remove engine.endpoints"
+        )
+    if engine.kind == "sglang" and not engine.endpoints:
+        problems.append(
+            "engine.kind is 'sglang' but engine.endpoints is empty: there is no server to send "
+            "requests to; list the servers in engine.endpoints (e.g. [http://HOST:30000]), or "
+            "set engine.kind: local"
+        )
+    if engine.kind == "local" and engine.endpoint_kind == "router":
+        problems.append(
+            "engine.endpoint_kind is 'router' but engine.kind is 'local': only the sglang engine "
+            "talks to a router; set engine.kind: sglang, or remove engine.endpoint_kind"
+        )
+    extract = cfg.extract
+    if extract.engine == "sglang" and extract.device == "cpu":
+        problems.append(
+            "extract.engine is 'sglang' but extract.device is 'cpu': SGLang's engine runs on the "
+            "node's GPU whatever extract.device says (it is read by the local engine and for the "
+            "GPU slot the stage holds); set extract.device: cuda, or extract.engine: local"
+        )
+    gate = cfg.gate
+    if gate.engine == "local":
+        # Fields that every serialized config carries (a child deployment gets model_dump's
+        # output), so "explicitly set" cannot be told from the default: the default topk_points
+        # is SGLang's sweep, documented as skipped by the local engine; another list is a
+        # request for points the local engine would not measure.
+        default_points = GateConfig.model_fields["topk_points"].get_default(call_default_factory=True)
+        points = [p for p in gate.topk_points if p.topk > 1]
+        if points and gate.topk_points != default_points:
+            problems.append(
+                f"gate.topk_points asks for topk > 1 points ({[p.model_dump() for p in points]}) "
+                "but gate.engine is 'local', which drafts chains (topk=1) only and would skip "
+                "them; set gate.engine: sglang (or emulated), or gate.topk_points: []"
+            )
+        if gate.nccl_env_sweep != [{}]:
+            problems.append(
+                f"gate.nccl_env_sweep is {gate.nccl_env_sweep} but gate.engine is 'local': the "
+                "in-process engine launches no server, so no environment would be applied or "
+                "compared; set gate.engine: sglang (or emulated), or remove gate.nccl_env_sweep"
+            )
+    elif not gate.cuda_graphs:
+        problems.append(
+            f"gate.cuda_graphs is false but gate.engine is {gate.engine!r}: the flag is read by "
+            "the local engine only, and the gate's SGLang launches always capture CUDA graphs "
+            "(gate.require_cuda_graphs checks them); remove gate.cuda_graphs, or set "
+            "gate.engine: local"
+        )
+    return problems
+
 
 class ConfigError(ValueError):
     """A params file or override that does not fit the model; the message names key and file."""
@@ -240,9 +313,14 @@ class ConfigError(ValueError):
 def _format_errors(err: ValidationError, where: str) -> str:
     lines = []
     for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        key = ".".join(str(p) for p in e["loc"])
         if e["type"] == "extra_forbidden":
             lines.append(f"{where}: unknown key '{key}'")
+        elif not key:
+            # A whole-config rule (contradictions): its message names the keys; the input would
+            # be the entire config.
+            message = e["msg"].removeprefix("Value error, ")
+            lines += [f"{where}: {line}" for line in message.splitlines()]
         else:
             lines.append(f"{where}: key '{key}': {e['msg']} (got {e.get('input')!r})")
     return "\n".join(lines)
