@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from tasks.config import is_template_text, looks_like_hub_id
 
 # Vocabulary files of the tokenizer formats that have no tokenizer.json.
 _VOCAB_FILES = (
@@ -26,7 +27,6 @@ _VOCAB_FILES = (
     "merges.txt",
     "vocab.txt",
 )
-_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 # Nested configs of multimodal targets (Kimi-K2.5 keeps its text model under text_config).
 _NESTED_CONFIGS = ("text_config", "language_config", "llm_config")
 _MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
@@ -42,7 +42,7 @@ def resolve_model_dir(model_path: str, revision: str | None = None) -> Path:
     path = Path(model_path).expanduser()
     if path.is_dir():
         return path
-    if "://" not in model_path and _HUB_ID.match(model_path) and not path.exists():
+    if "://" not in model_path and looks_like_hub_id(model_path) and not path.exists():
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import LocalEntryNotFoundError
 
@@ -58,7 +58,7 @@ def resolve_model_dir(model_path: str, revision: str | None = None) -> Path:
 
 def _read_chat_template(chat_template: str) -> str:
     """A template's text; a path to a .jinja file is read (SGLang's --chat-template takes both)."""
-    if "{{" in chat_template or "{%" in chat_template:
+    if is_template_text(chat_template):
         return chat_template
     path = Path(chat_template).expanduser()
     if path.is_file():
