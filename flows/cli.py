@@ -15,13 +15,16 @@ def _run(argv: list[str]) -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
 
-    from tasks.config import ConfigError, load_config
+    from tasks.config import ConfigError, check_input_paths, load_config
 
     overrides = list(args.overrides)
     if args.stages:
         overrides.append(f"stages=[{args.stages}]")
+    # Everything a user can get wrong in the params is refused here, in about a second, and
+    # not ~20 s later from inside a flow run after Prefect's start-up.
     try:
         config = load_config(args.params, overrides, run_root=args.run_root)
+        check_input_paths(config)
     except ConfigError as e:
         print(f"eaglescale: {e}", file=sys.stderr)
         return 2

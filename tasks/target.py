@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from tasks.config import is_template_text, looks_like_hub_id
 from tasks.gguf_target import GGUFTargetError, converted_dir
 from tasks.packages import PackagePathError, is_package_path, resolve_package_path
 
@@ -29,7 +29,6 @@ _VOCAB_FILES = (
     "merges.txt",
     "vocab.txt",
 )
-_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 # Nested configs of multimodal targets (Kimi-K2.5 keeps its text model under text_config).
 _NESTED_CONFIGS = ("text_config", "language_config", "llm_config")
 _MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
@@ -58,7 +57,7 @@ def resolve_model_dir(model_path: str, revision: str | None = None) -> Path:
             raise TargetError(f"target.model_path: {e}") from None
     if path.is_dir():
         return path
-    if "://" not in model_path and _HUB_ID.match(model_path) and not path.exists():
+    if "://" not in model_path and looks_like_hub_id(model_path) and not path.exists():
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import LocalEntryNotFoundError
 
@@ -74,7 +73,7 @@ def resolve_model_dir(model_path: str, revision: str | None = None) -> Path:
 
 def _read_chat_template(chat_template: str) -> str:
     """A template's text; a path to a .jinja file is read (SGLang's --chat-template takes both)."""
-    if "{{" in chat_template or "{%" in chat_template:
+    if is_template_text(chat_template):
         return chat_template
     path = Path(chat_template).expanduser()
     if path.is_file():

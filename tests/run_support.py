@@ -29,8 +29,8 @@ def write_params(tmp_path: Path, model_dir: Path, run_root: str, **sections: dic
     params["run_root"] = run_root
     params["target"]["model_path"] = str(model_dir)
     params["gate"]["registry_url"] = str(tmp_path / "registry")  # never the checkout's
-    for source in params["discover"]["sources"]:
-        source["path"] = str(ROOT / source["path"])
+    for source in params["discover"]["sources"]:  # relative to the profile's folder
+        source["path"] = os.path.normpath(ROOT / "deployments/params" / source["path"])
     for name, values in sections.items():
         if isinstance(params.get(name), dict):
             params[name].update(values)

@@ -45,8 +45,10 @@ def test_deployments_are_the_expected_set_on_the_expected_pools():
 @pytest.mark.parametrize(
     ("name", "profile"), [("local-smoke", "smoke.yaml"), ("kimi-k25", "kimi-k25.yaml")]
 )
-def test_deployment_parameters_are_exactly_the_profile(name, profile):
+def test_deployment_parameters_are_exactly_the_profile(name, profile, monkeypatch):
     expected = load_config(ROOT / "deployments/params" / profile)
+    # A deployment's flow run validates its parameters in the pull step's folder, the checkout.
+    monkeypatch.chdir(ROOT)
     configs = [d["parameters"]["config"] for (_, n), d in _deployments().items() if n == name]
     assert configs
     want = expected.model_dump()
@@ -55,6 +57,65 @@ def test_deployment_parameters_are_exactly_the_profile(name, profile):
         differing = sorted(k for k in want if got[k] != want[k])
         assert not differing, f"deployments/prefect.yaml {name} differs from {profile} in {differing}"
         assert got == want
+
+
+def test_every_pull_step_moves_to_the_checkout_root():
+    """The copies' relative paths are relative to the checkout root (sync_profiles rebases them
+    there), so every deployment's pull step must move to a checkout root."""
+    spec = yaml.safe_load((ROOT / "deployments/prefect.yaml").read_text())
+    dirs = {
+        step["prefect.deployments.steps.set_working_directory"]["directory"]
+        for d in spec["deployments"]
+        for step in d.get("pull", spec["pull"])
+    }
+    assert dirs == {"{{ $EAGLESCALE_ROOT }}", "/opt/eaglescale"}
+    dockerfiles = "".join(p.read_text() for p in (ROOT / "infra/docker").glob("*Dockerfile*"))
+    assert "/opt/eaglescale" in dockerfiles  # the GPU image's checkout
+
+
+def test_smoke_copy_paths_are_relative_to_the_checkout_root():
+    (dep,) = [d for (_, n), d in _deployments().items() if n == "local-smoke"]
+    config = dep["parameters"]["config"]
+    assert config["target"]["model_path"] == ".eaglescale/tiny-target"
+    assert config["run_root"] == ".eaglescale/runs/smoke"
+    for source in config["discover"]["sources"]:
+        assert (ROOT / source["path"]).is_file(), source["path"]
+
+
+def _sync_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sync_profiles", ROOT / "deployments/sync_profiles.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sync_rebases_relative_paths_from_the_params_folder_to_the_checkout(tmp_path: Path) -> None:
+    sync = _sync_module()
+    params = tmp_path / "deployments/params"
+    params.mkdir(parents=True)
+    (params / "p.yaml").write_text(
+        "run_root: ../../runs/x   # a comment stays\n"
+        "target: {model_path: \"../../models/m\", revision: r}\n"
+        "discover:\n"
+        "  sources:\n"
+        "    - {name: a, path: ../../data/a.jsonl, domain: d}\n"
+        "    - {name: b, path: s3://bucket/b.jsonl, domain: d}\n"
+        "    - {name: c, path: /abs/c.jsonl, domain: d}\n"
+        "gate: {registry_url: ../reg}\n"
+    )
+    prefect_file = "x:\n  config:\n    # <profile: p>\n    # </profile>\n"
+    out = sync.render(prefect_file, params, tmp_path)
+    assert "    run_root: runs/x   # a comment stays\n" in out
+    copy = yaml.safe_load(out)["x"]["config"]
+    assert copy["target"] == {"model_path": "./models/m", "revision": "r"}  # not the hub id models/m
+    assert [s["path"] for s in copy["discover"]["sources"]] == ["data/a.jsonl", "s3://bucket/b.jsonl", "/abs/c.jsonl"]
+    assert copy["gate"]["registry_url"] == "deployments/reg"
+    # A path the text does not spell out (an alias) cannot be rebased: refused, nothing written.
+    (params / "p.yaml").write_text("x: &m ../../models/m\nrun_root: /r\ntarget: {model_path: *m}\n")
+    with pytest.raises(sync.RebaseError, match="cannot find target.model_path: ../../models/m"):
+        sync.render(prefect_file, params, tmp_path)
 
 
 def test_kimi_parent_hands_gpu_stages_to_the_gpu_deployments():
@@ -179,11 +240,7 @@ def test_local_server_script_arguments(tmp_path):
 
 
 def test_profile_copies_are_rendered_from_the_params_files(tmp_path: Path) -> None:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("sync_profiles", ROOT / "deployments/sync_profiles.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _sync_module()
     main, render = module.main, module.render
     assert main(["--check"]) == 0
     stale = tmp_path / "prefect.yaml"

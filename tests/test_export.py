@@ -171,6 +171,82 @@ def test_speculators_config_and_weight_names(draft: Eagle3Draft, tiny_target_dir
     assert names == expected and not any(n.startswith("midlayer.") for n in names)
 
 
+def test_speculators_verifier_resolves_from_anywhere(draft: Eagle3Draft, tiny_target_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    # A relative folder (what a run's target.model_path used to be) is recorded absolute, with
+    # the folder's own architectures; a hub id is kept; a missing path is refused.
+    monkeypatch.chdir(tiny_target_dir.parent)
+    out = export_speculators(draft, tmp_path / "spec", tiny_target_dir.name)
+    verifier = json.loads((out / "config.json").read_text())["speculators_config"]["verifier"]
+    assert verifier == {"name_or_path": str(tiny_target_dir.resolve()), "architectures": ["LlamaForCausalLM"]}
+    out = export_speculators(draft, tmp_path / "hub", "org/tiny-target")
+    verifier = json.loads((out / "config.json").read_text())["speculators_config"]["verifier"]
+    assert verifier == {"name_or_path": "org/tiny-target", "architectures": []}
+    with pytest.raises(ExportError, match=rf"verifier '\./nope' is a path, but {tiny_target_dir.parent}/nope does not exist"):
+        export_speculators(draft, tmp_path / "bad", "./nope")
+
+
+def _speculators_logits(model: torch.nn.Module, input_ids: torch.Tensor, aux: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """speculators' Eagle3 forward (its training-time-test unroll) returns argmax tokens only;
+    its lm_head's outputs are the logits of each step."""
+    logits: list[torch.Tensor] = []
+    hook = model.lm_head.register_forward_hook(lambda module, args, out: logits.append(out.detach()))
+    try:
+        with torch.no_grad():
+            model(
+                hidden_states=aux, input_ids=input_ids, document_ids=torch.zeros_like(input_ids),
+                position_ids=torch.arange(input_ids.shape[1]).unsqueeze(0), ttt_steps=steps,
+            )  # fmt: skip
+    finally:
+        hook.remove()
+    return logits
+
+
+def test_speculators_library_loads_the_export_from_another_directory(
+    draft: Eagle3Draft, embed: torch.Tensor, tiny_target_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """The real speculators package (pinned in the dev extra) loads train/final-speculators
+    from a directory other than the one it was exported in, and computes eaglescale's logits."""
+    from importlib.metadata import version
+
+    from speculators import SpeculatorModel
+
+    from tasks.draft.export_checks import SPECULATORS_VERSION
+    from tasks.draft.ttt import shift_left, unroll
+
+    assert version("speculators") == SPECULATORS_VERSION  # the schema written is the one tested
+    monkeypatch.chdir(tiny_target_dir.parent)
+    out = export_speculators(draft, tmp_path / "export/final-speculators", tiny_target_dir.name)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    # from_pretrained opens the verifier (its config for the layer ids, its weights) by the
+    # recorded name_or_path, from this directory.
+    model = SpeculatorModel.from_pretrained(str(out)).eval()
+    assert type(model).__name__ == "Eagle3DraftModel"
+    assert model.config.eagle_aux_hidden_state_layer_ids == [a + 1 for a in AUX]
+    # The export carries no embedding (vLLM shares the verifier's). speculators fills a missing
+    # one from the verifier only when it is NaN, which its transformers leaves uninitialized
+    # instead, so its own verifier loader is asked to overwrite it, again by the recorded path.
+    model._load_verifier_weights(overwrite_embed_tokens=True)
+    assert torch.equal(model.embed_tokens.weight, embed)
+    assert torch.equal(model.d2t, draft.d2t) and torch.equal(model.t2d, draft.t2d)
+
+    gen = torch.Generator().manual_seed(3)
+    # 128 positions: one flex-attention block (speculators 0.9.0's mask extension for the
+    # later steps assumes whole blocks).
+    t, steps = 128, 3
+    ids = torch.randint(0, VOCAB, (1, t), generator=gen)
+    aux = torch.randn(1, t, 3 * H, generator=gen)
+    theirs = _speculators_logits(model, shift_left(ids, 1), aux, steps)
+    with torch.no_grad():
+        ours = [draft.logits(hidden) for hidden in unroll(draft, ids, aux, steps)]
+    assert len(theirs) == len(ours) == steps
+    assert torch.equal(theirs[0], ours[0])
+    for k in range(1, steps):  # attention over two steps' keys: summed in another order
+        torch.testing.assert_close(theirs[k], ours[k], rtol=1e-5, atol=1e-5)
+        assert torch.equal(theirs[k].argmax(-1), ours[k].argmax(-1))
+
+
 def test_wrong_fc_width_refused_and_nothing_written(draft: Eagle3Draft, tmp_path: Path) -> None:
     draft.fc = nn.Linear(2 * H, H, bias=False)  # a draft fed two aux layers, not three
     with pytest.raises(ExportError, match=r"fc\.weight has shape \(64, 128\), expected \(64, 192\).*fc in-features"):
@@ -278,7 +354,7 @@ def test_cli_exports_a_checkpoint_folder(draft: Eagle3Draft, embed: torch.Tensor
     rc = export_main([str(ckpt), str(tmp_path / "spec"), "--format", "speculators", "--verifier", str(tiny_target_dir)])
     assert rc == 0
     verifier = json.loads((tmp_path / "spec" / "config.json").read_text())["speculators_config"]["verifier"]
-    assert verifier == {"name_or_path": str(tiny_target_dir), "architectures": ["LlamaForCausalLM"]}
+    assert verifier == {"name_or_path": str(tiny_target_dir.resolve()), "architectures": ["LlamaForCausalLM"]}
     assert_same_model(draft, load_exported(tmp_path / "spec", embed))
     assert "exported speculators draft" in capsys.readouterr().out
 

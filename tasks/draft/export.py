@@ -9,7 +9,9 @@ speculators format (vllm-project/speculators `Eagle3SpeculatorConfig`, read by v
 `architectures: ["Eagle3Speculator"]`, the decoder layer's Llama config under
 `transformer_layer_config`, and `speculators_config` {algorithm "eagle3", one greedy
 proposal method with `speculative_tokens`, default_proposal_method "greedy", verifier
-{name_or_path, architectures}}. Weight names map from SGLang's as:
+{name_or_path, architectures}}; name_or_path is the target's model folder as an absolute
+path (or its hub id as given), because speculators and vLLM open it from whatever directory
+they run in (verifier_reference). Weight names map from SGLang's as:
 
     midlayer.<rest>  -> layers.0.<rest>     (e.g. midlayer.self_attn.q_proj.weight)
     fc.weight, norm.weight, lm_head.weight, d2t, t2d -> unchanged
@@ -163,6 +165,35 @@ def sglang_files(
     return {WEIGHTS: st_save(weights, metadata={"format": "pt"}), CONFIG: _json(config)}
 
 
+def verifier_reference(verifier: str) -> str:
+    """What config.json records as the verifier: a name or path that resolves from anywhere.
+
+    speculators (and vLLM) open `verifier.name_or_path` with transformers from whatever
+    directory they run in, so a local folder is recorded as its absolute path; a hub id
+    (`org/name`, or a bare name) and a URL are recorded as given. A path that does not exist
+    is refused rather than recorded.
+    """
+    if not verifier or "://" in verifier:
+        return verifier
+    path = Path(verifier).expanduser()
+    if path.exists():
+        return str(path.resolve())
+    if path.is_absolute() or verifier.startswith((".", "~")) or verifier.count("/") > 1:
+        raise ExportError(
+            f"verifier {verifier!r} is a path, but {path.absolute()} does not exist (pass the "
+            "target's model folder or its hub id)"
+        )
+    return verifier
+
+
+def verifier_architectures_of(verifier: str) -> list[str]:
+    """The verifier's architectures when it is a local model folder (hub ids are not fetched)."""
+    config = Path(verifier).expanduser() / CONFIG
+    if "://" not in verifier and config.is_file():
+        return list(json.loads(config.read_text()).get("architectures") or [])
+    return []
+
+
 def speculators_files(
     model: Eagle3Draft,
     verifier_name: str,
@@ -172,11 +203,16 @@ def speculators_files(
     run: RunFolder | None = None,
     dtype: str | None = None,
 ) -> dict[str, bytes]:
+    """config.json and model.safetensors bytes, checked; nothing is written. The verifier is
+    recorded as verifier_reference() says; its architectures default to its own config's."""
     weights, name = exportable_weights(model, dtype)
     sg_config = sglang_config(model.config, name)
     expected, source = expected_aux_layers(model.config, expected_aux_layer_ids, run)
     check_sglang_export(weights, sg_config, expected, source, where="speculators export")
-    config = speculators_config(sg_config, verifier_name, verifier_architectures, speculative_tokens)
+    verifier = verifier_reference(verifier_name)
+    if verifier_architectures is None:
+        verifier_architectures = verifier_architectures_of(verifier)
+    config = speculators_config(sg_config, verifier, verifier_architectures, speculative_tokens)
     # Re-derive and re-check from what will be written, so the mapping itself is tested.
     back_config, back_weights = from_speculators(config, to_speculators_weights(weights))
     check_sglang_export(back_weights, back_config, expected, source, where="speculators export")
@@ -303,14 +339,6 @@ def _parse_layer_ids(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"--expect-aux-layers wants comma-separated integers, got {text!r}") from err
 
 
-def _verifier_architectures(verifier: str) -> list[str]:
-    """The verifier's architectures when it is a local model folder (hub ids are not fetched)."""
-    config = Path(verifier) / CONFIG
-    if config.is_file():
-        return list(json.loads(config.read_text()).get("architectures") or [])
-    return []
-
-
 def export_main(argv: list[str] | None = None) -> int:
     """eaglescale export CHECKPOINT OUT_DIR --format sglang|speculators [--verifier NAME]
     [--expect-aux-layers 1,29,57] [--run RUN_ROOT] [--dtype bfloat16]"""
@@ -318,7 +346,8 @@ def export_main(argv: list[str] | None = None) -> int:
     parser.add_argument("checkpoint", help="a train/checkpoints/step-N folder (with meta.json)")
     parser.add_argument("out_dir", help="output folder (replaced atomically)")
     parser.add_argument("--format", choices=("sglang", "speculators"), default="sglang")
-    parser.add_argument("--verifier", help="target model name or path (speculators format)")
+    parser.add_argument("--verifier", help="target model folder or hub id (speculators format); "
+                        "a folder is recorded as its absolute path")
     parser.add_argument("--expect-aux-layers", type=_parse_layer_ids, metavar="1,29,57",
                         help="refuse unless the draft's aux layer ids (output-of-layer) are these")
     parser.add_argument("--run", help="run root whose extraction the aux layer ids must match")
@@ -350,9 +379,7 @@ def export_main(argv: list[str] | None = None) -> int:
                                 run=run, dtype=args.dtype)
         else:
             out = export_speculators(
-                model, args.out_dir, args.verifier,
-                verifier_architectures=_verifier_architectures(args.verifier),
-                speculative_tokens=args.speculative_tokens,
+                model, args.out_dir, args.verifier, speculative_tokens=args.speculative_tokens,
                 expected_aux_layer_ids=args.expect_aux_layers, run=run, dtype=args.dtype,
             )
     except (ExportError, CheckpointError, ValueError, FileNotFoundError) as err:

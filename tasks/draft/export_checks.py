@@ -180,8 +180,9 @@ def check_sglang_export(
 # ---- vLLM speculators format: the same tensors under other names, another config layout ----
 
 SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
-# The speculators release whose Eagle3SpeculatorConfig schema this writes.
-SPECULATORS_VERSION = "0.7.0"
+# The speculators release whose Eagle3SpeculatorConfig schema this writes: the one pinned in
+# pyproject.toml's dev extra, which tests/test_export.py loads the export with.
+SPECULATORS_VERSION = "0.9.0"
 # Features of speculators' Eagle3 that this draft does not have; a checkpoint using one
 # would load into Eagle3Draft with different maths, so it is refused.
 _UNSUPPORTED_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
