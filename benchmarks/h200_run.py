@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 PROFILE = REPO / "deployments/params/smollm2-sharegpt.yaml"
 LOCAL = REPO / ".eaglescale/h200"  # git-ignored
 PAYLOAD = LOCAL / "payload"
@@ -269,7 +270,7 @@ def collect_node_results(out: Path) -> None:
             info = tarfile.TarInfo(f"logs/{path.name}")
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-        server_logs = sorted(run.glob("gate/server-logs/*.log"))
+        server_logs = sorted(run.glob("gate/server-logs/*.log"))  # the gate keeps their tails
         for path in server_logs:
             data = path.read_bytes()[-20_000:]
             info = tarfile.TarInfo(f"server-logs/{path.name}")

@@ -146,6 +146,7 @@ class _Started:
     started_at: float
     health_s: float | None = None
     error: str | None = None
+    log_path: str = ""
 
 
 class GateRunner:
@@ -216,7 +217,8 @@ class GateRunner:
                     for _, other, _ in servers.values():
                         other.stop()
                     raise
-                self._started[i] = _Started(spec, None, started_at, error=str(e))  # reported; the others go on
+                # reported (its log kept); the others go on
+                self._started[i] = _Started(spec, None, started_at, error=str(e), log_path=str(server.log_path))
                 continue
             self._started[i] = _Started(spec, server, started_at, health_s=time.time() - started_at)
 
@@ -229,7 +231,7 @@ class GateRunner:
         started = self._started.pop(index)
         record.started_at, server = started.started_at, started.server
         if server is None:
-            record.error = started.error
+            record.error, record.log_path = started.error, started.log_path
             return
         record.url, record.log_path, record.health_s = server.url, str(server.log_path), started.health_s
         try:

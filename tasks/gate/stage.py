@@ -173,6 +173,20 @@ def _benchmark_server(
     return GateRunner(gate, launcher, model_dir, configs, prompts, logs).run()
 
 
+SERVER_LOGS = "gate/server-logs"
+LOG_TAIL_BYTES = 64 * 1024
+
+
+def keep_server_log_tails(run: RunFolder, result: BenchResult) -> None:
+    """The end of every launch's server log in the run folder (gate/server-logs/): the
+    evidence of its CUDA-graph captures and decode lines, and why one failed, outlive the
+    gate's temporary folder."""
+    for launch in result.launches:
+        path = Path(launch.log_path) if launch.log_path else None
+        if path is not None and path.is_file():
+            run.write_bytes_atomic(f"{SERVER_LOGS}/{path.name}", path.read_bytes()[-LOG_TAIL_BYTES:])
+
+
 def calibrated_prediction(costs: dict[str, Any], decision: GateDecision, replayed: ReplayResult) -> Prediction | None:
     """Local engine: replay acceptance over the measured step costs, host overhead calibrated on
     the measured baseline (the one number taken from the benchmark; every speculative figure is
@@ -345,6 +359,7 @@ def run_gate_stage(config: EagleScaleConfig, work_dir: Path) -> GateOutcome:
         prediction = calibrated_prediction(costs, decision, replayed)
     else:
         result = _benchmark_server(config, configs, prompts, work_dir)
+        keep_server_log_tails(run, result)
         decision = decide(result, gate)
         costs, prediction = server_prediction(result, replayed)
     if costs is not None:
