@@ -143,14 +143,22 @@ def part_c(n: int, step_ms: float, max_new: int, prompt_len: int, blip_every_s: 
             background(i)
         stop = threading.Event()
         blips: list[int] = []
+        probe_faults = 0  # faults a blip put on health probes: no /generate to re-send
+
+        def probes(url: str) -> int:
+            counts = server_stats(url)["requests"]
+            return sum(v for k, v in counts.items() if k != "generate")
 
         def blipper() -> None:
+            nonlocal probe_faults
             k = 0
             while not stop.wait(blip_every_s):
                 i = k % len(servers)
+                before = probes(servers[i].url)
                 set_fault(servers[i].url, mode="5xx", scope="all")  # new requests and probes fail
                 time.sleep(blip_s)
                 background(i)
+                probe_faults += probes(servers[i].url) - before
                 blips.append(i)
                 k += 1
 
@@ -175,7 +183,7 @@ def part_c(n: int, step_ms: float, max_new: int, prompt_len: int, blip_every_s: 
     ok = sum(isinstance(o, GenerationResult) for o in got)
     assert len({o.request_id for o in got}) == len(got) == n, "a request lacks an outcome or has two"
     sent = sum(st["generate_requests"] for st in stats)
-    injected = sum(st["faults"]["injected"] for st in stats)
+    injected = sum(st["faults"]["injected"] for st in stats) - probe_faults  # on /generate
     return {
         "requests": n, "ok": ok, "dead": n - ok, "wall_s": wall, "blips": len(blips),
         "sent": sent, "faults_injected": injected, "sent_per_request": sent / n,
