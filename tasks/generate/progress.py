@@ -91,6 +91,10 @@ class RateWindow:
         return sum(b[1] for b in self._buckets), sum(b[2] for b in self._buckets)
 
 
+def _sent(sent: int | None, requests: int) -> int:
+    return requests if sent is None else sent
+
+
 # ---- the tracker -----------------------------------------------------------------------------
 
 
@@ -100,12 +104,19 @@ class Counts:
     dead: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    sent: int = 0  # requests sent to the engine for them, retries included
 
     def add(self, other: Counts) -> None:
         self.requests += other.requests
         self.dead += other.dead
         self.prompt_tokens += other.prompt_tokens
         self.completion_tokens += other.completion_tokens
+        self.sent += other.sent
+
+
+def per_request(sent: int, done: int) -> float | None:
+    """Requests sent per finished request (1.0: nothing sent twice); None before any finished."""
+    return sent / done if done > 0 else None
 
 
 @dataclass
@@ -173,11 +184,15 @@ class ProgressTracker:
         prompt_tokens: int,
         completion_tokens: int,
         dead: int = 0,
+        sent: int | None = None,
     ) -> None:
-        """A shard committed before this process started: done, but not part of the rate."""
+        """A shard committed before this process started: done, but not part of the rate.
+        `sent` defaults to one send per request (markers from before sends were counted)."""
         with self._lock:
             shard = self._shard(shard_id)
-            shard.before = Counts(requests, dead, prompt_tokens, completion_tokens)
+            shard.before = Counts(
+                requests, dead, prompt_tokens, completion_tokens, _sent(sent, requests)
+            )
             shard.now = None
             shard.state = "committed"
 
@@ -188,6 +203,7 @@ class ProgressTracker:
         prompt_tokens: int,
         completion_tokens: int,
         dead: int = 0,
+        sent: int | None = None,
     ) -> bool:
         """A shard another worker committed while this process ran: done, not part of this
         process's rate, but activity for the stall check. False when already committed."""
@@ -195,7 +211,9 @@ class ProgressTracker:
             shard = self._shard(shard_id)
             if shard.state == "committed":
                 return False
-            shard.before = Counts(requests, dead, prompt_tokens, completion_tokens)
+            shard.before = Counts(
+                requests, dead, prompt_tokens, completion_tokens, _sent(sent, requests)
+            )
             shard.now = None
             shard.state = "committed"
             shard.info = None
@@ -209,6 +227,7 @@ class ProgressTracker:
         prompt_tokens: int,
         completion_tokens: int,
         dead: int = 0,
+        sent: int | None = None,
     ) -> None:
         """Requests a shard attempt recovered from its journal: done, not part of the rate.
 
@@ -217,7 +236,9 @@ class ProgressTracker:
         """
         with self._lock:
             shard = self._shard(shard_id)
-            shard.before = Counts(requests, dead, prompt_tokens, completion_tokens)
+            shard.before = Counts(
+                requests, dead, prompt_tokens, completion_tokens, _sent(sent, requests)
+            )
             shard.now = None
 
     def shard_state(self, shard_id: str, state: str, **info: Any) -> None:
@@ -235,12 +256,14 @@ class ProgressTracker:
         prompt_tokens: int,
         completion_tokens: int,
         dead: int = 0,
+        sent: int | None = None,
     ) -> None:
-        """Requests finished by this process (`dead` of them as dead letters)."""
+        """Requests finished by this process (`dead` of them as dead letters), after `sent`
+        requests to the engine (default: one each)."""
         now = self.clock()
         with self._lock:
             shard = self._shard(shard_id)
-            counts = Counts(requests, dead, prompt_tokens, completion_tokens)
+            counts = Counts(requests, dead, prompt_tokens, completion_tokens, _sent(sent, requests))
             if shard.now is None:
                 shard.now = Counts()
             shard.now.add(counts)
@@ -308,6 +331,9 @@ class ProgressTracker:
                 "total": total_requests,
                 "dead": totals.dead,
                 "done_this_run": self._generated.requests,
+                "sent": totals.sent,
+                "sent_per_request": per_request(totals.sent, totals.requests),
+                "sent_this_run": self._generated.sent,
             },
             "tokens": {
                 "prompt_done": totals.prompt_tokens,

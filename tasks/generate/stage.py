@@ -88,6 +88,8 @@ class GenerateStage:
                     marker["rows"] + marker["dead"],
                     marker.get("prompt_tokens", 0),
                     marker.get("completion_tokens", 0),
+                    dead=marker["dead"],
+                    sent=marker.get("requests_sent"),
                 )
         self.progress.write()
         return pending
@@ -141,17 +143,19 @@ class GenerateStage:
 
         def on_outcome(outcome: Outcome) -> None:
             if isinstance(outcome, GenerationResult):
-                self.progress.record(shard_id, 1, outcome.prompt_tokens, outcome.completion_tokens)
+                tokens = (outcome.prompt_tokens, outcome.completion_tokens)
+                self.progress.record(shard_id, 1, *tokens, sent=outcome.attempts)
             else:
-                self.progress.record(shard_id, 1, 0, 0, dead=1)
+                self.progress.record(shard_id, 1, 0, 0, dead=1, sent=outcome.attempts)
 
-        def on_replay(ok: dict[str, dict], dead: dict[str, dict]) -> None:
+        def on_replay(ok: dict[str, dict], dead: dict[str, dict], sent: int) -> None:
             self.progress.mark_resumed(
                 shard_id,
                 len(ok) + len(dead),
                 sum(r.get("prompt_tokens", 0) for r in ok.values()),
                 sum(r.get("completion_tokens", 0) for r in ok.values()),
                 dead=len(dead),
+                sent=sent,
             )
 
         try:
@@ -193,6 +197,7 @@ class GenerateStage:
                     marker.get("prompt_tokens", 0),
                     marker.get("completion_tokens", 0),
                     dead=marker["dead"],
+                    sent=marker.get("requests_sent"),
                 )
         for shard_id, view in views.items():
             if (
@@ -218,6 +223,8 @@ class GenerateStage:
             quality.update(m.get("quality", {}))
             dead_classes.update(m.get("dead_classes", {}))
         rows = sum(m["rows"] for m in committed.values())
+        done = rows + sum(m["dead"] for m in committed.values())
+        sent = sum(m.get("requests_sent", m["rows"] + m["dead"]) for m in committed.values())
         return {
             "shards_total": len(self.shards),
             "shards_committed": len(committed),
@@ -229,6 +236,9 @@ class GenerateStage:
             "empty_outputs": quality["empty_output"],
             "unterminated_think": quality["unterminated_think"],
             "dead_classes": dict(dead_classes),
+            # requests sent to the engine, retries included; per request 1.0 = none sent twice
+            "requests_sent": sent,
+            "sent_per_request": round(sent / done, 4) if done else None,
         }
 
     def close(self) -> None:
