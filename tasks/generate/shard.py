@@ -21,16 +21,13 @@ from tasks.engines.base import (
     Outcome,
     SamplingParams,
 )
+from tasks.generate.failures import ShardFailed, dead_fraction_failure
 from tasks.generate.plan import PlannedRequest
 from tasks.generate.rows import DEAD_SCHEMA, ROW_SCHEMA, quality_flags, to_table
 from tasks.runfolder import JournalWriter, Lease, ShardStore, new_attempt_id, read_journal
 
 log = logging.getLogger(__name__)
 STAGE = "generate"
-
-
-class ShardFailed(RuntimeError):
-    """A shard whose dead letters exceed the configured fraction: loud, not committed."""
 
 
 @dataclass
@@ -156,13 +153,7 @@ def run_shard(
         [dead[p.request_id] for p in planned if p.request_id in dead], DEAD_SCHEMA
     )
     if planned and dead_table.num_rows / len(planned) > max_dead_fraction:
-        classes = Counter(dead_table.column("error_class").to_pylist()).most_common(3)
-        raise ShardFailed(
-            f"shard {shard_id}: {dead_table.num_rows} of {len(planned)} requests dead "
-            f"({dead_table.num_rows / len(planned):.1%} > max_dead_fraction {max_dead_fraction:.1%}); "
-            f"top error classes {classes}. Results so far are journaled; fix the cause and rerun "
-            f"with generate.retry_dead=true to retry the dead requests."
-        )
+        raise dead_fraction_failure(shard_id, len(planned), dead_table, max_dead_fraction)
     extra = {
         "prompt_tokens": sum(rows.column("prompt_tokens").to_pylist()),
         "completion_tokens": sum(rows.column("completion_tokens").to_pylist()),

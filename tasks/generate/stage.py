@@ -12,6 +12,7 @@ from typing import Any
 from tasks.config import EagleScaleConfig
 from tasks.discover.commit import discovery_marker, read_prompts_table
 from tasks.engines.base import Engine, GenerationResult, Outcome, SamplingParams
+from tasks.generate.failures import GenerateFailed, generate_failed
 from tasks.generate.plan import ShardPlan, load_or_plan_shards, planned_requests, shard_prompt_ids
 from tasks.generate.progress import ProgressTracker
 from tasks.generate.shard import STAGE, ShardOutcome, run_shard
@@ -240,6 +241,16 @@ class GenerateStage:
             "requests_sent": sent,
             "sent_per_request": round(sent / done, 4) if done else None,
         }
+
+    def failure(self, causes: dict[str, BaseException | str]) -> GenerateFailed:
+        """The error for shards left uncommitted, with the fix per cause (current values quoted)."""
+        c = self.cfg
+        settings = {
+            "sampling.max_new_tokens": c.sampling.max_new_tokens,
+            "discover.max_prompt_tokens": c.discover.max_prompt_tokens,
+            "generate.max_dead_fraction": c.generate.max_dead_fraction,
+        }
+        return generate_failed(causes, len(self.shards), c.generate.max_dead_fraction, settings)
 
     def close(self) -> None:
         """Stop heartbeating and release this process's leases (idempotent)."""
