@@ -191,6 +191,7 @@ def test_write_heartbeat_interval_and_file(tmp_path: Path) -> None:
         "heartbeat_at",
         "last_progress_at",
         "started_at",
+        "first_started_at",
         "stall_after_s",
         "state",
         "requests",
@@ -262,3 +263,27 @@ def test_failed_write_is_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixt
     (tmp_path / "run" / "generate").write_text("not a folder")
     assert tracker.maybe_write() is False
     assert "could not write generate/progress.json" in caplog.text
+
+
+def test_first_start_survives_a_resume(tmp_path: Path) -> None:
+    from tasks.generate.progress import first_started_at
+
+    clock = Clock(1000.0)
+    tracker = _tracker(tmp_path, clock)
+    tracker.record("s0", requests=1, prompt_tokens=1, completion_tokens=5)
+    tracker.write()
+    written = json.loads((tmp_path / "run" / PROGRESS_JSON).read_text())
+    assert written["first_started_at"] == written["started_at"] == 1000.0
+    # a later process (a resume, or a rerun with nothing left) starts from what it finds
+    clock.t = 5000.0
+    later = ProgressTracker(
+        RunFolder(str(tmp_path / "run")), {"s0": {"requests": 10}}, max_new_tokens=100,
+        stall_after_s=900.0, clock=clock, first_started_at=first_started_at(written),
+    )  # fmt: skip
+    snap = later.snapshot()
+    assert (snap["first_started_at"], snap["started_at"]) == (1000.0, 5000.0)
+    # files from before the first start was kept: their start counts only if they generated
+    old = {"started_at": 900.0, "requests": {"done_this_run": 3}}
+    assert first_started_at(old) == 900.0
+    assert first_started_at({**old, "requests": {"done_this_run": 0}}) is None
+    assert first_started_at(None) is None

@@ -95,6 +95,19 @@ def _sent(sent: int | None, requests: int) -> int:
     return requests if sent is None else sent
 
 
+def first_started_at(previous: Mapping[str, Any] | None) -> float | None:
+    """When generation of the run root began, from the progress.json an earlier process left:
+    its own record of the first start, else (files from before that was kept) its start if it
+    generated anything. Each process starts from this, so the first start survives resumes."""
+    if not previous:
+        return None
+    if previous.get("first_started_at") is not None:
+        return float(previous["first_started_at"])
+    if (previous.get("requests") or {}).get("done_this_run") and previous.get("started_at"):
+        return float(previous["started_at"])
+    return None
+
+
 # ---- the tracker -----------------------------------------------------------------------------
 
 
@@ -146,7 +159,11 @@ class ProgressTracker:
         interval_s: float = 30.0,
         clock: Callable[[], float] = time.time,
         window_s: float = 300.0,
+        first_started_at: float | None = None,
     ):
+        """`first_started_at`: when generation of this run root began, as an earlier process
+        recorded it (see `first_started_at`); the status of a finished run measures its
+        duration from there."""
         self.run = run
         self.max_new_tokens = max_new_tokens
         self.stall_after_s = stall_after_s
@@ -163,6 +180,7 @@ class ProgressTracker:
         self._window = RateWindow(window_s)
         self._generated = Counts()  # by this process only: the lifetime rate
         self.started_at = clock()
+        self.first_started_at = min(first_started_at or self.started_at, self.started_at)
         self._heartbeat_at = self.started_at
         self._last_progress_at: float | None = None
         self._last_write_at: float | None = None
@@ -324,6 +342,7 @@ class ProgressTracker:
             "heartbeat_at": self._heartbeat_at,
             "last_progress_at": self._last_progress_at,
             "started_at": self.started_at,
+            "first_started_at": self.first_started_at,
             "stall_after_s": self.stall_after_s,
             "state": self._state,
             "requests": {

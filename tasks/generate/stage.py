@@ -14,7 +14,7 @@ from tasks.discover.commit import discovery_marker, read_prompts_table
 from tasks.engines.base import Engine, GenerationResult, Outcome, SamplingParams
 from tasks.generate.failures import GenerateFailed, generate_failed
 from tasks.generate.plan import ShardPlan, load_or_plan_shards, planned_requests, shard_prompt_ids
-from tasks.generate.progress import ProgressTracker
+from tasks.generate.progress import PROGRESS_JSON, ProgressTracker, first_started_at
 from tasks.generate.shard import STAGE, ShardOutcome, run_shard
 from tasks.runfolder import Lease, LeaseLost, LeaseTable, LeaseView, RunFolder, ShardStore
 from tasks.runfolder.schedule import run_under_lease
@@ -62,12 +62,17 @@ class GenerateStage:
         self._render_lock = threading.Lock()
         self._prepared_attempts: dict[str, str | None] = {}
         k = self.cfg.sampling.samples_per_prompt
+        try:
+            previous = self.run.read_json(PROGRESS_JSON)
+        except ValueError:  # a torn file: this process's own start will do
+            previous = None
         self.progress = ProgressTracker(
             self.run,
             {s.shard_id: {"requests": s.n_prompts * k} for s in self.shards},
             max_new_tokens=self.cfg.sampling.max_new_tokens,
             stall_after_s=self.cfg.generate.stall_after_s,
             interval_s=self.cfg.generate.progress_interval_s,
+            first_started_at=first_started_at(previous),
         )
 
     def prepare(self) -> list[str]:
