@@ -3,8 +3,88 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import logging
 import os
 import sys
+import traceback
+
+EXIT_FAILED, EXIT_CONFIG = 1, 2
+
+
+@functools.cache
+def _expected_failures() -> tuple[type[BaseException], ...]:
+    """Failures whose message names the problem and the fix: the CLI prints the message and
+    exits non-zero, without a traceback (which would bury the message). Anything else is a bug
+    or an unforeseen condition, and keeps its traceback."""
+    from flows.concurrency import GpuLimitError, RunRootBusy
+    from tasks.config import ConfigError
+    from tasks.draft.target_heads import TargetHeadsError
+    from tasks.draft.trainer import TrainError
+    from tasks.engines.base import EngineUnavailable
+    from tasks.extract.capture import LayerIdError
+    from tasks.extract.forecast import DiskForecastError
+    from tasks.extract.sequences import ChatTemplateMismatch
+    from tasks.gate.launch import LaunchError
+    from tasks.gate.plan import GateStopped
+    from tasks.gate.preflight import PreflightError
+    from tasks.gate.promote import PromotionError
+    from tasks.gate.server import ServerStartError
+    from tasks.generate.failures import ShardFailed
+    from tasks.packages import PackagePathError
+    from tasks.runfolder import FingerprintMismatch
+    from tasks.target import TargetError
+
+    return (
+        ConfigError,  # also discovery's source and mixture errors
+        FingerprintMismatch,
+        TargetError,
+        PackagePathError,
+        RunRootBusy,
+        GpuLimitError,
+        ShardFailed,
+        EngineUnavailable,
+        DiskForecastError,
+        ChatTemplateMismatch,
+        LayerIdError,
+        TrainError,
+        TargetHeadsError,
+        PreflightError,
+        LaunchError,
+        ServerStartError,
+        GateStopped,
+        PromotionError,
+    )
+
+
+def is_expected(exc: BaseException) -> bool:
+    """Whether `exc` is a failure the user fixes from its message (see _expected_failures).
+    Generation's summary of failed shards is, when every shard failed that way."""
+    from tasks.generate.failures import GenerateFailed
+
+    if isinstance(exc, GenerateFailed):
+        causes = list(exc.causes.values())
+        return bool(causes) and all(isinstance(c, BaseException) and is_expected(c) for c in causes)
+    return isinstance(exc, _expected_failures())
+
+
+class _NoTracebackWhenExpected(logging.Filter):
+    """Prefect logs every failed task and flow run with its traceback: for an expected failure
+    keep the log line (it names the exception) and drop the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and is_expected(exc):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _quiet_expected_tracebacks() -> None:
+    quiet = _NoTracebackWhenExpected()
+    for name in ("prefect", "prefect.flow_runs", "prefect.task_runs", "prefect.flow_engine", "prefect.task_engine"):
+        logger = logging.getLogger(name)
+        if quiet not in logger.filters:
+            logger.addFilter(quiet)
 
 
 def _run(argv: list[str]) -> int:
@@ -27,17 +107,22 @@ def _run(argv: list[str]) -> int:
         check_input_paths(config)
     except ConfigError as e:
         print(f"eaglescale: {e}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
     if not os.environ.get("PREFECT_API_URL"):
         print("eaglescale: PREFECT_API_URL is not set; using Prefect's ephemeral API", file=sys.stderr)
     from flows.data_scaling import data_scaling
     from tasks.engines.factory import close_engines
 
+    _quiet_expected_tracebacks()
     try:
         data_scaling(config)
     except Exception as e:  # the flow run's state and logs hold the details
+        if is_expected(e):
+            print(f"eaglescale: {type(e).__name__}: {e}", file=sys.stderr)
+            return EXIT_CONFIG if isinstance(e, ConfigError) else EXIT_FAILED
+        traceback.print_exception(e)
         print(f"eaglescale: run failed: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     finally:
         close_engines()
     return 0

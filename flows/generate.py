@@ -26,6 +26,7 @@ from prefect.events import emit_event
 from flows.common import notifier_for, run_logger, slack_on_failure
 from tasks.config import EagleScaleConfig
 from tasks.engines.factory import get_engine
+from tasks.generate.failures import ShardFailed
 from tasks.generate.stage import GenerateStage
 from tasks.runfolder import RunFolder
 from tasks.runfolder.schedule import ShardScheduler
@@ -53,15 +54,25 @@ def generate_shard(config: EagleScaleConfig, shard_id: str) -> dict[str, Any]:
     return summary
 
 
+def _worth_retrying(_task: Any, _run: Any, state: Any) -> bool:
+    """A shard over its dead-letter bound would fail again: a retry replays the same journaled
+    dead letters. Anything else (an engine that was unavailable, a store hiccup) may pass."""
+    return not isinstance(getattr(state, "data", None), ShardFailed)
+
+
 def _run_shards(
     stage: GenerateStage, pending: list[str], config: EagleScaleConfig, artifact_id: Any
-) -> dict[str, str]:
+) -> dict[str, BaseException | str]:
     """Run shards until each is committed (here or by another worker) or failed here, while
-    keeping progress.json, the artifact and stall alerts fresh. Returns the failures."""
+    keeping progress.json, the artifact and stall alerts fresh. Returns the failures: the
+    shard task's exception, else its description."""
     g = config.generate
     shard_task = generate_shard.with_options(
-        retries=g.shard_retries, retry_delay_seconds=g.shard_retry_delay_s
+        retries=g.shard_retries,
+        retry_delay_seconds=g.shard_retry_delay_s,
+        retry_condition_fn=_worth_retrying,
     )
+    errors: dict[str, BaseException] = {}
     scheduler = ShardScheduler(stage, pending, g.max_parallel_shards)
     # Polls fast enough to take over an expired lease within about one heartbeat.
     poll = min(5.0, g.progress_interval_s, g.lease_heartbeat_s)
@@ -76,7 +87,7 @@ def _run_shards(
             futures[shard_id] = shard_task.submit(config, shard_id)
             futures[shard_id].add_done_callback(lambda _f, s=shard_id: finished.put(s))
         if scheduler.done:
-            return scheduler.failed
+            return {s: errors.get(s, text) for s, text in scheduler.failed.items()}
         if futures:
             # Wakes at the first task to end (a free slot), or after `poll` to re-read leases.
             with contextlib.suppress(queue.Empty):
@@ -84,7 +95,10 @@ def _run_shards(
                 while not finished.empty():
                     ended.append(finished.get_nowait())
                 for shard_id in ended:
-                    scheduler.finished(shard_id, _result_of(futures.pop(shard_id)))
+                    result = _result_of(futures.pop(shard_id))
+                    if isinstance(result, BaseException):
+                        errors[shard_id] = result
+                    scheduler.finished(shard_id, result)
         else:  # every shard left is leased by a live worker elsewhere
             if scheduler.waiting.keys() != waited_on:
                 waited_on = set(scheduler.waiting)
@@ -135,8 +149,7 @@ def generate_flow(config: EagleScaleConfig, fp_hash: str) -> dict[str, Any]:
     # The run folder decides: a shard without its marker is not done, whatever Prefect says.
     missing = summary["shards_total"] - summary["shards_committed"]
     if missing:
-        shown = [f"{k}: {v}" for k, v in sorted(failures.items())][:3]
-        raise RuntimeError(f"generate: {missing} shard(s) not committed: {shown}")
+        raise stage.failure(failures or {"?": f"{missing} shard(s) ended without a marker"})
     notifier.stage_completed("generate", summary, time.time() - started)
     emit_event("eaglescale.generate.finished", resource=_resource(config), payload=summary)
     return summary

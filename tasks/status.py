@@ -144,6 +144,59 @@ def _add_leases(items: dict[str, dict[str, Any]], leases: dict[str, LeaseView]) 
             item["state"] = "lease-expired"
 
 
+def _generation_started(progress: dict[str, Any] | None, discovered_at: float | None) -> float | None:
+    """When generation of the run began: progress.json's first start (kept across resumes),
+    else the start of the process that wrote it if that process generated anything, else
+    discovery's commit (generation cannot start earlier)."""
+    p = progress or {}
+    if p.get("first_started_at") is not None:
+        return float(p["first_started_at"])
+    if (p.get("requests") or {}).get("done_this_run") and p.get("started_at") is not None:
+        return float(p["started_at"])
+    return discovered_at
+
+
+def _overall(
+    markers: dict[str, dict[str, Any]], progress: dict[str, Any] | None, discovered_at: float | None
+) -> dict[str, Any] | None:
+    """A finished generation as a whole, from its markers: from its first start to its last
+    commit, whatever processes ran in between (the last one may have had nothing left to do,
+    so progress.json's rates and ETA say nothing about the run)."""
+    if not markers:
+        return None
+    finished = max(float(m.get("committed_at") or 0.0) for m in markers.values())
+    started = _generation_started(progress, discovered_at)
+    duration = finished - started if started is not None and started < finished else None
+    done = sum(m["rows"] + m["dead"] for m in markers.values())
+    tokens = sum(m.get("completion_tokens", 0) for m in markers.values())
+    return {
+        "started_at": started,
+        "finished_at": finished,
+        "duration_s": duration,
+        "completion_tokens": tokens,
+        "tokens_per_s": tokens / duration if duration else None,
+        "requests_per_s": done / duration if duration else None,
+    }
+
+
+def _sent(markers: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Requests sent to the engine for the committed ones (markers from before sends were
+    counted count one each)."""
+    done = sum(m["rows"] + m["dead"] for m in markers.values())
+    sent = sum(m.get("requests_sent", m["rows"] + m["dead"]) for m in markers.values())
+    return {"requests_sent": sent, "sent_per_request": sent / done if done else None}
+
+
+def _committed_per_server(markers: dict[str, dict[str, Any]]) -> dict[str, int] | None:
+    """Committed rows per server over the run; None when a marker predates the count."""
+    if not markers or any("servers" not in m for m in markers.values()):
+        return None
+    per: Counter[str] = Counter()
+    for m in markers.values():
+        per.update(m["servers"])
+    return dict(per)
+
+
 def _generate_state(
     complete: bool, progress: dict[str, Any] | None, has_markers: bool, now: float, bound: float
 ) -> tuple[str, str | None]:
@@ -160,7 +213,11 @@ def _generate_state(
 
 
 def _generate_status(
-    run: RunFolder, fingerprint: dict[str, Any], now: float, stall_after_s: float | None
+    run: RunFolder,
+    fingerprint: dict[str, Any],
+    now: float,
+    stall_after_s: float | None,
+    discovered_at: float | None = None,
 ) -> dict[str, Any]:
     plan = _json(run, "prompts/shards.json") or {}
     planned = {s["shard_id"]: s for s in plan.get("shards", [])}
@@ -206,7 +263,10 @@ def _generate_status(
             "prompt_tokens": sum(m.get("prompt_tokens", 0) for m in markers.values()),
             "completion_tokens": sum(m.get("completion_tokens", 0) for m in markers.values()),
             "dead_classes": dict(dead_classes),
+            **_sent(markers),
+            "per_server": _committed_per_server(markers),
         },
+        "overall": _overall(markers, progress, discovered_at) if state == "complete" else None,
         "progress": progress_view,
         "shard_items": items,
     }
@@ -223,7 +283,8 @@ def read_status(
             f"{run.url} has no run.json: not an eaglescale run folder, or no stage has started"
         )
     fingerprint = run_json.get("fingerprint", {})
-    generate = _generate_status(run, fingerprint, now, stall_after_s)
+    discover = _discover_status(run)
+    generate = _generate_status(run, fingerprint, now, stall_after_s, discover["committed_at"])
     return {
         "run_root": run.url,
         "checked_at": now,
@@ -233,7 +294,7 @@ def read_status(
             "fingerprint": {k: _short(v) for k, v in flatten(fingerprint).items()},
             "fingerprint_overrides": len(run_json.get("overrides", [])),
         },
-        "discover": _discover_status(run),
+        "discover": discover,
         "generate": generate,
         **later_stages(run, generate["shards"]["committed"], DEFAULT_LEASE_TTL_S),
         "stalled": generate["stalled"],
@@ -259,7 +320,7 @@ def _num(value: float | None, fmt: str = ",.1f") -> str:
 
 def _grid() -> Table:
     grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold")
+    grid.add_column(style="bold", min_width=11)  # the longest label: the grids line up
     grid.add_column()
     return grid
 
@@ -295,6 +356,12 @@ def _overview(status: dict[str, Any]) -> Table:
     return grid
 
 
+def _sends(sent: int | None, per_request: float | None) -> str:
+    if sent is None or per_request is None:
+        return "—"
+    return f"{sent:,} requests to the engine, {per_request:.3f} per request"
+
+
 def _throughput(prog: dict[str, Any], now: float) -> Table:
     rate = prog.get("rate") or {}
     grid = _grid()
@@ -308,8 +375,28 @@ def _throughput(prog: dict[str, Any], now: float) -> Table:
     grid.add_row(
         "ETA", "—" if eta is None else f"{format_duration(eta)} → {_when(prog['eta_at'], now)}"
     )
+    req = prog.get("requests") or {}
+    grid.add_row("sent", _sends(req.get("sent"), req.get("sent_per_request")))
     grid.add_row("heartbeat", _when(prog["heartbeat_at"], now))
     grid.add_row("last result", _when(prog.get("last_progress_at"), now))
+    return grid
+
+
+def _finished(gen: dict[str, Any], now: float) -> Table:
+    """A complete generation: its own duration and throughput, not the last process's."""
+    overall, committed = gen["overall"], gen["committed"]
+    grid = _grid()
+    duration = overall["duration_s"]
+    took = "—" if duration is None else format_duration(duration)
+    grid.add_row(
+        "throughput",
+        f"{overall['completion_tokens']:,} tokens in {took}: "
+        f"{_num(overall['tokens_per_s'])} tok/s, {_num(overall['requests_per_s'], '.2f')} req/s "
+        "overall",
+    )
+    grid.add_row("started", _when(overall["started_at"], now))
+    grid.add_row("finished", _when(overall["finished_at"], now))
+    grid.add_row("sent", _sends(committed["requests_sent"], committed["sent_per_request"]))
     return grid
 
 
@@ -327,6 +414,17 @@ def _servers(servers: list[dict[str, Any]]) -> Table:
             str(s.get("failures", 0)),
             (s.get("last_error") or "")[:60],
         )
+    return table
+
+
+def _run_servers(per_server: dict[str, int], last: list[dict[str, Any]]) -> Table:
+    """Who generated a finished run: committed rows per server over every process, with the
+    failures the last process saw (its in-flight and health are over)."""
+    seen = {s["url"]: s for s in last}
+    table = Table("server", "completed", "failures (last process)", "last error", title="servers")
+    for url, rows in sorted(per_server.items(), key=lambda kv: (-kv[1], kv[0])):
+        s = seen.get(url, {})
+        table.add_row(url, f"{rows:,}", str(s.get("failures", "—")), (s.get("last_error") or "")[:60])
     return table
 
 
@@ -357,7 +455,14 @@ def render_status(status: dict[str, Any]) -> RenderableType:
     gen = status["generate"]
     parts: list[RenderableType] = [_overview(status)]
     prog = gen["progress"]
-    if prog is not None:
+    per_server = gen["committed"]["per_server"]
+    if gen.get("overall") is not None:
+        parts.append(_finished(gen, status["checked_at"]))
+        if per_server:
+            parts.append(_run_servers(per_server, (prog or {}).get("servers") or []))
+        elif prog is not None and prog.get("servers"):
+            parts.append(_servers(prog["servers"]))
+    elif prog is not None:
         parts.append(_throughput(prog, status["checked_at"]))
         if prog.get("servers"):
             parts.append(_servers(prog["servers"]))

@@ -13,12 +13,13 @@ import pytest
 from tasks.config import load_config
 from tasks.engines.sglang_client import SGLangEngine
 from tasks.engines.sglang_server import ServerProcess
+from tasks.generate.progress import PROGRESS_JSON
 from tasks.generate.stage import GenerateStage
 from tasks.runfolder import ShardStore
 from tests.run_support import assert_exactly_once, discover_and_fingerprint, write_params
 
 
-def _stage(tmp_path, model_dir, endpoints, **generate) -> GenerateStage:
+def _stage(tmp_path, model_dir, endpoints, engine=None, **generate) -> GenerateStage:
     params = write_params(
         tmp_path,
         model_dir,
@@ -32,6 +33,7 @@ def _stage(tmp_path, model_dir, endpoints, **generate) -> GenerateStage:
             "backoff_base_s": 0.01,
             "backoff_max_s": 0.05,
             "health_recheck_s": 0.5,
+            **(engine or {}),
         },
         generate={"shard_size": 40, "max_dead_fraction": 0.6, **generate},
         discover={"total_prompts": 120},
@@ -86,6 +88,46 @@ def test_faults_failover_and_dead_letters(tmp_path, tiny_target_dir, two_servers
     assert servers[steady.url] > 0
     health = {h.url: h for h in stage.engine.health()}
     assert health[flaky.url].healthy is False
+
+
+def _sent(url: str) -> int:
+    return httpx.get(f"{url}/_stats").json()["generate_requests"]
+
+
+def test_requests_sent_are_counted_and_no_answer_is_generated_twice(tmp_path, tiny_target_dir):
+    """b fails three new requests mid-run and leaves rotation while it generates others: the
+    stage commits every request once, and the only requests sent twice are the three failures,
+    as the summary, the markers and progress.json all report."""
+    args = ["--simulate", "--step-latency-ms", "20"]
+    with ServerProcess(args) as a, ServerProcess(args) as b:
+        stage = _stage(tmp_path, tiny_target_dir, [a.url, b.url], engine={"unhealthy_after": 2})
+        pending = stage.prepare()
+        assert stage.run_shard(pending[0]).sent == 40
+        httpx.post(f"{b.url}/_fault", json={"mode": "5xx", "count": 3})
+        outcomes = [stage.run_shard(s) for s in pending[1:]]
+        summary = stage.finish()
+        stage.engine.close()
+        sent = _sent(a.url) + _sent(b.url)
+        assert httpx.get(f"{b.url}/_stats").json()["faults"]["injected"] == 3
+    assert assert_exactly_once(stage.run) == (120, 0)
+    assert sent == 120 + 3
+    assert sum(o.sent for o in outcomes) == 80 + 3
+    assert (summary["requests_sent"], summary["sent_per_request"]) == (123, round(123 / 120, 4))
+    markers = ShardStore(stage.run, "generate").committed().values()
+    assert sum(m["requests_sent"] for m in markers) == 123
+    servers = Counter()
+    for m in markers:
+        servers.update(m["servers"])
+    assert set(servers) == {a.url, b.url} and sum(servers.values()) == 120
+    progress = stage.run.read_json(PROGRESS_JSON)["requests"]
+    assert (progress["sent"], progress["sent_per_request"]) == (123, 123 / 120)
+
+    # A later process on the finished run root reads the same counts from the markers.
+    again = _stage(tmp_path, tiny_target_dir, [a.url], engine={"unhealthy_after": 2})
+    assert again.prepare() == []
+    assert again.progress.snapshot()["requests"]["sent"] == 123
+    assert again.summary()["requests_sent"] == 123
+    again.engine.close()
 
 
 def test_dead_fraction_over_bound_fails_loudly_and_keeps_journal(tmp_path, tiny_target_dir, two_servers):

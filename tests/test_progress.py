@@ -78,7 +78,10 @@ def test_fresh_run_eta_uses_max_new_tokens_before_any_finish(tmp_path: Path) -> 
     clock = Clock(1000.0)
     tracker = _tracker(tmp_path, clock)
     snap = tracker.snapshot()
-    assert snap["requests"] == {"done": 0, "total": 40, "dead": 0, "done_this_run": 0}
+    assert snap["requests"] == {
+        "done": 0, "total": 40, "dead": 0, "done_this_run": 0,
+        "sent": 0, "sent_per_request": None, "sent_this_run": 0,
+    }  # fmt: skip
     assert snap["tokens"]["completion_total_estimate"] == 4000
     assert snap["eta_s"] is None and snap["eta_at"] is None
     assert snap["rate"]["lifetime_tokens_per_s"] is None
@@ -93,12 +96,16 @@ def test_restart_committed_shards_count_as_done_not_in_rate(tmp_path: Path) -> N
     tracker.mark_committed("s0", requests=10, prompt_tokens=500, completion_tokens=900, dead=1)
     tracker.shard_state("s1", "running", attempt="a1")
     clock.t = 1010.0
-    tracker.record("s1", requests=2, prompt_tokens=100, completion_tokens=200)
+    tracker.record("s1", requests=2, prompt_tokens=100, completion_tokens=200, sent=3)  # a retry
     clock.t = 1100.0
     tracker.record("s1", requests=3, prompt_tokens=150, completion_tokens=300)
     snap = tracker.snapshot()
 
-    assert snap["requests"] == {"done": 15, "total": 40, "dead": 1, "done_this_run": 5}
+    # s0's marker predates send counts: one send per request; s1 sent 3 + 3 for its 5
+    assert snap["requests"] == {
+        "done": 15, "total": 40, "dead": 1, "done_this_run": 5,
+        "sent": 16, "sent_per_request": 16 / 15, "sent_this_run": 6,
+    }  # fmt: skip
     assert snap["tokens"]["prompt_done"] == 750
     assert snap["tokens"]["completion_done"] == 1400
     assert snap["tokens"]["completion_this_run"] == 500
@@ -153,9 +160,10 @@ def test_mark_resumed_replaces_shard_counts(tmp_path: Path) -> None:
     clock.t = 10.0
     tracker.record("s2", requests=4, prompt_tokens=40, completion_tokens=400)
     # the attempt fails; its retry replays the journal, which holds those 4 plus 2 earlier ones
-    tracker.mark_resumed("s2", requests=6, prompt_tokens=60, completion_tokens=600)
+    tracker.mark_resumed("s2", requests=6, prompt_tokens=60, completion_tokens=600, sent=9)
     snap = tracker.snapshot()
     assert snap["shards"]["s2"]["done"] == 6
+    assert (snap["requests"]["sent"], snap["requests"]["sent_per_request"]) == (9, 1.5)
     assert snap["requests"]["done"] == 6
     assert snap["requests"]["done_this_run"] == 4
     assert snap["rate"]["lifetime_tokens_per_s"] == 40.0
@@ -183,6 +191,7 @@ def test_write_heartbeat_interval_and_file(tmp_path: Path) -> None:
         "heartbeat_at",
         "last_progress_at",
         "started_at",
+        "first_started_at",
         "stall_after_s",
         "state",
         "requests",
@@ -254,3 +263,27 @@ def test_failed_write_is_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixt
     (tmp_path / "run" / "generate").write_text("not a folder")
     assert tracker.maybe_write() is False
     assert "could not write generate/progress.json" in caplog.text
+
+
+def test_first_start_survives_a_resume(tmp_path: Path) -> None:
+    from tasks.generate.progress import first_started_at
+
+    clock = Clock(1000.0)
+    tracker = _tracker(tmp_path, clock)
+    tracker.record("s0", requests=1, prompt_tokens=1, completion_tokens=5)
+    tracker.write()
+    written = json.loads((tmp_path / "run" / PROGRESS_JSON).read_text())
+    assert written["first_started_at"] == written["started_at"] == 1000.0
+    # a later process (a resume, or a rerun with nothing left) starts from what it finds
+    clock.t = 5000.0
+    later = ProgressTracker(
+        RunFolder(str(tmp_path / "run")), {"s0": {"requests": 10}}, max_new_tokens=100,
+        stall_after_s=900.0, clock=clock, first_started_at=first_started_at(written),
+    )  # fmt: skip
+    snap = later.snapshot()
+    assert (snap["first_started_at"], snap["started_at"]) == (1000.0, 5000.0)
+    # files from before the first start was kept: their start counts only if they generated
+    old = {"started_at": 900.0, "requests": {"done_this_run": 3}}
+    assert first_started_at(old) == 900.0
+    assert first_started_at({**old, "requests": {"done_this_run": 0}}) is None
+    assert first_started_at(None) is None

@@ -6,6 +6,7 @@ import hashlib
 import json
 import socket
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -225,27 +226,67 @@ def test_a_server_failing_health_is_never_used() -> None:
     assert health[b.url].last_error.startswith("health_generate: HTTP 503")
 
 
-def test_a_hung_server_is_evicted_and_its_requests_resent() -> None:
+def test_requests_in_flight_on_a_server_leaving_rotation_finish_there() -> None:
+    """b fails its first two new requests and leaves rotation while it still generates the
+    others: those finish on b and are delivered once; only the two failures are sent again."""
+    with start_server_thread(step_latency_s=0.02) as a, start_server_thread(step_latency_s=0.02) as b:
+        set_fault(b.url, mode="5xx", count=2)
+        cfg = engine_config(a.url, b.url, unhealthy_after=2, health_recheck_s=30.0)
+        requests = make_requests(40, max_new=16)
+        downed_with_in_flight: list[int] = []
+        seen: list[Outcome] = []
+
+        def sink(o: Outcome) -> None:
+            seen.append(o)
+            b_health = next(h for h in engine.health() if h.url == b.url)
+            if b_health.failures >= 2 and not downed_with_in_flight:
+                downed_with_in_flight.append(b_health.in_flight)
+
+        with SGLangEngine(cfg) as engine:
+            engine.generate(requests, sink)
+            health = {h.url: h for h in engine.health()}
+        sent = stats(a.url)["generate_requests"] + stats(b.url)["generate_requests"]
+    assert sorted(o.request_id for o in seen) == sorted(r.request_id for r in requests)
+    assert all(isinstance(o, GenerationResult) for o in seen)
+    assert health[b.url].failures == 2
+    assert downed_with_in_flight and downed_with_in_flight[0] > 0  # b held work when it failed
+    # Every request once, plus one re-send per injected failure: nothing answered is re-sent.
+    assert sent == 40 + 2
+    attempts = {o.request_id: o.attempts for o in seen if isinstance(o, GenerationResult)}
+    assert sum(attempts.values()) == sent and sorted(attempts.values())[-2:] == [2, 2]
+    on_b = [o for o in seen if o.server == b.url]
+    assert on_b and health[b.url].completed == len(on_b) and health[a.url].completed == 40 - len(on_b)
+
+
+def test_a_hung_server_leaves_rotation_and_its_requests_are_resent_after_their_timeout() -> None:
     with start_server_thread(step_latency_s=0.005) as a, start_server_thread(step_latency_s=0.005) as b:
-        # Only eviction can free a request hung on b: the request timeout is far away.
-        cfg = engine_config(a.url, b.url, request_timeout_s=60.0, unhealthy_after=2, health_recheck_s=0.2)
+        # b hangs mid-run: the watchdog's probes time out and take it out of rotation long
+        # before the request timeout; its hung requests end at their own timeout and go to a.
+        cfg = engine_config(a.url, b.url, request_timeout_s=1.5, unhealthy_after=2, health_recheck_s=0.2)
         requests = make_requests(60, max_new=6)
         seen: list[Outcome] = []
+        hung_at: list[float] = []
 
         def sink(o: Outcome) -> None:
             seen.append(o)
             if len(seen) == 10:
                 set_fault(b.url, mode="hang", scope="all")
+                hung_at.append(time.monotonic())
 
         with SGLangEngine(cfg, health_timeout_s=0.3) as engine:
             engine.generate(requests, sink)
             health = {h.url: h for h in engine.health()}
-        hung_on_b = stats(b.url)["faults"]["injected"]
+        b_stats = stats(b.url)
+        sent = stats(a.url)["generate_requests"] + b_stats["generate_requests"]
     assert sorted(o.request_id for o in seen) == sorted(r.request_id for r in requests)
     assert all(isinstance(o, GenerationResult) for o in seen)
-    assert hung_on_b >= 1
-    assert health[b.url].healthy is False and "health_generate: timed out" in health[b.url].last_error
+    assert health[b.url].healthy is False and "timed out" in health[b.url].last_error
+    assert health[b.url].extra["health_checks"] >= 2  # probed (and failed) after the hang
     assert health[a.url].completed + health[b.url].completed == 60
+    resent = [o for o in seen if o.attempts > 1]
+    assert resent and all(o.server == a.url for o in resent)
+    assert sent == 60 + len(resent)  # each hung request sent twice, nothing else
+    assert time.monotonic() - hung_at[0] >= 1.5  # they waited for their own timeout
 
 
 def test_engine_unavailable_after_every_server_is_gone() -> None:

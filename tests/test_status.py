@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from rich.console import Console
 
+from tasks.notify import format_duration
 from tasks.status import (
     EXIT_MISSING,
     EXIT_OK,
@@ -119,7 +120,12 @@ def test_read_status_counts(tmp_path: Path) -> None:
         "prompt_tokens": 1900,
         "completion_tokens": 2300,
         "dead_classes": {"http_400": 1},
+        # markers from before sends and servers were counted: one send each, no server split
+        "requests_sent": 40,
+        "sent_per_request": 1.0,
+        "per_server": None,
     }
+    assert gen["overall"] is None  # not complete
     assert gen["shard_items"]["s00003-abcd"]["error"] == "EngineUnavailable: no server"
     assert gen["progress"]["heartbeat_age_s"] == 10.0
     assert status["discover"] == {
@@ -278,3 +284,61 @@ def test_later_stages_show_extraction_training_and_the_gate(tmp_path: Path) -> N
     assert "extract      running: 1 / 2 shards, 20 sequences" in text
     assert "PROMOTE: speedup 1.310x (CI 1.120–1.500), accept length 2.40" in text
     assert "run-abc123" in text
+
+
+def test_a_finished_run_reads_as_finished(tmp_path: Path, tiny_target_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A real run folder generated with the local engine, then resumed by a process that found
+    every shard committed (a rerun of the DAG): status shows the run's own duration and
+    throughput, not the idle process's 0 tok/s and stale ETA, and the local engine's rows."""
+    from tasks.config import load_config
+    from tasks.engines.local import LocalEngine
+    from tasks.generate.stage import GenerateStage
+    from tasks.runfolder import ShardStore
+    from tests.run_support import discover_and_fingerprint, generate_all, write_params
+
+    params = write_params(
+        tmp_path, tiny_target_dir, str(tmp_path / "run"),
+        sampling={"max_new_tokens": 8}, discover={"total_prompts": 40}, generate={"shard_size": 20},
+    )  # fmt: skip
+    cfg = load_config(params)
+    generate_all(cfg)
+    root = tmp_path / "run"
+    first = json.loads((root / "generate/progress.json").read_text())
+    markers = ShardStore(open_run(str(root)), "generate").committed()
+    rows = sum(m["rows"] for m in markers.values())
+    tokens = sum(m["completion_tokens"] for m in markers.values())
+    finished = max(m["committed_at"] for m in markers.values())
+
+    time.sleep(1.0)  # the resume starts visibly later than the run did
+    run, tokenizer, fp_hash = discover_and_fingerprint(cfg)
+    engine = LocalEngine(cfg.target.model_path)
+    idle = GenerateStage(cfg, run, fp_hash, engine, tokenizer)
+    assert idle.prepare() == []
+    idle.finish()
+    engine.close()
+    last = json.loads((root / "generate/progress.json").read_text())
+    assert last["rate"]["lifetime_tokens_per_s"] == 0.0  # what status used to show
+    assert last["first_started_at"] == first["started_at"] < last["started_at"]
+
+    assert status_main([str(root), "--json"]) == EXIT_OK
+    gen = json.loads(capsys.readouterr().out)["generate"]
+    overall = gen["overall"]
+    assert gen["state"] == "complete"
+    assert (overall["started_at"], overall["finished_at"]) == (first["started_at"], finished)
+    duration = finished - first["started_at"]
+    assert overall["duration_s"] == pytest.approx(duration)
+    assert overall["completion_tokens"] == tokens > 0
+    assert overall["tokens_per_s"] == pytest.approx(tokens / duration)
+    assert overall["requests_per_s"] == pytest.approx(rows / duration)
+    assert gen["committed"]["per_server"] == {"local": rows}
+    assert (gen["committed"]["requests_sent"], gen["committed"]["sent_per_request"]) == (rows, 1.0)
+
+    console = Console(width=160, record=True, color_system=None)
+    console.print(render_status(read_status(open_run(str(root)))))
+    text = console.export_text()
+    took = format_duration(duration)
+    assert f"{tokens:,} tokens in {took}: {tokens / duration:,.1f} tok/s" in text
+    assert "since start" not in text and "ETA" not in text
+    assert f"{rows:,} requests to the engine, 1.000 per request" in text
+    local_row = next(line for line in text.splitlines() if "│ local " in line)
+    assert f" {rows:,} " in local_row

@@ -54,6 +54,7 @@ class GenerationResult:
     latency_s: float
     server: str = ""
     cached_tokens: int = 0
+    attempts: int = 1  # requests sent for it (an HTTP engine's retries count), as DeadLetter's
 
     def to_record(self) -> dict[str, Any]:
         return {"status": "ok", **asdict(self)}

@@ -13,8 +13,13 @@ Failure handling (DESIGN.md §3-4):
 - 4xx: DeadLetter("http_<code>"), or "context_overflow" when the message names the context
   length; an abort (HTTP 200) whose status_code is 4xx: DeadLetter("abort_<code>");
 - a server is health-checked (/health_generate) before first use and after a failure; after
-  `unhealthy_after` failures in a row it leaves rotation, its in-flight requests are re-sent
-  elsewhere, and it is rechecked every `health_recheck_s`;
+  `unhealthy_after` failures in a row it leaves rotation (no new requests go to it) and is
+  rechecked every `health_recheck_s`. Its in-flight requests are left to finish there: most of
+  them are answers on their way, and cancelling them would generate them twice. One that fails
+  (reset, 5xx, its own request timeout) is retried elsewhere like any other transport error;
+  one that succeeds is delivered, once;
+- every HTTP /generate sent counts in the outcome's `attempts`, so callers can report requests
+  sent per request;
 - with no server in rotation for longer than `unavailable_after_s`, generate() raises
   EngineUnavailable, after the sink has seen every outcome that did finish.
 """
@@ -56,13 +61,9 @@ _DONE = object()
 class _Retry(Exception):
     """A transport-level failure of one attempt; the request may be retried."""
 
-    def __init__(self, message: str, evicted: bool = False) -> None:
-        super().__init__(message)
-        self.evicted = evicted  # the server left rotation under it: re-send without backoff
-
 
 class _Item:
-    __slots__ = ("index", "request", "payload", "attempts", "evicted")
+    __slots__ = ("index", "request", "payload", "attempts")
 
     def __init__(self, index: int, request: GenerationRequest) -> None:
         self.index = index
@@ -74,8 +75,7 @@ class _Item:
                 "rid": request.request_id,
             }
         )
-        self.attempts = 0
-        self.evicted = False
+        self.attempts = 0  # HTTP requests sent for it, over every round
 
 
 class _Job:
@@ -252,8 +252,7 @@ class SGLangEngine:
                 return await self._attempt(server, item)
             except _Retry as e:
                 failure = e
-                if not e.evicted:
-                    self._pool.record_failure(server, str(e))
+                self._pool.record_failure(server, str(e))
             finally:
                 self._pool.release(server)
             if tries >= self.config.max_attempts:
@@ -267,8 +266,7 @@ class SGLangEngine:
                     attempts=item.attempts,
                 )
             avoid = server
-            if not failure.evicted:
-                await asyncio.sleep(self._backoff(tries))
+            await asyncio.sleep(self._backoff(tries))
 
     def _backoff(self, tries: int) -> float:
         cfg = self.config
@@ -278,23 +276,13 @@ class SGLangEngine:
     async def _attempt(self, server: SGLangServer, item: _Item) -> Outcome:
         """One HTTP call. Returns a final outcome or raises _Retry."""
         assert self._session is not None
-        task = asyncio.current_task()
-        assert task is not None
-        server.running[task] = item
         t0 = time.perf_counter()
         try:
             async with self._session.post(server.generate_url, data=item.payload) as resp:
                 body = await resp.read()
                 status = resp.status
-        except asyncio.CancelledError:
-            if item.evicted and task.uncancel() == 0:
-                item.evicted = False
-                raise _Retry("server left rotation while the request ran", evicted=True) from None
-            raise
         except (aiohttp.ClientError, TimeoutError) as e:
             raise _Retry(_describe(e)) from None
-        finally:
-            server.running.pop(task, None)
         latency = time.perf_counter() - t0
         if status == 200:
             outcome = self._read_ok(server, item, body, latency)
@@ -330,6 +318,7 @@ class SGLangEngine:
             latency_s=latency if reply.e2e_latency is None else reply.e2e_latency,
             server=server.display,
             cached_tokens=reply.cached_tokens,
+            attempts=item.attempts,
         )
 
     async def _probe(self, server: SGLangServer, timeout_s: float) -> str | None:

@@ -2,7 +2,7 @@
 
 Runs entirely on the engine's event loop thread (health() only reads plain fields). A server is
 "unknown" until its first /health_generate, "up" (in rotation) or "down". Failures in a row take
-it down after `unhealthy_after`; a health checker then probes it every `health_recheck_s` and puts
+it down after `unhealthy_after` (new requests stop; those in flight run to their own end); a health checker then probes it every `health_recheck_s` and puts
 it back when the probe passes. A watchdog probes up servers that hold requests but have shown
 no progress for a recheck interval, so a hung server is found long before the request timeout.
 """
@@ -15,7 +15,6 @@ import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from tasks.config import EngineConfig
@@ -49,7 +48,6 @@ class SGLangServer:
         self.last_error = ""
         self.down_since: float | None = None
         self.last_progress = time.monotonic()
-        self.running: dict[asyncio.Task[Any], Any] = {}  # attempt task -> its item (evicted flag)
         self.checker: asyncio.Task[None] | None = None
         self.kick: asyncio.Event | None = None
 
@@ -173,11 +171,12 @@ class ServerPool:
         self._ensure_checker(server)
 
     def _take_down(self, server: SGLangServer) -> None:
+        """Out of rotation: no new requests. Its in-flight requests are not cancelled: a server
+        failing some requests is usually still answering others, and an answer cancelled on its
+        way is generated a second time elsewhere (whole long generations, on a real server).
+        Each ends on its own: its answer is used, or its failure (a reset, a 5xx, the request
+        timeout for a hung server) retries it elsewhere."""
         server.state, server.down_since = "down", time.monotonic()
-        # Its in-flight requests go elsewhere now instead of waiting for their timeout.
-        for task, item in list(server.running.items()):
-            item.evicted = True
-            task.cancel()
         self._wake_all()
 
     def _mark_up(self, server: SGLangServer) -> None:

@@ -91,6 +91,23 @@ class RateWindow:
         return sum(b[1] for b in self._buckets), sum(b[2] for b in self._buckets)
 
 
+def _sent(sent: int | None, requests: int) -> int:
+    return requests if sent is None else sent
+
+
+def first_started_at(previous: Mapping[str, Any] | None) -> float | None:
+    """When generation of the run root began, from the progress.json an earlier process left:
+    its own record of the first start, else (files from before that was kept) its start if it
+    generated anything. Each process starts from this, so the first start survives resumes."""
+    if not previous:
+        return None
+    if previous.get("first_started_at") is not None:
+        return float(previous["first_started_at"])
+    if (previous.get("requests") or {}).get("done_this_run") and previous.get("started_at"):
+        return float(previous["started_at"])
+    return None
+
+
 # ---- the tracker -----------------------------------------------------------------------------
 
 
@@ -100,12 +117,19 @@ class Counts:
     dead: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    sent: int = 0  # requests sent to the engine for them, retries included
 
     def add(self, other: Counts) -> None:
         self.requests += other.requests
         self.dead += other.dead
         self.prompt_tokens += other.prompt_tokens
         self.completion_tokens += other.completion_tokens
+        self.sent += other.sent
+
+
+def per_request(sent: int, done: int) -> float | None:
+    """Requests sent per finished request (1.0: nothing sent twice); None before any finished."""
+    return sent / done if done > 0 else None
 
 
 @dataclass
@@ -135,7 +159,11 @@ class ProgressTracker:
         interval_s: float = 30.0,
         clock: Callable[[], float] = time.time,
         window_s: float = 300.0,
+        first_started_at: float | None = None,
     ):
+        """`first_started_at`: when generation of this run root began, as an earlier process
+        recorded it (see `first_started_at`); the status of a finished run measures its
+        duration from there."""
         self.run = run
         self.max_new_tokens = max_new_tokens
         self.stall_after_s = stall_after_s
@@ -152,6 +180,7 @@ class ProgressTracker:
         self._window = RateWindow(window_s)
         self._generated = Counts()  # by this process only: the lifetime rate
         self.started_at = clock()
+        self.first_started_at = min(first_started_at or self.started_at, self.started_at)
         self._heartbeat_at = self.started_at
         self._last_progress_at: float | None = None
         self._last_write_at: float | None = None
@@ -173,11 +202,15 @@ class ProgressTracker:
         prompt_tokens: int,
         completion_tokens: int,
         dead: int = 0,
+        sent: int | None = None,
     ) -> None:
-        """A shard committed before this process started: done, but not part of the rate."""
+        """A shard committed before this process started: done, but not part of the rate.
+        `sent` defaults to one send per request (markers from before sends were counted)."""
         with self._lock:
             shard = self._shard(shard_id)
-            shard.before = Counts(requests, dead, prompt_tokens, completion_tokens)
+            shard.before = Counts(
+                requests, dead, prompt_tokens, completion_tokens, _sent(sent, requests)
+            )
             shard.now = None
             shard.state = "committed"
 
@@ -188,6 +221,7 @@ class ProgressTracker:
         prompt_tokens: int,
         completion_tokens: int,
         dead: int = 0,
+        sent: int | None = None,
     ) -> bool:
         """A shard another worker committed while this process ran: done, not part of this
         process's rate, but activity for the stall check. False when already committed."""
@@ -195,7 +229,9 @@ class ProgressTracker:
             shard = self._shard(shard_id)
             if shard.state == "committed":
                 return False
-            shard.before = Counts(requests, dead, prompt_tokens, completion_tokens)
+            shard.before = Counts(
+                requests, dead, prompt_tokens, completion_tokens, _sent(sent, requests)
+            )
             shard.now = None
             shard.state = "committed"
             shard.info = None
@@ -209,6 +245,7 @@ class ProgressTracker:
         prompt_tokens: int,
         completion_tokens: int,
         dead: int = 0,
+        sent: int | None = None,
     ) -> None:
         """Requests a shard attempt recovered from its journal: done, not part of the rate.
 
@@ -217,7 +254,9 @@ class ProgressTracker:
         """
         with self._lock:
             shard = self._shard(shard_id)
-            shard.before = Counts(requests, dead, prompt_tokens, completion_tokens)
+            shard.before = Counts(
+                requests, dead, prompt_tokens, completion_tokens, _sent(sent, requests)
+            )
             shard.now = None
 
     def shard_state(self, shard_id: str, state: str, **info: Any) -> None:
@@ -235,12 +274,14 @@ class ProgressTracker:
         prompt_tokens: int,
         completion_tokens: int,
         dead: int = 0,
+        sent: int | None = None,
     ) -> None:
-        """Requests finished by this process (`dead` of them as dead letters)."""
+        """Requests finished by this process (`dead` of them as dead letters), after `sent`
+        requests to the engine (default: one each)."""
         now = self.clock()
         with self._lock:
             shard = self._shard(shard_id)
-            counts = Counts(requests, dead, prompt_tokens, completion_tokens)
+            counts = Counts(requests, dead, prompt_tokens, completion_tokens, _sent(sent, requests))
             if shard.now is None:
                 shard.now = Counts()
             shard.now.add(counts)
@@ -301,6 +342,7 @@ class ProgressTracker:
             "heartbeat_at": self._heartbeat_at,
             "last_progress_at": self._last_progress_at,
             "started_at": self.started_at,
+            "first_started_at": self.first_started_at,
             "stall_after_s": self.stall_after_s,
             "state": self._state,
             "requests": {
@@ -308,6 +350,9 @@ class ProgressTracker:
                 "total": total_requests,
                 "dead": totals.dead,
                 "done_this_run": self._generated.requests,
+                "sent": totals.sent,
+                "sent_per_request": per_request(totals.sent, totals.requests),
+                "sent_this_run": self._generated.sent,
             },
             "tokens": {
                 "prompt_done": totals.prompt_tokens,

@@ -21,16 +21,13 @@ from tasks.engines.base import (
     Outcome,
     SamplingParams,
 )
+from tasks.generate.failures import ShardFailed, dead_fraction_failure
 from tasks.generate.plan import PlannedRequest
 from tasks.generate.rows import DEAD_SCHEMA, ROW_SCHEMA, quality_flags, to_table
 from tasks.runfolder import JournalWriter, Lease, ShardStore, new_attempt_id, read_journal
 
 log = logging.getLogger(__name__)
 STAGE = "generate"
-
-
-class ShardFailed(RuntimeError):
-    """A shard whose dead letters exceed the configured fraction: loud, not committed."""
 
 
 @dataclass
@@ -43,24 +40,47 @@ class ShardOutcome:
     replayed: int
     torn_lines: int
     marker: dict[str, Any]
+    sent: int = 0  # requests sent to the engine for this shard, over every journaled attempt
 
 
-def replay_outcomes(
-    store: ShardStore, shard_id: str, retry_dead: bool
-) -> tuple[dict[str, dict], dict[str, dict], int]:
-    """(ok, dead, torn) from every journaled attempt; a success anywhere beats a dead letter."""
+def sends(record: dict[str, Any]) -> int:
+    """Requests sent to the engine for one journaled outcome (retries included); 1 for
+    records journaled before outcomes carried their attempts."""
+    return int(record.get("attempts") or 1)
+
+
+@dataclass
+class Replay:
+    ok: dict[str, dict]
+    dead: dict[str, dict]
+    torn: int
+    sent: int  # over every record, superseded ones included: each was sent
+
+
+def replay_journal(store: ShardStore, shard_id: str, retry_dead: bool) -> Replay:
+    """Outcomes from every journaled attempt; a success anywhere beats a dead letter."""
     replay = read_journal(store.run, STAGE, shard_id)
     ok: dict[str, dict] = {}
     dead: dict[str, dict] = {}
+    sent = 0
     for rec in replay.records:
         rid = rec.get("request_id")
+        sent += sends(rec)
         if rec.get("status") == "ok":
             ok.setdefault(rid, rec)
         elif rec.get("status") == "dead" and not retry_dead:
             dead[rid] = rec
     for rid in ok:
         dead.pop(rid, None)
-    return ok, dead, replay.torn_lines
+    return Replay(ok, dead, replay.torn_lines, sent)
+
+
+def replay_outcomes(
+    store: ShardStore, shard_id: str, retry_dead: bool
+) -> tuple[dict[str, dict], dict[str, dict], int]:
+    """(ok, dead, torn) from every journaled attempt (see replay_journal)."""
+    r = replay_journal(store, shard_id, retry_dead)
+    return r.ok, r.dead, r.torn
 
 
 def run_shard(
@@ -75,7 +95,7 @@ def run_shard(
     journal_flush_s: float = 1.0,
     retry_dead: bool = False,
     on_outcome: Callable[[Outcome], None] | None = None,
-    on_replay: Callable[[dict[str, dict], dict[str, dict]], None] | None = None,
+    on_replay: Callable[[dict[str, dict], dict[str, dict], int], None] | None = None,
     lease: Lease | None = None,
     detokenize: Callable[[list[int]], str] | None = None,
 ) -> ShardOutcome:
@@ -90,16 +110,18 @@ def run_shard(
     committed_rows: dict[str, dict] = {}
     if marker is not None:
         if not (retry_dead and marker.get("dead", 0) > 0):
+            sent = marker.get("requests_sent", marker["rows"] + marker["dead"])
             return ShardOutcome(
-                shard_id, "skipped", marker["rows"], marker["dead"], 0, 0, 0, marker
+                shard_id, "skipped", marker["rows"], marker["dead"], 0, 0, 0, marker, sent
             )
         # retry-dead: keep the committed rows, rerun only the dead keys.
         committed_rows = {r["request_id"]: r for r in store.read_rows(marker).to_pylist()}
 
-    ok, dead, torn = replay_outcomes(store, shard_id, retry_dead)
+    replay = replay_journal(store, shard_id, retry_dead)
+    ok, dead, torn = replay.ok, replay.dead, replay.torn
     ok.update(committed_rows)
     if on_replay is not None and (ok or dead):
-        on_replay(ok, dead)
+        on_replay(ok, dead, replay.sent)
     by_rid = {p.request_id: p for p in planned}
     pending = [p for p in planned if p.request_id not in ok and p.request_id not in dead]
     attempt = new_attempt_id()
@@ -112,6 +134,7 @@ def run_shard(
         len(pending),
         attempt,
     )
+    sent = replay.sent
     if pending:
         ok_new, dead_new = _generate(
             store,
@@ -129,23 +152,22 @@ def run_shard(
         )
         ok.update(ok_new)
         dead.update(dead_new)
+        sent += sum(sends(r) for r in (*ok_new.values(), *dead_new.values()))
     rows = to_table([ok[p.request_id] for p in planned if p.request_id in ok], ROW_SCHEMA)
     dead_table = to_table(
         [dead[p.request_id] for p in planned if p.request_id in dead], DEAD_SCHEMA
     )
     if planned and dead_table.num_rows / len(planned) > max_dead_fraction:
-        classes = Counter(dead_table.column("error_class").to_pylist()).most_common(3)
-        raise ShardFailed(
-            f"shard {shard_id}: {dead_table.num_rows} of {len(planned)} requests dead "
-            f"({dead_table.num_rows / len(planned):.1%} > max_dead_fraction {max_dead_fraction:.1%}); "
-            f"top error classes {classes}. Results so far are journaled; fix the cause and rerun "
-            f"with generate.retry_dead=true to retry the dead requests."
-        )
+        raise dead_fraction_failure(shard_id, len(planned), dead_table, max_dead_fraction)
     extra = {
         "prompt_tokens": sum(rows.column("prompt_tokens").to_pylist()),
         "completion_tokens": sum(rows.column("completion_tokens").to_pylist()),
         "quality": quality_flags(rows),
         "dead_classes": dict(Counter(dead_table.column("error_class").to_pylist())),
+        # requests sent per planned request = requests_sent / (rows + dead); 1.0: none twice
+        "requests_sent": sent,
+        # committed rows per server, so a finished run can say who generated what
+        "servers": dict(Counter(rows.column("server").to_pylist())),
     }
     if lease is not None:
         lease.verify()
@@ -169,6 +191,7 @@ def run_shard(
         len(planned) - len(pending),
         torn,
         result.marker,
+        sent,
     )
 
 

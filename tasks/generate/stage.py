@@ -12,8 +12,9 @@ from typing import Any
 from tasks.config import EagleScaleConfig
 from tasks.discover.commit import discovery_marker, read_prompts_table
 from tasks.engines.base import Engine, GenerationResult, Outcome, SamplingParams
+from tasks.generate.failures import GenerateFailed, generate_failed
 from tasks.generate.plan import ShardPlan, load_or_plan_shards, planned_requests, shard_prompt_ids
-from tasks.generate.progress import ProgressTracker
+from tasks.generate.progress import PROGRESS_JSON, ProgressTracker, first_started_at
 from tasks.generate.shard import STAGE, ShardOutcome, run_shard
 from tasks.runfolder import Lease, LeaseLost, LeaseTable, LeaseView, RunFolder, ShardStore
 from tasks.runfolder.schedule import run_under_lease
@@ -61,12 +62,17 @@ class GenerateStage:
         self._render_lock = threading.Lock()
         self._prepared_attempts: dict[str, str | None] = {}
         k = self.cfg.sampling.samples_per_prompt
+        try:
+            previous = self.run.read_json(PROGRESS_JSON)
+        except ValueError:  # a torn file: this process's own start will do
+            previous = None
         self.progress = ProgressTracker(
             self.run,
             {s.shard_id: {"requests": s.n_prompts * k} for s in self.shards},
             max_new_tokens=self.cfg.sampling.max_new_tokens,
             stall_after_s=self.cfg.generate.stall_after_s,
             interval_s=self.cfg.generate.progress_interval_s,
+            first_started_at=first_started_at(previous),
         )
 
     def prepare(self) -> list[str]:
@@ -88,6 +94,8 @@ class GenerateStage:
                     marker["rows"] + marker["dead"],
                     marker.get("prompt_tokens", 0),
                     marker.get("completion_tokens", 0),
+                    dead=marker["dead"],
+                    sent=marker.get("requests_sent"),
                 )
         self.progress.write()
         return pending
@@ -145,17 +153,19 @@ class GenerateStage:
 
         def on_outcome(outcome: Outcome) -> None:
             if isinstance(outcome, GenerationResult):
-                self.progress.record(shard_id, 1, outcome.prompt_tokens, outcome.completion_tokens)
+                tokens = (outcome.prompt_tokens, outcome.completion_tokens)
+                self.progress.record(shard_id, 1, *tokens, sent=outcome.attempts)
             else:
-                self.progress.record(shard_id, 1, 0, 0, dead=1)
+                self.progress.record(shard_id, 1, 0, 0, dead=1, sent=outcome.attempts)
 
-        def on_replay(ok: dict[str, dict], dead: dict[str, dict]) -> None:
+        def on_replay(ok: dict[str, dict], dead: dict[str, dict], sent: int) -> None:
             self.progress.mark_resumed(
                 shard_id,
                 len(ok) + len(dead),
                 sum(r.get("prompt_tokens", 0) for r in ok.values()),
                 sum(r.get("completion_tokens", 0) for r in ok.values()),
                 dead=len(dead),
+                sent=sent,
             )
 
         try:
@@ -198,6 +208,7 @@ class GenerateStage:
                     marker.get("prompt_tokens", 0),
                     marker.get("completion_tokens", 0),
                     dead=marker["dead"],
+                    sent=marker.get("requests_sent"),
                 )
         for shard_id, view in views.items():
             if (
@@ -223,6 +234,8 @@ class GenerateStage:
             quality.update(m.get("quality", {}))
             dead_classes.update(m.get("dead_classes", {}))
         rows = sum(m["rows"] for m in committed.values())
+        done = rows + sum(m["dead"] for m in committed.values())
+        sent = sum(m.get("requests_sent", m["rows"] + m["dead"]) for m in committed.values())
         return {
             "shards_total": len(self.shards),
             "shards_committed": len(committed),
@@ -234,7 +247,20 @@ class GenerateStage:
             "empty_outputs": quality["empty_output"],
             "unterminated_think": quality["unterminated_think"],
             "dead_classes": dict(dead_classes),
+            # requests sent to the engine, retries included; per request 1.0 = none sent twice
+            "requests_sent": sent,
+            "sent_per_request": round(sent / done, 4) if done else None,
         }
+
+    def failure(self, causes: dict[str, BaseException | str]) -> GenerateFailed:
+        """The error for shards left uncommitted, with the fix per cause (current values quoted)."""
+        c = self.cfg
+        settings = {
+            "sampling.max_new_tokens": c.sampling.max_new_tokens,
+            "discover.max_prompt_tokens": c.discover.max_prompt_tokens,
+            "generate.max_dead_fraction": c.generate.max_dead_fraction,
+        }
+        return generate_failed(causes, len(self.shards), c.generate.max_dead_fraction, settings)
 
     def close(self) -> None:
         """Stop heartbeating and release this process's leases (idempotent)."""

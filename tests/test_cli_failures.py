@@ -1,0 +1,171 @@
+"""`eaglescale run` ending in a failure the user can fix: the message names the cause and the
+fix, the exit code is non-zero, and no traceback buries it. The CLI runs as a subprocess
+against a real Prefect server and SGLang-compatible servers on 127.0.0.1, as a user meets it.
+"""
+
+from __future__ import annotations
+
+import pickle
+import socket
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from flows.cli import EXIT_CONFIG, EXIT_FAILED, is_expected
+from flows.concurrency import RunRootBusy
+from tasks.engines.base import EngineUnavailable
+from tasks.engines.sglang_faults import FaultSpec
+from tasks.engines.sglang_server import start_server_thread
+from tasks.gate.preflight import PreflightError, draft_tensor_shapes
+from tasks.generate.failures import GenerateFailed, ShardFailed, generate_failed
+from tasks.runfolder import RunFolder, read_journal
+from tests.prefect_support import prefect_server
+from tests.run_support import ROOT, cli_env, write_params
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="module")
+def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with prefect_server(tmp_path_factory.mktemp("prefect-home")) as url:
+        yield url
+
+
+def eaglescale(tmp_path: Path, api_url: str, params: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", "run", "--params", str(params), *args],
+        cwd=ROOT,
+        env=cli_env(tmp_path, PREFECT_API_URL=api_url),
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+
+
+def failed_cleanly(proc: subprocess.CompletedProcess, code: int) -> str:
+    """The CLI's last words, after checking the exit code and that no traceback was printed."""
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == code, out[-4000:]
+    assert "Traceback" not in out, out[-4000:]
+    return proc.stderr[proc.stderr.rindex("eaglescale: ") :]
+
+
+def sglang_params(tmp_path: Path, model_dir: Path, run_root: Path, url: str, **engine: object) -> Path:
+    return write_params(
+        tmp_path,
+        model_dir,
+        str(run_root),
+        stages=["discover", "generate"],
+        sampling={"max_new_tokens": 16},
+        discover={"total_prompts": 80},
+        engine={
+            "kind": "sglang", "endpoints": [url], "backoff_base_s": 0.01, "backoff_max_s": 0.02,
+            "health_recheck_s": 0.2, **engine,
+        },
+        generate={"shard_size": 40, "shard_retries": 0, "progress_interval_s": 1},
+    )  # fmt: skip
+
+
+def dead_letters(run_root: Path) -> Counter[str]:
+    """Error classes of the journaled dead letters that no success superseded, all shards."""
+    run = RunFolder(str(run_root))
+    classes: Counter[str] = Counter()
+    for shard in run.listdir("generate/journal"):
+        shard_id = shard.rstrip("/").rsplit("/", 1)[-1]
+        records = read_journal(run, "generate", shard_id).records
+        ok = {r["request_id"] for r in records if r["status"] == "ok"}
+        dead = {r["request_id"]: r["error_class"] for r in records if r["status"] == "dead"}
+        classes.update(c for rid, c in dead.items() if rid not in ok)
+    return classes
+
+
+def test_dead_fraction_gives_each_error_class_its_count_and_fix(tmp_path, tiny_target_dir, api_url):
+    # A short context overflows the longer prompts; 503s on a third of the requests, with one
+    # attempt per round, exhaust some requests' transport retries.
+    with start_server_thread(
+        step_latency_s=0.0, context_length=200, vocab_size=2048, fault=FaultSpec(mode="5xx", rate=0.3, seed=1)
+    ) as server:
+        params = sglang_params(tmp_path, tiny_target_dir, tmp_path / "run", server.url, max_attempts=1)
+        message = failed_cleanly(eaglescale(tmp_path, api_url, params), EXIT_FAILED)
+    classes = dead_letters(tmp_path / "run")
+    assert classes["context_overflow"] > 0 and classes["transport_exhausted"] > 0
+    assert message.startswith("eaglescale: GenerateFailed: generate: 2 of 2 shards not committed.")
+    assert f"{sum(classes.values())} dead letters of 80 requests" in message
+    lines = message.splitlines()
+    overflow = next(ln for ln in lines if ln.startswith("  context_overflow:"))
+    transport = next(ln for ln in lines if ln.startswith("  transport_exhausted:"))
+    assert overflow.startswith(f"  context_overflow: {classes['context_overflow']} request(s). Fix:")
+    assert "retrying alone sends them into the same limit" in overflow
+    assert "raise the server's context length" in overflow
+    assert "lower discover.max_prompt_tokens (now 1024)" in overflow
+    assert "sampling.max_new_tokens (now 16)" in overflow
+    assert transport.startswith(f"  transport_exhausted: {classes['transport_exhausted']} request(s). Fix:")
+    assert "generate.retry_dead=true" in transport
+    assert "longer than the model's context length (200 tokens)" in message  # an example
+
+    # The same run root with another sampling setting: refused, naming the field.
+    again = eaglescale(tmp_path, api_url, params, "--set", "sampling.max_new_tokens=8")
+    refused = failed_cleanly(again, EXIT_FAILED)
+    assert refused.startswith("eaglescale: FingerprintMismatch: run folder")
+    assert "sampling.max_new_tokens: 16 -> 8" in refused
+
+
+def test_an_unreachable_server_names_itself_without_its_credentials(tmp_path, tiny_target_dir, api_url):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://user:s3cret@127.0.0.1:{s.getsockname()[1]}"
+    params = sglang_params(tmp_path, tiny_target_dir, tmp_path / "run", url)
+    proc = eaglescale(tmp_path, api_url, params)
+    message = failed_cleanly(proc, EXIT_FAILED)
+    assert "s3cret" not in proc.stdout + proc.stderr
+    assert "2 shards (s00000-" in message
+    assert "EngineUnavailable: no SGLang server in rotation for 0.4s (http://127.0.0.1:" in message
+    assert "Fix: start the servers or correct engine.endpoints" in message
+
+
+def test_a_missing_source_is_a_config_error(tmp_path, tiny_target_dir, api_url):
+    params = write_params(
+        tmp_path,
+        tiny_target_dir,
+        str(tmp_path / "run"),
+        stages=["discover"],
+        discover={"sources": [{"name": "gone", "path": str(tmp_path / "nope.jsonl"), "domain": "chat"}]},
+    )
+    message = failed_cleanly(eaglescale(tmp_path, api_url, params), EXIT_CONFIG)
+    assert message.startswith("eaglescale: SourceError: source 'gone'")
+
+
+def test_a_disk_forecast_that_does_not_fit_is_refused(tmp_path, tiny_target_dir, api_url):
+    with start_server_thread(step_latency_s=0.0, vocab_size=2048) as server:
+        params = sglang_params(tmp_path, tiny_target_dir, tmp_path / "run", server.url)
+        proc = eaglescale(
+            tmp_path, api_url, params, "--stages", "discover,generate,extract",
+            "--set", "extract.quota_bytes=1000",
+        )  # fmt: skip
+    message = failed_cleanly(proc, EXIT_FAILED)
+    assert message.startswith("eaglescale: DiskForecastError: extraction needs")
+    assert "(1,000 bytes)" in message
+
+
+def test_which_failures_are_expected(tmp_path: Path) -> None:
+    with pytest.raises(PreflightError) as refused:  # the gate's preflight on an empty draft folder
+        draft_tensor_shapes(fsspec.filesystem("file"), str(tmp_path))
+    shard = ShardFailed("shard s1: 3 of 4 dead", "s1", 4, {"context_overflow": 3}, {"context_overflow": "too long"})
+    copy = pickle.loads(pickle.dumps(shard))  # Prefect may persist task exceptions
+    assert (str(copy), copy.planned, copy.dead_classes, copy.examples) == (
+        str(shard), 4, {"context_overflow": 3}, {"context_overflow": "too long"},
+    )  # fmt: skip
+    for exc in (shard, EngineUnavailable("gone"), refused.value, RunRootBusy("held")):
+        assert is_expected(exc)
+    both = generate_failed({"s1": shard, "s2": EngineUnavailable("gone")}, 3, 0.05)
+    assert is_expected(both) and is_expected(pickle.loads(pickle.dumps(both)))
+    assert "1 shard(s) over generate.max_dead_fraction (5.0%): 3 dead letters of 4 requests" in str(both)
+    # One shard that failed for an unforeseen reason makes the whole failure unexpected.
+    assert not is_expected(generate_failed({"s1": shard, "s2": KeyError("x")}, 3, 0.05))
+    assert not is_expected(GenerateFailed("no causes"))
+    assert not is_expected(KeyError("x")) and not is_expected(RuntimeError("x"))
