@@ -137,7 +137,9 @@ def test_a_missing_source_is_a_config_error(tmp_path, tiny_target_dir, api_url):
         discover={"sources": [{"name": "gone", "path": str(tmp_path / "nope.jsonl"), "domain": "chat"}]},
     )
     message = failed_cleanly(eaglescale(tmp_path, api_url, params), EXIT_CONFIG)
-    assert message.startswith("eaglescale: SourceError: source 'gone'")
+    # Refused by the pre-start check of the stages' inputs, with the path it looked for.
+    assert message.startswith("eaglescale: missing input paths:")
+    assert f"discover.sources[0].path: no file or folder at {tmp_path / 'nope.jsonl'}" in message
 
 
 def test_a_disk_forecast_that_does_not_fit_is_refused(tmp_path, tiny_target_dir, api_url):
