@@ -126,7 +126,8 @@ def prepare(args: argparse.Namespace) -> int:
     if _sha256(src / "bundle.tar.xz") != want:
         print(f"{bundle}: the parts do not add up to SHA256 {want}", file=sys.stderr)
         return 2
-    in_bundle = {_dist_name(m.split("/")[0]) for m in _tar_names(src / "bundle.tar.xz") if ".dist-info/" in m}
+    in_bundle = {_dist_name(m.removeprefix("./").split("/")[0]) for m in _tar_names(src / "bundle.tar.xz")
+                 if ".dist-info/" in m}  # fmt: skip
     plat = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp"]
     for tag in ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "any"):
         plat += ["--platform", tag]
@@ -483,6 +484,7 @@ class Pipeline:
 
         data = yaml.safe_load(PROFILE.read_text())
         data["run_root"] = str(self.run_root)
+        data["gate"]["registry_url"] = str(NODE / "registry")
         (NODE / "params.yaml").write_text(yaml.safe_dump(data))
         if EXTRA_SETS:  # the rehearsal's sizes apply to the helper processes too
             from tasks.config import apply_overrides

@@ -67,7 +67,13 @@ def train_scaling_drafts(
     for fraction, samples in fraction_samples(n_train, cfg.scaling_fractions):
         prefix = f"{SCALING_TRAIN_ROOT}/frac-{samples}"
         view = TrainElsewhere(run, prefix)
-        result = train_draft(view, cfg, target_model_path, vocab_map=vocab, max_train_sequences=samples,
+        # The same recipe on less data: the same epochs, so the schedule's length (and with it
+        # the warm-up, and max_steps when set) scales with the fraction.
+        scaled = cfg.model_copy(update={
+            "warmup_steps": max(1, round(cfg.warmup_steps * fraction)) if cfg.warmup_steps else 0,
+            "max_steps": max(1, round(cfg.max_steps * fraction)) if cfg.max_steps else None,
+        })  # fmt: skip
+        result = train_draft(view, scaled, target_model_path, vocab_map=vocab, max_train_sequences=samples,
                              **train_kwargs)  # fmt: skip
         best = result.best or {}
         chosen = ckpt.checkpoint_key(best["step"]) if best.get("step") is not None else result.last_checkpoint
