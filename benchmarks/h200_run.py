@@ -64,7 +64,8 @@ NODE = Path(os.environ.get("H200_NODE", "/tmp/h200"))
 # A rehearsal on a CPU box (H200_REHEARSAL=1): the same pipeline with the compatible server
 # (`eaglescale serve-sglang`, transformers) for generation, the gate's SGLang emulator, this
 # venv instead of the bundle, the --set overrides in H200_SETS (JSON list) on every stage, and
-# no SpecForge (its loss kernel is Triton-on-GPU only).
+# no SpecForge (its loss kernel is Triton-on-GPU only), on the discovered run folder in
+# H200_REHEARSAL_RUN (a few prompts: `eaglescale run --stages discover` of a trimmed profile).
 REHEARSAL = os.environ.get("H200_REHEARSAL") == "1"
 EXTRA_SETS: list[str] = json.loads(os.environ.get("H200_SETS", "[]"))
 PORT = 30000
@@ -344,8 +345,8 @@ class Pipeline:
         self.note("setup", "running")
         if REHEARSAL:
             self.env["PYTHONPATH"] = str(REPO)
-            if not self.run_root.exists():
-                shutil.copytree(LOCAL / "src" / "run", self.run_root)
+            if not self.run_root.exists():  # a small discovered run folder (H200_REHEARSAL_RUN)
+                shutil.copytree(os.environ.get("H200_REHEARSAL_RUN", LOCAL / "src" / "run"), self.run_root)
             self._resolve_target()
             self.note("setup", "done", f"rehearsal: {self.model_dir}")
             return
