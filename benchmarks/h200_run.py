@@ -343,6 +343,14 @@ class Pipeline:
 
     def setup(self) -> None:
         self.note("setup", "running")
+        if (NODE / "setup.done").is_file():  # a restarted pipeline: unpacked and installed already
+            extra = sorted((REPO / ".eaglescale/h200/extra").glob("*.whl"))
+            if extra:
+                _run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                      "--upgrade", "--target", str(self.site), *map(str, extra)])  # fmt: skip
+            self._resolve_target()
+            self.note("setup", "done", "already set up")
+            return
         if REHEARSAL:
             self.env["PYTHONPATH"] = str(REPO)
             if not self.run_root.exists():  # a small discovered run folder (H200_REHEARSAL_RUN)
@@ -371,6 +379,7 @@ class Pipeline:
                                    "print(sglang.__version__, torch.__version__, transformers.__version__, prefect.__version__)"],
                                   env=self.env, capture_output=True, text=True)  # fmt: skip
         self.save_measure("versions", versions.stdout.strip() or versions.stderr[-500:])
+        (NODE / "setup.done").write_text("ok")
         self.note("setup", "done", self.model_dir)
 
     def _resolve_target(self) -> None:
@@ -584,6 +593,12 @@ def node_scaling() -> int:
     return 0
 
 
+def _summary(outcome: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return {k: v for k, v in asdict(outcome).items() if k != "marker"}
+
+
 def node_plain(stage: str, overrides: list[str]) -> int:
     """A stage through its plain entry points (tasks/), no Prefect: what the flows compose,
     in order, on the same run folder."""
@@ -611,7 +626,7 @@ def node_plain(stage: str, overrides: list[str]) -> int:
         gen = GenerateStage(cfg, run, fp, get_engine(cfg), tok)
         try:
             pending = gen.prepare()
-            run_one_at_a_time(ShardScheduler(gen, pending, 1), gen.run_shard, 5.0, lambda w: None)
+            run_one_at_a_time(ShardScheduler(gen, pending, 1), lambda i: _summary(gen.run_shard(i)), 5.0, lambda w: None)
             print(gen.finish())
         finally:
             gen.close()
@@ -623,7 +638,7 @@ def node_plain(stage: str, overrides: list[str]) -> int:
         ext = ExtractStage(cfg, run, tok)
         try:
             pending = ext.prepare()
-            run_one_at_a_time(ShardScheduler(ext, pending, 1), ext.run_shard, 5.0, lambda w: None)
+            run_one_at_a_time(ShardScheduler(ext, pending, 1), lambda i: _summary(ext.run_shard(i)), 5.0, lambda w: None)
             print(ext.finish())
         finally:
             ext.close()

@@ -411,3 +411,12 @@ def test_a_key_the_server_info_omits_is_unverified_not_a_mismatch() -> None:
     assert check_server_info({**info, "speculative_algorithm": "EAGLE"}, spec) == [
         "server info speculative_algorithm is 'EAGLE', expected 'EAGLE3'"
     ]
+
+
+def test_a_port_whose_grpc_twin_would_pass_65535_is_refused_and_never_picked() -> None:
+    """SGLang 0.5.14 opens a gRPC port at the HTTP port + 10000 and exits when that passes 65535
+    (seen on the H200 with port 56049: "SGLANG_GRPC_PORT (66049) must be between 1 and 65535")."""
+    with pytest.raises(LaunchError, match=r"--port must be 1..55535, got 56049 \(SGLang 0.5.14 also opens port \+ 10000"):
+        build_server_args(LaunchSpec("/m", 56049), "0.5.14")
+    assert "--port" in build_server_args(LaunchSpec("/m", 56049), "0.5.4")
+    assert all(20000 <= free_port() <= 55535 for _ in range(50))

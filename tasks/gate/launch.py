@@ -128,6 +128,10 @@ class FlagSet:
     recorded: RecordedFlags | None = None
     # Why a flag the builder could emit is missing from this version (said when it is refused).
     missing_notes: dict[str, str] = field(default_factory=dict)
+    # The highest HTTP port the version starts on: 0.5.14 also opens a gRPC port at port + 10000
+    # and refuses to start when that passes 65535 (seen on the H200: "SGLANG_GRPC_PORT (66049)
+    # must be between 1 and 65535").
+    max_port: int = 65535
 
 
 def _recorded(version: str) -> RecordedFlags:
@@ -138,6 +142,7 @@ def _recorded(version: str) -> RecordedFlags:
 
 
 _R0514 = _recorded("0.5.14")
+GRPC_PORT_OFFSET = 10000  # 0.5.14's gRPC port: the HTTP port + this
 
 FLAG_SETS: dict[str, FlagSet] = {
     "0.5.4": FlagSet(
@@ -161,6 +166,7 @@ FLAG_SETS: dict[str, FlagSet] = {
         server_info_paths=("/server_info", "/get_server_info"),
         known=_R0514.flags,
         recorded=_R0514,
+        max_port=65535 - GRPC_PORT_OFFSET,
     ),
     "0.5.23": FlagSet(
         version="0.5.23",
@@ -172,6 +178,7 @@ FLAG_SETS: dict[str, FlagSet] = {
         # 0.5.23's --disable-decode-cuda-graph is one); public 0.5.19+ launch recipes use it.
         known=_BUILDER_FLAGS | _LONG_STANDING_SETTINGS
         | {"--cuda-graph-max-bs-decode", "--disable-decode-cuda-graph", "--disable-prefill-cuda-graph"},
+        max_port=65535 - GRPC_PORT_OFFSET,  # assumed from 0.5.14: the gRPC port came with it
     ),
 }
 PINNED_VERSIONS = tuple(FLAG_SETS)
@@ -376,8 +383,9 @@ def build_server_args(spec: LaunchSpec, version: str) -> list[str]:
     flags = flag_set(version)
     if not spec.model_path:
         raise LaunchError("--model-path is empty")
-    if not 0 < spec.port < 65536:
-        raise LaunchError(f"--port must be 1..65535, got {spec.port}")
+    if not 0 < spec.port <= flags.max_port:
+        why = "" if flags.max_port == 65535 else f" (SGLang {flags.version} also opens port + {GRPC_PORT_OFFSET} for gRPC)"
+        raise LaunchError(f"--port must be 1..{flags.max_port}, got {spec.port}{why}")
     if spec.tp_size < 1:
         raise LaunchError(f"--tp-size must be >= 1, got {spec.tp_size}")
     check_extra_args(spec.extra_args, flags)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -22,7 +23,13 @@ from typing import Any, Protocol
 
 import httpx
 
-from tasks.gate.launch import LaunchSpec, build_launch_command, build_server_args, flag_set
+from tasks.gate.launch import (
+    GRPC_PORT_OFFSET,
+    LaunchSpec,
+    build_launch_command,
+    build_server_args,
+    flag_set,
+)
 
 LOG_TAIL_LINES = 40
 
@@ -80,10 +87,20 @@ class EmulatedLauncher:
         return {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+def free_port(host: str = "127.0.0.1", max_port: int = 65535 - GRPC_PORT_OFFSET, low: int = 20000) -> int:
+    """A port that is free now, random in [low, max_port]. The default ceiling suits every
+    pinned SGLang version: 0.5.14 also opens port + 10000 (gRPC) and refuses to start when that
+    passes 65535."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randint(low, max_port)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port in {low}..{max_port} on {host}")
 
 
 @dataclass
