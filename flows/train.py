@@ -24,14 +24,11 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from flows.common import notifier_for, run_logger, slack_on_failure
 from flows.concurrency import gpu_slots, gpus_needed
 from tasks.config import EagleScaleConfig
-from tasks.draft import checkpoint as ckpt
-from tasks.draft.export import export_speculators, export_to_run
+from tasks.draft.export import export_run_draft
 from tasks.draft.scaling_drafts import scaling_drafts, train_scaling_drafts
 from tasks.draft.trainer import PLOT_KEY, RESULT_KEY, TrainCallbacks, train_draft
 from tasks.runfolder import RunFolder
-from tasks.runfolder.layout import TRAIN_FINAL
 
-SPECULATORS_KEY = "train/final-speculators"
 EVAL_COLUMNS = ("step", "loss", "sim_accept", "sim_accept_len", "acc_0", "acc_1", "acc_2", "acc_3")
 
 
@@ -48,23 +45,6 @@ def _torchrun(config: EagleScaleConfig) -> None:
         done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"torchrun trainer exited {done.returncode}: {done.stderr[-2000:]}")
-
-
-def _export(config: EagleScaleConfig, run: RunFolder) -> dict[str, Any]:
-    best = run.read_json(ckpt.BEST_KEY)
-    if best is None:
-        raise RuntimeError(f"{run.url}/{ckpt.BEST_KEY} is missing: training produced no evaluated checkpoint")
-    # Exports never hold the embedding (the server shares the target's), so none is loaded.
-    model = ckpt.load_run_checkpoint_model(run, best["checkpoint"])
-    final = export_to_run(model, run, TRAIN_FINAL)
-    # The speculators writer targets a local folder: write there, then copy into the run
-    # folder (any store), config.json last so a reader never finds it without its weights.
-    with tempfile.TemporaryDirectory() as tmp:
-        local = export_speculators(model, Path(tmp) / "speculators", config.target.model_path)
-        names = sorted(p.name for p in Path(local).iterdir())
-        for name in sorted(names, key=lambda n: n == "config.json"):
-            run.write_bytes_atomic(f"{SPECULATORS_KEY}/{name}", (Path(local) / name).read_bytes())
-    return {"best": best, "final": final, "speculators": f"{run.url}/{SPECULATORS_KEY}"}
 
 
 def _eval_table(evals: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -87,7 +67,7 @@ def train_flow(config: EagleScaleConfig) -> dict[str, Any]:
             if config.train.scaling_fractions:  # the data-scaling drafts the gate measures
                 train_scaling_drafts(run, config.train, config.target.model_path, callbacks=callbacks)
     result = run.read_json(RESULT_KEY) or {}
-    exported = _export(config, run)
+    exported = export_run_draft(run, config.target.model_path)
     evals = result.get("evals", [])
     if evals:
         create_table_artifact(_eval_table(evals), key="train-evals", description="Held-out metrics per eval")

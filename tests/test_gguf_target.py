@@ -153,3 +153,12 @@ def test_a_local_gguf_path_works_too(smollm2_dir: Path, tmp_path: Path) -> None:
     shutil.copyfile(resolve_package_path(SMOLLM2), copy)
     # Same content, same cache folder: the key is the file's sha256, not its path.
     assert resolve_model_dir(str(copy)) == smollm2_dir
+
+
+def test_the_vllm_export_records_a_package_target_as_its_converted_folder(smollm2_dir: Path) -> None:
+    """speculators and vLLM open the verifier with transformers: a package:// GGUF is recorded
+    as the converted HF folder's absolute path, which they can open from anywhere."""
+    from tasks.draft.export import verifier_architectures_of, verifier_reference
+
+    assert verifier_reference(SMOLLM2) == str(smollm2_dir.resolve())
+    assert verifier_architectures_of(SMOLLM2) == ["LlamaForCausalLM"]

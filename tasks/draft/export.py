@@ -55,7 +55,7 @@ from tasks.draft.export_checks import (
 )
 from tasks.draft.model import Eagle3Draft
 from tasks.runfolder import RunFolder
-from tasks.runfolder.layout import TRAIN_FINAL
+from tasks.runfolder.layout import TRAIN_FINAL, TRAIN_FINAL_SPECULATORS
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -169,10 +169,16 @@ def verifier_reference(verifier: str) -> str:
     """What config.json records as the verifier: a name or path that resolves from anywhere.
 
     speculators (and vLLM) open `verifier.name_or_path` with transformers from whatever
-    directory they run in, so a local folder is recorded as its absolute path; a hub id
-    (`org/name`, or a bare name) and a URL are recorded as given. A path that does not exist
-    is refused rather than recorded.
+    directory they run in, so a local folder is recorded as its absolute path; a package or GGUF
+    target (`package://...`, `*.gguf`) as the absolute path of its converted HF folder, which is
+    what transformers can open; a hub id (`org/name`, or a bare name) and a URL are recorded as
+    given. A path that does not exist is refused rather than recorded.
     """
+    from tasks.packages import is_package_path
+    from tasks.target import resolve_model_dir
+
+    if is_package_path(verifier) or verifier.endswith(".gguf"):
+        return str(resolve_model_dir(verifier).resolve())
     if not verifier or "://" in verifier:
         return verifier
     path = Path(verifier).expanduser()
@@ -188,6 +194,7 @@ def verifier_reference(verifier: str) -> str:
 
 def verifier_architectures_of(verifier: str) -> list[str]:
     """The verifier's architectures when it is a local model folder (hub ids are not fetched)."""
+    verifier = verifier_reference(verifier) if verifier.endswith(".gguf") or "package://" in verifier else verifier
     config = Path(verifier).expanduser() / CONFIG
     if "://" not in verifier and config.is_file():
         return list(json.loads(config.read_text()).get("architectures") or [])
@@ -270,6 +277,29 @@ def export_to_run(
     run.write_bytes_atomic(f"{rel}/{WEIGHTS}", files[WEIGHTS])
     run.write_bytes_atomic(f"{rel}/{CONFIG}", files[CONFIG])
     return f"{run.url}/{rel}"
+
+
+def export_run_draft(run: RunFolder, target_model_path: str) -> dict[str, Any]:
+    """The train stage's exports of its best checkpoint: train/final (SGLang) and
+    train/final-speculators (vLLM), on any store. Exports never hold the embedding (the server
+    shares the target's), so none is loaded."""
+    import tempfile
+
+    from tasks.draft import checkpoint as ckpt
+
+    best = run.read_json(ckpt.BEST_KEY)
+    if best is None:
+        raise ExportError(f"{run.url}/{ckpt.BEST_KEY} is missing: training produced no evaluated checkpoint")
+    model = ckpt.load_run_checkpoint_model(run, best["checkpoint"])
+    final = export_to_run(model, run, TRAIN_FINAL)
+    # The speculators writer targets a local folder: write there, then copy into the run
+    # folder, config.json last so a reader never finds it without its weights.
+    with tempfile.TemporaryDirectory() as tmp:
+        local = export_speculators(model, Path(tmp) / "speculators", target_model_path)
+        names = sorted(p.name for p in Path(local).iterdir())
+        for name in sorted(names, key=lambda n: n == CONFIG):
+            run.write_bytes_atomic(f"{TRAIN_FINAL_SPECULATORS}/{name}", (Path(local) / name).read_bytes())
+    return {"best": best, "final": final, "speculators": f"{run.url}/{TRAIN_FINAL_SPECULATORS}"}
 
 
 def write_local_atomic(out_dir: Path, files: dict[str, bytes]) -> Path:

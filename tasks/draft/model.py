@@ -140,12 +140,17 @@ class DraftLayer(nn.Module):
         sin: torch.Tensor,
         attend: Attend,
     ) -> torch.Tensor:
-        return self.finish(attend(*self.qkv(embeds, hidden, cos, sin)), hidden)
+        # Contiguous: step 0's flash output and later steps' merged output differ in strides,
+        # and the compiled `finish` would recompile on every (layout, shape) it meets.
+        return self.finish(attend(*self.qkv(embeds, hidden, cos, sin)).contiguous(), hidden)
 
     def compile_parts(self) -> None:
-        """torch.compile both sides in place (instance attributes: parameter names stay)."""
-        self.qkv = torch.compile(self.qkv, dynamic=None)
-        self.finish = torch.compile(self.finish, dynamic=None)
+        """torch.compile both sides in place (instance attributes: parameter names stay).
+        Dynamic shapes: batches are padded to their longest sequence, so every batch has its own
+        (B, T); specializing on the first ran into dynamo's recompile limit on the H200 (eight
+        recompiles, then eager) and slowed training several times."""
+        self.qkv = torch.compile(self.qkv, dynamic=True)
+        self.finish = torch.compile(self.finish, dynamic=True)
 
 
 @dataclass

@@ -240,7 +240,7 @@ class TTTModel(nn.Module):
             # In place, so parameter names stay SGLang's: norms, RoPE, SwiGLU, residuals
             # and the loss rows fuse; attention and the big matmuls keep their kernels.
             draft.midlayer.compile_parts()
-            draft.norm.compile(dynamic=None)
+            draft.norm.compile(dynamic=True)
             self.ce_rows = torch.compile(soft_ce_rows, dynamic=True)
 
     def forward(

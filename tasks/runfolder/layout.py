@@ -4,5 +4,6 @@ module with no heavy imports so the status command can name them without loading
 TRAIN_BEST = "train/best.json"  # the best evaluated checkpoint
 TRAIN_RESULT = "train/result.json"  # the training run's summary
 TRAIN_FINAL = "train/final"  # the exported SGLang EAGLE3 draft
+TRAIN_FINAL_SPECULATORS = "train/final-speculators"  # the same draft in vLLM's speculators format
 GATE_DONE = "gate/_SUCCESS.json"  # the gate's decision and what it was about
 PROMOTED = "promoted.json"  # the promoted draft (in the registry and the run folder)
