@@ -51,7 +51,7 @@ browser:
 
 test: $(STAMP) browser
 	$(BIN)/ruff check flows tasks tests benchmarks deployments
-	PREFECT_SERVER_ANALYTICS_ENABLED=false $(BIN)/pytest -q
+	PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=120 $(BIN)/pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check flows tasks tests benchmarks deployments

@@ -110,6 +110,9 @@ def _run(argv: list[str]) -> int:
         return EXIT_CONFIG
     if not os.environ.get("PREFECT_API_URL"):
         print("eaglescale: PREFECT_API_URL is not set; using Prefect's ephemeral API", file=sys.stderr)
+        # Prefect gives its ephemeral server 20 s to start; a loaded 2-core box (or a GPU node
+        # starting a dozen SGLang servers) can need more, and then the whole run fails at once.
+        os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     from flows.data_scaling import data_scaling
     from tasks.engines.factory import close_engines
 
