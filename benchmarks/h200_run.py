@@ -365,7 +365,8 @@ class Pipeline:
         print(f"== {step}: {state} {detail}", flush=True)
 
     def save_measure(self, key: str, value: Any) -> None:
-        self.measure[key] = value
+        # Helper processes (reference, agreement) write measurements.json too: merge, never drop theirs.
+        self.measure = {**(_read_json(NODE / "measurements.json") or {}), **self.measure, key: value}
         (NODE / "measurements.json").write_text(json.dumps(self.measure, indent=1, default=str))
 
     def py(self, args: list[str], log: str, env: dict[str, str] | None = None, wait: bool = True) -> Any:
