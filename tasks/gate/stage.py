@@ -1,11 +1,13 @@
-"""The gate stage (DESIGN §6), in order: preflight the exported draft against the sweep, replay
-it offline on the held-out extracted sequences, benchmark baseline vs speculative (the local
-engine, fresh SGLang launches, or the emulator), decide, write the report, promote or keep the
-previous draft, and optionally trace the data-scaling curve.
+"""The gate stage (DESIGN §6), in order: preflight every draft it measures (the candidate, the
+reference drafts, the train stage's data-scaling drafts) against its configs, replay the
+candidate offline on the held-out extracted sequences, benchmark baseline vs speculative (the
+local engine, fresh SGLang launches, or the emulator), decide, write the report, promote or keep
+the previous draft, and trace the data-scaling curve when the train stage made scaling drafts.
 
 Everything lands under <run_root>/gate/: replay.json (acceptance per num_steps, overall and
-per domain, with CIs), costs.json and prediction.json (the cost model, local engine),
-report.json/.md and plots/, scaling/ (when asked), and promoted.json on promotion.
+per domain, with CIs), costs.json and prediction.json (the cost model: the local engine's timed
+steps, or the server launches' cost probes), report.json/.md and plots/, server-logs/ (server
+engines), scaling/ (with scaling drafts) and _SUCCESS.json; promoted.json goes to the run root.
 """
 
 from __future__ import annotations
