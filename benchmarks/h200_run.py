@@ -660,6 +660,20 @@ def _summary(outcome: Any) -> dict[str, Any]:
     return {k: v for k, v in asdict(outcome).items() if k != "marker"}
 
 
+def _shards_one_at_a_time(stage: Any) -> None:
+    """A sharded stage's shards, one after another under their leases, as its flow schedules
+    them (without Prefect's task runs); prints the stage's summary."""
+    from tasks.runfolder.schedule import ShardScheduler, run_one_at_a_time
+
+    try:
+        pending = stage.prepare()
+        run_one_at_a_time(ShardScheduler(stage, pending, 1), lambda i: _summary(stage.run_shard(i)), 5.0,
+                          lambda waiting: None)  # fmt: skip
+        print(stage.finish())
+    finally:
+        stage.close()
+
+
 def node_plain(stage: str, overrides: list[str]) -> int:
     """A stage through its plain entry points (tasks/), no Prefect: what the flows compose,
     in order, on the same run folder."""
@@ -678,31 +692,19 @@ def node_plain(stage: str, overrides: list[str]) -> int:
         from tasks.fingerprint_fields import run_fingerprint
         from tasks.generate.stage import GenerateStage
         from tasks.runfolder import ensure_fingerprint
-        from tasks.runfolder.schedule import ShardScheduler, run_one_at_a_time
         from tasks.target import target_identity
 
         identity = target_identity(cfg.target.model_path, cfg.target.revision, tok)
         fp = ensure_fingerprint(run, run_fingerprint(cfg, identity, discovery_marker(run)["manifest_hash"]),
                                 cfg.allow_fingerprint_change)  # fmt: skip
-        gen = GenerateStage(cfg, run, fp, get_engine(cfg), tok)
         try:
-            pending = gen.prepare()
-            run_one_at_a_time(ShardScheduler(gen, pending, 1), lambda i: _summary(gen.run_shard(i)), 5.0, lambda w: None)
-            print(gen.finish())
+            _shards_one_at_a_time(GenerateStage(cfg, run, fp, get_engine(cfg), tok))
         finally:
-            gen.close()
             close_engines()
     elif stage == "extract":
         from tasks.extract.stage import ExtractStage
-        from tasks.runfolder.schedule import ShardScheduler, run_one_at_a_time
 
-        ext = ExtractStage(cfg, run, tok)
-        try:
-            pending = ext.prepare()
-            run_one_at_a_time(ShardScheduler(ext, pending, 1), lambda i: _summary(ext.run_shard(i)), 5.0, lambda w: None)
-            print(ext.finish())
-        finally:
-            ext.close()
+        _shards_one_at_a_time(ExtractStage(cfg, run, tok))
     elif stage == "train":
         from tasks.draft.export import export_run_draft
         from tasks.draft.scaling_drafts import train_scaling_drafts
