@@ -68,6 +68,9 @@ NODE = Path(os.environ.get("H200_NODE", "/tmp/h200"))
 # H200_REHEARSAL_RUN (a few prompts: `eaglescale run --stages discover` of a trimmed profile).
 REHEARSAL = os.environ.get("H200_REHEARSAL") == "1"
 EXTRA_SETS: list[str] = json.loads(os.environ.get("H200_SETS", "[]"))
+# H200_PLAIN=1: every stage straight through its plain entry points (what a node without a
+# working Prefect falls back to; a rehearsal runs that path on purpose).
+PLAIN_ONLY = os.environ.get("H200_PLAIN") == "1"
 PORT = 30000
 SGLANG = "0.5.14"
 # Wheels for the node (Python 3.12, manylinux x86_64). Prefect with what it needs at run time;
@@ -388,6 +391,8 @@ class Pipeline:
                 "--stages", stage, *sets]  # fmt: skip
         self.note(label, "running", "eaglescale run")
         try:
+            if PLAIN_ONLY:
+                raise RuntimeError("H200_PLAIN=1")
             self.py(args, f"stage-{label}")
             self.note(label, "done", "eaglescale run", via="eaglescale run")
         except RuntimeError as e:
