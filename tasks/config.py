@@ -504,6 +504,7 @@ PATH_KEYS: tuple[PathKey, ...] = (
     PathKey("discover.sources[].path", "input", "source file, glob or folder"),
     PathKey("gate.registry_url", "output", "registry folder"),
     PathKey("gate.python", "input", "Python interpreter"),
+    PathKey("gate.reference_drafts[].path", "input", "reference draft folder"),
 )
 
 
@@ -707,6 +708,8 @@ def _input_problem(origin: PathOrigin) -> str | None:
         if any(ch in value for ch in _GLOB_CHARS):
             return None if glob.glob(value) else f"no file matches {value}"
         return None if os.path.exists(value) else f"no file or folder at {value}"
+    if origin.key.startswith("gate.reference_drafts"):
+        return None if os.path.isdir(value) else f"no {origin.what} at {value}"
     if os.path.isfile(value):
         return None
     return f"no {origin.what} at {value}"
@@ -716,11 +719,11 @@ def _needs_locally(config: EagleScaleConfig, key: str) -> bool:
     """Whether the stages this process runs read the input at `key` (others run elsewhere)."""
     if key.startswith("discover.sources"):
         return "discover" in config.stages
-    if key == "gate.python":
+    if key == "gate.python" or key.startswith("gate.reference_drafts"):
         return (
             "gate" in config.stages
             and "gate" not in config.orchestration.stage_deployments
-            and config.gate.engine == "sglang"
+            and (config.gate.engine == "sglang" or key.startswith("gate.reference_drafts"))
         )
     return True  # the target: the parent reads its tokenizer for the fingerprint, every stage uses it
 

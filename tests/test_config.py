@@ -266,3 +266,22 @@ def test_missing_package_path_is_named(tmp_path):
         check_input_paths(load_config(params))
     # Inputs of a stage that does not run here are not required.
     check_input_paths(load_config(params, ["stages=[train]"]))
+
+
+def test_reference_draft_paths_resolve_against_the_params_folder_and_must_exist_for_the_gate(tmp_path: Path) -> None:
+    from tasks.config import ConfigError, check_input_paths, load_config
+
+    model = tmp_path / "model"
+    model.mkdir()
+    params = tmp_path / "p" / "params.yaml"
+    params.parent.mkdir()
+    params.write_text(
+        f"run_root: run\nstages: [gate]\ntarget: {{model_path: {model}}}\n"
+        "gate: {engine: emulated, reference_drafts: [{name: public, path: ../drafts/public}]}\n"
+    )
+    cfg = load_config(params)
+    assert cfg.gate.reference_drafts[0].path == str(tmp_path / "drafts" / "public")
+    with pytest.raises(ConfigError, match=r"gate.reference_drafts\[0\].path: no reference draft folder at .*drafts/public .'../drafts/public' relative to the folder of the params file"):
+        check_input_paths(cfg)
+    (tmp_path / "drafts" / "public").mkdir(parents=True)
+    check_input_paths(cfg)
