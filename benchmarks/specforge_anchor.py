@@ -91,7 +91,11 @@ def specforge_inputs(batch: Any, padding: Any, device: torch.device) -> dict[str
     }
 
 
-def train_specforge(params: str, out: Path, backend: str, max_steps: int | None, device_name: str) -> dict[str, Any]:
+def train_specforge(
+    params: str, out: Path, backend: str, max_steps: int | None, device_name: str, stop_file: Path | None = None
+) -> dict[str, Any]:
+    """Train for the train config's steps (or `max_steps`); once `stop_file` exists, stop at the
+    step reached and export that (the result says so: `stopped_early`)."""
     from tasks.config import load_config
     from tasks.draft.data import ShardReader, build_index, iter_batches, plan_epoch
     from tasks.draft.target_heads import load_target_heads
@@ -133,8 +137,8 @@ def train_specforge(params: str, out: Path, backend: str, max_steps: int | None,
     step, tokens, losses, last_acc = 0, 0, [], []
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     began = time.perf_counter()
-    epoch = 0
-    while step < total:
+    epoch, stopped = 0, False
+    while step < total and not stopped:
         batches = plan_epoch(index, "train", epoch, train.seed, train.batch_tokens)
         for batch in iter_batches(reader, batches, pin=device.type == "cuda"):
             inputs = specforge_inputs(batch, sf["padding"], device)
@@ -149,6 +153,11 @@ def train_specforge(params: str, out: Path, backend: str, max_steps: int | None,
                 last_acc = [float(a) for a in acces]
             if step >= total:
                 break
+            if stop_file is not None and stop_file.exists():
+                losses.append({"step": step, "loss": loss.item()})
+                last_acc = [float(a) for a in acces]
+                stopped = True
+                break
         epoch += 1
     sync()
     seconds = time.perf_counter() - began
@@ -160,7 +169,8 @@ def train_specforge(params: str, out: Path, backend: str, max_steps: int | None,
         config_path.write_text(json.dumps(draft_cfg))
         sf["export"](str(state), str(config_path), str(out / "draft"))
     result = {"trainer": "specforge 0.2.0 (draft model, TTT objective, optimizer, exporter)", "backend": backend,
-              "steps": step, "train_tokens": tokens, "seconds": seconds, "tok_per_s": tokens / seconds,
+              "steps": step, "planned_steps": total, "stopped_early": stopped, "train_tokens": tokens,
+              "seconds": seconds, "tok_per_s": tokens / seconds,
               "learning_rate": train.learning_rate, "batch_tokens": train.batch_tokens,
               "ttt_steps": train.ttt_steps, "losses": losses, "last_step_acc": last_acc,
               "draft": str(out / "draft")}  # fmt: skip
@@ -176,8 +186,9 @@ def main() -> int:
                         help="SpecForge attention backend (sdpa takes the padding mask of mixed-length batches)")
     parser.add_argument("--max-steps", type=int, help="stop after N steps (default: the train config's)")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--stop-file", type=Path, help="stop training once this file exists, and export")
     args = parser.parse_args()
-    result = train_specforge(args.params, Path(args.out), args.backend, args.max_steps, args.device)
+    result = train_specforge(args.params, Path(args.out), args.backend, args.max_steps, args.device, args.stop_file)
     print(json.dumps({k: v for k, v in result.items() if k not in ("losses",)}))
     return 0
 
