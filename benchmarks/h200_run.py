@@ -386,9 +386,10 @@ class Pipeline:
             raise RuntimeError(f"{' '.join(args[:3])} exited {proc.returncode} (logs/{log}.log)")
         return proc
 
-    def stage(self, stage: str, *overrides: str, label: str | None = None) -> None:
+    def stage(self, stage: str, *overrides: str, label: str | None = None, env: dict[str, str] | None = None) -> None:
         """`eaglescale run --stages STAGE`; on failure, the stage's plain entry points once.
-        `label` names the step in status.json and its logs (default: the stage)."""
+        `label` names the step in status.json and its logs (default: the stage); `env`, the
+        processes' environment (default: the pipeline's)."""
         label = label or stage
         sets = [a for o in (*EXTRA_SETS, *overrides) for a in ("--set", o)]
         args = ["-m", "flows.cli", "run", "--params", str(PROFILE), "--run-root", str(self.run_root),
@@ -397,11 +398,11 @@ class Pipeline:
         try:
             if PLAIN_ONLY:
                 raise RuntimeError("H200_PLAIN=1")
-            self.py(args, f"stage-{label}")
+            self.py(args, f"stage-{label}", env)
             self.note(label, "done", "eaglescale run", via="eaglescale run")
         except RuntimeError as e:
             self.note(label, "fallback", str(e), via="plain entry points")
-            self.py([str(Path(__file__).resolve()), "node", "plain", stage, *sets], f"plain-{label}")
+            self.py([str(Path(__file__).resolve()), "node", "plain", stage, *sets], f"plain-{label}", env)
             self.note(label, "done", "plain entry points", via="plain entry points", prefect_error=str(e))
 
     # -- steps
@@ -507,12 +508,19 @@ class Pipeline:
     def train(self) -> None:
         """The draft (the train stage without scaling fractions, with its own fallback), then,
         once its vocabulary map exists, the scaling drafts and SpecForge's draft beside it on the
-        same GPU; then the train stage once more to resume, export and index what they made."""
+        same GPU; then the train stage once more to resume, export and index what they made.
+
+        The trainers share the GPU: expandable segments keep the caching allocator from holding
+        a block per batch shape (the second run saw 61 and 44 GiB reserved by two of ours, and
+        SpecForge beside them died of out-of-memory). A SpecForge attempt that fails beside ours
+        is run once more alone, after them."""
         import threading
 
         self.note("train-parallel", "running")
+        (NODE / "specforge.stop").unlink(missing_ok=True)  # a restarted pipeline's old one
+        env = {**self.env, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
         main = threading.Thread(target=self.stage, args=("train", "train.scaling_fractions=[]"),
-                                kwargs={"label": "train-draft"}, daemon=True)  # fmt: skip
+                                kwargs={"label": "train-draft", "env": env}, daemon=True)  # fmt: skip
         main.start()
         vocab = self.run_root / "train/vocab_map.safetensors"
         while not vocab.exists() and main.is_alive():
@@ -520,25 +528,29 @@ class Pipeline:
         if not vocab.exists():  # the draft's training failed both ways: nothing to train beside it
             main.join()
             raise RuntimeError("the draft's training wrote no vocabulary map (logs/stage-train-draft.log, plain-train-draft.log)")
-        procs = {"scaling": self.py([str(Path(__file__).resolve()), "node", "scaling"], "train-scaling", wait=False)}
+        procs = {"scaling": self.py([str(Path(__file__).resolve()), "node", "scaling"], "train-scaling", env, wait=False)}
+        specforge = [str(REPO / "benchmarks/specforge_anchor.py"), "--params", str(NODE / "params.yaml"),
+                     "--out", str(NODE / "specforge"), "--stop-file", str(NODE / "specforge.stop")]  # fmt: skip
         if not REHEARSAL:
-            procs["specforge"] = self.py([str(REPO / "benchmarks/specforge_anchor.py"), "--params",
-                                          str(NODE / "params.yaml"), "--out", str(NODE / "specforge"),
-                                          "--stop-file", str(NODE / "specforge.stop")],
-                                         "specforge", wait=False)  # fmt: skip
+            procs["specforge"] = self.py(specforge, "specforge", env, wait=False)
         began = time.time()
         codes = {"scaling": procs["scaling"].wait()}
         main.join()
         if "specforge" in procs:
             ours = time.time() - began
+            proc = procs["specforge"]
+            if proc.poll() not in (None, 0):  # it failed beside ours (out of memory): alone, once
+                codes["specforge-beside"] = proc.returncode
+                proc = self.py(specforge, "specforge-alone", env, wait=False)
             try:
-                codes["specforge"] = procs["specforge"].wait(timeout=max(SPECFORGE_MIN_GRACE_S, ours))
+                codes["specforge"] = proc.wait(timeout=max(SPECFORGE_MIN_GRACE_S, ours))
             except subprocess.TimeoutExpired:
                 (NODE / "specforge.stop").write_text("eaglescale's drafts are done")
-                codes["specforge"] = procs["specforge"].wait()
+                codes["specforge"] = proc.wait()
         self.save_measure("train_parallel_exit", codes)
-        self.note("train-parallel", "done" if not any(codes.values()) else "failed-part", json.dumps(codes))
-        self.stage("train")
+        self.note("train-parallel", "done" if not codes["scaling"] and not codes.get("specforge") else "failed-part",
+                  json.dumps(codes))  # fmt: skip
+        self.stage("train", env=env)
 
     def pipeline(self) -> None:
         try:
@@ -751,7 +763,7 @@ def node_plain(stage: str, overrides: list[str]) -> int:
 def collect(args: argparse.Namespace) -> int:
     from benchmarks.real_run_report import write_real_run
 
-    path = write_real_run(Path(args.results), REPO / "benchmarks/results")
+    path = write_real_run(Path(args.results), REPO / "benchmarks/results", Path(args.earlier) if args.earlier else None)
     print(path)
     return 0
 
@@ -764,6 +776,7 @@ def main() -> int:
     p.add_argument("--bundle", required=True, help="folder with the SGLang bundle's part-* and SHA256")
     c = sub.add_parser("collect", help="here: the node's results -> benchmarks/results/real-run.json")
     c.add_argument("results", help="folder holding what `node wait` left in $OUT")
+    c.add_argument("--earlier", help="an earlier run's results folder, kept beside it (earlier_run)")
     n = sub.add_parser("node", help="on the H200 node")
     n.add_argument("what", choices=["receive", "start", "wait", "pipeline", "reference", "agreement", "scaling", "plain"])
     n.add_argument("arg", nargs="?")
