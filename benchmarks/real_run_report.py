@@ -81,7 +81,8 @@ def _agreement(results: Results, measure: dict[str, Any]) -> dict[str, Any] | No
 
 def plot_scaling_training(drafts: list[dict[str, Any]]) -> bytes | None:
     """The trainer's held-out simulated acceptance (TTT unroll) and first-position accuracy of
-    each scaling draft against its training sequences: the offline side of the curve."""
+    each draft (scaling drafts and the full one) against its training sequences: the offline
+    side of the curve."""
     rows = [(d["samples"], d["best"]) for d in drafts if d.get("best")]
     if len(rows) < 2:
         return None
@@ -103,7 +104,7 @@ def plot_scaling_training(drafts: list[dict[str, Any]]) -> bytes | None:
     ax.set_xscale("log")
     ax.set_xlabel("training sequences")
     ax.set_ylabel("tokens per verify (simulated, 7 steps)")
-    ax.set_title("SmolLM2 scaling drafts on real ShareGPT data (3 epochs each)")
+    ax.set_title("SmolLM2 drafts on real ShareGPT data (same recipe, 3 epochs each)")
     ax.legend(loc="upper left")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
@@ -131,6 +132,16 @@ def _scaling_results(results: Results) -> list[dict[str, Any]]:
             out.append({"samples": int(name.split("frac-")[1].split("/")[0]), "steps": r.get("steps"),
                         "best": r.get("best"), "evals": r.get("evals")})  # fmt: skip
     return sorted(out, key=lambda e: e["samples"])
+
+
+def _offline_curve(results: Results, train: dict[str, Any] | None, index: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The trainer's side of the data-scaling curve: each scaling draft and the full draft (all
+    training sequences), with their held-out evaluations."""
+    points = _scaling_results(results)
+    if train and train.get("best") and index and index.get("train_sequences"):
+        points.append({"samples": index["train_sequences"], "steps": train.get("steps"), "best": train["best"],
+                       "evals": train.get("evals")})  # fmt: skip
+    return points
 
 
 def _goal(name: str, target: str, value: Any, met: bool | None) -> dict[str, Any]:
@@ -208,7 +219,8 @@ def build(results: Results) -> dict[str, Any]:
         "agreement_sglang_vs_transformers": _agreement(results, measure),
         "extraction": extraction,
         "training": {"steps": (train or {}).get("steps"), "best": (train or {}).get("best"),
-                     "scaling_drafts": (scaling_index or {}).get("drafts") or _scaling_results(results)},  # fmt: skip
+                     "scaling_drafts": (scaling_index or {}).get("drafts") or _scaling_results(results),
+                     "curve_offline": _offline_curve(results, train, scaling_index)},  # fmt: skip
         "replay": replay and {"overall": replay.get("overall"), "per_domain": replay.get("per_domain")},
         "gate": gate,
         "prediction": prediction,
@@ -220,22 +232,45 @@ def build(results: Results) -> dict[str, Any]:
     }
 
 
-def write_real_run(folder: Path, dest: Path) -> Path:
-    results = Results(folder)
-    dest.mkdir(parents=True, exist_ok=True)
-    data = build(results)
+# What an earlier run keeps in real-run.json beside the latest (its measurements, not its set-up).
+EARLIER_KEYS = ("notes", "pipeline", "generation", "agreement_sglang_vs_transformers", "training", "replay",
+                "gate", "prediction", "scaling_curve", "specforge", "baseline", "goals")  # fmt: skip
+
+
+def _write_run(results: Results, data: dict[str, Any], dest: Path, prefix: str) -> None:
+    """The run's plots (and gate report) as dest/<prefix>-*.png, listed in data["plots"]."""
     for src, name in PLOTS.items():
         if src in results.files:
+            name = name.replace("real-run", prefix, 1)
             (dest / name).write_bytes(results.files[src])
             data.setdefault("plots", []).append(f"benchmarks/results/{name}")
-    curve = plot_scaling_training((data.get("training") or {}).get("scaling_drafts") or [])
+    training = data.get("training") or {}
+    curve = plot_scaling_training(training.get("curve_offline") or training.get("scaling_drafts") or [])
     if curve is not None:
-        (dest / "real-run-scaling-training.png").write_bytes(curve)
-        data.setdefault("plots", []).append("benchmarks/results/real-run-scaling-training.png")
+        (dest / f"{prefix}-scaling-training.png").write_bytes(curve)
+        data.setdefault("plots", []).append(f"benchmarks/results/{prefix}-scaling-training.png")
+    if "run/gate/report.md" in results.files:
+        (dest / f"{prefix}-gate-report.md").write_bytes(results.files["run/gate/report.md"])
+
+
+def write_real_run(folder: Path, dest: Path, earlier: Path | None = None) -> Path:
+    """dest/real-run.json and its plots from `folder`; with `earlier`, that run's measurements
+    under "earlier_run" and its plots as real-run-earlier-*. Plots of older collects are removed:
+    every file listed is one this collect wrote."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for old in [*dest.glob("real-run-*.png"), *dest.glob("real-run-*gate-report.md")]:
+        old.unlink()
+    results = Results(folder)
+    data = build(results)
+    _write_run(results, data, dest, "real-run")
+    if earlier is not None:
+        prior_results = Results(earlier)
+        prior = build(prior_results)
+        kept = {k: prior.get(k) for k in EARLIER_KEYS}
+        _write_run(prior_results, kept, dest, "real-run-earlier")
+        data["earlier_run"] = kept
     out = dest / "real-run.json"
     out.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    if "run/gate/report.md" in results.files:
-        (dest / "real-run-gate-report.md").write_bytes(results.files["run/gate/report.md"])
     return out
 
 
