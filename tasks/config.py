@@ -702,14 +702,12 @@ def _input_problem(origin: PathOrigin) -> str | None:
                 f"{value!r} is no hub id in the local Hugging Face cache either"
             )
         return None
-    if origin.key == "target.model_path":
-        return None if os.path.isdir(value) else f"no model folder at {value}"
+    if origin.key == "target.model_path" or origin.key.startswith("gate.reference_drafts"):  # folders
+        return None if os.path.isdir(value) else f"no {origin.what} at {value}"
     if origin.key.startswith("discover.sources"):
         if any(ch in value for ch in _GLOB_CHARS):
             return None if glob.glob(value) else f"no file matches {value}"
         return None if os.path.exists(value) else f"no file or folder at {value}"
-    if origin.key.startswith("gate.reference_drafts"):
-        return None if os.path.isdir(value) else f"no {origin.what} at {value}"
     if os.path.isfile(value):
         return None
     return f"no {origin.what} at {value}"
@@ -719,12 +717,10 @@ def _needs_locally(config: EagleScaleConfig, key: str) -> bool:
     """Whether the stages this process runs read the input at `key` (others run elsewhere)."""
     if key.startswith("discover.sources"):
         return "discover" in config.stages
-    if key == "gate.python" or key.startswith("gate.reference_drafts"):
-        return (
-            "gate" in config.stages
-            and "gate" not in config.orchestration.stage_deployments
-            and (config.gate.engine == "sglang" or key.startswith("gate.reference_drafts"))
-        )
+    if key.startswith("gate."):
+        gate_here = "gate" in config.stages and "gate" not in config.orchestration.stage_deployments
+        # The interpreter launches SGLang servers; reference drafts are read by every engine.
+        return gate_here and (key != "gate.python" or config.gate.engine == "sglang")
     return True  # the target: the parent reads its tokenizer for the fingerprint, every stage uses it
 
 

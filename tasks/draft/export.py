@@ -165,6 +165,13 @@ def sglang_files(
     return {WEIGHTS: st_save(weights, metadata={"format": "pt"}), CONFIG: _json(config)}
 
 
+def _is_converted_target(verifier: str) -> bool:
+    """A package or GGUF target: what transformers opens is its converted HF folder."""
+    from tasks.packages import is_package_path
+
+    return is_package_path(verifier) or verifier.endswith(".gguf")
+
+
 def verifier_reference(verifier: str) -> str:
     """What config.json records as the verifier: a name or path that resolves from anywhere.
 
@@ -174,10 +181,9 @@ def verifier_reference(verifier: str) -> str:
     what transformers can open; a hub id (`org/name`, or a bare name) and a URL are recorded as
     given. A path that does not exist is refused rather than recorded.
     """
-    from tasks.packages import is_package_path
-    from tasks.target import resolve_model_dir
+    if _is_converted_target(verifier):
+        from tasks.target import resolve_model_dir
 
-    if is_package_path(verifier) or verifier.endswith(".gguf"):
         return str(resolve_model_dir(verifier).resolve())
     if not verifier or "://" in verifier:
         return verifier
@@ -194,7 +200,8 @@ def verifier_reference(verifier: str) -> str:
 
 def verifier_architectures_of(verifier: str) -> list[str]:
     """The verifier's architectures when it is a local model folder (hub ids are not fetched)."""
-    verifier = verifier_reference(verifier) if verifier.endswith(".gguf") or "package://" in verifier else verifier
+    if _is_converted_target(verifier):
+        verifier = verifier_reference(verifier)
     config = Path(verifier).expanduser() / CONFIG
     if "://" not in verifier and config.is_file():
         return list(json.loads(config.read_text()).get("architectures") or [])
