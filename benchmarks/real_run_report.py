@@ -253,22 +253,22 @@ def _write_run(results: Results, data: dict[str, Any], dest: Path, prefix: str) 
         (dest / f"{prefix}-gate-report.md").write_bytes(results.files["run/gate/report.md"])
 
 
-def write_real_run(folder: Path, dest: Path, earlier: Path | None = None) -> Path:
-    """dest/real-run.json and its plots from `folder`; with `earlier`, that run's measurements
-    under "earlier_run" and its plots as real-run-earlier-*. Plots of older collects are removed:
-    every file listed is one this collect wrote."""
+def write_real_run(folder: Path, dest: Path, earlier: list[Path] = ()) -> Path:
+    """dest/real-run.json and its plots from `folder`; each of `earlier` (newest first) keeps its
+    measurements under "earlier_runs"[its folder's name] and its plots as real-run-<name>-*.
+    Plots of older collects are removed: every file listed is one this collect wrote."""
     dest.mkdir(parents=True, exist_ok=True)
     for old in [*dest.glob("real-run-*.png"), *dest.glob("real-run-*gate-report.md")]:
         old.unlink()
     results = Results(folder)
     data = build(results)
     _write_run(results, data, dest, "real-run")
-    if earlier is not None:
-        prior_results = Results(earlier)
+    for prior_folder in earlier:
+        prior_results = Results(prior_folder)
         prior = build(prior_results)
         kept = {k: prior.get(k) for k in EARLIER_KEYS}
-        _write_run(prior_results, kept, dest, "real-run-earlier")
-        data["earlier_run"] = kept
+        _write_run(prior_results, kept, dest, f"real-run-{prior_folder.name}")
+        data.setdefault("earlier_runs", {})[prior_folder.name] = kept
     out = dest / "real-run.json"
     out.write_text(json.dumps(data, indent=2, default=str) + "\n")
     return out

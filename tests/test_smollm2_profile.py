@@ -26,7 +26,7 @@ def small_profile(tmp_path: Path) -> Path:
     params["stages"] = ["discover", "generate", "extract", "train"]
     sharegpt, humaneval = params["discover"]["sources"]
     sharegpt["max_rows"], humaneval["max_rows"] = 60, 10
-    params["discover"].update(holdout_per_domain=1, total_prompts=10, max_prompt_tokens=256)
+    params["discover"].update(holdout_per_domain=1, total_prompts=10, domain_quotas={}, max_prompt_tokens=256)
     params["sampling"]["max_new_tokens"] = 6
     params["engine"] = {"kind": "local", "device": "cpu", "dtype": "float32", "batch_size": 10}
     params["generate"].update(shard_size=5, max_parallel_shards=1)
