@@ -72,7 +72,7 @@ def gate_flow(config: EagleScaleConfig) -> dict[str, Any]:
         return {k: done.get(k) for k in SUMMARY_KEYS} | {"skipped": True}
     notifier.stage_started("gate", {"engine": config.gate.engine, "num_steps": config.gate.num_steps})
     with gpu_slots(config, gpus_needed(config, "gate")), tempfile.TemporaryDirectory(prefix="eaglescale-gate-") as tmp:
-        outcome = run_gate_stage(config, Path(tmp))
+        outcome = run_gate_stage(config, Path(tmp), log)  # its progress lines show in the UI
     summary = outcome.summary
     log.info("gate: %s", summary["message"])
     create_markdown_artifact(_report_markdown(run, outcome), key="gate-report", description="Gate decision")

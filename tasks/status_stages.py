@@ -9,7 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from tasks.runfolder import RunFolder, ShardStore, read_leases
-from tasks.runfolder.layout import GATE_DONE, PROMOTED, TRAIN_BEST, TRAIN_FINAL, TRAIN_RESULT
+from tasks.runfolder.layout import (
+    GATE_DONE,
+    GATE_PROGRESS,
+    PROMOTED,
+    TRAIN_BEST,
+    TRAIN_FINAL,
+    TRAIN_RESULT,
+)
 
 
 def extract_status(run: RunFolder, generated: int, lease_ttl_s: float) -> dict[str, Any] | None:
@@ -42,19 +49,25 @@ def train_status(run: RunFolder) -> dict[str, Any] | None:
 
 
 def gate_status(run: RunFolder) -> dict[str, Any] | None:
-    done = run.read_json(GATE_DONE)
-    if done is None:
+    """The decision (gate/_SUCCESS.json) and, while a gate runs or after one failed, where it
+    is or stopped (gate/progress.json)."""
+    done, progress = run.read_json(GATE_DONE), run.read_json(GATE_PROGRESS)
+    if done is None and progress is None:
         return None
-    summary = done.get("summary", {})
+    summary = (done or {}).get("summary", {})
     promoted = run.read_json(PROMOTED)
-    return {
+    out: dict[str, Any] = {
         "outcome": summary.get("outcome"),
         "speedup": summary.get("speedup"),
         "ci": summary.get("ci"),
         "accept_length": summary.get("accept_length"),
         "message": summary.get("message"),
         "promoted_draft": (promoted or {}).get("draft_id"),
+        "progress": None,
     }
+    if progress is not None and progress.get("state") != "done":
+        out["progress"] = {k: progress.get(k) for k in ("state", "phase", "launches", "current", "message", "updated_at")}
+    return out
 
 
 def later_stages(run: RunFolder, generated: int, lease_ttl_s: float) -> dict[str, Any]:
@@ -83,7 +96,16 @@ def stage_rows(stages: dict[str, Any]) -> list[tuple[str, str]]:
                 f"simulated accept length {_fmt(tr['best_sim_accept_len'], '.3f')}")  # fmt: skip
         rows.append(("train", text + ("; exported" if tr["exported"] else "; not exported yet")))
     gate = stages.get("gate")
-    if gate is not None:
+    progress = (gate or {}).get("progress")
+    if progress is not None:  # a gate running now, or the last one's failure
+        n = progress.get("launches") or {}
+        text = (f"{str(progress['state']).upper()}: {progress.get('phase')}, {n.get('done', 0)} / {n.get('planned', 0)} "
+                f"launches done ({n.get('failed', 0)} failed)")  # fmt: skip
+        rows.append(("gate", text))
+        detail = progress.get("current") or (progress.get("message") if progress.get("state") == "failed" else None)
+        if detail:
+            rows.append(("", str(detail)))
+    if gate is not None and gate["outcome"] is not None:
         ci = gate["ci"] or [None, None]
         text = (f"{str(gate['outcome']).upper()}: speedup {_fmt(gate['speedup'], '.3f')}x "
                 f"(CI {_fmt(ci[0], '.3f')}–{_fmt(ci[1], '.3f')}), accept length {_fmt(gate['accept_length'], '.2f')}")  # fmt: skip

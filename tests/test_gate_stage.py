@@ -106,6 +106,20 @@ def test_local_gate_is_lossless_reports_and_keeps_the_previous_draft(trained, tm
     assert completed_gate(_with_gate(config, run_root, min_speedup=50.0, registry_url=str(registry))) is None
 
 
+def test_a_gate_that_fails_records_where_and_why(trained, tmp_path: Path) -> None:
+    config, _ = trained
+    run_root = _copy_run(config, tmp_path / "run")
+    import shutil
+
+    shutil.rmtree(run_root / "train/final")  # no exported draft to benchmark
+    with pytest.raises(FileNotFoundError, match="holds no exported draft"):
+        run_gate_stage(_with_gate(config, run_root, registry_url=str(tmp_path / "registry")), tmp_path / "work")
+    progress = json.loads((run_root / "gate/progress.json").read_text())
+    assert progress["state"] == "failed" and progress["phase"] == "preflight"
+    assert "FileNotFoundError" in progress["message"] and "train/final holds no exported draft" in progress["message"]
+    assert progress["launches"]["done"] == 0
+
+
 def _gate_cli(config: EagleScaleConfig, params: Path, tmp_path: Path, run_root: Path, sim: dict, registry: Path,
               slack_url: str) -> tuple[int, str]:  # fmt: skip
     data = yaml.safe_load(params.read_text())
@@ -115,7 +129,8 @@ def _gate_cli(config: EagleScaleConfig, params: Path, tmp_path: Path, run_root: 
     path = tmp_path / f"params-{len(list(tmp_path.glob('params-*')))}.yaml"
     path.write_text(yaml.safe_dump(data))
     log = tmp_path / "cli.log"
-    env = cli_env(tmp_path, SLACK_WEBHOOK_URL=f"{slack_url}/services/T000/B000/XXXSECRET")
+    # INFO: the flow's log lines (what the Prefect UI shows) reach the log file too.
+    env = cli_env(tmp_path, SLACK_WEBHOOK_URL=f"{slack_url}/services/T000/B000/XXXSECRET", PREFECT_LOGGING_LEVEL="INFO")
     rc = start_cli(["run", "--params", str(path)], env, log).wait(timeout=600)
     return rc, log.read_text()
 
@@ -135,6 +150,19 @@ def test_emulated_gate_promotes_then_keeps_it_when_a_slower_draft_loses(trained,
         texts = [json.dumps(r["json"]) for r in slack.requests]
         decision = [t for t in texts if "gate: PROMOTE" in t]
         assert decision and "speedup" in decision[0] and pointer["draft_id"] in decision[0]
+        # Where it was, launch by launch: the record, each launch's log tail, a line in the UI.
+        progress = json.loads((run_root / "gate/progress.json").read_text())
+        launches = 3 * GATE["repetitions"]  # baseline + num_steps 1, 2
+        assert progress["state"] == "done" and progress["phase"] == "done" and progress["message"]
+        assert progress["launches"] == {"planned": launches, "done": launches, "failed": 0}
+        rows = progress["finished"]
+        assert [r["launch"] for r in rows] == list(range(launches))
+        assert all(r["tok_s"] > 0 and r["requests"] == GATE["num_prompts"] for r in rows)
+        assert all(r["health_s"] > 0 and 0 < r["measure_s"] <= r["since_wave_start_s"] for r in rows)
+        assert all((r["accept_length"] is None) == (r["config"] == "baseline") for r in rows)
+        assert all(1.0 <= r["accept_length"] <= 3.0 for r in rows if r["accept_length"] is not None)
+        assert len(list((run_root / "gate/server-logs").iterdir())) == launches
+        assert f"gate: launch {launches}/{launches} " in log and "gate: benchmark: 3 configs x 2 repetitions" in log
 
         # A second run whose draft loses: rejected, the promoted draft stays the registry's.
         rc, log = _gate_cli(config, params, tmp_path, run_root, SLOW, registry, slack.url)

@@ -286,6 +286,30 @@ def test_later_stages_show_extraction_training_and_the_gate(tmp_path: Path) -> N
     assert "run-abc123" in text
 
 
+def test_a_running_gate_shows_where_it_is(tmp_path: Path) -> None:
+    root = make_run(tmp_path / "run")
+    run = open_run(str(root))
+    progress = {"state": "running", "phase": "benchmark", "launches": {"planned": 22, "done": 5, "failed": 1},
+                "current": "launch 6/22 eagle3-s3-k1-n4 rep 0: measuring", "updated_at": NOW - 3, "finished": []}  # fmt: skip
+    _write(root, "gate/progress.json", progress)
+    status = read_status(run, now=NOW)
+    assert status["gate"]["outcome"] is None and status["gate"]["progress"]["launches"]["done"] == 5
+    console = Console(width=120, record=True)
+    console.print(render_status(status))
+    text = console.export_text()
+    assert "RUNNING: benchmark, 5 / 22 launches done (1 failed)" in text
+    assert "launch 6/22 eagle3-s3-k1-n4 rep 0: measuring" in text
+    assert "PROMOTE" not in text and "promoted" not in text  # nothing decided yet
+    # A gate that failed says so, and why.
+    _write(root, "gate/progress.json", {**progress, "state": "failed", "current": None,
+                                        "message": "ServerStartError: baseline did not serve in 900 s"})  # fmt: skip
+    console = Console(width=120, record=True)
+    console.print(render_status(read_status(run, now=NOW)))
+    text = console.export_text()
+    assert "FAILED: benchmark, 5 / 22 launches done (1 failed)" in text
+    assert "ServerStartError: baseline did not serve in 900 s" in text
+
+
 def test_a_finished_run_reads_as_finished(tmp_path: Path, tiny_target_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A real run folder generated with the local engine, then resumed by a process that found
     every shard committed (a rerun of the DAG): status shows the run's own duration and

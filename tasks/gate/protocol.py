@@ -41,6 +41,7 @@ from tasks.gate.plan import (
     RequestRecord,
     launch_order,
 )
+from tasks.gate.progress import GateProgress
 from tasks.gate.server import (
     LaunchedServer,
     Launcher,
@@ -165,16 +166,20 @@ class GateRunner:
         configs: list[BenchConfig],
         prompts: list[BenchPrompt],
         work_dir: Path,
+        progress: GateProgress | None = None,
     ) -> None:
         if not prompts:
             raise GateStopped("no benchmark prompts")
         self.cfg, self.launcher, self.model_path = cfg, launcher, model_path
+        self.progress = progress
         self.configs, self.prompts, self.work_dir = configs, prompts, Path(work_dir)
         self.reference = BaselineOutputs()
         self._rids = itertools.count()
         self._order = launch_order(configs, cfg.repetitions)
         self._next = 0  # index into _order of the next launch run_protocol asks for
         self._started: dict[int, _Started] = {}
+        if progress is not None:
+            progress.planned(len(self._order))
 
     def run(self) -> BenchResult:
         with httpx.Client(timeout=self.cfg.request_timeout_s, trust_env=False) as client:
@@ -208,6 +213,8 @@ class GateRunner:
             spec = self._spec(config)
             log_path = self.work_dir / f"{i:03d}-{config.name.replace(':', '_')}-rep{rep}.log"
             servers[i] = (spec, launch(self.launcher, spec, log_path), time.time())
+        if self.progress is not None:
+            self.progress.wave(list(servers), [f"{self._order[i][1].name} rep {self._order[i][0]}" for i in servers])
         for i, (spec, server, started_at) in servers.items():
             config = self._order[i][1]
             try:
@@ -232,8 +239,12 @@ class GateRunner:
         record.started_at, server = started.started_at, started.server
         if server is None:
             record.error, record.log_path = started.error, started.log_path
+            if self.progress is not None:
+                self.progress.launch_done(index, record)
             return
         record.url, record.log_path, record.health_s = server.url, str(server.log_path), started.health_s
+        if self.progress is not None:
+            self.progress.measuring(index, config.name, rep, started.health_s)
         try:
             self._measure(client, server.url, started.spec, config, rep, record)
         except GateStopped as e:
@@ -246,6 +257,8 @@ class GateRunner:
             record.log = log.to_dict()
             steps = config.spec.num_steps if config.spec else 0
             record.graph_problems = log.graph_problems(config.spec is not None, steps)
+            if self.progress is not None:
+                self.progress.launch_done(index, record)
 
     def _measure(
         self, client: httpx.Client, url: str, spec: LaunchSpec, config: BenchConfig, rep: int, record: LaunchRecord

@@ -7,7 +7,8 @@ the previous draft, and trace the data-scaling curve when the train stage made s
 Everything lands under <run_root>/gate/: replay.json (acceptance per num_steps, overall and
 per domain, with CIs), costs.json and prediction.json (the cost model: the local engine's timed
 steps, or the server launches' cost probes), report.json/.md and plots/, server-logs/ (server
-engines), scaling/ (with scaling drafts) and _SUCCESS.json; promoted.json goes to the run root.
+engines), scaling/ (with scaling drafts), progress.json (where it is while it runs) and
+_SUCCESS.json; promoted.json goes to the run root.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from tasks.gate.plan import (
     plan_configs,
 )
 from tasks.gate.preflight import preflight_sweep
+from tasks.gate.progress import GateProgress, Logger, keep_server_log_tail
 from tasks.gate.promote import promote
 from tasks.gate.replay import ReplayResult, replay
 from tasks.gate.report import write_gate_report
@@ -156,7 +158,7 @@ def _benchmark_local(
 
 
 def _benchmark_server(
-    config: EagleScaleConfig, configs: list[BenchConfig], prompts: list[Any], work_dir: Path
+    config: EagleScaleConfig, configs: list[BenchConfig], prompts: list[Any], work_dir: Path, progress: GateProgress
 ) -> BenchResult:
     from tasks.gate.protocol import GateRunner
     from tasks.gate.server import EmulatedLauncher, Launcher, SGLangLauncher
@@ -172,21 +174,14 @@ def _benchmark_server(
     logs.mkdir(parents=True, exist_ok=True)
     # Servers load a local HF folder: a package or GGUF target is its converted folder.
     model_dir = str(resolve_model_dir(config.target.model_path, config.target.revision))
-    return GateRunner(gate, launcher, model_dir, configs, prompts, logs).run()
-
-
-SERVER_LOGS = "gate/server-logs"
-LOG_TAIL_BYTES = 64 * 1024
+    return GateRunner(gate, launcher, model_dir, configs, prompts, logs, progress).run()
 
 
 def keep_server_log_tails(run: RunFolder, result: BenchResult) -> None:
-    """The end of every launch's server log in the run folder (gate/server-logs/): the
-    evidence of its CUDA-graph captures and decode lines, and why one failed, outlive the
-    gate's temporary folder."""
+    """Every launch's server-log tail in the run folder (gate/server-logs/), those of a wave a
+    stop cut short included; each finished launch's was kept already as it ended."""
     for launch in result.launches:
-        path = Path(launch.log_path) if launch.log_path else None
-        if path is not None and path.is_file():
-            run.write_bytes_atomic(f"{SERVER_LOGS}/{path.name}", path.read_bytes()[-LOG_TAIL_BYTES:])
+        keep_server_log_tail(run, launch.log_path)
 
 
 def calibrated_prediction(costs: dict[str, Any], decision: GateDecision, replayed: ReplayResult) -> Prediction | None:
@@ -332,15 +327,28 @@ def _scaling(
     return write_scaling_report(run, points, break_even, k)
 
 
-def run_gate_stage(config: EagleScaleConfig, work_dir: Path) -> GateOutcome:
+def run_gate_stage(config: EagleScaleConfig, work_dir: Path, logger: Logger | None = None) -> GateOutcome:
     """The whole gate for the run's exported draft. Raises PreflightError before any benchmark
     when a draft does not fit its configs; a benchmark that cannot give valid evidence
     (acceptance below the floor, a server that does not echo its launch) ends in a "stopped"
-    decision."""
+    decision. Where it is goes to gate/progress.json and to `logger` (tasks/gate/progress.py)."""
+    run = RunFolder(config.run_root, config.storage_options)
+    progress = GateProgress(run, logger)
+    try:
+        outcome = _gate(config, run, work_dir, progress)
+    except BaseException as e:
+        progress.finished("failed", f"{type(e).__name__}: {e}")
+        raise
+    progress.finished("done", outcome.summary["message"])
+    return outcome
+
+
+def _gate(config: EagleScaleConfig, run: RunFolder, work_dir: Path, progress: GateProgress) -> GateOutcome:
     from tasks.extract.storage import extract_metadata
     from tasks.target import read_model_config, resolve_model_dir, text_config
 
-    gate, run = config.gate, RunFolder(config.run_root, config.storage_options)
+    gate = config.gate
+    progress.phase("preflight")
     identity = gate_identity(run, config)  # the draft as benchmarked, hashed once
     draft_dir = materialize_draft(run, work_dir / "draft")
     target_config = text_config(read_model_config(resolve_model_dir(config.target.model_path)))
@@ -352,18 +360,21 @@ def run_gate_stage(config: EagleScaleConfig, work_dir: Path) -> GateOutcome:
         specs = [c.spec for c in configs if c.spec is not None and c.spec.draft_model_path == path
                  and (gate.engine != "local" or c.spec.topk == 1)]  # fmt: skip
         preflight_sweep(path, specs, target_config, aux_ids)
+    progress.phase("replay", f"the draft over up to {gate.replay_sequences} held-out sequences")
     replayed = offline_replay(run, config, load_draft(config.target.model_path, draft_dir))
     encode = encoder_for_target(config.target.model_path, config.target.chat_template)
     prompts = load_bench_prompts(run, gate.num_prompts, gate.prompt_seed, encode)
+    progress.phase("benchmark", f"{len(configs)} configs x {gate.repetitions} repetitions on the {gate.engine} engine")
     if gate.engine == "local":
         result, costs = _benchmark_local(config, draft_dir, configs, prompts)
         decision = decide(result, gate)
         prediction = calibrated_prediction(costs, decision, replayed)
     else:
-        result = _benchmark_server(config, configs, prompts, work_dir)
+        result = _benchmark_server(config, configs, prompts, work_dir, progress)
         keep_server_log_tails(run, result)
         decision = decide(result, gate)
         costs, prediction = server_prediction(result, replayed)
+    progress.phase("decide")
     if costs is not None:
         run.write_json_atomic(COSTS_KEY, costs)
     if prediction is not None:
@@ -376,6 +387,7 @@ def run_gate_stage(config: EagleScaleConfig, work_dir: Path) -> GateOutcome:
         run, decision, f"{run.url}/{DRAFT_KEY}", gate.registry_url,
         registry_storage_options=gate.registry_storage_options, draft_storage_options=config.storage_options,
     )  # fmt: skip
+    progress.phase("scaling")
     scaling = _scaling(run, config, replayed, decision, prediction, work_dir)
     run.write_json_atomic(DONE_KEY, {"identity": identity, "summary": summary})
     pred = prediction.to_dict() if prediction else None

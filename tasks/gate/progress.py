@@ -1,0 +1,117 @@
+"""Where a running gate is: gate/progress.json in the run folder and one log line per event.
+
+A gate of tens of fresh server launches runs for many minutes (for a large target, an hour);
+without this the Prefect UI shows "gate started" and nothing until the decision, and a gate cut
+short (a crash, a lease that ends) leaves no word of how far it got. Each event rewrites the
+record atomically: the phase (preflight, replay, benchmark, decide, scaling, done), the launches
+planned / done / failed, the one in progress, and per finished launch its tok/s, accept length,
+start-up seconds (health_s), measuring seconds (warm-up, cost probes and measured requests) and
+seconds since its wave started. A launch's server-log tail is kept in the run folder as soon as
+the launch ends (gate/server-logs/), not only after the last one. `eaglescale status` reads the
+record; nothing reads it to decide anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tasks.gate.plan import LaunchRecord
+from tasks.runfolder import RunFolder
+from tasks.runfolder.layout import GATE_PROGRESS
+
+SERVER_LOGS = "gate/server-logs"
+LOG_TAIL_BYTES = 64 * 1024
+
+Logger = logging.Logger | logging.LoggerAdapter
+
+
+def keep_server_log_tail(run: RunFolder, log_path: str | None) -> None:
+    """The end of one launch's server log in the run folder: the evidence of its CUDA-graph
+    captures and decode lines, and why it failed, outlive the gate's temporary folder."""
+    path = Path(log_path) if log_path else None
+    if path is not None and path.is_file():
+        run.write_bytes_atomic(f"{SERVER_LOGS}/{path.name}", path.read_bytes()[-LOG_TAIL_BYTES:])
+
+
+def launch_figures(record: LaunchRecord) -> dict[str, Any]:
+    """A finished launch's own numbers (the decision pools all launches of a config later)."""
+    ok = [r for r in record.requests if r.error is None and r.latency_s > 0]
+    tokens, seconds = sum(r.completion_tokens for r in ok), sum(r.latency_s for r in ok)
+    verifies = [r.spec_verify_ct for r in ok if r.spec_verify_ct]
+    return {
+        "tok_s": tokens / seconds if seconds > 0 else None,
+        "accept_length": (sum(r.completion_tokens for r in ok if r.spec_verify_ct) / sum(verifies))
+        if verifies else None,  # fmt: skip
+        "requests": len(record.requests),
+        "failed_requests": len(record.requests) - len(ok),
+    }
+
+
+class GateProgress:
+    """The record and its log lines. `logger` is where the lines go (the flow's run logger, so
+    that they show in the Prefect UI); `clock` is injectable for tests."""
+
+    def __init__(self, run: RunFolder, logger: Logger | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.run, self.log, self.clock = run, logger or logging.getLogger(__name__), clock
+        now = clock()
+        self.data: dict[str, Any] = {
+            "state": "running", "phase": None, "started_at": now, "updated_at": now,
+            "launches": {"planned": 0, "done": 0, "failed": 0}, "current": None, "finished": [],
+        }  # fmt: skip
+        self._wave_at: dict[int, float] = {}  # launch -> when its wave started
+        self._measuring_at: dict[int, float] = {}
+
+    def _write(self) -> None:
+        self.data["updated_at"] = self.clock()
+        self.run.write_json_atomic(GATE_PROGRESS, self.data)
+
+    def phase(self, name: str, detail: str = "") -> None:
+        self.data.update(phase=name, current=None)
+        self.log.info("gate: %s%s", name, f": {detail}" if detail else "")
+        self._write()
+
+    def planned(self, launches: int) -> None:
+        self.data["launches"]["planned"] = launches
+        self._write()
+
+    def wave(self, indices: list[int], names: list[str]) -> None:
+        now = self.clock()
+        for i in indices:
+            self._wave_at[i] = now
+        self.data["current"] = f"starting {len(indices)} server(s): {', '.join(names)}"
+        self.log.info("gate: %s", self.data["current"])
+        self._write()
+
+    def measuring(self, index: int, name: str, rep: int, health_s: float | None) -> None:
+        self._measuring_at[index] = self.clock()
+        total = self.data["launches"]["planned"]
+        self.data["current"] = f"launch {index + 1}/{total} {name} rep {rep}: measuring"
+        self.log.info("gate: %s (serving after %.0f s)", self.data["current"], health_s or 0.0)
+        self._write()
+
+    def launch_done(self, index: int, record: LaunchRecord) -> None:
+        keep_server_log_tail(self.run, record.log_path)
+        counts = self.data["launches"]
+        counts["done"] += 1
+        counts["failed"] += bool(record.error)
+        now = self.clock()
+        measuring_at = self._measuring_at.get(index)
+        row = {"launch": index, "config": record.config, "repetition": record.repetition,
+               "health_s": record.health_s, "measure_s": now - measuring_at if measuring_at is not None else None,
+               "since_wave_start_s": now - self._wave_at.get(index, now), "error": record.error,
+               **launch_figures(record)}  # fmt: skip
+        self.data["finished"].append(row)
+        self.data["current"] = None
+        figures = (f"{row['tok_s']:.1f} tok/s" if row["tok_s"] else "no tok/s") + (
+            f", accept length {row['accept_length']:.2f}" if row["accept_length"] else "")  # fmt: skip
+        self.log.info("gate: launch %d/%d %s rep %d done: %s%s", index + 1, counts["planned"], record.config,
+                      record.repetition, figures, f" (error: {record.error})" if record.error else "")  # fmt: skip
+        self._write()
+
+    def finished(self, state: str, message: str) -> None:
+        self.data.update(state=state, phase="done" if state == "done" else self.data["phase"], message=message)
+        self._write()
