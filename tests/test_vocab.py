@@ -115,11 +115,13 @@ def test_out_of_range_token_named() -> None:
     assert int(count_tokens([_seq([3, 12], [1, 0])], 12).sum()) == 1
 
 
-def test_build_for_run_counts_training_split_only(tmp_path) -> None:
-    """Real extract shard (H6's writer, the commit protocol): eval tokens never count."""
+def test_the_trainer_counts_the_training_split_only(tmp_path) -> None:
+    """Real extract shard (its writer, the commit protocol), through the trainer's own pass
+    (index and counts together): eval tokens never count."""
     import pyarrow as pa
 
-    from tasks.draft.vocab import build_vocab_map_for_run
+    from tasks.draft.trainer import Dist, vocab_and_index
+    from tasks.draft.vocab import VOCAB_MAP_KEY
     from tasks.engines.local_capture import CapturedStates
     from tasks.extract.sequences import TrainingSequence
     from tasks.extract.storage import ShardWriter
@@ -139,7 +141,8 @@ def test_build_for_run_counts_training_split_only(tmp_path) -> None:
     dead = pa.Table.from_pylist([], schema=pa.schema([("request_id", pa.string())]))
     keys = [r[0] for r in rows]
     ShardStore(run, "extract").commit_payload("s0", writer.to_bytes(), "safetensors", keys, dead, keys, "a", "fp")
-    vmap = build_vocab_map_for_run(run, vocab_size=vocab, draft_vocab_size=3)
+    vmap, index = vocab_and_index(run, vocab, 3, Dist.current())
+    assert run.exists(VOCAB_MAP_KEY) and index is not None
     # train masked tokens: 7,7,7,9 and 2,9,5 -> counts 7:3, 9:2, 2:1, 5:1 (tie 2 < 5); 30 is eval only.
     assert vmap.draft_ids.tolist() == [2, 7, 9]
     assert (vmap.stats["masked_tokens"], vmap.stats["covered_tokens"]) == (7, 6)

@@ -105,8 +105,12 @@ def _draft_config(cfg: TrainConfig, target_path: str, extract_meta: dict[str, An
     return draft_cfg
 
 
-def _vocab_and_index(run: RunFolder, draft_cfg: DraftConfig, rank: Dist, vocab_map: VocabMap | None):
-    """Rank 0 indexes the data and (if needed) counts the vocabulary in the same pass."""
+def vocab_and_index(
+    run: RunFolder, vocab_size: int, draft_vocab_size: int, rank: Dist, vocab_map: VocabMap | None = None
+) -> tuple[VocabMap, Any]:
+    """The draft vocabulary map and the data index. Rank 0 indexes the data and, when neither
+    `vocab_map` nor a saved map exists, counts the training split's loss-masked tokens in the
+    same pass (eval sequences never count) and saves the map; the other ranks load both."""
     if rank.rank == 0:
         have_map = vocab_map is not None or run.exists(VOCAB_MAP_KEY)
         counted: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -117,8 +121,8 @@ def _vocab_and_index(run: RunFolder, draft_cfg: DraftConfig, rank: Dist, vocab_m
 
         index = build_index(run, None if have_map else visit, use_cache=have_map)
         if vocab_map is None and not have_map:
-            counts = count_tokens(counted, draft_cfg.vocab_size)
-            build_vocab_map(counts, draft_cfg.draft_vocab_size).save(run)
+            counts = count_tokens(counted, vocab_size)
+            build_vocab_map(counts, draft_vocab_size).save(run)
         elif vocab_map is not None:
             vocab_map.save(run)
     rank.barrier()
@@ -200,7 +204,7 @@ def train_draft(
     draft_cfg = _draft_config(cfg, target_model_path, extract_metadata(run))
     if rank.rank == 0:
         ckpt.remove_incomplete(run)
-    vocab, index = _vocab_and_index(run, draft_cfg, rank, vocab_map)
+    vocab, index = vocab_and_index(run, draft_cfg.vocab_size, draft_cfg.draft_vocab_size, rank, vocab_map)
     index = index.limited("train", max_train_sequences)
     if vocab.draft_vocab_size != draft_cfg.draft_vocab_size or vocab.vocab_size != draft_cfg.vocab_size:
         raise TrainError(
@@ -283,6 +287,9 @@ def train_draft(
 
     def record_eval() -> bool:
         result = evaluate()
+        if device.type == "cuda":  # what sizing batch_tokens (or sharing the GPU) needs to know
+            result.update(cuda_peak_allocated_gib=torch.cuda.max_memory_allocated(device) / 2**30,
+                          cuda_peak_reserved_gib=torch.cuda.max_memory_reserved(device) / 2**30)  # fmt: skip
         state["evals"].append(result)
         better = step > 0 and (state["best"] is None or result["sim_accept"] > state["best"]["sim_accept"])
         if better:

@@ -169,11 +169,3 @@ def build_vocab_map(counts: torch.Tensor, draft_vocab_size: int) -> VocabMap:
         "padded": max(0, size - distinct),
     }
     return VocabMap(d2t=d2t, t2d=t2d, draft_ids=draft_ids, stats=stats)
-
-
-def build_vocab_map_for_run(run: RunFolder, vocab_size: int, draft_vocab_size: int) -> VocabMap:
-    """Count the training split's loss-masked tokens in a run's extracted shards and map them."""
-    from tasks.extract.storage import iter_extracted
-
-    seqs = ((s.input_ids, s.loss_mask) for s in iter_extracted(run, split="train"))
-    return build_vocab_map(count_tokens(seqs, vocab_size), draft_vocab_size)

@@ -15,7 +15,6 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -128,10 +127,3 @@ def read_journal(run: RunFolder, stage: str, shard_id: str) -> JournalReplay:
             records.extend(got)
             torn += bad
     return JournalReplay(records, torn, attempts)
-
-
-def iter_outcomes(replay: JournalReplay) -> Iterator[tuple[str, dict[str, Any]]]:
-    for rec in replay.records:
-        rid = rec.get("request_id")
-        if isinstance(rid, str):
-            yield rid, rec
