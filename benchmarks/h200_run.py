@@ -315,7 +315,7 @@ def _read_json(path: Path) -> Any:
 RESULT_FILES = (
     "run.json", "prompts/discovery_report.json", "prompts/_SUCCESS.json", "generate/progress.json",
 "train/result.json", "train/best.json", "train/scaling/index.json",
-    "train/plots/accuracy.png", "gate/report.json", "gate/report.md", "gate/replay.json", "gate/costs.json",
+    "train/plots/accuracy.png", "gate/report.json", "gate/report.md", "gate/progress.json", "gate/replay.json", "gate/costs.json",
     "gate/prediction.json", "gate/scaling/report.json", "gate/scaling/curve.png", "gate/plots/tok_s.png",
     "gate/plots/acceptance.png", "gate/plots/predicted_vs_measured.png", "promoted.json",
 )  # fmt: skip
@@ -525,8 +525,10 @@ class Pipeline:
 
         The trainers share the GPU: expandable segments keep the caching allocator from holding
         a block per batch shape (the second run saw 61 and 44 GiB reserved by two of ours, and
-        SpecForge beside them died of out-of-memory). A SpecForge attempt that fails beside ours
-        is run once more alone, after them."""
+        SpecForge beside them died of out-of-memory; the third, with them, fitted three). Each
+        draft's evaluations record its peak CUDA memory. A SpecForge attempt that fails beside
+        ours is run once more alone, after them, if the device time (`node start --budget`)
+        leaves it room."""
         import threading
 
         self.note("train-parallel", "running")
@@ -541,13 +543,22 @@ class Pipeline:
         if not vocab.exists():  # the draft's training failed both ways: nothing to train beside it
             main.join()
             raise RuntimeError("the draft's training wrote no vocabulary map (logs/stage-train-draft.log, plain-train-draft.log)")
-        procs = {"scaling": self.py([str(Path(__file__).resolve()), "node", "scaling"], "train-scaling", env, wait=False)}
+        # The scaling drafts in two processes, the largest fraction alone and the others one after
+        # another (in the third run one process for all three was the long pole: 624 s beside
+        # the full draft's 394 s).
+        fractions = sorted(_config().train.scaling_fractions)
+        procs: dict[str, subprocess.Popen[bytes]] = {}
+        for group in (fractions[:-1], fractions[-1:]):
+            if group:
+                arg = ",".join(map(str, group))
+                procs[f"scaling-{arg}"] = self.py([str(Path(__file__).resolve()), "node", "scaling", arg],
+                                                  f"train-scaling-{arg.replace(',', '-')}", env, wait=False)  # fmt: skip
         specforge = [str(REPO / "benchmarks/specforge_anchor.py"), "--params", str(NODE / "params.yaml"),
                      "--out", str(NODE / "specforge"), "--stop-file", str(NODE / "specforge.stop")]  # fmt: skip
         if not REHEARSAL:
             procs["specforge"] = self.py(specforge, "specforge", env, wait=False)
         began = time.time()
-        codes = {"scaling": procs["scaling"].wait()}
+        codes = {name: proc.wait() for name, proc in procs.items() if name.startswith("scaling")}
         main.join()
         if "specforge" in procs:
             ours = time.time() - began
@@ -563,9 +574,8 @@ class Pipeline:
                 codes["specforge"] = proc.wait()
             self.save_measure("specforge_grace_s", grace)
         self.save_measure("train_parallel_exit", codes)
-        self.note("train-parallel", "done" if not codes["scaling"] and not codes.get("specforge") else "failed-part",
-                  json.dumps(codes))  # fmt: skip
-        self.stage("train", env=env)
+        self.note("train-parallel", "done" if not any(codes.values()) else "failed-part", json.dumps(codes))
+        self.stage("train", env=env)  # trains what failed beside the others, exports, writes the scaling index
 
     def seconds_left(self) -> float:
         """Seconds until SpecForge must have stopped (`node start --budget`; unbounded without)."""
@@ -700,12 +710,16 @@ def node_agreement(n: int = 32, new_tokens: int = 64) -> int:
     return 0
 
 
-def node_scaling() -> int:
+def node_scaling(fractions: str | None) -> int:
+    """The scaling drafts of these fractions (comma-separated; default: all of the profile's).
+    The index it writes lists only these; the train stage after it writes the whole one."""
     from tasks.draft.scaling_drafts import train_scaling_drafts
     from tasks.runfolder import RunFolder
 
     cfg = _config()
-    train_scaling_drafts(RunFolder(cfg.run_root), cfg.train, cfg.target.model_path)
+    train = cfg.train if not fractions else cfg.train.model_copy(
+        update={"scaling_fractions": [float(f) for f in fractions.split(",")]})  # fmt: skip
+    train_scaling_drafts(RunFolder(cfg.run_root), train, cfg.target.model_path)
     return 0
 
 
@@ -827,7 +841,7 @@ def main() -> int:
     if what == "agreement":
         return node_agreement()
     if what == "scaling":
-        return node_scaling()
+        return node_scaling(args.arg)
     return node_plain(args.arg, args.overrides)
 
 
