@@ -223,6 +223,7 @@ def build(results: Results) -> dict[str, Any]:
                      "curve_offline": _offline_curve(results, train, scaling_index)},  # fmt: skip
         "replay": replay and {"overall": replay.get("overall"), "per_domain": replay.get("per_domain")},
         "gate": gate,
+        "gate_progress": results.json("run/gate/progress.json"),  # how far a cut-short gate got
         "prediction": prediction,
         "scaling_curve": scaling,
         "specforge": {"training": specforge, "measured": sf,
@@ -234,7 +235,7 @@ def build(results: Results) -> dict[str, Any]:
 
 # What an earlier run keeps in real-run.json beside the latest (its measurements, not its set-up).
 EARLIER_KEYS = ("notes", "pipeline", "generation", "agreement_sglang_vs_transformers", "training", "replay",
-                "gate", "prediction", "scaling_curve", "specforge", "baseline", "goals")  # fmt: skip
+                "gate", "gate_progress", "prediction", "scaling_curve", "specforge", "baseline", "goals")  # fmt: skip
 
 
 def _write_run(results: Results, data: dict[str, Any], dest: Path, prefix: str) -> None:
