@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -18,12 +17,12 @@ from slack_sdk import WebClient
 from slack_sdk.webhook import WebhookClient
 
 from tasks.config import SlackConfig
+from tasks.redaction import REDACTED, redact_text, register_secret
 
 log = logging.getLogger(__name__)
 
 SEND_TIMEOUT_S = 5
 SECTION_LIMIT = 2900  # Slack rejects a section text over 3000 characters
-REDACTED = "[redacted]"
 
 Level = Literal["info", "success", "warning", "error"]
 LEVEL_ICON: dict[str, str] = {
@@ -39,34 +38,15 @@ class LoggerLike(Protocol):
     def warning(self, msg: str, *args: Any, **kwargs: Any) -> Any: ...
 
 
-_secrets: set[str] = set()
-_secrets_lock = threading.Lock()
-
-
-def register_secret(value: str) -> None:
-    """Make `value` redacted from every log line slack_sdk or this module emits from now on."""
-    if value:
-        with _secrets_lock:
-            _secrets.add(value)
-
-
-def redact(text: str) -> str:
-    with _secrets_lock:
-        known = sorted(_secrets, key=len, reverse=True)
-    for secret in known:
-        text = text.replace(secret, REDACTED)
-    return text
-
-
 class _RedactingFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        cleaned = redact(message)
+        cleaned = redact_text(message)
         if cleaned != message:
             record.msg, record.args = cleaned, None
         if record.exc_info and record.exc_info[1] is not None:
             # A traceback can quote the request URL; keep the type, drop the text.
-            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+            record.exc_text = redact_text(logging.Formatter().formatException(record.exc_info))
             record.exc_info = None
         return True
 
@@ -229,8 +209,8 @@ class Notifier:
             self.logger.warning(
                 "Slack notification failed (%s: %s); message was: %s",
                 type(e).__name__,
-                redact(str(e))[:300],
-                redact(fallback),
+                redact_text(str(e))[:300],
+                redact_text(fallback),
             )
             return False
         return True

@@ -124,7 +124,7 @@ def test_an_unreachable_server_names_itself_without_its_credentials(tmp_path, ti
     message = failed_cleanly(proc, EXIT_FAILED)
     assert "s3cret" not in proc.stdout + proc.stderr
     assert "2 shards (s00000-" in message
-    assert "EngineUnavailable: no SGLang server in rotation for 0.4s (http://127.0.0.1:" in message
+    assert "EngineUnavailable: no SGLang server in rotation for 0.4s (http://***@127.0.0.1:" in message
     assert "Fix: start the servers or correct engine.endpoints" in message
 
 

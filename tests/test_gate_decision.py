@@ -179,8 +179,8 @@ def test_gate_config_rejects_bad_thresholds_by_name() -> None:
 
 
 def test_report_redaction_is_word_wise() -> None:
-    from tasks.gate.report import redact
+    from tasks.redaction import redact_secret_keys as redact
 
     info = {"api_key": "sk-1", "tokenizer_path": "/t", "max_prefill_tokens": 8, "env": {"HF_TOKEN": "x"}}
-    assert redact(info) == {"api_key": "<redacted>", "tokenizer_path": "/t", "max_prefill_tokens": 8,
-                            "env": {"HF_TOKEN": "<redacted>"}}  # fmt: skip
+    assert redact(info) == {"api_key": "[redacted]", "tokenizer_path": "/t", "max_prefill_tokens": 8,
+                            "env": {"HF_TOKEN": "[redacted]"}}  # fmt: skip

@@ -110,7 +110,7 @@ def test_a_faster_speculative_config_is_promoted(tmp_path: Path, run: RunFolder)
     text = Path(run.path("gate/report.json")).read_text()
     assert "hf-secret-1" not in text
     report = json.loads(text)
-    assert report["gate_config"]["env"] == {"HF_TOKEN": "<redacted>"}
+    assert report["gate_config"]["env"] == {"HF_TOKEN": "[redacted]"}
     launches = report["bench"]["launches"]
     assert [(x["repetition"], x["config"]) for x in launches] == [
         (0, "baseline"), (0, "eagle3-s3-k1-n4"), (0, "eagle3-s3-k2-n6"),

@@ -58,7 +58,8 @@ from tasks.discover.result import (
     truncate_raw,
 )
 from tasks.discover.script import latin_fraction
-from tasks.discover.sources import SourceReader, redact
+from tasks.discover.sources import SourceReader
+from tasks.redaction import redact_url
 
 CountTokens = Callable[[Messages], int]
 
@@ -308,7 +309,7 @@ def _table(prompts: list[_Prompt]) -> pa.Table:
 def _source_info(src: SourceConfig) -> dict[str, Any]:
     return {
         "domain": src.domain,
-        "path": redact(src.path),
+        "path": redact_url(src.path),
         "file_format": src.file_format,
         "conversation_format": src.conversation_format,
         "prompt_turns": src.prompt_turns,

@@ -32,6 +32,7 @@ from fsspec.utils import infer_compression
 
 from tasks.config import ConfigError, SourceConfig
 from tasks.packages import PackagePathError, is_package_path, resolve_package_path
+from tasks.redaction import redact_url
 
 _EXTENSION_FORMATS = {
     ".jsonl": "jsonl",
@@ -66,11 +67,6 @@ class RawRow:
     raw_text: str | None = None  # the unparsable text as read
 
 
-def redact(url: str) -> str:
-    """Drop `user:password@` from a URL before it goes into a message."""
-    return re.sub(r"//[^/@\s]+@", "//***@", url)
-
-
 @dataclass(frozen=True)
 class _Plan:
     fs: fsspec.AbstractFileSystem
@@ -88,7 +84,7 @@ class SourceReader:
 
     def fail(self, what: str, file: str | None = None) -> SourceError:
         where = self.src.path if file is None or file == self.src.path else file
-        message = redact(f"source {self.src.name!r} ({where}): {what}")
+        message = redact_url(f"source {self.src.name!r} ({where}): {what}")
         # Drivers quote the parsed URL in their own words (e.g. `user:secret@bucket` as a bucket
         # name), so the credentials themselves are blanked wherever they appear.
         userinfo = re.search(r"//([^/@\s]+)@", self.src.path)

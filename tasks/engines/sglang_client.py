@@ -46,13 +46,14 @@ from tasks.engines.base import (
     OutcomeSink,
     ServerHealth,
 )
-from tasks.engines.sglang_pool import ServerPool, SGLangServer, redact_url
+from tasks.engines.sglang_pool import ServerPool, SGLangServer
 from tasks.engines.sglang_protocol import (
     MalformedResponse,
     dumps,
     error_message,
     read_generate_reply,
 )
+from tasks.redaction import redact_url
 
 _RETRYABLE_4XX = frozenset({408, 429})
 _DONE = object()

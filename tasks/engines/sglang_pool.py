@@ -15,20 +15,12 @@ import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from urllib.parse import urlsplit, urlunsplit
 
 from tasks.config import EngineConfig
 from tasks.engines.base import EngineUnavailable, ServerHealth
+from tasks.redaction import redact_url
 
 Probe = Callable[["SGLangServer", float], Awaitable[str | None]]
-
-
-def redact_url(url: str) -> str:
-    """The URL without user:password, for logs, errors and health reports."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
 
 
 class SGLangServer:

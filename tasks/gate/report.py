@@ -4,35 +4,18 @@ from __future__ import annotations
 
 import io
 import json
-import re
 import time
 from typing import Any
 
 from tasks.gate.config import GateConfig
 from tasks.gate.decision import ConfigSummary, GateDecision
 from tasks.gate.plan import BenchResult
+from tasks.redaction import redact_secret_keys
 from tasks.runfolder import RunFolder
 
 REPORT_JSON = "gate/report.json"
 REPORT_MD = "gate/report.md"
 PLOTS = "gate/plots"
-_SECRET_WORDS = frozenset({"key", "token", "secret", "password", "credential", "credentials"})
-
-
-def _secret(key: Any) -> bool:
-    # Word-wise, so api_key and HF_TOKEN match but tokenizer_path and max_prefill_tokens do not.
-    return bool(_SECRET_WORDS & set(re.split(r"[^a-z0-9]+", str(key).lower())))
-
-
-def redact(obj: Any) -> Any:
-    """A copy with the values of secret-looking keys (api_key, HF_TOKEN, ...) replaced."""
-    if isinstance(obj, dict):
-        return {k: "<redacted>" if _secret(k) and v else redact(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [redact(v) for v in obj]
-    return obj
-
-
 def _num(x: float | None, fmt: str = ".1f") -> str:
     return "-" if x is None else format(x, fmt)
 
@@ -196,8 +179,8 @@ def write_gate_report(
         "written_at": time.time(),
         "summary": decision.summary(),
         "decision": decision.to_dict(),
-        "gate_config": redact(cfg.model_dump()),
-        "bench": redact(result.to_dict()),
+        "gate_config": redact_secret_keys(cfg.model_dump()),
+        "bench": redact_secret_keys(result.to_dict()),
         "predictions": predictions,
     }
     run.write_bytes_atomic(REPORT_JSON, (json.dumps(report, indent=2, default=str) + "\n").encode())
