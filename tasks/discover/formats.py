@@ -10,7 +10,6 @@ stay as context) or the first user turn only. Anything that cannot be normalized
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import unicodedata
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.config import USER_TEMPLATE_PLACEHOLDER, PromptTurns, SystemTurns
+from tasks.runfolder.fingerprint import canonical_json
 
 Messages = list[dict[str, str]]
 
@@ -43,12 +43,9 @@ class MalformedRow(ValueError):
     """A row that cannot become a prompt; str(e) is the quarantine reason."""
 
 
-def canonical_json(messages: Messages) -> str:
-    """The one serialization that prompt ids hash: sorted keys, compact, UTF-8 (not \\u-escaped)."""
-    return json.dumps(messages, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
 def prompt_id_of(messages: Messages) -> str:
+    """The prompt's key: a sha256 prefix of the one canonical serialization (sorted keys, compact,
+    UTF-8 unescaped) that run.json and markers use too."""
     return hashlib.sha256(canonical_json(messages).encode("utf-8")).hexdigest()[:20]
 
 

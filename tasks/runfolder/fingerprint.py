@@ -21,6 +21,8 @@ class FingerprintMismatch(RuntimeError):
 
 
 def canonical_json(obj: Any) -> str:
+    """The one serialization that everything hashed is hashed in (prompt ids, request ids,
+    run.json, markers): sorted keys, compact, UTF-8 not \\u-escaped; non-JSON values as str."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
