@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from tasks.gate.config import GateConfig
-from tasks.gate.plan import BenchConfig, BenchResult, RequestRecord
+from tasks.gate.plan import CANDIDATE, BenchConfig, BenchResult, RequestRecord, is_default_chain
 from tasks.gate.protocol import accept_length
 
 
@@ -31,7 +31,7 @@ class ConfigSummary:
     baseline: bool
     spec: dict[str, Any] | None
     notes: list[str]
-    role: str = "candidate"  # tasks.gate.plan: candidate | reference | scaling
+    role: str = CANDIDATE  # tasks.gate.plan: candidate | reference | scaling
     samples: int | None = None  # scaling drafts: their training sequences
     n_requests: int = 0
     n_errors: int = 0
@@ -52,6 +52,10 @@ class ConfigSummary:
     ci_high: float | None = None
     eligible: bool = False
     reasons: list[str] = field(default_factory=list)
+
+    def is_candidate_chain(self) -> bool:
+        """Our draft at topk 1 in the default environment (what replay predicts and the curve plots)."""
+        return self.role == CANDIDATE and self.spec is not None and is_default_chain(self.env_name, self.spec["topk"])
 
 
 @dataclass
@@ -228,10 +232,10 @@ def decide(result: BenchResult, cfg: GateConfig) -> GateDecision:
         if ci is not None:
             s.speedup, s.ci_low, s.ci_high = ci
     # Only the run's own draft can be promoted; references and scaling drafts are measured beside it.
-    eligible = [s for s in summaries if s.role == "candidate" and not s.baseline and s.eligible and s.speedup is not None]
+    eligible = [s for s in summaries if s.role == CANDIDATE and not s.baseline and s.eligible and s.speedup is not None]
     if not eligible:
         decision.reasons = ["no speculative config is eligible"] + [
-            f"{s.name}: {'; '.join(s.reasons)}" for s in summaries if not s.baseline and s.role == "candidate"
+            f"{s.name}: {'; '.join(s.reasons)}" for s in summaries if not s.baseline and s.role == CANDIDATE
         ]
         return decision
     best = max(eligible, key=lambda s: s.median_tok_s or 0.0)

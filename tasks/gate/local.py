@@ -23,13 +23,14 @@ from tasks.gate.plan import (
     GateStopped,
     LaunchRecord,
     RequestRecord,
+    is_default_chain,
 )
 from tasks.gate.protocol import BaselineOutputs, accept_length, check_acceptance, run_protocol
 
 
 def local_configs(configs: list[BenchConfig]) -> list[BenchConfig]:
     """The configs the local engine can run: chains (topk=1), in the default environment."""
-    return [c for c in configs if c.env_name == "default" and (c.spec is None or c.spec.topk == 1)]
+    return [c for c in configs if is_default_chain(c.env_name, c.spec.topk if c.spec else None)]
 
 
 def drafts_histogram(result: DecodeResult) -> list[int]:

@@ -71,6 +71,13 @@ def encoder_for_target(model_path: str, chat_template: str | None = None) -> Enc
 # a draft from elsewhere measured beside it (e.g. a public trainer's), or one of the train
 # stage's data-scaling drafts (measured once, for the curve).
 CANDIDATE, REFERENCE, SCALING = "candidate", "reference", "scaling"
+DEFAULT_ENV = "default"  # the environment name when gate.nccl_env_sweep has one entry
+
+
+def is_default_chain(env_name: str, topk: int | None) -> bool:
+    """A config of the default environment that is the baseline (topk None) or a chain (topk 1):
+    what the local engine can run, and the configs the replay and the scaling curve line up with."""
+    return env_name == DEFAULT_ENV and topk in (None, 1)
 
 
 @dataclass(frozen=True)
@@ -111,8 +118,8 @@ def plan_configs(cfg: GateConfig, draft_dir: str, extra: list[ExtraDraft] | None
         raise ValueError(f"gate config repeats a speculative config: {names}")
     configs = []
     for i, env in enumerate(cfg.nccl_env_sweep):
-        env_name = "default" if len(cfg.nccl_env_sweep) == 1 else f"env{i}"
-        suffix = "" if env_name == "default" else f"@{env_name}"
+        env_name = DEFAULT_ENV if len(cfg.nccl_env_sweep) == 1 else f"env{i}"
+        suffix = "" if env_name == DEFAULT_ENV else f"@{env_name}"
         configs.append(BenchConfig(f"baseline{suffix}", None, env_name, dict(env)))
         configs += [BenchConfig(f"{s.label}{suffix}", s, env_name, dict(env), tuple(n)) for s, n in specs]
         configs += [

@@ -227,8 +227,7 @@ def prediction_markdown(replayed: ReplayResult, prediction: Prediction | None, d
     lines = ["", "## Offline replay and cost model", "",
              "| num_steps | replay accept length (CI) | measured accept length | predicted tok/s | measured tok/s | error | predicted speedup | break-even accept length |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    measured = {c.spec["num_steps"]: c for c in decision.configs
-                if c.role == "candidate" and c.spec and c.spec["topk"] == 1 and c.env_name == "default"}  # fmt: skip
+    measured = {c.spec["num_steps"]: c for c in decision.configs if c.spec and c.is_candidate_chain()}
     for k, row in replayed.overall.items():
         length = row["accept_length"]
         ci = f"{length:.3f} ({row['ci_low']:.3f}-{row['ci_high']:.3f})" if length is not None else "-"
@@ -254,7 +253,7 @@ def prediction_markdown(replayed: ReplayResult, prediction: Prediction | None, d
 def break_even_statement(decision: GateDecision, prediction: Prediction) -> str:
     """By how much the best measured topk=1 config beats (or trails) the baseline, and the accept
     length it would need to break even at its measured cycle cost."""
-    rows = [c for c in decision.configs if c.role == "candidate" and c.spec and c.spec["topk"] == 1
+    rows = [c for c in decision.configs if c.spec and c.is_candidate_chain()
             and c.spec["num_steps"] in prediction.per_steps and c.speedup is not None]  # fmt: skip
     if not rows:
         return ""
@@ -320,8 +319,7 @@ def _scaling(
         add_measured(samples, next((c for c in decision.configs if c.role == SCALING and c.samples == samples), None))
     n_train = int(extract_metadata(run)["splits"].get("train", 0))
     add_replay(n_train, replayed)  # the full draft: offline_replay covers scaling_num_steps
-    full = next((c for c in decision.configs if c.role == "candidate" and c.env_name == "default" and c.spec
-                 and c.spec["topk"] == 1 and c.spec["num_steps"] == k), None)  # fmt: skip
+    full = next((c for c in decision.configs if c.spec and c.is_candidate_chain() and c.spec["num_steps"] == k), None)
     add_measured(n_train, full)
     break_even = prediction.per_steps[k]["break_even_accept_length"] if prediction and k in prediction.per_steps else None
     return write_scaling_report(run, points, break_even, k)
