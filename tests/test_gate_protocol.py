@@ -13,7 +13,6 @@ import pyarrow as pa
 import pytest
 
 from tasks.engines.sglang_spec_sim import launch_speed_factor
-from tasks.gate import run_gate
 from tasks.gate.config import GateConfig, SpecPoint
 from tasks.gate.decision import GateDecision, decide
 from tasks.gate.plan import (
@@ -46,6 +45,24 @@ def run(tmp_path: Path) -> RunFolder:
     folder = RunFolder(str(tmp_path / "run"))
     commit_holdout(folder)
     return folder
+
+
+def gate_and_promote(tmp_path: Path, run: RunFolder, cfg: GateConfig, sim: dict[str, Any], draft: Path,
+                     predictions: dict[str, float] | None = None) -> dict[str, Any]:  # fmt: skip
+    """What run_gate_stage does after replay, on a synthetic draft: preflight, fresh emulated
+    launches, decide, report, promote; returns promote's summary."""
+    from tasks.gate.preflight import preflight_sweep
+    from tasks.gate.promote import promote
+    from tasks.gate.report import write_gate_report
+
+    configs = plan_configs(cfg, str(draft))
+    preflight_sweep(str(draft), [c.spec for c in configs if c.spec is not None], TARGET_CONFIG, AUX_IDS)
+    prompts = load_bench_prompts(run, cfg.num_prompts, cfg.prompt_seed, encode)
+    launcher = EmulatedLauncher(cfg.sglang_version, sim)
+    result = GateRunner(cfg, launcher, "/models/target", configs, prompts, tmp_path / "logs").run()
+    decision = decide(result, cfg)
+    write_gate_report(run, decision, result, cfg, predictions)
+    return promote(run, decision, str(draft), cfg.registry_url)
 
 
 def bench(tmp_path: Path, run: RunFolder, cfg: GateConfig, sim: dict[str, Any]) -> tuple[BenchResult, GateDecision]:
@@ -97,11 +114,7 @@ def test_a_faster_speculative_config_is_promoted(tmp_path: Path, run: RunFolder)
     draft = write_draft(tmp_path / "draft")
     cfg = gate_cfg(topk_points=[SpecPoint(num_steps=3, topk=2, num_draft_tokens=6)], env={"HF_TOKEN": "hf-secret-1"},
                    nccl_env_sweep=[{"NCCL_ALGO": "Ring"}], registry_url=str(tmp_path / "registry"))  # fmt: skip
-    summary = run_gate(
-        run, cfg, model_path="/models/target", draft_dir=str(draft), target_config=TARGET_CONFIG,
-        launcher=EmulatedLauncher(cfg.sglang_version, FAST), encode=encode, work_dir=tmp_path / "logs",
-        aux_layer_ids=AUX_IDS, predictions={"baseline": 300.0, "eagle3-s3-k1-n4": 600.0},
-    )  # fmt: skip
+    summary = gate_and_promote(tmp_path, run, cfg, FAST, draft, {"baseline": 300.0, "eagle3-s3-k1-n4": 600.0})
     assert summary["outcome"] == "promote" and summary["promoted"] is True
     assert summary["speedup"] > 1.5 and summary["ci"][0] > 1.0
     assert summary["best_config"] in {"eagle3-s3-k1-n4", "eagle3-s3-k2-n6"}
@@ -140,10 +153,7 @@ def test_a_slower_config_is_rejected_and_nothing_is_promoted(tmp_path: Path, run
     draft = write_draft(tmp_path / "draft")
     slow = {**FAST, "verify_step_s": 0.012, "accept_probs": [0.5, 0.4, 0.3]}
     cfg = gate_cfg(registry_url=str(tmp_path / "registry"))
-    summary = run_gate(
-        run, cfg, model_path="/m", draft_dir=str(draft), target_config=TARGET_CONFIG,
-        launcher=EmulatedLauncher(cfg.sglang_version, slow), encode=encode, work_dir=tmp_path / "logs",
-    )  # fmt: skip
+    summary = gate_and_promote(tmp_path, run, cfg, slow, draft)
     assert (summary["outcome"], summary["promoted"]) == ("reject", False)
     assert summary["reasons"][0].startswith("slower than the baseline: eagle3-s3-k1-n4")
     assert summary["ci"][1] < 1.0
@@ -211,18 +221,14 @@ def test_a_server_that_never_becomes_healthy_fails_with_its_log_tail(tmp_path: P
         httpx.get(url + "/health", timeout=2, trust_env=False)
 
 
-def test_preflight_fails_before_any_launch(tmp_path: Path, run: RunFolder) -> None:
-    from tasks.gate.preflight import PreflightError
+def test_preflight_refuses_a_draft_of_other_aux_layers(tmp_path: Path, run: RunFolder) -> None:
+    from tasks.gate.preflight import PreflightError, preflight_sweep
 
     draft = write_draft(tmp_path / "draft")
     cfg = gate_cfg()
+    specs = [c.spec for c in plan_configs(cfg, str(draft)) if c.spec is not None]
     with pytest.raises(PreflightError, match=r"differ from the extraction's aux layer ids \[2, 4, 5\]"):
-        run_gate(
-            run, cfg, model_path="/m", draft_dir=str(draft), target_config=TARGET_CONFIG,
-            launcher=EmulatedLauncher(cfg.sglang_version, FAST), encode=encode, work_dir=tmp_path / "logs",
-            aux_layer_ids=[2, 4, 5],
-        )  # fmt: skip
-    assert not (tmp_path / "logs").exists() and not run.exists("gate/report.json")
+        preflight_sweep(str(draft), specs, TARGET_CONFIG, [2, 4, 5])
 
 
 def test_concurrent_servers_start_in_waves_and_are_measured_one_at_a_time(tmp_path: Path, run: RunFolder) -> None:
