@@ -26,8 +26,9 @@ from flows.concurrency import gpu_slots, gpus_needed
 from tasks.config import EagleScaleConfig
 from tasks.draft.export import export_run_draft
 from tasks.draft.scaling_drafts import scaling_drafts, train_scaling_drafts
-from tasks.draft.trainer import PLOT_KEY, RESULT_KEY, TrainCallbacks, train_draft
+from tasks.draft.trainer import TrainCallbacks, train_draft
 from tasks.runfolder import RunFolder
+from tasks.runfolder.layout import TRAIN_PLOT, TRAIN_RESULT
 
 EVAL_COLUMNS = ("step", "loss", "sim_accept", "sim_accept_len", "acc_0", "acc_1", "acc_2", "acc_3")
 
@@ -66,13 +67,13 @@ def train_flow(config: EagleScaleConfig) -> dict[str, Any]:
             train_draft(run, config.train, config.target.model_path, callbacks=callbacks)
             if config.train.scaling_fractions:  # the data-scaling drafts the gate measures
                 train_scaling_drafts(run, config.train, config.target.model_path, callbacks=callbacks)
-    result = run.read_json(RESULT_KEY) or {}
+    result = run.read_json(TRAIN_RESULT) or {}
     exported = export_run_draft(run, config.target.model_path)
     evals = result.get("evals", [])
     if evals:
         create_table_artifact(_eval_table(evals), key="train-evals", description="Held-out metrics per eval")
-    if run.exists(PLOT_KEY):
-        png = base64.b64encode(run.read_bytes(PLOT_KEY)).decode()
+    if run.exists(TRAIN_PLOT):
+        png = base64.b64encode(run.read_bytes(TRAIN_PLOT)).decode()
         create_markdown_artifact(
             f"# Per-position accuracy\n\n![accuracy](data:image/png;base64,{png})",
             key="train-accuracy",

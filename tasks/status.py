@@ -26,6 +26,7 @@ from rich.text import Text
 from tasks.notify import format_duration
 from tasks.runfolder import LeaseView, RunFolder, ShardStore, holder_label, read_leases
 from tasks.runfolder.fingerprint import flatten
+from tasks.runfolder.layout import DISCOVERY_MARKER, DISCOVERY_REPORT, GENERATE_PROGRESS, SHARD_PLAN
 from tasks.status_stages import later_stages, stage_rows
 
 DEFAULT_STALL_AFTER_S = 900.0
@@ -57,7 +58,7 @@ def _parquet_rows(run: RunFolder, rel: str) -> int | None:
 
 
 def _discover_status(run: RunFolder) -> dict[str, Any]:
-    marker = _json(run, "prompts/_SUCCESS.json")
+    marker = _json(run, DISCOVERY_MARKER)
     if marker is not None:
         rows = {name: entry.get("rows") for name, entry in marker.get("files", {}).items()}
     else:  # written but not (yet) marked: show what is there, flagged as uncommitted
@@ -65,7 +66,7 @@ def _discover_status(run: RunFolder) -> dict[str, Any]:
             n: _parquet_rows(run, f"prompts/{n}.parquet")
             for n in ("manifest", "holdout", "quarantine")
         }
-    report = _json(run, "prompts/discovery_report.json") or {}
+    report = _json(run, DISCOVERY_REPORT) or {}
     return {
         "committed": marker is not None,
         "committed_at": (marker or {}).get("committed_at"),
@@ -219,11 +220,11 @@ def _generate_status(
     stall_after_s: float | None,
     discovered_at: float | None = None,
 ) -> dict[str, Any]:
-    plan = _json(run, "prompts/shards.json") or {}
+    plan = _json(run, SHARD_PLAN) or {}
     planned = {s["shard_id"]: s for s in plan.get("shards", [])}
     samples = int(fingerprint.get("sampling", {}).get("samples_per_prompt", 1))
     markers = ShardStore(run, "generate").committed()
-    progress = _json(run, "generate/progress.json")
+    progress = _json(run, GENERATE_PROGRESS)
     complete = _json(run, "generate/_COMPLETE") if run.exists("generate/_COMPLETE") else None
     items = _shard_items(planned, samples, markers, (progress or {}).get("shards", {}))
     _add_leases(items, read_leases(run, "generate", DEFAULT_LEASE_TTL_S))

@@ -12,9 +12,10 @@ import pytest
 
 from tasks.config import DiscoverConfig, EagleScaleConfig, SourceConfig
 from tasks.discover import discover_prompts
-from tasks.discover.commit import MARKER, TABLES, read_prompts_table
+from tasks.discover.commit import TABLES, read_prompts_table
 from tasks.discover.stage import run_discover_stage
 from tasks.runfolder import RunFolder
+from tasks.runfolder.layout import DISCOVERY_MARKER
 from tasks.runfolder.shards import sha256_hex
 from tasks.target import count_prompt_tokens, load_tokenizer, render_prompt_ids
 
@@ -86,7 +87,7 @@ def test_committed_tables_include_filtered_under_the_marker(tiny_target_dir: Pat
     )
     run = RunFolder(cfg.run_root)
     out = run_discover_stage(cfg, run, tokenizer)
-    marker = run.read_json(MARKER)
+    marker = run.read_json(DISCOVERY_MARKER)
     assert set(marker["files"]) == set(TABLES) == {"manifest", "holdout", "quarantine", "filtered"}
     entry = marker["files"]["filtered"]
     assert entry["path"] == "prompts/filtered.parquet" and entry["rows"] == 2

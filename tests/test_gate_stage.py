@@ -19,6 +19,7 @@ from tasks.extract.storage import extract_metadata
 from tasks.gate.promote import POINTER
 from tasks.gate.stage import COSTS_KEY, PREDICTION_KEY, REPLAY_KEY, completed_gate, run_gate_stage
 from tasks.runfolder import RunFolder
+from tasks.runfolder.layout import TRAIN_BEST
 from tests.draft_support import extracted_run
 from tests.run_support import cli_env, start_cli
 from tests.slack_support import Receiver
@@ -40,7 +41,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path) -> 
     config, params = extracted_run(base, tiny_target_dir, base / "template", max_steps=60, eval_every=30, save_every=30)
     run = RunFolder(config.run_root)
     train_draft(run, config.train, config.target.model_path, eval_max_batches=2)
-    best = run.read_json(ckpt.BEST_KEY)
+    best = run.read_json(TRAIN_BEST)
     export_to_run(ckpt.load_run_checkpoint_model(run, best["checkpoint"]), run, "train/final")
     return config, params
 

@@ -13,9 +13,9 @@ import pytest
 from tasks.config import load_config
 from tasks.engines.sglang_client import SGLangEngine
 from tasks.engines.sglang_server import ServerProcess
-from tasks.generate.progress import PROGRESS_JSON
 from tasks.generate.stage import GenerateStage
 from tasks.runfolder import ShardStore
+from tasks.runfolder.layout import GENERATE_PROGRESS
 from tests.run_support import assert_exactly_once, discover_and_fingerprint, write_params
 
 
@@ -119,7 +119,7 @@ def test_requests_sent_are_counted_and_no_answer_is_generated_twice(tmp_path, ti
     for m in markers:
         servers.update(m["servers"])
     assert set(servers) == {a.url, b.url} and sum(servers.values()) == 120
-    progress = stage.run.read_json(PROGRESS_JSON)["requests"]
+    progress = stage.run.read_json(GENERATE_PROGRESS)["requests"]
     assert (progress["sent"], progress["sent_per_request"]) == (123, 123 / 120)
 
     # A later process on the finished run root reads the same counts from the markers.

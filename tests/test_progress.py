@@ -10,7 +10,6 @@ import pytest
 
 from tasks.engines.base import ServerHealth
 from tasks.generate.progress import (
-    PROGRESS_JSON,
     ProgressTracker,
     RateWindow,
     eta_seconds,
@@ -21,6 +20,7 @@ from tasks.generate.progress import (
     window_rate,
 )
 from tasks.runfolder import RunFolder
+from tasks.runfolder.layout import GENERATE_PROGRESS
 
 
 class Clock:
@@ -185,7 +185,7 @@ def test_write_heartbeat_interval_and_file(tmp_path: Path) -> None:
     assert tracker.maybe_write() is True
     tracker.set_state("complete")
     tracker.write()
-    body = json.loads((tmp_path / "run" / PROGRESS_JSON).read_text())
+    body = json.loads((tmp_path / "run" / GENERATE_PROGRESS).read_text())
     assert set(body) == {
         "updated_at",
         "heartbeat_at",
@@ -272,7 +272,7 @@ def test_first_start_survives_a_resume(tmp_path: Path) -> None:
     tracker = _tracker(tmp_path, clock)
     tracker.record("s0", requests=1, prompt_tokens=1, completion_tokens=5)
     tracker.write()
-    written = json.loads((tmp_path / "run" / PROGRESS_JSON).read_text())
+    written = json.loads((tmp_path / "run" / GENERATE_PROGRESS).read_text())
     assert written["first_started_at"] == written["started_at"] == 1000.0
     # a later process (a resume, or a rerun with nothing left) starts from what it finds
     clock.t = 5000.0

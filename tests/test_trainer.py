@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from tasks.draft import checkpoint as ckpt
-from tasks.draft.trainer import RESULT_KEY, TrainCallbacks, TrainError, train_draft
+from tasks.draft.trainer import TrainCallbacks, TrainError, train_draft
 from tasks.draft.vocab import VocabMap
 from tasks.runfolder import RunFolder
+from tasks.runfolder.layout import TRAIN_BEST, TRAIN_RESULT
 from tasks.tiny_target import build_tiny_target
 from tests.draft_support import extracted_run
 
@@ -54,12 +55,12 @@ def test_learning_is_real_and_more_data_beats_less(make_run):
     assert trained["sim_accept_len"] == pytest.approx(1 + trained["sim_accept"])
     assert trained["loss"] < untrained["loss"] - 0.5
 
-    best = run.read_json(ckpt.BEST_KEY)
+    best = run.read_json(TRAIN_BEST)
     assert best["checkpoint"] == ckpt.checkpoint_key(best["step"])
     assert ckpt.is_complete(run.path(best["checkpoint"]))
     assert best["sim_accept"] == max(e["sim_accept"] for e in full.evals[1:])
     assert run.read_bytes("train/plots/accuracy.png")[:8] == b"\x89PNG\r\n\x1a\n"
-    assert run.read_json(RESULT_KEY)["steps"] == LEARN_STEPS
+    assert run.read_json(TRAIN_RESULT)["steps"] == LEARN_STEPS
     vocab = VocabMap.load(run)
     assert vocab.draft_vocab_size == cfg.train.draft_vocab_size
 

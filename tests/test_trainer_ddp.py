@@ -14,8 +14,8 @@ import torch
 
 from tasks.draft import checkpoint as ckpt
 from tasks.draft.data import build_index, plan_epoch
-from tasks.draft.trainer import RESULT_KEY
 from tasks.runfolder import RunFolder
+from tasks.runfolder.layout import TRAIN_RESULT
 from tests.draft_support import extracted_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,6 +60,6 @@ def test_torchrun_two_processes_gloo(tmp_path_factory: pytest.TempPathFactory,
     # Step 1 trained on the plan's batches 0 (rank 0) and 1 (rank 1), summed over ranks.
     plan = plan_epoch(build_index(run), "train", 0, cfg.train.seed, cfg.train.batch_tokens)
     assert state["history"][0]["batch_tokens"] == sum(r.length for r in plan[0] + plan[1])
-    result = run.read_json(RESULT_KEY)
+    result = run.read_json(TRAIN_RESULT)
     assert result["steps"] == STEPS and result["last_checkpoint"] == last
     assert [e["step"] for e in result["evals"]] == [0, 8, 16]

@@ -12,6 +12,7 @@ from tasks.draft.vocab import (
     vocab_consistency_problems,
 )
 from tasks.runfolder import RunFolder
+from tasks.runfolder.layout import TRAIN_VOCAB_MAP
 
 
 def _seq(ids: list[int], mask: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,7 +122,6 @@ def test_the_trainer_counts_the_training_split_only(tmp_path) -> None:
     import pyarrow as pa
 
     from tasks.draft.trainer import Dist, vocab_and_index
-    from tasks.draft.vocab import VOCAB_MAP_KEY
     from tasks.engines.local_capture import CapturedStates
     from tasks.extract.sequences import TrainingSequence
     from tasks.extract.storage import ShardWriter
@@ -142,7 +142,7 @@ def test_the_trainer_counts_the_training_split_only(tmp_path) -> None:
     keys = [r[0] for r in rows]
     ShardStore(run, "extract").commit_payload("s0", writer.to_bytes(), "safetensors", keys, dead, keys, "a", "fp")
     vmap, index = vocab_and_index(run, vocab, 3, Dist.current())
-    assert run.exists(VOCAB_MAP_KEY) and index is not None
+    assert run.exists(TRAIN_VOCAB_MAP) and index is not None
     # train masked tokens: 7,7,7,9 and 2,9,5 -> counts 7:3, 9:2, 2:1, 5:1 (tie 2 < 5); 30 is eval only.
     assert vmap.draft_ids.tolist() == [2, 7, 9]
     assert (vmap.stats["masked_tokens"], vmap.stats["covered_tokens"]) == (7, 6)

@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tasks.runfolder import FingerprintMismatch, RunFolder, content_hash
+from tasks.runfolder.layout import DISCOVERY_MARKER, DISCOVERY_REPORT
 from tasks.runfolder.shards import sha256_hex, table_bytes
 
-MARKER = "prompts/_SUCCESS.json"
 # Every table the marker covers: the prompts (manifest, holdout) and every row left out
 # (quarantine: malformed; filtered: dropped by a setting), each verified by its sha256.
 TABLES = ("manifest", "holdout", "quarantine", "filtered")
@@ -25,7 +25,7 @@ def manifest_hash(manifest: pa.Table) -> str:
 
 
 def discovery_marker(run: RunFolder) -> dict[str, Any] | None:
-    return run.read_json(MARKER)
+    return run.read_json(DISCOVERY_MARKER)
 
 
 def check_discovery_config(run: RunFolder, config_hash: str, allow_change: bool) -> bool:
@@ -59,7 +59,7 @@ def commit_discovery(
         data = table_bytes(tables[name])
         run.write_bytes_atomic(f"prompts/{name}.parquet", data)
         files[name] = {"path": f"prompts/{name}.parquet", "sha256": sha256_hex(data), "rows": tables[name].num_rows}
-    run.write_bytes_atomic("prompts/discovery_report.json", json.dumps(report, indent=2, default=str).encode())
+    run.write_bytes_atomic(DISCOVERY_REPORT, json.dumps(report, indent=2, default=str).encode())
     run.write_bytes_atomic("prompts/discovery_report.md", report_md.encode())
     marker = {
         "config_hash": config_hash,
@@ -67,7 +67,7 @@ def commit_discovery(
         "files": files,
         "committed_at": time.time(),
     }
-    run.write_json_atomic(MARKER, marker)
+    run.write_json_atomic(DISCOVERY_MARKER, marker)
     return marker
 
 
@@ -79,5 +79,5 @@ def read_prompts_table(run: RunFolder, name: str) -> pa.Table:
     entry = marker["files"][name]
     data = run.read_bytes(entry["path"])
     if sha256_hex(data) != entry["sha256"]:
-        raise RuntimeError(f"{run.url}/{entry['path']}: sha256 does not match {MARKER}")
+        raise RuntimeError(f"{run.url}/{entry['path']}: sha256 does not match {DISCOVERY_MARKER}")
     return pq.read_table(io.BytesIO(data))

@@ -8,6 +8,7 @@ from typing import Any
 from tasks.config import EagleScaleConfig
 from tasks.discover.commit import check_discovery_config, commit_discovery, discovery_marker
 from tasks.runfolder import RunFolder, content_hash
+from tasks.runfolder.layout import DISCOVERY_REPORT
 from tasks.target import count_prompt_tokens
 
 log = logging.getLogger(__name__)
@@ -25,7 +26,7 @@ def run_discover_stage(cfg: EagleScaleConfig, run: RunFolder, tokenizer: Any) ->
     config_hash = discover_config_hash(cfg)
     if check_discovery_config(run, config_hash, cfg.allow_fingerprint_change):
         log.info("prompts/ already committed for this discover config; skipping discovery")
-        report = run.read_json("prompts/discovery_report.json") or {}
+        report = run.read_json(DISCOVERY_REPORT) or {}
         return {"skipped": True, "report": report, "marker": discovery_marker(run)}
     options = None if run.is_local else cfg.storage_options
     result = discover_prompts(cfg.discover, count_prompt_tokens(tokenizer), options)

@@ -30,10 +30,8 @@ from safetensors.torch import save as st_save
 from tasks.draft.config import DraftConfig
 from tasks.draft.model import Eagle3Draft
 from tasks.runfolder import RunFolder
-from tasks.runfolder.layout import TRAIN_BEST
 
 CKPT_ROOT = "train/checkpoints"
-BEST_KEY = TRAIN_BEST
 FILES = ("model.safetensors", "draft_config.json", "optimizer.pt", "rng.pt", "trainer_state.json")
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 

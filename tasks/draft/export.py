@@ -55,7 +55,7 @@ from tasks.draft.export_checks import (
 )
 from tasks.draft.model import Eagle3Draft
 from tasks.runfolder import RunFolder
-from tasks.runfolder.layout import TRAIN_FINAL, TRAIN_FINAL_SPECULATORS
+from tasks.runfolder.layout import TRAIN_BEST, TRAIN_FINAL, TRAIN_FINAL_SPECULATORS
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
@@ -294,9 +294,9 @@ def export_run_draft(run: RunFolder, target_model_path: str) -> dict[str, Any]:
 
     from tasks.draft import checkpoint as ckpt
 
-    best = run.read_json(ckpt.BEST_KEY)
+    best = run.read_json(TRAIN_BEST)
     if best is None:
-        raise ExportError(f"{run.url}/{ckpt.BEST_KEY} is missing: training produced no evaluated checkpoint")
+        raise ExportError(f"{run.url}/{TRAIN_BEST} is missing: training produced no evaluated checkpoint")
     model = ckpt.load_run_checkpoint_model(run, best["checkpoint"])
     final = export_to_run(model, run, TRAIN_FINAL)
     # The speculators writer targets a local folder: write there, then copy into the run

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tasks.runfolder import RunFolder
+from tasks.runfolder.layout import TRAIN_VOCAB_MAP
 
 if TYPE_CHECKING:
     from tasks.config import TrainConfig
@@ -53,7 +54,7 @@ def train_scaling_drafts(
     from tasks.draft import checkpoint as ckpt
     from tasks.draft.export import export_to_run
     from tasks.draft.trainer import Dist, train_draft
-    from tasks.draft.vocab import VOCAB_MAP_KEY, VocabMap
+    from tasks.draft.vocab import VocabMap
     from tasks.extract.storage import extract_metadata
 
     rank = Dist.current()  # under torchrun every rank trains; rank 0 exports and writes the index
@@ -62,7 +63,7 @@ def train_scaling_drafts(
         raise ValueError(f"{run.url}/extract has no training sequences")
     # Every fraction drafts over the full draft's vocabulary: the drafts differ in their training
     # data only (and no fraction re-counts the whole training split for a map of its own).
-    vocab = VocabMap.load(run) if run.exists(VOCAB_MAP_KEY) else None
+    vocab = VocabMap.load(run) if run.exists(TRAIN_VOCAB_MAP) else None
     entries = []
     for fraction, samples in fraction_samples(n_train, cfg.scaling_fractions):
         prefix = f"{SCALING_TRAIN_ROOT}/frac-{samples}"

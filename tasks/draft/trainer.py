@@ -27,13 +27,10 @@ from tasks.draft.model import Eagle3Draft
 from tasks.draft.plots import accuracy_plot_png
 from tasks.draft.target_heads import load_target_heads
 from tasks.draft.ttt import Batch, StepStats, TTTModel, counted_rows, summarize
-from tasks.draft.vocab import VOCAB_MAP_KEY, VocabMap, build_vocab_map, count_tokens
+from tasks.draft.vocab import VocabMap, build_vocab_map, count_tokens
 from tasks.runfolder import RunFolder
-from tasks.runfolder.layout import TRAIN_RESULT
+from tasks.runfolder.layout import TRAIN_BEST, TRAIN_PLOT, TRAIN_RESULT, TRAIN_VOCAB_MAP
 from tasks.target import read_model_config, resolve_model_dir
-
-RESULT_KEY = TRAIN_RESULT
-PLOT_KEY = "train/plots/accuracy.png"
 
 
 @dataclass
@@ -112,7 +109,7 @@ def vocab_and_index(
     `vocab_map` nor a saved map exists, counts the training split's loss-masked tokens in the
     same pass (eval sequences never count) and saves the map; the other ranks load both."""
     if rank.rank == 0:
-        have_map = vocab_map is not None or run.exists(VOCAB_MAP_KEY)
+        have_map = vocab_map is not None or run.exists(TRAIN_VOCAB_MAP)
         counted: list[tuple[torch.Tensor, torch.Tensor]] = []
 
         def visit(seq: Any) -> None:
@@ -208,7 +205,7 @@ def train_draft(
     index = index.limited("train", max_train_sequences)
     if vocab.draft_vocab_size != draft_cfg.draft_vocab_size or vocab.vocab_size != draft_cfg.vocab_size:
         raise TrainError(
-            f"{run.url}/{VOCAB_MAP_KEY}: vocab map of {vocab.draft_vocab_size}/{vocab.vocab_size} "
+            f"{run.url}/{TRAIN_VOCAB_MAP}: vocab map of {vocab.draft_vocab_size}/{vocab.vocab_size} "
             f"tokens does not fit draft_vocab_size {draft_cfg.draft_vocab_size} / target vocab "
             f"{draft_cfg.vocab_size}"
         )
@@ -246,7 +243,7 @@ def train_draft(
         state = ckpt.load_training_state(run, resumed_from, draft, optimizer, scheduler)
         if not torch.equal(draft.d2t.cpu(), vocab.d2t):
             raise TrainError(f"{run.url}/{resumed_from}: trained with another vocab map than "
-                             f"{VOCAB_MAP_KEY}; remove one of them")
+                             f"{TRAIN_VOCAB_MAP}; remove one of them")
     step = state["step"]
     last_saved = resumed_from
 
@@ -278,7 +275,7 @@ def train_draft(
                              "steps_per_epoch": steps_per_epoch, "total_steps": total_steps}
             ckpt.save_checkpoint(run, step, draft, optimizer, scheduler, trainer_state)
             if best_changed:
-                run.write_json_atomic(ckpt.BEST_KEY, {**state["best"], "checkpoint": last_saved})
+                run.write_json_atomic(TRAIN_BEST, {**state["best"], "checkpoint": last_saved})
             best_key = ckpt.checkpoint_key(state["best"]["step"]) if state["best"] else None
             ckpt.prune_checkpoints(run, keep_checkpoints, {best_key} if best_key else set())
             if callbacks.on_checkpoint:
@@ -296,7 +293,7 @@ def train_draft(
             state["best"] = {"step": step, "sim_accept": result["sim_accept"],
                              "sim_accept_len": result["sim_accept_len"]}
         if rank.rank == 0:
-            run.write_bytes_atomic(PLOT_KEY, accuracy_plot_png(state["evals"]))
+            run.write_bytes_atomic(TRAIN_PLOT, accuracy_plot_png(state["evals"]))
             if callbacks.on_eval:
                 callbacks.on_eval(result)
         return better
@@ -339,7 +336,7 @@ def train_draft(
     result = TrainResult(step, state["history"], state["evals"], state["best"], last_saved,
                          resumed_from, vocab.stats)
     if rank.rank == 0:
-        run.write_json_atomic(RESULT_KEY, {"steps": step, "best": state["best"],
+        run.write_json_atomic(TRAIN_RESULT, {"steps": step, "best": state["best"],
                                            "last_checkpoint": last_saved, "resumed_from": resumed_from,
                                            "evals": state["evals"], "vocab": vocab.stats})
     return result

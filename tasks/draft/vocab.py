@@ -17,8 +17,8 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from tasks.runfolder import RunFolder
+from tasks.runfolder.layout import TRAIN_VOCAB_MAP
 
-VOCAB_MAP_KEY = "train/vocab_map.safetensors"
 FORMAT_VERSION = "1"
 
 
@@ -118,11 +118,11 @@ class VocabMap:
         draft_ids = torch.arange(d2t.numel(), dtype=torch.int64) + d2t
         return cls(d2t=d2t, t2d=t2d, draft_ids=draft_ids, stats=stats)
 
-    def save(self, run: RunFolder, rel: str = VOCAB_MAP_KEY) -> None:
+    def save(self, run: RunFolder, rel: str = TRAIN_VOCAB_MAP) -> None:
         run.write_bytes_atomic(rel, self.to_bytes())
 
     @classmethod
-    def load(cls, run: RunFolder, rel: str = VOCAB_MAP_KEY) -> VocabMap:
+    def load(cls, run: RunFolder, rel: str = TRAIN_VOCAB_MAP) -> VocabMap:
         return cls.from_bytes(run.read_bytes(rel), where=f"{run.url}/{rel}")
 
 

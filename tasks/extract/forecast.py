@@ -16,9 +16,9 @@ from typing import Any
 
 from tasks.extract.storage import STAGE, bytes_per_token
 from tasks.runfolder import RunFolder, ShardStore
+from tasks.runfolder.layout import SHARD_PLAN
 
 _UNITS = ("B", "kB", "MB", "GB", "TB", "PB", "EB")
-SHARDS_JSON = "prompts/shards.json"
 
 
 class DiskForecastError(RuntimeError):
@@ -44,7 +44,7 @@ def projected_tokens(
     rows = sum(m["rows"] for m in markers.values())
     raw = sum(m.get("prompt_tokens", 0) + m.get("completion_tokens", 0) for m in markers.values())
     committed = min(raw + rows * extra_per_sequence, rows * max_length)
-    plan = run.read_json(SHARDS_JSON) or {}
+    plan = run.read_json(SHARD_PLAN) or {}
     planned_shards = len(plan.get("shards", [])) or len(markers)
     complete = gen.is_complete()
     if complete or not markers or planned_shards <= len(markers):

@@ -45,11 +45,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DRAFT_KEY = TRAIN_FINAL
 REPLAY_KEY = "gate/replay.json"
 COSTS_KEY = "gate/costs.json"
 PREDICTION_KEY = "gate/prediction.json"
-DONE_KEY = GATE_DONE
 
 
 @dataclass
@@ -67,7 +65,7 @@ def gate_identity(run: RunFolder, config: EagleScaleConfig) -> dict[str, str]:
     from tasks.gate.promote import draft_files
     from tasks.runfolder import content_hash
 
-    files = draft_files(run.fs, run.path(DRAFT_KEY)) if run.exists(f"{DRAFT_KEY}/config.json") else {}
+    files = draft_files(run.fs, run.path(TRAIN_FINAL)) if run.exists(f"{TRAIN_FINAL}/config.json") else {}
     return {
         "draft": content_hash({k: v["sha256"] for k, v in files.items()}),
         "gate": content_hash(config.gate.model_dump(mode="json")),
@@ -78,13 +76,13 @@ def completed_gate(config: EagleScaleConfig) -> dict[str, Any] | None:
     """The recorded summary when this draft was already decided with these settings: a resumed
     run does not benchmark (hours on SGLang) or promote again."""
     run = RunFolder(config.run_root, config.storage_options)
-    done = run.read_json(DONE_KEY)
+    done = run.read_json(GATE_DONE)
     if done is None or done.get("identity") != gate_identity(run, config):
         return None
     return done["summary"]
 
 
-def materialize_draft(run: RunFolder, dest: Path, key: str = DRAFT_KEY) -> Path:
+def materialize_draft(run: RunFolder, dest: Path, key: str = TRAIN_FINAL) -> Path:
     """A local copy of an exported draft (train/final by default): engines and servers read
     local paths."""
     names = run.listdir(key)
@@ -382,11 +380,11 @@ def _gate(config: EagleScaleConfig, run: RunFolder, work_dir: Path, progress: Ga
         extra_markdown=prediction_markdown(replayed, prediction, decision),
     )  # fmt: skip
     summary = promote(
-        run, decision, f"{run.url}/{DRAFT_KEY}", gate.registry_url,
+        run, decision, f"{run.url}/{TRAIN_FINAL}", gate.registry_url,
         registry_storage_options=gate.registry_storage_options, draft_storage_options=config.storage_options,
     )  # fmt: skip
     progress.phase("scaling")
     scaling = _scaling(run, config, replayed, decision, prediction, work_dir)
-    run.write_json_atomic(DONE_KEY, {"identity": identity, "summary": summary})
+    run.write_json_atomic(GATE_DONE, {"identity": identity, "summary": summary})
     pred = prediction.to_dict() if prediction else None
     return GateOutcome(summary, decision, replayed.to_dict(), pred, report, scaling)

@@ -11,9 +11,9 @@ import logging
 from dataclasses import asdict, dataclass
 
 from tasks.runfolder import FingerprintMismatch, RunFolder, content_hash, request_id
+from tasks.runfolder.layout import SHARD_PLAN
 
 log = logging.getLogger(__name__)
-SHARDS_JSON = "prompts/shards.json"
 
 
 @dataclass(frozen=True)
@@ -43,11 +43,11 @@ def cut_shards(sorted_prompt_ids: list[str], shard_size: int) -> list[ShardPlan]
 def load_or_plan_shards(
     run: RunFolder, manifest_hash: str, sorted_prompt_ids: list[str], shard_size: int
 ) -> list[ShardPlan]:
-    existing = run.read_json(SHARDS_JSON)
+    existing = run.read_json(SHARD_PLAN)
     if existing is not None:
         if existing["manifest_hash"] != manifest_hash:
             raise FingerprintMismatch(
-                f"{run.url}/{SHARDS_JSON} was planned for manifest {existing['manifest_hash']}, "
+                f"{run.url}/{SHARD_PLAN} was planned for manifest {existing['manifest_hash']}, "
                 f"but the manifest is now {manifest_hash}"
             )
         if existing["shard_size"] != shard_size:
@@ -59,7 +59,7 @@ def load_or_plan_shards(
         return [ShardPlan(**s) for s in existing["shards"]]
     shards = cut_shards(sorted_prompt_ids, shard_size)
     run.write_json_atomic(
-        SHARDS_JSON,
+        SHARD_PLAN,
         {
             "manifest_hash": manifest_hash,
             "shard_size": shard_size,

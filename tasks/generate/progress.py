@@ -18,10 +18,10 @@ from typing import Any
 
 from tasks.engines.base import ServerHealth
 from tasks.runfolder import RunFolder
+from tasks.runfolder.layout import GENERATE_PROGRESS
 
 log = logging.getLogger(__name__)
 
-PROGRESS_JSON = "generate/progress.json"
 RUN_STATES = ("running", "complete", "failed")
 
 
@@ -385,7 +385,7 @@ class ProgressTracker:
                 self._heartbeat_at = now
                 self._last_write_at = now
                 body = self._snapshot(now)
-            self.run.write_json_atomic(PROGRESS_JSON, body)
+            self.run.write_json_atomic(GENERATE_PROGRESS, body)
 
     def maybe_write(self) -> bool:
         """Write when `interval_s` has passed since the last write. A failed write is a
@@ -399,6 +399,6 @@ class ProgressTracker:
         try:
             self.write()
         except Exception as e:
-            log.warning("could not write %s under %s: %s", PROGRESS_JSON, self.run.url, e)
+            log.warning("could not write %s under %s: %s", GENERATE_PROGRESS, self.run.url, e)
             return False
         return True

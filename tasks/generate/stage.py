@@ -14,9 +14,10 @@ from tasks.discover.commit import discovery_marker, read_prompts_table
 from tasks.engines.base import Engine, GenerationResult, Outcome, SamplingParams
 from tasks.generate.failures import GenerateFailed, generate_failed
 from tasks.generate.plan import ShardPlan, load_or_plan_shards, planned_requests, shard_prompt_ids
-from tasks.generate.progress import PROGRESS_JSON, ProgressTracker, first_started_at
+from tasks.generate.progress import ProgressTracker, first_started_at
 from tasks.generate.shard import STAGE, ShardOutcome, run_shard
 from tasks.runfolder import Lease, LeaseLost, LeaseTable, LeaseView, RunFolder, ShardStore
+from tasks.runfolder.layout import GENERATE_PROGRESS
 from tasks.runfolder.schedule import run_under_lease
 from tasks.target import render_prompt_ids
 
@@ -63,7 +64,7 @@ class GenerateStage:
         self._prepared_attempts: dict[str, str | None] = {}
         k = self.cfg.sampling.samples_per_prompt
         try:
-            previous = self.run.read_json(PROGRESS_JSON)
+            previous = self.run.read_json(GENERATE_PROGRESS)
         except ValueError:  # a torn file: this process's own start will do
             previous = None
         self.progress = ProgressTracker(

@@ -1,6 +1,12 @@
 """Run-folder keys written by one stage and read by others (and by `eaglescale status`), in a
 module with no heavy imports so the status command can name them without loading torch."""
 
+DISCOVERY_MARKER = "prompts/_SUCCESS.json"  # discovery's commit: the prompt tables' sha256s and rows
+DISCOVERY_REPORT = "prompts/discovery_report.json"  # discovery's counts, filtered and quarantined rows
+SHARD_PLAN = "prompts/shards.json"  # shard id -> prompt-id range (written once, reused)
+GENERATE_PROGRESS = "generate/progress.json"  # generation's counts, throughput, heartbeat
+TRAIN_VOCAB_MAP = "train/vocab_map.safetensors"  # d2t / t2d of the draft vocabulary
+TRAIN_PLOT = "train/plots/accuracy.png"  # held-out accuracy per draft position over steps
 TRAIN_BEST = "train/best.json"  # the best evaluated checkpoint
 TRAIN_RESULT = "train/result.json"  # the training run's summary
 TRAIN_FINAL = "train/final"  # the exported SGLang EAGLE3 draft
