@@ -29,7 +29,7 @@ def _expected_failures() -> tuple[type[BaseException], ...]:
     from tasks.gate.plan import GateStopped
     from tasks.gate.preflight import PreflightError
     from tasks.gate.promote import PromotionError
-    from tasks.gate.server import ServerStartError
+    from tasks.gate.server_process import ServerStartError
     from tasks.generate.failures import ShardFailed
     from tasks.packages import PackagePathError
     from tasks.runfolder import FingerprintMismatch

@@ -27,7 +27,7 @@ from tasks.gate.launch import (
     resolve_spec,
 )
 from tasks.gate.plan import plan_configs
-from tasks.gate.server import (
+from tasks.gate.server_process import (
     EmulatedLauncher,
     check_server_info,
     fetch_server_info,
@@ -399,7 +399,7 @@ def test_server_log_parsing_in_both_wordings() -> None:
 
 
 def test_a_key_the_server_info_omits_is_unverified_not_a_mismatch() -> None:
-    from tasks.gate.server import unreported_server_info
+    from tasks.gate.server_process import unreported_server_info
 
     spec = LaunchSpec("/m", 30000, spec=SpecParams("/drafts/d1", 3, 1, 4))
     info = {"speculative_algorithm": "EAGLE3", "speculative_num_steps": 3}

@@ -14,23 +14,23 @@ from typing import Any
 import httpx
 import pytest
 
-from tasks.engines.sglang_protocol import (
+from tasks.engines.sglang_server import ServerThread, start_server_thread
+from tasks.engines.sglang_wire import (
     MalformedResponse,
     error_message,
     read_generate_replies,
     read_generate_reply,
 )
-from tasks.engines.sglang_server import ServerThread, start_server_thread
-from tasks.gate.config import GateConfig
-from tasks.gate.launch import LaunchSpec, ServerSettings, SpecParams
-from tasks.gate.plan import BenchConfig, BenchPrompt, GateStopped, RequestRecord, plan_configs
-from tasks.gate.protocol import (
+from tasks.gate.benchmark import (
     STUCK_DIAGNOSIS,
     GateRunner,
     check_acceptance,
     record_generate_answer,
 )
-from tasks.gate.server import (
+from tasks.gate.config import GateConfig
+from tasks.gate.launch import LaunchSpec, ServerSettings, SpecParams
+from tasks.gate.plan import BenchConfig, BenchPrompt, GateStopped, RequestRecord, plan_configs
+from tasks.gate.server_process import (
     EmulatedLauncher,
     check_server_info,
     fetch_server_info,

@@ -19,7 +19,7 @@ Timing: `prefill_s` covers the prompt forward and the draft's extend over the pr
 `decode_s` the decode loop, which reads y and n back once per cycle (one sync, as a
 serving engine does). tok/s = (completion tokens - 1) / decode_s: the first token comes from
 prefill. Accept length = tokens per verify = (completion tokens - 1) / verify steps, the
-convention of tasks.gate.protocol.accept_length.
+convention of tasks.gate.benchmark.accept_length.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from aiohttp import web
 from tasks.engines.base import SamplingParams
 from tasks.engines.sglang_backends import Backend, BackendInput, BackendRequestError
 from tasks.engines.sglang_faults import HANG_BOUND_S, FaultInjector, FaultSpec
-from tasks.engines.sglang_protocol import (
+from tasks.engines.sglang_wire import (
     RequestError,
     abort_item,
     dumps,

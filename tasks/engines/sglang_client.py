@@ -47,7 +47,7 @@ from tasks.engines.base import (
     ServerHealth,
 )
 from tasks.engines.sglang_pool import ServerPool, SGLangServer
-from tasks.engines.sglang_protocol import (
+from tasks.engines.sglang_wire import (
     MalformedResponse,
     dumps,
     error_message,

@@ -5,11 +5,12 @@ stage.py       the gate stage, in order: preflight, offline replay, benchmark, p
 preflight.py   checks each draft folder against its launches before any GPU time is spent
 replay.py      offline acceptance of a draft over extracted held-out sequences
 plan.py        held-out prompt set, configs, launch order, the records kept
-protocol.py    the benchmark on servers: fresh launches in waves, warm-up, cost probes, flush,
+benchmark.py   the benchmark on servers: fresh launches in waves, warm-up, cost probes, flush,
                repetitions, acceptance floor
-local.py       the same protocol on the in-process speculative engine (CPU boxes, the demo)
+local_benchmark.py  the same benchmark on the in-process speculative engine (CPU boxes, the demo)
 progress.py    gate/progress.json and a log line per phase and launch while it runs
-server.py      launch, health wait, server-info check, log parsing (CUDA graphs, decode lines)
+server_process.py  a launched server's life: start, health wait, server-info check, log
+               parsing (CUDA graphs, decode lines), stop
 launch.py      SGLang command lines per pinned version
 cost_model.py  step costs and the tok/s a replayed accept length predicts
 decision.py    bootstrap CI and the promote/reject rules

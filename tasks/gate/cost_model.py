@@ -22,7 +22,7 @@ Costs dict format (what `StepCosts.from_dict` reads; SpecEngine.measure_step_cos
      "source": "local_spec" | "sglang" | ...}         # free text, kept in reports
 
 A server benchmark measures whole verify cycles instead (`costs_from_launches`: each launch's
-cost probes, tasks/gate/protocol.py), so its costs carry `cycle_s` keyed by num_steps (draft +
+cost probes, tasks/gate/benchmark.py), so its costs carry `cycle_s` keyed by num_steps (draft +
 verify + extend, host time included, overhead 0) and `prefill_s`. With `prefill_s` and the
 tokens per request a prediction is per request, as the benchmark measures tok/s:
 

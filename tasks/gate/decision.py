@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from tasks.gate.benchmark import accept_length
 from tasks.gate.config import GateConfig
 from tasks.gate.plan import CANDIDATE, BenchConfig, BenchResult, RequestRecord, is_default_chain
-from tasks.gate.protocol import accept_length
 
 
 @dataclass

@@ -14,7 +14,7 @@ of matches at index c-1, steps 0..k-1; c then advances past the accepted tokens 
 Counted: each maximal run of loss-masked (response) positions [s, e] is one decode; x_s comes
 from prefill, the cycles produce x_{s+1}..x_e (the last cycle stops at e, as a request
 stops at its length limit or stop token). Accept length = tokens per verify (accepted + bonus),
-tasks.gate.protocol.accept_length's convention, over all counted cycles; confidence
+tasks.gate.benchmark.accept_length's convention, over all counted cycles; confidence
 intervals resample sequences (seeded bootstrap of the ratio of sums).
 """
 

@@ -132,7 +132,7 @@ def _benchmark_local(
 
     from tasks.engines.local_spec import SpecEngine
     from tasks.engines.local_spec_bench import measure_step_costs
-    from tasks.gate.local import LocalGateRunner
+    from tasks.gate.local_benchmark import LocalGateRunner
 
     gate = config.gate
     on_cuda = gate.device.startswith("cuda")
@@ -158,8 +158,8 @@ def _benchmark_local(
 def _benchmark_server(
     config: EagleScaleConfig, configs: list[BenchConfig], prompts: list[Any], work_dir: Path, progress: GateProgress
 ) -> BenchResult:
-    from tasks.gate.protocol import GateRunner
-    from tasks.gate.server import EmulatedLauncher, Launcher, SGLangLauncher
+    from tasks.gate.benchmark import GateRunner
+    from tasks.gate.server_process import EmulatedLauncher, Launcher, SGLangLauncher
     from tasks.target import resolve_model_dir
 
     gate = config.gate

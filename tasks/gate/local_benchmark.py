@@ -15,6 +15,7 @@ import json
 from collections import Counter
 
 from tasks.engines.local_spec import DecodeResult, SpecEngine
+from tasks.gate.benchmark import BaselineOutputs, accept_length, check_acceptance, run_protocol
 from tasks.gate.config import GateConfig
 from tasks.gate.plan import (
     BenchConfig,
@@ -25,7 +26,6 @@ from tasks.gate.plan import (
     RequestRecord,
     is_default_chain,
 )
-from tasks.gate.protocol import BaselineOutputs, accept_length, check_acceptance, run_protocol
 
 
 def local_configs(configs: list[BenchConfig]) -> list[BenchConfig]:

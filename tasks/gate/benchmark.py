@@ -28,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from tasks.engines.sglang_protocol import MalformedResponse, error_message, read_generate_reply
+from tasks.engines.sglang_wire import MalformedResponse, error_message, read_generate_reply
 from tasks.gate.config import GateConfig
 from tasks.gate.launch import LaunchSpec, SpecParams
 from tasks.gate.plan import (
@@ -42,7 +42,7 @@ from tasks.gate.plan import (
     launch_order,
 )
 from tasks.gate.progress import GateProgress
-from tasks.gate.server import (
+from tasks.gate.server_process import (
     LaunchedServer,
     Launcher,
     ServerStartError,

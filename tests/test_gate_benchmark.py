@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 
 from tasks.engines.sglang_spec_sim import launch_speed_factor
+from tasks.gate.benchmark import STUCK_DIAGNOSIS, GateRunner
 from tasks.gate.config import GateConfig, SpecPoint
 from tasks.gate.decision import GateDecision, decide
 from tasks.gate.plan import (
@@ -22,8 +23,7 @@ from tasks.gate.plan import (
     plan_configs,
     select_prompts,
 )
-from tasks.gate.protocol import STUCK_DIAGNOSIS, GateRunner
-from tasks.gate.server import EmulatedLauncher, ServerStartError
+from tasks.gate.server_process import EmulatedLauncher, ServerStartError
 from tasks.runfolder import RunFolder
 from tests.gate_support import AUX_IDS, TARGET_CONFIG, commit_holdout, encode, write_draft
 
