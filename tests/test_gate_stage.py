@@ -175,3 +175,19 @@ def test_emulated_gate_promotes_then_keeps_it_when_a_slower_draft_loses(trained,
         rejected = [t for t in texts if "gate: REJECT" in t]
         assert rejected and pointer["draft_id"] in rejected[0]  # "kept: <the promoted draft>"
     assert "XXXSECRET" not in log
+
+
+def test_the_progress_record_keeps_no_credentials(tmp_path: Path) -> None:
+    from tasks.gate.plan import LaunchRecord
+    from tasks.gate.progress import GateProgress
+
+    progress = GateProgress(RunFolder(str(tmp_path / "run")))
+    progress.planned(1)
+    record = LaunchRecord("baseline", "default", 0, "", "", error="not healthy: http://user:s3cret@10.0.0.1:30000")
+    progress.launch_done(0, record)
+    progress.finished("failed", "ServerStartError: http://user:s3cret@10.0.0.1:30000 did not serve")
+    text = (tmp_path / "run/gate/progress.json").read_text()
+    data = json.loads(text)
+    assert "s3cret" not in text and data["launches"] == {"planned": 1, "done": 1, "failed": 1}
+    assert data["message"] == "ServerStartError: http://***@10.0.0.1:30000 did not serve"
+    assert data["finished"][0]["error"] == "not healthy: http://***@10.0.0.1:30000"

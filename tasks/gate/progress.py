@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.gate.plan import LaunchRecord
+from tasks.redaction import redact_text, redact_url
 from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import GATE_PROGRESS
 
@@ -35,6 +36,11 @@ def keep_server_log_tail(run: RunFolder, log_path: str | None) -> None:
     path = Path(log_path) if log_path else None
     if path is not None and path.is_file():
         run.write_bytes_atomic(f"{SERVER_LOGS}/{path.name}", path.read_bytes()[-LOG_TAIL_BYTES:])
+
+
+def _clean(text: str | None) -> str | None:
+    """An error as the record may keep it: no URL credentials, no registered secret."""
+    return None if text is None else redact_text(redact_url(text))
 
 
 def launch_figures(record: LaunchRecord) -> dict[str, Any]:
@@ -102,16 +108,16 @@ class GateProgress:
         measuring_at = self._measuring_at.get(index)
         row = {"launch": index, "config": record.config, "repetition": record.repetition,
                "health_s": record.health_s, "measure_s": now - measuring_at if measuring_at is not None else None,
-               "since_wave_start_s": now - self._wave_at.get(index, now), "error": record.error,
+               "since_wave_start_s": now - self._wave_at.get(index, now), "error": _clean(record.error),
                **launch_figures(record)}  # fmt: skip
         self.data["finished"].append(row)
         self.data["current"] = None
         figures = (f"{row['tok_s']:.1f} tok/s" if row["tok_s"] else "no tok/s") + (
             f", accept length {row['accept_length']:.2f}" if row["accept_length"] else "")  # fmt: skip
         self.log.info("gate: launch %d/%d %s rep %d done: %s%s", index + 1, counts["planned"], record.config,
-                      record.repetition, figures, f" (error: {record.error})" if record.error else "")  # fmt: skip
+                      record.repetition, figures, f" (error: {row['error']})" if record.error else "")  # fmt: skip
         self._write()
 
     def finished(self, state: str, message: str) -> None:
-        self.data.update(state=state, phase="done" if state == "done" else self.data["phase"], message=message)
+        self.data.update(state=state, phase="done" if state == "done" else self.data["phase"], message=_clean(message))
         self._write()
