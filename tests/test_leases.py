@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from tasks.runfolder import LeaseLost, LeaseTable, RunFolder, ShardStore
-from tasks.runfolder.folder import json_bytes
+from tasks.runfolder.folder import TMP_PREFIX, json_bytes
 from tests.prefect_support import prefect_server
 from tests.run_support import assert_exactly_once, cli_env, start_cli, write_params
 from tests.s3_support import moto_s3
@@ -136,6 +136,8 @@ def _leases(run: RunFolder) -> dict[str, list[dict]]:
     """shard -> its lease records by epoch."""
     out: dict[str, list[dict]] = {}
     for name in run.listdir("generate/leases"):
+        if name.startswith(TMP_PREFIX):  # a lease being written (temp + rename), as the reader skips it
+            continue
         shard, epoch = name.removesuffix(".json").rsplit(".", 1)
         out.setdefault(shard, []).append((int(epoch), run.read_json(f"generate/leases/{name}")))
     return {s: [r for _, r in sorted(recs, key=lambda x: x[0])] for s, recs in out.items()}
