@@ -32,7 +32,7 @@ from tasks.gate.plan import (
     plan_configs,
 )
 from tasks.gate.preflight import preflight_sweep
-from tasks.gate.progress import GateProgress, Logger, keep_server_log_tail
+from tasks.gate.progress import GateProgress, Logger
 from tasks.gate.promote import promote
 from tasks.gate.replay import ReplayResult, replay
 from tasks.gate.report import write_gate_report
@@ -173,13 +173,6 @@ def _benchmark_server(
     # Servers load a local HF folder: a package or GGUF target is its converted folder.
     model_dir = str(resolve_model_dir(config.target.model_path, config.target.revision))
     return GateRunner(gate, launcher, model_dir, configs, prompts, logs, progress).run()
-
-
-def keep_server_log_tails(run: RunFolder, result: BenchResult) -> None:
-    """Every launch's server-log tail in the run folder (gate/server-logs/), those of a wave a
-    stop cut short included; each finished launch's was kept already as it ended."""
-    for launch in result.launches:
-        keep_server_log_tail(run, launch.log_path)
 
 
 def calibrated_prediction(costs: dict[str, Any], decision: GateDecision, replayed: ReplayResult) -> Prediction | None:
@@ -367,7 +360,6 @@ def _gate(config: EagleScaleConfig, run: RunFolder, work_dir: Path, progress: Ga
         prediction = calibrated_prediction(costs, decision, replayed)
     else:
         result = _benchmark_server(config, configs, prompts, work_dir, progress)
-        keep_server_log_tails(run, result)
         decision = decide(result, gate)
         costs, prediction = server_prediction(result, replayed)
     progress.phase("decide")
