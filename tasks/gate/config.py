@@ -40,7 +40,10 @@ class GateConfig(_Strict):
         "sglang: fresh SGLang launches (GPU nodes, the production evidence); emulated: the "
         "package's SGLang-compatible emulator, launched exactly as SGLang would be (CI, dry runs).",
     )
-    device: str = Field("cpu", description="local engine: torch device of the target and draft.")
+    device: str = Field(
+        "cpu", description="torch device of the gate's own torch work: offline replay, and the local "
+        "engine's target and draft (cuda on a GPU node: replay takes seconds there, minutes on the CPU).",
+    )
     cuda_graphs: bool = Field(True, description="local engine on CUDA: capture verify/draft steps as graphs.")
     emulator: dict[str, Any] = Field(
         default_factory=dict, description="emulated engine: SpecSimConfig fields (speed, acceptance)."

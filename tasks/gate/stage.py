@@ -13,7 +13,6 @@ _SUCCESS.json; promoted.json goes to the run root.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import statistics
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ from tasks.gate.plan import (
 from tasks.gate.preflight import preflight_sweep
 from tasks.gate.progress import GateProgress, Logger
 from tasks.gate.promote import promote
-from tasks.gate.replay import ReplayResult, replay
+from tasks.gate.replay import ReplayResult, replay_run
 from tasks.gate.report import write_gate_report
 from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import GATE_DONE, TRAIN_FINAL
@@ -94,12 +93,12 @@ def materialize_draft(run: RunFolder, dest: Path, key: str = TRAIN_FINAL) -> Pat
     return dest
 
 
-def load_draft(model_path: str, draft_dir: Path) -> Eagle3Draft:
+def load_draft(model_path: str, draft_dir: Path, device: str = "cpu") -> Eagle3Draft:
     from tasks.draft.export import load_exported
     from tasks.draft.target_heads import load_target_heads
 
     embed, _ = load_target_heads(model_path)
-    return load_exported(draft_dir, embed_weight=embed.float()).eval()
+    return load_exported(draft_dir, embed_weight=embed.float()).eval().to(device)
 
 
 def replay_steps(config: EagleScaleConfig, run: RunFolder) -> list[int]:
@@ -112,15 +111,25 @@ def replay_steps(config: EagleScaleConfig, run: RunFolder) -> list[int]:
     return sorted(steps)
 
 
-def offline_replay(run: RunFolder, config: EagleScaleConfig, draft: Eagle3Draft) -> ReplayResult:
-    from tasks.extract.storage import iter_extracted
+def replay_draft(run: RunFolder, config: EagleScaleConfig, draft_dir: Path, num_steps: list[int]) -> ReplayResult:
+    """One exported draft over the first gate.replay_sequences held-out sequences, on
+    gate.device (on a GPU node the draft's unroll takes seconds there and minutes on the CPU:
+    the third real run's gate spent them before its first launch)."""
+    import torch
 
     gate = config.gate
-    seqs = itertools.islice(iter_extracted(run, "eval"), gate.replay_sequences)
-    result = replay(draft, seqs, replay_steps(config, run), n_bootstrap=gate.n_bootstrap,
-                    seed=gate.bootstrap_seed, ci_level=gate.ci_level)  # fmt: skip
-    if not result.sequences:
-        raise ValueError(f"{run.url}/extract has no committed 'eval' sequences to replay")
+    draft = load_draft(config.target.model_path, draft_dir, gate.device)
+    try:
+        return replay_run(run, draft, num_steps, limit=gate.replay_sequences, n_bootstrap=gate.n_bootstrap,
+                          seed=gate.bootstrap_seed, ci_level=gate.ci_level)  # fmt: skip
+    finally:
+        del draft
+        if gate.device.startswith("cuda"):  # the servers launched next measure the GPU's free memory
+            torch.cuda.empty_cache()
+
+
+def offline_replay(run: RunFolder, config: EagleScaleConfig, draft_dir: Path) -> ReplayResult:
+    result = replay_draft(run, config, draft_dir, replay_steps(config, run))
     run.write_json_atomic(REPLAY_KEY, result.to_dict())
     return result
 
@@ -282,7 +291,6 @@ def _scaling(
     gate.scaling_num_steps: replayed for every draft, measured where a server measured it."""
     from tasks.draft.scaling_drafts import scaling_drafts
     from tasks.extract.storage import extract_metadata
-    from tasks.gate.replay import replay_run
     from tasks.gate.scaling import MEASURED, OVERALL, REPLAY, ScalingPoint, write_scaling_report
 
     drafts = scaling_drafts(run)
@@ -305,8 +313,7 @@ def _scaling(
     for entry in drafts:
         samples = int(entry["samples"])
         local = materialize_draft(run, work_dir / f"scaling-{samples}", entry["final"])
-        draft = load_draft(config.target.model_path, local)
-        add_replay(samples, replay_run(run, draft, [k], limit=config.gate.replay_sequences))
+        add_replay(samples, replay_draft(run, config, local, [k]))
         add_measured(samples, next((c for c in decision.configs if c.role == SCALING and c.samples == samples), None))
     n_train = int(extract_metadata(run)["splits"].get("train", 0))
     add_replay(n_train, replayed)  # the full draft: offline_replay covers scaling_num_steps
@@ -350,7 +357,7 @@ def _gate(config: EagleScaleConfig, run: RunFolder, work_dir: Path, progress: Ga
                  and (gate.engine != "local" or c.spec.topk == 1)]  # fmt: skip
         preflight_sweep(path, specs, target_config, aux_ids)
     progress.phase("replay", f"the draft over up to {gate.replay_sequences} held-out sequences")
-    replayed = offline_replay(run, config, load_draft(config.target.model_path, draft_dir))
+    replayed = offline_replay(run, config, draft_dir)
     encode = encoder_for_target(config.target.model_path, config.target.chat_template)
     prompts = load_bench_prompts(run, gate.num_prompts, gate.prompt_seed, encode)
     progress.phase("benchmark", f"{len(configs)} configs x {gate.repetitions} repetitions on the {gate.engine} engine")
