@@ -362,6 +362,9 @@ def collect_node_results(out: Path) -> None:
 class Pipeline:
     def __init__(self) -> None:
         self.status: dict[str, Any] = {"state": "running", "steps": {}, "started_at": time.time()}
+        # A restarted pipeline (`node start` again after a failure) keeps the steps done before.
+        before = (_read_json(NODE / "status.json") or {}).get("steps", {})
+        self.status["steps"] = {k: v for k, v in before.items() if v.get("state") == "done"}
         self.measure: dict[str, Any] = _read_json(NODE / "measurements.json") or {}
         (NODE / "logs").mkdir(parents=True, exist_ok=True)
         self.site = NODE / "site"
@@ -546,7 +549,9 @@ class Pipeline:
         # The scaling drafts in two processes, the largest fraction alone and the others one after
         # another (in the third run one process for all three was the long pole: 624 s beside
         # the full draft's 394 s).
-        fractions = sorted(_config().train.scaling_fractions)
+        import yaml  # in the node's image; the pipeline process itself has no pydantic (tasks.config)
+
+        fractions = sorted(yaml.safe_load((NODE / "params.yaml").read_text())["train"].get("scaling_fractions") or [])
         procs: dict[str, subprocess.Popen[bytes]] = {}
         for group in (fractions[:-1], fractions[-1:]):
             if group:
@@ -577,6 +582,9 @@ class Pipeline:
         self.note("train-parallel", "done" if not any(codes.values()) else "failed-part", json.dumps(codes))
         self.stage("train", env=env)  # trains what failed beside the others, exports, writes the scaling index
 
+    def done_before(self, step: str) -> bool:
+        return self.status["steps"].get(step, {}).get("state") == "done"
+
     def seconds_left(self) -> float:
         """Seconds until SpecForge must have stopped (`node start --budget`; unbounded without)."""
         deadline = _read_json(NODE / "deadline.json")
@@ -588,18 +596,20 @@ class Pipeline:
         try:
             self.setup()
             self.write_params()
-            self.start_server()
-            if not self.measure.get("reference_done"):
-                self.reference()
-            self.stage("generate", f"engine.endpoints=[http://127.0.0.1:{PORT}]")
-            self.stop_server()
-            # The agreement check (transformers' greedy decoding of 32 prompts: latency-bound,
-            # a sliver of the GPU) runs beside extraction rather than before it.
-            self.note("agreement", "running")
-            agreement = self.py([str(Path(__file__).resolve()), "node", "agreement"], "agreement", wait=False)
-            self.stage("extract")
-            code = agreement.wait()
-            self.note("agreement", "done" if code == 0 else "failed-part", f"exit {code}")
+            if not self.done_before("generate"):  # a restart skips the server's start-up (~2 min)
+                self.start_server()
+                if not self.measure.get("reference_done"):
+                    self.reference()
+                self.stage("generate", f"engine.endpoints=[http://127.0.0.1:{PORT}]")
+                self.stop_server()
+            if not self.done_before("extract"):
+                # The agreement check (transformers' greedy decoding of 32 prompts: latency-bound,
+                # a sliver of the GPU) runs beside extraction rather than before it.
+                self.note("agreement", "running")
+                agreement = self.py([str(Path(__file__).resolve()), "node", "agreement"], "agreement", wait=False)
+                self.stage("extract")
+                code = agreement.wait()
+                self.note("agreement", "done" if code == 0 else "failed-part", f"exit {code}")
             self.train()
             gate = ["gate.engine=emulated"] if REHEARSAL else []
             if (NODE / "specforge/draft/config.json").is_file():  # SpecForge's draft, beside ours
