@@ -379,6 +379,8 @@ class Pipeline:
 
     def note(self, step: str, state: str, detail: str = "", **extra: Any) -> None:
         entry = self.status["steps"].setdefault(step, {})
+        if state == "running":  # a step run again after a restart times its own pass
+            entry.pop("began_at", None)
         entry.update(state=state, **extra)
         entry.setdefault("began_at", time.time())
         if state in ("done", "failed", "fallback"):

@@ -101,6 +101,10 @@ def test_local_gate_is_lossless_reports_and_keeps_the_previous_draft(trained, tm
     overall = [p for p in outcome.scaling["points"] if p["domain"] == "all"]
     # The local engine measures no scaling draft: replayed points only.
     assert [(p["samples"], p["kind"]) for p in overall] == [(round(0.5 * n_train), "replay"), (n_train, "replay")]
+    # Recorded before the first launch (a gate cut short keeps it), the same figure as the curve's.
+    early = json.loads((run_root / "gate/scaling/replay.json").read_text())
+    assert list(early) == [str(round(0.5 * n_train))]
+    assert early[str(round(0.5 * n_train))]["overall"]["3"]["accept_length"] == overall[0]["accept_length"]
     assert (run_root / "gate/scaling/curve.png").stat().st_size > 1000
     # A resumed run finds this draft decided with these settings; other settings decide anew.
     assert completed_gate(cfg) == outcome.summary

@@ -283,18 +283,33 @@ def extra_drafts(config: EagleScaleConfig, run: RunFolder, work_dir: Path) -> li
     return out
 
 
+def scaling_replays(run: RunFolder, config: EagleScaleConfig, work_dir: Path) -> dict[int, ReplayResult]:
+    """Each data-scaling draft replayed at gate.scaling_num_steps, before the first launch (a
+    gate cut short keeps the curve's replayed half: the fourth real run's was cut at its 13th
+    launch), recorded at once in gate/scaling/replay.json."""
+    from tasks.draft.scaling_drafts import scaling_drafts
+    from tasks.gate.scaling import SCALING_ROOT
+
+    out = {}
+    for entry in scaling_drafts(run):
+        samples = int(entry["samples"])
+        local = materialize_draft(run, work_dir / f"scaling-{samples}", entry["final"])
+        out[samples] = replay_draft(run, config, local, [config.gate.scaling_num_steps])
+    if out:
+        run.write_json_atomic(f"{SCALING_ROOT}/replay.json", {str(n): r.to_dict() for n, r in out.items()})
+    return out
+
+
 def _scaling(
-    run: RunFolder, config: EagleScaleConfig, replayed: ReplayResult, decision: GateDecision,
-    prediction: Prediction | None, work_dir: Path,
+    run: RunFolder, config: EagleScaleConfig, replayed: ReplayResult, replays: dict[int, ReplayResult],
+    decision: GateDecision, prediction: Prediction | None,
 ) -> dict[str, Any] | None:
     """The curve over the train stage's scaling drafts and the full draft, at
     gate.scaling_num_steps: replayed for every draft, measured where a server measured it."""
-    from tasks.draft.scaling_drafts import scaling_drafts
     from tasks.extract.storage import extract_metadata
     from tasks.gate.scaling import MEASURED, OVERALL, REPLAY, ScalingPoint, write_scaling_report
 
-    drafts = scaling_drafts(run)
-    if not drafts:
+    if not replays:
         return None
     k = config.gate.scaling_num_steps
     points: list[ScalingPoint] = []
@@ -310,10 +325,8 @@ def _scaling(
         points.append(ScalingPoint(OVERALL, samples, summary.accept_length, MEASURED))
         points.extend(ScalingPoint(d, samples, v, MEASURED) for d, v in summary.accept_length_per_domain.items())
 
-    for entry in drafts:
-        samples = int(entry["samples"])
-        local = materialize_draft(run, work_dir / f"scaling-{samples}", entry["final"])
-        add_replay(samples, replay_draft(run, config, local, [k]))
+    for samples, result in replays.items():
+        add_replay(samples, result)
         add_measured(samples, next((c for c in decision.configs if c.role == SCALING and c.samples == samples), None))
     n_train = int(extract_metadata(run)["splits"].get("train", 0))
     add_replay(n_train, replayed)  # the full draft: offline_replay covers scaling_num_steps
@@ -356,8 +369,9 @@ def _gate(config: EagleScaleConfig, run: RunFolder, work_dir: Path, progress: Ga
         specs = [c.spec for c in configs if c.spec is not None and c.spec.draft_model_path == path
                  and (gate.engine != "local" or c.spec.topk == 1)]  # fmt: skip
         preflight_sweep(path, specs, target_config, aux_ids)
-    progress.phase("replay", f"the draft over up to {gate.replay_sequences} held-out sequences")
+    progress.phase("replay", f"the draft and its data-scaling drafts over up to {gate.replay_sequences} held-out sequences")
     replayed = offline_replay(run, config, draft_dir)
+    replays = scaling_replays(run, config, work_dir)
     encode = encoder_for_target(config.target.model_path, config.target.chat_template)
     prompts = load_bench_prompts(run, gate.num_prompts, gate.prompt_seed, encode)
     progress.phase("benchmark", f"{len(configs)} configs x {gate.repetitions} repetitions on the {gate.engine} engine")
@@ -383,7 +397,7 @@ def _gate(config: EagleScaleConfig, run: RunFolder, work_dir: Path, progress: Ga
         registry_storage_options=gate.registry_storage_options, draft_storage_options=config.storage_options,
     )  # fmt: skip
     progress.phase("scaling")
-    scaling = _scaling(run, config, replayed, decision, prediction, work_dir)
+    scaling = _scaling(run, config, replayed, replays, decision, prediction)
     run.write_json_atomic(GATE_DONE, {"identity": identity, "summary": summary})
     pred = prediction.to_dict() if prediction else None
     return GateOutcome(summary, decision, replayed.to_dict(), pred, report, scaling)
