@@ -25,7 +25,6 @@ def _expected_failures() -> tuple[type[BaseException], ...]:
     from tasks.extract.capture import LayerIdError
     from tasks.extract.forecast import DiskForecastError
     from tasks.extract.sequences import ChatTemplateMismatch
-    from tasks.gate.launch import LaunchError
     from tasks.gate.plan import GateStopped
     from tasks.gate.preflight import PreflightError
     from tasks.gate.promote import PromotionError
@@ -33,6 +32,7 @@ def _expected_failures() -> tuple[type[BaseException], ...]:
     from tasks.generate.failures import ShardFailed
     from tasks.packages import PackagePathError
     from tasks.runfolder import FingerprintMismatch
+    from tasks.sglang.versions import LaunchError
     from tasks.target import TargetError
 
     return (

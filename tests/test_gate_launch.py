@@ -12,18 +12,12 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from tasks.engines.sglang_flags import extract_help_flags, recorded_flags
 from tasks.gate.config import GateConfig, SpecPoint
 from tasks.gate.launch import (
-    PINNED_VERSIONS,
-    SETTING_FLAGS,
-    LaunchError,
     LaunchSpec,
-    ServerSettings,
     SpecParams,
     build_launch_command,
     build_server_args,
-    flag_set,
     resolve_spec,
 )
 from tasks.gate.plan import plan_configs
@@ -35,6 +29,14 @@ from tasks.gate.server_process import (
     launch,
     parse_server_log,
     wait_healthy,
+)
+from tasks.sglang.recorded_flags import extract_help_flags, recorded_flags
+from tasks.sglang.versions import (
+    PINNED_VERSIONS,
+    SETTING_FLAGS,
+    LaunchError,
+    ServerSettings,
+    flag_set,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -328,7 +330,7 @@ def test_the_0_5_14_emulator_takes_exactly_the_recorded_flags() -> None:
 
 
 def test_regenerating_the_flag_file_gives_the_shipped_one(capsys: pytest.CaptureFixture[str]) -> None:
-    from tasks.engines.sglang_flags import main
+    from tasks.sglang.recorded_flags import main
 
     shipped = json.loads((ROOT / "tasks/data/sglang/flags-0.5.14.json").read_text())
     assert main([str(ROOT / "tests/fixtures/sglang-0.5.14/help.txt"), "0.5.14", shipped["source"]]) == 0

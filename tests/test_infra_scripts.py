@@ -16,14 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.gate.launch import (
-    PINNED_VERSIONS,
-    SETTING_FLAGS,
-    LaunchSpec,
-    ServerSettings,
-    build_launch_command,
-    resolve_spec,
-)
+from tasks.gate.launch import LaunchSpec, build_launch_command, resolve_spec
+from tasks.sglang.versions import PINNED_VERSIONS, SETTING_FLAGS, ServerSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 SGLANG = ROOT / "infra/sglang"

@@ -28,7 +28,7 @@ from tasks.gate.benchmark import (
     record_generate_answer,
 )
 from tasks.gate.config import GateConfig
-from tasks.gate.launch import LaunchSpec, ServerSettings, SpecParams
+from tasks.gate.launch import LaunchSpec, SpecParams
 from tasks.gate.plan import BenchConfig, BenchPrompt, GateStopped, RequestRecord, plan_configs
 from tasks.gate.server_process import (
     EmulatedLauncher,
@@ -39,6 +39,7 @@ from tasks.gate.server_process import (
     parse_server_log,
     wait_healthy,
 )
+from tasks.sglang.versions import ServerSettings
 
 FIX = Path(__file__).parent / "fixtures/sglang-0.5.14"
 H200 = ServerSettings(attention_backend="triton", sampling_backend="pytorch", grammar_backend="none",

@@ -18,12 +18,12 @@ import sys
 from dataclasses import asdict, fields
 
 from tasks.engines.sglang_app import SGLangCompatServer
-from tasks.engines.sglang_flags import recorded_flags
 from tasks.engines.sglang_server import start_site
 from tasks.engines.sglang_spec_sim import LaunchArgs, SpecSimBackend, SpecSimConfig, sglang_log
+from tasks.sglang.recorded_flags import recorded_flags
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
-# The server settings the emulator reads (tasks/gate/launch.py's ServerSettings emits them).
+# The server settings the emulator reads (tasks/sglang/versions.py's ServerSettings; the gate's builder emits them).
 _SETTING_VALUES = ("--attention-backend", "--sampling-backend", "--grammar-backend", "--dtype")
 _SETTING_SWITCHES = ("--skip-tokenizer-init", "--sleep-on-idle")
 

@@ -11,7 +11,7 @@ local_benchmark.py  the same benchmark on the in-process speculative engine (CPU
 progress.py    gate/progress.json and a log line per phase and launch while it runs
 server_process.py  a launched server's life: start, health wait, server-info check, log
                parsing (CUDA graphs, decode lines), stop
-launch.py      SGLang command lines per pinned version
+launch.py      SGLang command lines per pinned version (the flag table: tasks/sglang/versions.py)
 cost_model.py  step costs and the tok/s a replayed accept length predicts
 decision.py    bootstrap CI and the promote/reject rules
 report.py      gate/report.json, gate/report.md, gate/plots/*.png

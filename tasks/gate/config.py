@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tasks.gate.launch import PINNED_VERSIONS, ServerSettings, check_server_config, flag_set
+from tasks.sglang.versions import PINNED_VERSIONS, ServerSettings, check_server_config, flag_set
 
 
 class _Strict(BaseModel):

@@ -23,13 +23,8 @@ from typing import Any, Protocol
 
 import httpx
 
-from tasks.gate.launch import (
-    GRPC_PORT_OFFSET,
-    LaunchSpec,
-    build_launch_command,
-    build_server_args,
-    flag_set,
-)
+from tasks.gate.launch import LaunchSpec, build_launch_command, build_server_args
+from tasks.sglang.versions import GRPC_PORT_OFFSET, flag_set
 
 LOG_TAIL_LINES = 40
 

@@ -3,7 +3,7 @@
 `extract_help_flags(text)` reads argparse's help output: every option name (aliases included),
 the choices of options that have them, and the deprecated aliases with the flags their help
 points to instead. The result for each version with a recorded `--help` is shipped as
-`tasks/data/sglang/flags-<version>.json` (regenerate: `python -m tasks.engines.sglang_flags
+`tasks/data/sglang/flags-<version>.json` (regenerate: `python -m tasks.sglang.recorded_flags
 HELP.txt VERSION > tasks/data/sglang/flags-VERSION.json`; a test checks the shipped file equals the
 extraction from tests/fixtures/sglang-<version>/help.txt). The launch builder checks every flag it
 emits and every extra server arg against it; the emulator parses its command line with it.
@@ -119,7 +119,7 @@ def flags_document(help_text: str, version: str, source: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) not in (2, 3):
-        print("usage: python -m tasks.engines.sglang_flags HELP.txt VERSION [SOURCE]", file=sys.stderr)
+        print("usage: python -m tasks.sglang.recorded_flags HELP.txt VERSION [SOURCE]", file=sys.stderr)
         return 2
     path, version = args[0], args[1]
     source = args[2] if len(args) == 3 else f"launch_server --help of SGLang {version}"
