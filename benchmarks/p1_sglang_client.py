@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tasks.config import EngineConfig  # noqa: E402
 from tasks.engines.base import GenerationRequest, GenerationResult, SamplingParams  # noqa: E402
 from tasks.engines.sglang_client import SGLangEngine  # noqa: E402
-from tasks.engines.sglang_server import ServerProcess  # noqa: E402
-from tasks.engines.sglang_sim import plan_completion  # noqa: E402
+from tasks.standins.server import ServerProcess  # noqa: E402
+from tasks.standins.sim import plan_completion  # noqa: E402
 
 
 def make_requests(n: int, prompt_len: int, max_new: int, tag: str) -> list[GenerationRequest]:

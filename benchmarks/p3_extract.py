@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tasks.engines.local_capture import LocalCapture
 from tasks.extract.capture import aux_capture_layers
+from tasks.extract.local_capture import LocalCapture
 from tasks.extract.storage import ShardWriter, verify_shard
 
 LLAMA_32_1B = dict(

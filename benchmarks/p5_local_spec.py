@@ -8,7 +8,7 @@
    a sweep measures how often greedy replies follow the successor map per alpha and picks
    the one closest to --target-agreement; lm_head is then sharpened to --teacher-top1.
 2. Its own greedy outputs on random-token prompts (batched, tasks.engines.local_decode),
-   hidden states captured with tasks.engines.local_capture (output-of-layer aux ids).
+   hidden states captured with tasks.extract.local_capture (output-of-layer aux ids).
 3. A draft trained briefly with the project's training-time-test code (tasks.draft.ttt), then
    exported in SGLang's format and loaded back (tasks.draft.export). With --lr auto, short
    probe runs pick the learning rate from --lr-grid.
@@ -40,11 +40,11 @@ from tasks.draft.model import Eagle3Draft
 from tasks.draft.ttt import Batch, TTTModel, counted_rows, summarize
 from tasks.draft.vocab import build_vocab_map, count_tokens
 from tasks.engines.base import GenerationRequest, SamplingParams
-from tasks.engines.local_capture import LocalCapture
 from tasks.engines.local_decode import BatchDecoder
-from tasks.engines.local_spec import SpecEngine
-from tasks.engines.local_spec_bench import decode_benchmark, measure_step_costs
+from tasks.extract.local_capture import LocalCapture
 from tasks.gate import cost_model, replay
+from tasks.gate.spec_engine import SpecEngine
+from tasks.gate.spec_engine_measure import decode_benchmark, measure_step_costs
 
 
 def lr_multiplier(step: int, warmup: int, total: int) -> float:

@@ -46,8 +46,8 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 import yaml  # noqa: E402
 
-from tasks.engines.sglang_server import ServerProcess  # noqa: E402
 from tasks.runfolder import RunFolder, ShardStore  # noqa: E402
+from tasks.standins.server import ServerProcess  # noqa: E402
 
 KIMI = ROOT / "deployments/params/kimi-k25.yaml"
 TINY = ROOT / ".eaglescale/tiny-target"

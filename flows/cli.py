@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         from tasks.tiny_target import tiny_target_main
 
         return tiny_target_main(rest)
-    from tasks.engines.sglang_server import serve_main
+    from tasks.standins.server import serve_main
 
     return serve_main(rest)
 

@@ -19,11 +19,11 @@ import pytest
 from flows.cli import EXIT_CONFIG, EXIT_FAILED, is_expected
 from flows.concurrency import RunRootBusy
 from tasks.engines.base import EngineUnavailable
-from tasks.engines.sglang_faults import FaultSpec
-from tasks.engines.sglang_server import start_server_thread
 from tasks.gate.preflight import PreflightError, draft_tensor_shapes
 from tasks.generate.failures import GenerateFailed, ShardFailed, generate_failed
 from tasks.runfolder import RunFolder, read_journal
+from tasks.standins.faults import FaultSpec
+from tasks.standins.server import start_server_thread
 from tests.prefect_support import prefect_server
 from tests.run_support import ROOT, cli_env, write_params
 

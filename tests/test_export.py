@@ -306,7 +306,7 @@ def test_reexport_replaces_folder_atomically(draft: Eagle3Draft, embed: torch.Te
 
 def commit_extract_shard(run: RunFolder, aux_layer_ids: list[int]) -> None:
     """One real extract shard (H6's writer and the commit protocol), two sequences."""
-    from tasks.engines.local_capture import CapturedStates
+    from tasks.extract.local_capture import CapturedStates
     from tasks.extract.sequences import TrainingSequence
     from tasks.extract.storage import ShardWriter
 

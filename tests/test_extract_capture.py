@@ -12,13 +12,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tasks.engines.local_capture import CapturedStates, LocalCapture, decode_capture
 from tasks.extract.capture import (
     LayerIdError,
     aux_capture_layers,
     sglang_layers_to_capture,
     validate_aux_layer_ids,
 )
+from tasks.extract.local_capture import CapturedStates, LocalCapture, decode_capture
 from tasks.extract.sequences import TrainingSequence
 from tasks.extract.sglang_capture import (
     SGLANG_MISSING,

@@ -78,7 +78,7 @@ def test_failed_stage_exits_nonzero_and_reaches_slack(tmp_path, tiny_target_dir)
 def test_stalled_generation_alerts_slack_then_recovers(tmp_path, tiny_target_dir):
     """Every first request hangs past the stall bound: Slack hears 'stalled', then the timeouts
     fire, the requests are retried and the run still completes."""
-    from tasks.engines.sglang_server import ServerProcess
+    from tasks.standins.server import ServerProcess
 
     server = ServerProcess(["--model", str(tiny_target_dir), "--fault", "hang", "--fault-count", "4"])
     try:

@@ -12,7 +12,6 @@ import httpx
 import pyarrow as pa
 import pytest
 
-from tasks.engines.sglang_spec_sim import launch_speed_factor
 from tasks.gate.benchmark import STUCK_DIAGNOSIS, GateRunner
 from tasks.gate.config import GateConfig, SpecPoint
 from tasks.gate.decision import GateDecision, decide
@@ -25,6 +24,7 @@ from tasks.gate.plan import (
 )
 from tasks.gate.server_process import EmulatedLauncher, ServerStartError
 from tasks.runfolder import RunFolder
+from tasks.standins.spec_sim import launch_speed_factor
 from tests.gate_support import AUX_IDS, TARGET_CONFIG, commit_holdout, encode, write_draft
 
 FAST = {"prefill_s": 0.002, "baseline_step_s": 0.003, "verify_step_s": 0.0035, "draft_step_s": 0.0004,

@@ -303,7 +303,7 @@ def test_the_emulator_takes_each_versions_command(version: str, tmp_path: Path) 
 
 def test_the_emulator_rejects_the_old_flag_on_0_5_23() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "tasks.engines.sglang_spec_launch", "--sim-config-json", '{"sglang_version": "0.5.23"}',
+        [sys.executable, "-m", "tasks.standins.spec_launch", "--sim-config-json", '{"sglang_version": "0.5.23"}',
          "--model-path", "/m", "--cuda-graph-max-bs", "8"],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
@@ -314,7 +314,7 @@ def test_the_emulator_rejects_the_old_flag_on_0_5_23() -> None:
 def _emulate(version: str, *args: str) -> subprocess.CompletedProcess[str]:
     """The emulator's command line only: `--help`-style exits happen before it serves."""
     return subprocess.run(
-        [sys.executable, "-m", "tasks.engines.sglang_spec_launch", "--sim-config-json",
+        [sys.executable, "-m", "tasks.standins.spec_launch", "--sim-config-json",
          json.dumps({"sglang_version": version}), "--model-path", "/m", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
@@ -344,7 +344,7 @@ def test_server_info_check_catches_sglangs_silent_adjustment(tmp_path: Path) -> 
     launcher = EmulatedLauncher("0.5.23")
     args = build_server_args(spec, "0.5.23")
     args[args.index("--speculative-num-draft-tokens") + 1] = "6"
-    launcher.command = lambda _spec: [sys.executable, "-m", "tasks.engines.sglang_spec_launch",  # type: ignore[method-assign]
+    launcher.command = lambda _spec: [sys.executable, "-m", "tasks.standins.spec_launch",  # type: ignore[method-assign]
                                       "--sim-config-json", "{}", *args]  # fmt: skip
     server = launch(launcher, spec, tmp_path / "adjusted.log")
     try:

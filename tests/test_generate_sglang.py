@@ -12,10 +12,10 @@ import pytest
 
 from tasks.config import load_config
 from tasks.engines.sglang_client import SGLangEngine
-from tasks.engines.sglang_server import ServerProcess
 from tasks.generate.stage import GenerateStage
 from tasks.runfolder import ShardStore
 from tasks.runfolder.layout import GENERATE_PROGRESS
+from tasks.standins.server import ServerProcess
 from tests.run_support import assert_exactly_once, discover_and_fingerprint, write_params
 
 

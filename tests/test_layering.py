@@ -62,7 +62,17 @@ def test_tasks_never_import_flows() -> None:
 
 def test_the_run_folder_and_sglang_knowledge_stand_alone() -> None:
     assert _outside("tasks.runfolder") == {}
-    assert _outside("tasks.sglang") == {}
+    assert _outside("tasks.sglang.") == {}
+
+
+def test_engines_hold_engines_and_the_stand_ins_sit_beside_them() -> None:
+    # Capture belongs to extraction, the local speculative engine to the gate, the SGLang
+    # stand-ins to their own package: the engines import none of them (nor the draft).
+    upward = ("tasks.draft", "tasks.extract", "tasks.gate", "tasks.standins", "tasks.generate")
+    assert {m: d for m, d in GRAPH.items() if m.startswith("tasks.engines") and any(i.startswith(upward) for i in d)} == {}
+    assert _outside("tasks.standins", ("tasks.engines", "tasks.sglang.")) == {}
+    # The real client reads SGLang's answers without the stand-ins' types.
+    assert not any(i.startswith("tasks.standins") for i in _closure("tasks.engines.sglang_client"))
 
 
 def test_loading_a_config_imports_no_stage_code() -> None:

@@ -18,13 +18,13 @@ from tasks.draft.export import export_sglang
 from tasks.draft.model import Eagle3Draft
 from tasks.draft.trainer import train_draft
 from tasks.engines.base import GenerationRequest, SamplingParams
-from tasks.engines.local_capture import LocalCapture
 from tasks.engines.local_decode import BatchDecoder
-from tasks.engines.local_spec import SpecEngine
-from tasks.engines.local_spec_bench import measure_step_costs
-from tasks.engines.local_spec_graphs import StaticDraft, StaticTarget
+from tasks.extract.local_capture import LocalCapture
 from tasks.extract.storage import iter_extracted
 from tasks.gate.replay import replay, replay_run
+from tasks.gate.spec_engine import SpecEngine
+from tasks.gate.spec_engine_graphs import StaticDraft, StaticTarget
+from tasks.gate.spec_engine_measure import measure_step_costs
 from tasks.runfolder import RunFolder
 from tests.draft_support import MAX_NEW_TOKENS, extracted_run
 

@@ -13,9 +13,9 @@ import pytest
 from tasks.config import EngineConfig, load_config
 from tasks.engines.base import EngineUnavailable, GenerationRequest, SamplingParams
 from tasks.engines.sglang_client import SGLangEngine
-from tasks.engines.sglang_server import ServerProcess, start_server_thread
 from tasks.generate.stage import GenerateStage
 from tasks.runfolder import ShardStore
+from tasks.standins.server import ServerProcess, start_server_thread
 from tests.run_support import assert_exactly_once, discover_and_fingerprint, write_params
 from tests.s3_support import free_port
 

@@ -93,7 +93,7 @@ def _extract_parts(run: RunFolder, attempt: str, seqs, states) -> tuple:
 def test_s3_multi_part_extract_shard_commits_once_and_reads_back(s3_run):
     import torch
 
-    from tasks.engines.local_capture import CapturedStates
+    from tasks.extract.local_capture import CapturedStates
     from tasks.extract.sequences import TrainingSequence
     from tasks.extract.storage import iter_extracted
 

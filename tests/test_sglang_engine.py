@@ -24,9 +24,9 @@ from tasks.engines.base import (
     SamplingParams,
 )
 from tasks.engines.sglang_client import SGLangEngine
-from tasks.engines.sglang_server import ServerProcess, ServerThread, start_server_thread
-from tasks.engines.sglang_sim import plan_completion, simulated_output
 from tasks.engines.sglang_wire import MalformedResponse, error_message, read_generate_reply
+from tasks.standins.server import ServerProcess, ServerThread, start_server_thread
+from tasks.standins.sim import plan_completion, simulated_output
 
 pytestmark = pytest.mark.timeout(60)
 

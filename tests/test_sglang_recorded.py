@@ -14,7 +14,6 @@ from typing import Any
 import httpx
 import pytest
 
-from tasks.engines.sglang_server import ServerThread, start_server_thread
 from tasks.engines.sglang_wire import (
     MalformedResponse,
     error_message,
@@ -40,6 +39,7 @@ from tasks.gate.server_process import (
     wait_healthy,
 )
 from tasks.sglang.versions import ServerSettings
+from tasks.standins.server import ServerThread, start_server_thread
 
 FIX = Path(__file__).parent / "fixtures/sglang-0.5.14"
 H200 = ServerSettings(attention_backend="triton", sampling_backend="pytorch", grammar_backend="none",

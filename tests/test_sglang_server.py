@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from tasks.engines.sglang_server import ServerProcess, ServerThread, serve_main, start_server_thread
-from tasks.engines.sglang_sim import SIM_EOS_ID, plan_completion, simulated_output
+from tasks.standins.server import ServerProcess, ServerThread, serve_main, start_server_thread
+from tasks.standins.sim import SIM_EOS_ID, plan_completion, simulated_output
 
 SMALL = {"input_ids": [1], "sampling_params": {"max_new_tokens": 2}}
 # The meta_info keys a real SGLang 0.5.14 baseline returned (tests/fixtures/sglang-0.5.14/).

@@ -1,31 +1,16 @@
-"""SGLang's native /generate request and response format, as the compatible server speaks it.
+"""SGLang's native /generate answers as a client reads them (the request side is plain JSON the
+client builds), and the JSON codec both sides use.
 
 Field names, the finish_reason objects and the error messages follow SGLang's tokenizer manager
-and HTTP server (see DESIGN.md §4), so a client that works here works against SGLang.
+and HTTP server (see DESIGN.md §4); the stand-ins write the same (tasks/standins/server_format.py),
+and tests/test_sglang_recorded.py reads real 0.5.14 answers with this module.
 """
 
 from __future__ import annotations
 
 import json
-import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
-
-from tasks.engines.base import SamplingParams
-from tasks.engines.sglang_backends import BackendInput, BackendOutput
-
-# sampling_params keys SGLang's SamplingParams accepts; any other key is a 400, as in SGLang.
-SGLANG_SAMPLING_KEYS = frozenset(
-    {
-        "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k",
-        "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens",
-        "n", "json_schema", "regex", "ebnf", "structural_tag", "ignore_eos",
-        "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "custom_params",
-        "stream_interval", "logit_bias", "sampling_seed",
-    }
-)  # fmt: skip
-DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default when sampling_params omits it
 
 try:  # orjson (a dependency of prefect) is several times faster; the stdlib is the fallback
     import orjson
@@ -42,160 +27,8 @@ except ImportError:  # pragma: no cover
         return json.dumps(obj).encode()
 
 
-class RequestError(ValueError):
-    """A malformed or unservable request: HTTP 400 with {"error": {"message": ...}}."""
-
-
-def error_body(message: str) -> dict[str, Any]:
-    return {"error": {"message": message}}
-
-
-def _is_int(v: Any) -> bool:
+def is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_id_list(v: Any) -> bool:
-    return isinstance(v, list) and all(_is_int(x) and x >= 0 for x in v)
-
-
-def parse_sampling(raw: Any, where: str) -> tuple[SamplingParams, bool]:
-    """SGLang's sampling_params object -> (SamplingParams, ignore_eos)."""
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise RequestError(f"{where} must be an object, got {type(raw).__name__}")
-    unknown = sorted(set(raw) - SGLANG_SAMPLING_KEYS)
-    if unknown:
-        raise RequestError(f"{where}: unknown field(s) {unknown}")
-    temperature = raw.get("temperature", 1.0)
-    top_p = raw.get("top_p", 1.0)
-    top_k = raw.get("top_k", -1)
-    max_new = raw.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
-    seed = raw.get("sampling_seed", 0)
-    ignore_eos = raw.get("ignore_eos", False)
-    if not isinstance(temperature, int | float) or isinstance(temperature, bool) or temperature < 0:
-        raise RequestError(f"{where}.temperature must be a number >= 0, got {temperature!r}")
-    if not isinstance(top_p, int | float) or isinstance(top_p, bool) or not 0 < top_p <= 1:
-        raise RequestError(f"{where}.top_p must be in (0, 1], got {top_p!r}")
-    if not _is_int(top_k) or (top_k < 1 and top_k != -1):
-        raise RequestError(f"{where}.top_k must be -1 or an integer >= 1, got {top_k!r}")
-    if max_new is None:
-        max_new = DEFAULT_MAX_NEW_TOKENS
-    if not _is_int(max_new) or max_new < 0:
-        raise RequestError(f"{where}.max_new_tokens must be an integer >= 0, got {max_new!r}")
-    if not _is_int(seed):
-        raise RequestError(f"{where}.sampling_seed must be an integer, got {seed!r}")
-    if not isinstance(ignore_eos, bool):
-        raise RequestError(f"{where}.ignore_eos must be true or false, got {ignore_eos!r}")
-    params = SamplingParams(float(temperature), float(top_p), top_k, max_new, seed)
-    return params, ignore_eos
-
-
-def check_context(n_input: int, max_new: int, context_length: int) -> None:
-    """SGLang's two length checks, with its wording (both name the context length)."""
-    if n_input >= context_length:
-        raise RequestError(
-            f"The input ({n_input} tokens) is longer than the model's context length "
-            f"({context_length} tokens)."
-        )
-    if n_input + max_new >= context_length:
-        raise RequestError(
-            f"Requested token count exceeds the model's maximum context length of "
-            f"{context_length} tokens. You requested a total of {n_input + max_new} tokens: "
-            f"{n_input} tokens from the input messages and {max_new} tokens for the completion. "
-            f"Please reduce the number of tokens in the input messages or the completion to fit "
-            f"within the limit."
-        )
-
-
-def parse_generate(body: Any, tokenize: Any, context_length: int) -> tuple[list[BackendInput], bool]:
-    """A /generate body -> (inputs, batched). `tokenize(text)` serves requests sent as text."""
-    if not isinstance(body, dict):
-        raise RequestError("request body must be a JSON object")
-    input_ids = body.get("input_ids")
-    text = body.get("text")
-    if input_ids is None and text is None:
-        raise RequestError("Either text or input_ids should be provided.")
-    if input_ids is not None and text is not None:
-        raise RequestError("Either text or input_ids should be provided, not both.")
-    if input_ids is not None:
-        if _is_id_list(input_ids) and input_ids:
-            prompts, batched = [input_ids], False
-        elif isinstance(input_ids, list) and input_ids and all(_is_id_list(x) and x for x in input_ids):
-            prompts, batched = list(input_ids), True
-        else:
-            raise RequestError(
-                "input_ids must be a non-empty list of token ids (integers >= 0) or a non-empty "
-                "list of such lists"
-            )
-    elif isinstance(text, str):
-        prompts, batched = [tokenize(text)], False
-    elif isinstance(text, list) and text and all(isinstance(t, str) for t in text):
-        prompts, batched = [tokenize(t) for t in text], True
-    else:
-        raise RequestError("text must be a string or a non-empty list of strings")
-    n = len(prompts)
-
-    rid = body.get("rid")
-    if rid is None:
-        rids = [uuid.uuid4().hex for _ in range(n)]
-    elif not batched and isinstance(rid, str):
-        rids = [rid]
-    elif batched and isinstance(rid, list) and len(rid) == n and all(isinstance(r, str) for r in rid):
-        rids = list(rid)
-    else:
-        want = f"a list of {n} strings" if batched else "a string"
-        raise RequestError(f"rid must be {want}, got {rid!r}")
-    if len(set(rids)) != n:
-        raise RequestError("rid: duplicate request ids in one batch")
-
-    raw_sp = body.get("sampling_params")
-    if batched and isinstance(raw_sp, list):
-        if len(raw_sp) != n:
-            raise RequestError(f"sampling_params: expected {n} objects, got {len(raw_sp)}")
-        sps = [parse_sampling(sp, f"sampling_params[{i}]") for i, sp in enumerate(raw_sp)]
-    else:
-        sps = [parse_sampling(raw_sp, "sampling_params")] * n
-
-    items = []
-    for ids, r, (sp, ignore_eos) in zip(prompts, rids, sps, strict=True):
-        check_context(len(ids), sp.max_new_tokens, context_length)
-        items.append(BackendInput(r, ids, sp, ignore_eos))
-    return items, batched
-
-
-def response_item(item: BackendInput, out: BackendOutput, e2e_latency: float, with_text: bool = True) -> dict[str, Any]:
-    """One /generate answer item with exactly the keys a real SGLang 0.5.14 returns
-    (tests/fixtures/sglang-0.5.14/gen-*.json); a speculative backend's spec_* fields come before
-    response_sent_to_client_ts, as there. Without a tokenizer (--skip-tokenizer-init) there is
-    no "text"."""
-    meta: dict[str, Any] = {
-        "id": item.rid,
-        "finish_reason": out.finish_reason,
-        "prompt_tokens": len(item.input_ids),
-        "weight_version": "default",
-        "num_retractions": 0,
-        "reasoning_tokens": 0,
-        "completion_tokens": len(out.output_ids),
-        "cached_tokens": out.cached_tokens,
-        # SGLang reports where cached tokens came from, and null when none were cached.
-        "cached_tokens_details": {"device": out.cached_tokens, "host": 0} if out.cached_tokens else None,
-        "dp_rank": None,
-        "e2e_latency": e2e_latency,
-        **out.meta_extra,
-        "response_sent_to_client_ts": time.time(),
-    }
-    answer: dict[str, Any] = {"text": out.text} if with_text else {}
-    return {**answer, "output_ids": out.output_ids, "meta_info": meta}
-
-
-def abort_item(item: BackendInput, message: str, status_code: int, e2e_latency: float, with_text: bool = True) -> dict[str, Any]:
-    """An aborted request as SGLang reports it: HTTP 200, finish_reason type "abort"."""
-    out = BackendOutput([], "", {"type": "abort", "message": message, "status_code": status_code})
-    return response_item(item, out, e2e_latency, with_text)
-
-
-# -- the client side -------------------------------------------------------------------------
 
 
 class MalformedResponse(ValueError):
@@ -244,7 +77,7 @@ def _reply_item(data: Any, body: bytes) -> GenerateReply:
         status = reason.get("status_code") if isinstance(reason, dict) else None
         message = str(reason.get("message") or "aborted") if isinstance(reason, dict) else "aborted"
         return GenerateReply(**{**reply.__dict__, "abort_message": message,
-                                "abort_status": status if _is_int(status) else None})
+                                "abort_status": status if is_int(status) else None})
     if finish not in ("stop", "length"):
         raise MalformedResponse(f"unexpected finish_reason {reason!r}")
     return reply

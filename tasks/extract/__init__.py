@@ -5,5 +5,5 @@ stored per shard under the run folder's commit protocol.
 Modules: sequences (rows -> token ids + loss mask + split), capture (layer-id convention,
 backend interface), storage (safetensors format, reader API), forecast (disk), stage (plain
 stage code), sglang_capture (GPU-node backend). The local backend is
-tasks.engines.local_capture.
+tasks.extract.local_capture.
 """

@@ -40,7 +40,7 @@ def build_capture_backend(
     `sglang`: SGLang's in-process engines (GPU nodes, optional extra; see sglang_capture)."""
     ex = cfg.extract
     if ex.engine == "local":
-        from tasks.engines.local_capture import LocalCapture
+        from tasks.extract.local_capture import LocalCapture
 
         if model is not None:
             pad = model.config.pad_token_id

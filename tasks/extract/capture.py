@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from tasks.engines.local_capture import CapturedStates
+from tasks.extract.local_capture import CapturedStates
 
 __all__ = [
     "AUX_LAYER_COUNT",

@@ -22,7 +22,7 @@ import torch
 from tasks.extract.safetensors_io import write_safetensors
 
 if TYPE_CHECKING:
-    from tasks.engines.local_capture import CapturedStates
+    from tasks.extract.local_capture import CapturedStates
     from tasks.extract.sequences import TrainingSequence
 
 FORMAT_VERSION = "1"

@@ -1,4 +1,4 @@
-"""The gate's protocol on the in-process speculative engine (tasks.engines.local_spec).
+"""The gate's protocol on the in-process speculative engine (tasks.gate.spec_engine).
 
 Same configs (baseline + the topk=1 num_steps sweep), launch order, warm-up, held-out prompts,
 per-request records, agreement with the baseline and acceptance floor as the SGLang protocol;
@@ -14,7 +14,6 @@ import hashlib
 import json
 from collections import Counter
 
-from tasks.engines.local_spec import DecodeResult, SpecEngine
 from tasks.gate.benchmark import BaselineOutputs, accept_length, check_acceptance, run_protocol
 from tasks.gate.config import GateConfig
 from tasks.gate.plan import (
@@ -26,6 +25,7 @@ from tasks.gate.plan import (
     RequestRecord,
     is_default_chain,
 )
+from tasks.gate.spec_engine import DecodeResult, SpecEngine
 
 
 def local_configs(configs: list[BenchConfig]) -> list[BenchConfig]:

@@ -2,7 +2,7 @@
 and read its log: CUDA-graph captures and `Decode batch` lines.
 
 The launcher is injectable: `SGLangLauncher` runs `python -m sglang.launch_server` on a GPU
-node; `EmulatedLauncher` runs tasks.engines.sglang_spec_launch with the same arguments.
+node; `EmulatedLauncher` runs tasks.standins.spec_launch with the same arguments.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class EmulatedLauncher:
         index = self.launches
         self.launches += 1
         return [
-            self.python, "-m", "tasks.engines.sglang_spec_launch",
+            self.python, "-m", "tasks.standins.spec_launch",
             "--sim-config-json", json.dumps(sim), "--sim-launch-index", str(index),
             *build_server_args(spec, self.version),
         ]  # fmt: skip

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from tasks.gate.cost_model import CostModelError, Prediction, StepCosts, calibrate_overhead, predict
 from tasks.gate.decision import GateDecision, decide
 from tasks.gate.plan import (
@@ -93,11 +95,11 @@ def materialize_draft(run: RunFolder, dest: Path, key: str = TRAIN_FINAL) -> Pat
     return dest
 
 
-def load_draft(model_path: str, draft_dir: Path, device: str = "cpu") -> Eagle3Draft:
+def load_draft(embed: torch.Tensor, draft_dir: Path, device: str = "cpu") -> Eagle3Draft:
+    """An exported draft with the target's embedding (exports do not hold it; SGLang shares the
+    target's), for replay. The gate reads the embedding once for all its drafts."""
     from tasks.draft.export import load_exported
-    from tasks.draft.target_heads import load_target_heads
 
-    embed, _ = load_target_heads(model_path)
     return load_exported(draft_dir, embed_weight=embed.float()).eval().to(device)
 
 
@@ -111,14 +113,14 @@ def replay_steps(config: EagleScaleConfig, run: RunFolder) -> list[int]:
     return sorted(steps)
 
 
-def replay_draft(run: RunFolder, config: EagleScaleConfig, draft_dir: Path, num_steps: list[int]) -> ReplayResult:
+def replay_draft(
+    run: RunFolder, config: EagleScaleConfig, embed: torch.Tensor, draft_dir: Path, num_steps: list[int]
+) -> ReplayResult:
     """One exported draft over the first gate.replay_sequences held-out sequences, on
     gate.device (on a GPU node the draft's unroll takes seconds there and minutes on the CPU:
     the third real run's gate spent them before its first launch)."""
-    import torch
-
     gate = config.gate
-    draft = load_draft(config.target.model_path, draft_dir, gate.device)
+    draft = load_draft(embed, draft_dir, gate.device)
     try:
         return replay_run(run, draft, num_steps, limit=gate.replay_sequences, n_bootstrap=gate.n_bootstrap,
                           seed=gate.bootstrap_seed, ci_level=gate.ci_level)  # fmt: skip
@@ -128,8 +130,8 @@ def replay_draft(run: RunFolder, config: EagleScaleConfig, draft_dir: Path, num_
             torch.cuda.empty_cache()
 
 
-def offline_replay(run: RunFolder, config: EagleScaleConfig, draft_dir: Path) -> ReplayResult:
-    result = replay_draft(run, config, draft_dir, replay_steps(config, run))
+def offline_replay(run: RunFolder, config: EagleScaleConfig, embed: torch.Tensor, draft_dir: Path) -> ReplayResult:
+    result = replay_draft(run, config, embed, draft_dir, replay_steps(config, run))
     run.write_json_atomic(REPLAY_KEY, result.to_dict())
     return result
 
@@ -139,9 +141,9 @@ def _benchmark_local(
 ) -> tuple[BenchResult, dict[str, Any]]:
     import torch
 
-    from tasks.engines.local_spec import SpecEngine
-    from tasks.engines.local_spec_bench import measure_step_costs
     from tasks.gate.local_benchmark import LocalGateRunner
+    from tasks.gate.spec_engine import SpecEngine
+    from tasks.gate.spec_engine_measure import measure_step_costs
 
     gate = config.gate
     on_cuda = gate.device.startswith("cuda")
@@ -283,7 +285,9 @@ def extra_drafts(config: EagleScaleConfig, run: RunFolder, work_dir: Path) -> li
     return out
 
 
-def scaling_replays(run: RunFolder, config: EagleScaleConfig, work_dir: Path) -> dict[int, ReplayResult]:
+def scaling_replays(
+    run: RunFolder, config: EagleScaleConfig, embed: torch.Tensor, work_dir: Path
+) -> dict[int, ReplayResult]:
     """Each data-scaling draft replayed at gate.scaling_num_steps, before the first launch (a
     gate cut short keeps the curve's replayed half: the fourth real run's was cut at its 13th
     launch), recorded at once in gate/scaling/replay.json."""
@@ -294,7 +298,7 @@ def scaling_replays(run: RunFolder, config: EagleScaleConfig, work_dir: Path) ->
     for entry in scaling_drafts(run):
         samples = int(entry["samples"])
         local = materialize_draft(run, work_dir / f"scaling-{samples}", entry["final"])
-        out[samples] = replay_draft(run, config, local, [config.gate.scaling_num_steps])
+        out[samples] = replay_draft(run, config, embed, local, [config.gate.scaling_num_steps])
     if out:
         run.write_json_atomic(f"{SCALING_ROOT}/replay.json", {str(n): r.to_dict() for n, r in out.items()})
     return out
@@ -353,6 +357,7 @@ def run_gate_stage(config: EagleScaleConfig, work_dir: Path, logger: Logger | No
 
 
 def _gate(config: EagleScaleConfig, run: RunFolder, work_dir: Path, progress: GateProgress) -> GateOutcome:
+    from tasks.draft.target_heads import load_target_heads
     from tasks.extract.storage import extract_metadata
     from tasks.target import read_model_config, resolve_model_dir, text_config
 
@@ -370,8 +375,10 @@ def _gate(config: EagleScaleConfig, run: RunFolder, work_dir: Path, progress: Ga
                  and (gate.engine != "local" or c.spec.topk == 1)]  # fmt: skip
         preflight_sweep(path, specs, target_config, aux_ids)
     progress.phase("replay", f"the draft and its data-scaling drafts over up to {gate.replay_sequences} held-out sequences")
-    replayed = offline_replay(run, config, draft_dir)
-    replays = scaling_replays(run, config, work_dir)
+    embed, _ = load_target_heads(config.target.model_path)  # once, for every draft replayed
+    replayed = offline_replay(run, config, embed, draft_dir)
+    replays = scaling_replays(run, config, embed, work_dir)
+    del embed
     encode = encoder_for_target(config.target.model_path, config.target.chat_template)
     prompts = load_bench_prompts(run, gate.num_prompts, gate.prompt_seed, encode)
     progress.phase("benchmark", f"{len(configs)} configs x {gate.repetitions} repetitions on the {gate.engine} engine")

@@ -1,8 +1,8 @@
 """An SGLang launch emulator's backend: speculative decoding's metrics and timing, logged the
-way SGLang's scheduler logs them. The CLI that takes SGLang's flags is sglang_spec_launch.py.
+way SGLang's scheduler logs them. The CLI that takes SGLang's flags is spec_launch.py.
 
 The gate (tasks/gate/) launches `python -m sglang.launch_server ARGS` on GPU nodes; in CI and
-dry runs it launches `python -m tasks.engines.sglang_spec_launch --sim-config-json J ARGS` with
+dry runs it launches `python -m tasks.standins.spec_launch --sim-config-json J ARGS` with
 the same ARGS, so the launch-command builder, the health wait, the server-info check, the log
 parser and the benchmark protocol all run against a real process over real HTTP.
 
@@ -41,8 +41,8 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from tasks.engines.sglang_backends import BackendInput, BackendOutput
-from tasks.engines.sglang_sim import SIM_EOS_ID
+from tasks.standins.backends import BackendInput, BackendOutput
+from tasks.standins.sim import SIM_EOS_ID
 
 EMULATED_VERSIONS = ("0.5.4", "0.5.14", "0.5.23")
 

@@ -1,5 +1,5 @@
-"""`python -m tasks.engines.sglang_spec_launch [--sim-config-json J] SGLANG_ARGS`: the SGLang
-launch emulator's command line (see sglang_spec_sim.py for what it emulates).
+"""`python -m tasks.standins.spec_launch [--sim-config-json J] SGLANG_ARGS`: the SGLang
+launch emulator's command line (see spec_sim.py for what it emulates).
 
 It parses SGLANG_ARGS as the pinned version's `sglang.launch_server` would (unknown flags exit 2;
 0.5.23 refuses --cuda-graph-max-bs; 0.5.14 takes exactly the flags of its recorded --help),
@@ -17,10 +17,10 @@ import signal
 import sys
 from dataclasses import asdict, fields
 
-from tasks.engines.sglang_app import SGLangCompatServer
-from tasks.engines.sglang_server import start_site
-from tasks.engines.sglang_spec_sim import LaunchArgs, SpecSimBackend, SpecSimConfig, sglang_log
 from tasks.sglang.recorded_flags import recorded_flags
+from tasks.standins.app import SGLangCompatServer
+from tasks.standins.server import start_site
+from tasks.standins.spec_sim import LaunchArgs, SpecSimBackend, SpecSimConfig, sglang_log
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 # The server settings the emulator reads (tasks/sglang/versions.py's ServerSettings; the gate's builder emits them).
@@ -169,7 +169,7 @@ def startup_log(cfg: SpecSimConfig, a: LaunchArgs) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tasks.engines.sglang_spec_sim", add_help=False, allow_abbrev=False)
+    p = argparse.ArgumentParser(prog="python -m tasks.standins.spec_sim", add_help=False, allow_abbrev=False)
     p.add_argument("--sim-config-json", default="{}", help="SpecSimConfig fields as JSON")
     p.add_argument("--sim-launch-index", type=int, default=0, help="seeds this launch's speed factor")
     return p
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = SpecSimConfig.from_dict(json.loads(sim.sim_config_json))
     except (ValueError, TypeError) as e:
-        print(f"sglang_spec_sim: {e}", file=sys.stderr, flush=True)
+        print(f"spec_launch: {e}", file=sys.stderr, flush=True)
         return 2
     try:
         args = parse_launch_args(cfg.sglang_version, rest)

@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.engines.sglang_backends import BackendInput, BackendOutput
+from tasks.standins.backends import BackendInput, BackendOutput
 
 SIM_EOS_ID = 2
 _ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,"

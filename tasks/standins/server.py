@@ -4,7 +4,7 @@ model or a continuous-batching simulator, with runtime-switchable fault injectio
 Users dry-run a deployment against it (`eaglescale serve-sglang --simulate`); tests drive the
 `sglang` engine through it over real HTTP, on a background thread (`start_server_thread`) or
 in a child process (`ServerProcess`, which can be SIGKILLed like a crashed server).
-The handlers live in sglang_app.py, the backends in sglang_backends.py and sglang_sim.py.
+The handlers live in app.py, the backends in backends.py and sim.py.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from pathlib import Path
 
 from aiohttp import web
 
-from tasks.engines.sglang_app import SERVER_VERSION, SGLangCompatServer
-from tasks.engines.sglang_backends import Backend, ModelBackend
-from tasks.engines.sglang_faults import FAULT_MODES, FAULT_SCOPES, FaultSpec, FaultSpecError
-from tasks.engines.sglang_router import RouterApp
-from tasks.engines.sglang_sim import SimulatedBackend
+from tasks.standins.app import SERVER_VERSION, SGLangCompatServer
+from tasks.standins.backends import Backend, ModelBackend
+from tasks.standins.faults import FAULT_MODES, FAULT_SCOPES, FaultSpec, FaultSpecError
+from tasks.standins.router import RouterApp
+from tasks.standins.sim import SimulatedBackend
 
 LISTENING_PREFIX = "listening on "
 
@@ -132,7 +132,7 @@ def start_server_thread(options: ServerOptions | None = None, **overrides: objec
 
 
 class ServerProcess:
-    """A server in a child process (`python -m tasks.engines.sglang_server ARGS`).
+    """A server in a child process (`python -m tasks.standins.server ARGS`).
 
     `kill()` is a crash (SIGKILL: connections reset, no goodbye); `stop()` a clean shutdown.
     """
@@ -143,7 +143,7 @@ class ServerProcess:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH")) if p)
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the child)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tasks.engines.sglang_server", *args],
+            [sys.executable, "-m", "tasks.standins.server", *args],
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             env=env,

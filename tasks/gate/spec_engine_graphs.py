@@ -22,7 +22,7 @@ from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from tasks.draft.model import Eagle3Draft
-from tasks.engines.local_capture import decoder_stack
+from tasks.extract.local_capture import decoder_stack
 
 # SDPA's memory-efficient kernel wants the mask's last dimension aligned; caches are rounded up.
 _SLOT_ALIGN = 16

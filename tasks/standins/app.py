@@ -15,14 +15,13 @@ from typing import Any
 from aiohttp import web
 
 from tasks.engines.base import SamplingParams
-from tasks.engines.sglang_backends import Backend, BackendInput, BackendRequestError
-from tasks.engines.sglang_faults import HANG_BOUND_S, FaultInjector, FaultSpec
-from tasks.engines.sglang_wire import (
+from tasks.engines.sglang_wire import dumps, loads
+from tasks.standins.backends import Backend, BackendInput, BackendRequestError
+from tasks.standins.faults import HANG_BOUND_S, FaultInjector, FaultSpec
+from tasks.standins.server_format import (
     RequestError,
     abort_item,
-    dumps,
     error_body,
-    loads,
     parse_generate,
     response_item,
 )

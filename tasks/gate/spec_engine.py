@@ -8,7 +8,7 @@ confirmed token x_c (not yet fed to the target):
     verify  the target reads [x_c, d_1..d_k] at positions c..c+k in one forward: y_0..y_k
     accept  n = leading run of d_i == y_{i-1}; emit y_0..y_n (accepted drafts + the bonus token)
     rewind  both caches drop what follows c+n (static caches: bookkeeping, see
-            local_spec_graphs), c <- c + n + 1
+            spec_engine_graphs), c <- c + n + 1
 
 Every emitted token is a target argmax, so at temperature 0 the output equals greedy decoding
 token for token, up to the rounding of a (k+1)-token forward against a 1-token one (it can
@@ -32,7 +32,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from tasks.draft.model import Eagle3Draft
-from tasks.engines.local_spec_graphs import GraphedStep, StaticDraft, StaticTarget
+from tasks.gate.spec_engine_graphs import GraphedStep, StaticDraft, StaticTarget
 
 
 @dataclass

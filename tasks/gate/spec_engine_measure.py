@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from tasks.engines.local_spec import DecodeResult, SpecEngine
+from tasks.gate.spec_engine import DecodeResult, SpecEngine
 
 
 @torch.inference_mode()
