@@ -768,16 +768,10 @@ def node_plain(stage: str, overrides: list[str]) -> int:
     run = RunFolder(cfg.run_root, cfg.storage_options)
     tok = load_tokenizer(cfg.target.model_path, cfg.target.chat_template)
     if stage == "generate":
-        from tasks.discover.commit import discovery_marker
         from tasks.engines.factory import close_engines, get_engine
-        from tasks.fingerprint_fields import run_fingerprint
-        from tasks.generate.stage import GenerateStage
-        from tasks.runfolder import ensure_fingerprint
-        from tasks.target import target_identity
+        from tasks.generate.stage import GenerateStage, generation_fingerprint
 
-        identity = target_identity(cfg.target.model_path, cfg.target.revision, tok)
-        fp = ensure_fingerprint(run, run_fingerprint(cfg, identity, discovery_marker(run)["manifest_hash"]),
-                                cfg.allow_fingerprint_change)  # fmt: skip
+        fp = generation_fingerprint(cfg, run, tok)
         try:
             _shards_one_at_a_time(GenerateStage(cfg, run, fp, get_engine(cfg), tok))
         finally:

@@ -22,9 +22,8 @@ from flows.gate import gate_flow
 from flows.generate import generate_flow
 from flows.train import train_flow
 from tasks.config import EagleScaleConfig
-from tasks.discover.commit import discovery_marker
 from tasks.fingerprint_fields import run_fingerprint
-from tasks.runfolder import RunFolder, check_fingerprint, ensure_fingerprint
+from tasks.runfolder import RunFolder, check_fingerprint
 from tasks.target import load_tokenizer, target_identity
 
 
@@ -58,16 +57,11 @@ def data_scaling(config: EagleScaleConfig) -> dict[str, Any]:
     if "discover" in config.stages:
         results["discover"] = discover_flow(config)
     if "generate" in config.stages:
-        marker = discovery_marker(run)
-        if marker is None:
-            raise RuntimeError(f"{run.url}: no committed prompts/; run the discover stage first")
-        fp = run_fingerprint(config, identity, marker["manifest_hash"])
-        fp_hash = ensure_fingerprint(run, fp, config.allow_fingerprint_change)
         runner = ThreadPoolTaskRunner(max_workers=config.generate.max_parallel_shards)
         subflow = generate_flow.with_options(task_runner=runner)
         slots = config.orchestration.generate_runs_per_run_root
         with run_root_lock(config, "generate", slots=slots) if slots else nullcontext():
-            results["generate"] = run_stage(config, "generate", subflow, fp_hash=fp_hash)
+            results["generate"] = run_stage(config, "generate", subflow)
     if "extract" in config.stages:
         results["extract"] = run_stage(config, "extract", extract_flow)
     if "train" in config.stages:

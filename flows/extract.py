@@ -7,7 +7,6 @@ every worker keeps going until all its planned shards are committed, by it or by
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict
 from typing import Any
 
@@ -15,13 +14,11 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.events import emit_event
 
-from flows.common import notifier_for, run_logger, slack_on_failure
+from flows.common import slack_on_failure, stage_run
 from flows.concurrency import gpu_slots, gpus_needed
 from tasks.config import EagleScaleConfig
 from tasks.extract.stage import ExtractStage
-from tasks.runfolder import RunFolder
 from tasks.runfolder.schedule import ShardScheduler, run_one_at_a_time
-from tasks.target import load_tokenizer
 
 _active: dict[str, ExtractStage] = {}
 
@@ -46,46 +43,42 @@ def _forecast_markdown(forecast: dict[str, Any]) -> str:
 
 @flow(name="extract", on_failure=[slack_on_failure], on_crashed=[slack_on_failure])
 def extract_flow(config: EagleScaleConfig) -> dict[str, Any]:
-    log = run_logger()
-    notifier = notifier_for(config)
-    started = time.time()
-    run = RunFolder(config.run_root, config.storage_options)
-    tokenizer = load_tokenizer(config.target.model_path, config.target.chat_template)
-    stage = ExtractStage(config, run, tokenizer)
-    _active[config.run_root] = stage
-    try:
-        pending = stage.prepare()  # refuses here, before any work, when the forecast does not fit
-        create_markdown_artifact(
-            _forecast_markdown(stage.forecast), key="extract-forecast", description="Disk forecast"
-        )
-        notifier.stage_started("extract", {"shards_to_run": len(pending), **stage.forecast})
-        log.info("extract: %d shards to run; forecast %s", len(pending), stage.forecast)
-        outcomes: list[dict[str, Any]] = []
-
-        def run_one(shard_id: str) -> dict[str, Any]:
-            outcomes.append(extract_shard(config, shard_id))
-            return outcomes[-1]
-
-        # One model per process: shards run one after another on it.
-        scheduler = ShardScheduler(stage, pending, max_running=1)
-        # Polls fast enough to take over an expired lease within about one heartbeat.
-        poll = min(5.0, config.extract.lease_heartbeat_s)
-        with gpu_slots(config, gpus_needed(config, "extract")):
-            failures = run_one_at_a_time(
-                scheduler,
-                run_one,
-                poll,
-                lambda waiting: log.info("extract: waiting on shards leased elsewhere: %s", waiting),
+    with stage_run(config, "extract") as span:
+        stage = ExtractStage(config, span.run, span.tokenizer)
+        _active[config.run_root] = stage
+        try:
+            pending = stage.prepare()  # refuses here, before any work, when the forecast does not fit
+            create_markdown_artifact(
+                _forecast_markdown(stage.forecast), key="extract-forecast", description="Disk forecast"
             )
-        summary = stage.finish()
-    finally:
-        stage.close()
-        _active.pop(config.run_root, None)
-    if outcomes:
-        create_table_artifact(outcomes, key="extract-shards", description="Extraction shards")
-    # The run folder decides: a shard without its marker is not done, whatever Prefect says.
-    if summary["shards_pending"]:
-        shown = [f"{k}: {v}" for k, v in sorted(failures.items())][:3]
-        raise RuntimeError(f"extract: {summary['shards_pending']} shard(s) not extracted: {shown}")
-    notifier.stage_completed("extract", summary, time.time() - started)
+            span.started({"shards_to_run": len(pending), **stage.forecast})
+            span.log.info("extract: %d shards to run; forecast %s", len(pending), stage.forecast)
+            outcomes: list[dict[str, Any]] = []
+
+            def run_one(shard_id: str) -> dict[str, Any]:
+                outcomes.append(extract_shard(config, shard_id))
+                return outcomes[-1]
+
+            # One model per process: shards run one after another on it.
+            scheduler = ShardScheduler(stage, pending, max_running=1)
+            # Polls fast enough to take over an expired lease within about one heartbeat.
+            poll = min(5.0, config.extract.lease_heartbeat_s)
+            with gpu_slots(config, gpus_needed(config, "extract")):
+                failures = run_one_at_a_time(
+                    scheduler,
+                    run_one,
+                    poll,
+                    lambda waiting: span.log.info("extract: waiting on shards leased elsewhere: %s", waiting),
+                )
+            summary = stage.finish()
+        finally:
+            stage.close()
+            _active.pop(config.run_root, None)
+        if outcomes:
+            create_table_artifact(outcomes, key="extract-shards", description="Extraction shards")
+        # The run folder decides: a shard without its marker is not done, whatever Prefect says.
+        if summary["shards_pending"]:
+            shown = [f"{k}: {v}" for k, v in sorted(failures.items())][:3]
+            raise RuntimeError(f"extract: {summary['shards_pending']} shard(s) not extracted: {shown}")
+        span.summary = summary
     return summary

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.events import emit_event
 
-from flows.common import notifier_for, run_logger, slack_on_failure
+from flows.common import StageRun, slack_on_failure, stage_run
 from flows.concurrency import gpu_slots, gpus_needed
 from tasks.config import EagleScaleConfig
 from tasks.gate.report import REPORT_MD
@@ -62,20 +61,21 @@ def decision_fields(summary: dict[str, Any]) -> dict[str, Any]:
 
 @flow(name="gate", on_failure=[slack_on_failure], on_crashed=[slack_on_failure])
 def gate_flow(config: EagleScaleConfig) -> dict[str, Any]:
-    log = run_logger()
-    notifier = notifier_for(config)
-    started = time.time()
-    run = RunFolder(config.run_root, config.storage_options)
+    with stage_run(config, "gate") as span:
+        return _gate(config, span)
+
+
+def _gate(config: EagleScaleConfig, span: StageRun) -> dict[str, Any]:
     done = completed_gate(config)
     if done is not None:
-        log.info("gate: this draft was already decided with these settings: %s", done["message"])
+        span.log.info("gate: this draft was already decided with these settings: %s", done["message"])
         return {k: done.get(k) for k in SUMMARY_KEYS} | {"skipped": True}
-    notifier.stage_started("gate", {"engine": config.gate.engine, "num_steps": config.gate.num_steps})
+    span.started({"engine": config.gate.engine, "num_steps": config.gate.num_steps})
     with gpu_slots(config, gpus_needed(config, "gate")), tempfile.TemporaryDirectory(prefix="eaglescale-gate-") as tmp:
-        outcome = run_gate_stage(config, Path(tmp), log)  # its progress lines show in the UI
+        outcome = run_gate_stage(config, Path(tmp), span.log)  # its progress lines show in the UI
     summary = outcome.summary
-    log.info("gate: %s", summary["message"])
-    create_markdown_artifact(_report_markdown(run, outcome), key="gate-report", description="Gate decision")
+    span.log.info("gate: %s", summary["message"])
+    create_markdown_artifact(_report_markdown(span.run, outcome), key="gate-report", description="Gate decision")
     rows = [{k: getattr(c, k) for k in CONFIG_COLUMNS} for c in outcome.decision.configs]
     create_table_artifact(rows, key="gate-configs", description="Baseline and speculative configs")
     emit_event(
@@ -84,6 +84,6 @@ def gate_flow(config: EagleScaleConfig) -> dict[str, Any]:
         payload={k: v for k, v in summary.items() if k != "message"},
     )
     # The decision is the gate's completion message: one message, the numbers in it.
-    fields = {**decision_fields(summary), "duration": format_duration(time.time() - started)}
-    notifier.send(f"gate: {summary['outcome'].upper()}", fields, "success" if summary.get("promoted") else "warning")
+    fields = {**decision_fields(summary), "duration": format_duration(span.elapsed_s)}
+    span.notifier.send(f"gate: {summary['outcome'].upper()}", fields, "success" if summary.get("promoted") else "warning")
     return {k: summary.get(k) for k in SUMMARY_KEYS}

@@ -8,9 +8,6 @@ and every worker keeps going until all shards are committed, by it or by the oth
 
 from __future__ import annotations
 
-import contextlib
-import queue
-import time
 from dataclasses import asdict
 from typing import Any
 
@@ -23,14 +20,12 @@ from prefect.artifacts import (
 )
 from prefect.events import emit_event
 
-from flows.common import notifier_for, run_logger, slack_on_failure
+from flows.common import notifier_for, run_logger, slack_on_failure, stage_run
 from tasks.config import EagleScaleConfig
 from tasks.engines.factory import get_engine
 from tasks.generate.failures import ShardFailed
-from tasks.generate.stage import GenerateStage
-from tasks.runfolder import RunFolder
-from tasks.runfolder.schedule import ShardScheduler
-from tasks.target import load_tokenizer
+from tasks.generate.stage import GenerateStage, generation_fingerprint
+from tasks.runfolder.schedule import ShardScheduler, drive_shards
 
 # Shard tasks run in this process's thread pool and share one stage (engine, progress).
 _active: dict[str, GenerateStage] = {}
@@ -63,47 +58,24 @@ def _worth_retrying(_task: Any, _run: Any, state: Any) -> bool:
 def _run_shards(
     stage: GenerateStage, pending: list[str], config: EagleScaleConfig, artifact_id: Any
 ) -> dict[str, BaseException | str]:
-    """Run shards until each is committed (here or by another worker) or failed here, while
-    keeping progress.json, the artifact and stall alerts fresh. Returns the failures: the
-    shard task's exception, else its description."""
+    """Run shards as Prefect tasks until each is committed (here or by another worker) or failed
+    here, keeping progress.json, the artifact and stall alerts fresh (tasks/runfolder/schedule.py
+    drives them). Returns the failures: the shard task's exception, else its description."""
     g = config.generate
     shard_task = generate_shard.with_options(
         retries=g.shard_retries,
         retry_delay_seconds=g.shard_retry_delay_s,
         retry_condition_fn=_worth_retrying,
     )
-    errors: dict[str, BaseException] = {}
-    scheduler = ShardScheduler(stage, pending, g.max_parallel_shards)
-    # Polls fast enough to take over an expired lease within about one heartbeat.
-    poll = min(5.0, g.progress_interval_s, g.lease_heartbeat_s)
     notifier = notifier_for(config)
     log = run_logger()
     stalled_alerted = False
-    waited_on: set[str] = set()
-    futures: dict[str, Any] = {}
-    finished: queue.Queue[str] = queue.Queue()  # shard ids, as their tasks end
-    while True:
-        for shard_id in scheduler.step():
-            futures[shard_id] = shard_task.submit(config, shard_id)
-            futures[shard_id].add_done_callback(lambda _f, s=shard_id: finished.put(s))
-        if scheduler.done:
-            return {s: errors.get(s, text) for s, text in scheduler.failed.items()}
-        if futures:
-            # Wakes at the first task to end (a free slot), or after `poll` to re-read leases.
-            with contextlib.suppress(queue.Empty):
-                ended = [finished.get(timeout=poll)]
-                while not finished.empty():
-                    ended.append(finished.get_nowait())
-                for shard_id in ended:
-                    result = _result_of(futures.pop(shard_id))
-                    if isinstance(result, BaseException):
-                        errors[shard_id] = result
-                    scheduler.finished(shard_id, result)
-        else:  # every shard left is leased by a live worker elsewhere
-            if scheduler.waiting.keys() != waited_on:
-                waited_on = set(scheduler.waiting)
-                log.info("generate: waiting on shards leased elsewhere: %s", scheduler.waiting)
-            time.sleep(poll)
+
+    def start(shard_id: str, report: Any) -> None:
+        shard_task.submit(config, shard_id).add_done_callback(report)
+
+    def on_poll() -> None:
+        nonlocal stalled_alerted
         if stage.tick():  # progress.json rewritten (every progress_interval_s): mirror it
             update_progress_artifact(artifact_id, float(stage.progress.snapshot().get("percent") or 0.0))
         idle = stage.progress.stalled_for()  # None while results keep arriving
@@ -115,42 +87,47 @@ def _run_shards(
         elif idle is None:
             stalled_alerted = False
 
+    scheduler = ShardScheduler(stage, pending, g.max_parallel_shards)
+    return drive_shards(
+        scheduler,
+        start,
+        # Polls fast enough to take over an expired lease within about one heartbeat.
+        min(5.0, g.progress_interval_s, g.lease_heartbeat_s),
+        lambda waiting: log.info("generate: waiting on shards leased elsewhere: %s", waiting),
+        on_poll,
+        collect=_result_of,
+    )
+
 
 @flow(name="generate", on_failure=[slack_on_failure], on_crashed=[slack_on_failure])
-def generate_flow(config: EagleScaleConfig, fp_hash: str) -> dict[str, Any]:
-    log = run_logger()
-    notifier = notifier_for(config)
-    started = time.time()
-    run = RunFolder(config.run_root, config.storage_options)
-    tokenizer = load_tokenizer(config.target.model_path, config.target.chat_template)
-    stage = GenerateStage(config, run, fp_hash, get_engine(config), tokenizer)
-    _active[config.run_root] = stage
-    try:
-        pending = stage.prepare()
-        notifier.stage_started(
-            "generate",
-            {"shards": len(stage.shards), "to_run": len(pending), "engine": config.engine.kind},
-        )
-        log.info("generate: %d shards planned, %d to run", len(stage.shards), len(pending))
-        # Opens the server-side stall automation's window before the first shard commits.
-        emit_event("eaglescale.generate.started", resource=_resource(config), payload={"to_run": len(pending)})
-        artifact_id = create_progress_artifact(
-            float(stage.progress.snapshot().get("percent") or 0.0),
-            key="generate-progress",
-            description=f"Generation progress of {config.run_root}",
-        )
-        failures = _run_shards(stage, pending, config, artifact_id)
-        summary = stage.finish()
-        update_progress_artifact(artifact_id, float(stage.progress.snapshot().get("percent") or 0.0))
-        _publish(stage, summary)
-    finally:
-        stage.close()
-        _active.pop(config.run_root, None)
-    # The run folder decides: a shard without its marker is not done, whatever Prefect says.
-    missing = summary["shards_total"] - summary["shards_committed"]
-    if missing:
-        raise stage.failure(failures or {"?": f"{missing} shard(s) ended without a marker"})
-    notifier.stage_completed("generate", summary, time.time() - started)
+def generate_flow(config: EagleScaleConfig) -> dict[str, Any]:
+    with stage_run(config, "generate") as span:
+        fp_hash = generation_fingerprint(config, span.run, span.tokenizer)
+        stage = GenerateStage(config, span.run, fp_hash, get_engine(config), span.tokenizer)
+        _active[config.run_root] = stage
+        try:
+            pending = stage.prepare()
+            span.started({"shards": len(stage.shards), "to_run": len(pending), "engine": config.engine.kind})
+            span.log.info("generate: %d shards planned, %d to run", len(stage.shards), len(pending))
+            # Opens the server-side stall automation's window before the first shard commits.
+            emit_event("eaglescale.generate.started", resource=_resource(config), payload={"to_run": len(pending)})
+            artifact_id = create_progress_artifact(
+                float(stage.progress.snapshot().get("percent") or 0.0),
+                key="generate-progress",
+                description=f"Generation progress of {config.run_root}",
+            )
+            failures = _run_shards(stage, pending, config, artifact_id)
+            summary = stage.finish()
+            update_progress_artifact(artifact_id, float(stage.progress.snapshot().get("percent") or 0.0))
+            _publish(stage, summary)
+        finally:
+            stage.close()
+            _active.pop(config.run_root, None)
+        # The run folder decides: a shard without its marker is not done, whatever Prefect says.
+        missing = summary["shards_total"] - summary["shards_committed"]
+        if missing:
+            raise stage.failure(failures or {"?": f"{missing} shard(s) ended without a marker"})
+        span.summary = summary
     emit_event("eaglescale.generate.finished", resource=_resource(config), payload=summary)
     return summary
 

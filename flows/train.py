@@ -13,7 +13,6 @@ import base64
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +20,12 @@ import yaml
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from flows.common import notifier_for, run_logger, slack_on_failure
+from flows.common import StageRun, slack_on_failure, stage_run
 from flows.concurrency import gpu_slots, gpus_needed
 from tasks.config import EagleScaleConfig
 from tasks.draft.export import export_run_draft
 from tasks.draft.scaling_drafts import scaling_drafts, train_scaling_drafts
 from tasks.draft.trainer import TrainCallbacks, train_draft
-from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import TRAIN_PLOT, TRAIN_RESULT
 
 EVAL_COLUMNS = ("step", "loss", "sim_accept", "sim_accept_len", "acc_0", "acc_1", "acc_2", "acc_3")
@@ -54,11 +52,13 @@ def _eval_table(evals: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 @flow(name="train", on_failure=[slack_on_failure], on_crashed=[slack_on_failure])
 def train_flow(config: EagleScaleConfig) -> dict[str, Any]:
-    log = run_logger()
-    notifier = notifier_for(config)
-    started = time.time()
-    run = RunFolder(config.run_root, config.storage_options)
-    notifier.stage_started("train", {"nproc": config.train.nproc, "device": config.train.device})
+    with stage_run(config, "train") as span:
+        return _train(config, span)
+
+
+def _train(config: EagleScaleConfig, span: StageRun) -> dict[str, Any]:
+    log, run = span.log, span.run
+    span.started({"nproc": config.train.nproc, "device": config.train.device})
     with gpu_slots(config, gpus_needed(config, "train")):
         if config.train.nproc > 1:
             _torchrun(config)
@@ -87,5 +87,5 @@ def train_flow(config: EagleScaleConfig) -> dict[str, Any]:
         "final": exported["final"],
         "scaling_drafts": [d["samples"] for d in scaling_drafts(run)],
     }
-    notifier.stage_completed("train", summary, time.time() - started)
+    span.summary = summary
     return summary

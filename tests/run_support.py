@@ -14,11 +14,10 @@ from tasks.config import EagleScaleConfig
 from tasks.discover.commit import read_prompts_table
 from tasks.discover.stage import run_discover_stage
 from tasks.engines.local import LocalEngine
-from tasks.fingerprint_fields import run_fingerprint
 from tasks.generate.plan import planned_requests
-from tasks.generate.stage import GenerateStage
-from tasks.runfolder import RunFolder, ShardStore, ensure_fingerprint
-from tasks.target import load_tokenizer, target_identity
+from tasks.generate.stage import GenerateStage, generation_fingerprint
+from tasks.runfolder import RunFolder, ShardStore
+from tasks.target import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,10 +100,8 @@ def discover_and_fingerprint(cfg: EagleScaleConfig) -> tuple[RunFolder, Any, str
     """Plain-code start of a run (what the parent flow does): discovery, then run.json."""
     run = RunFolder(cfg.run_root, cfg.storage_options)
     tokenizer = load_tokenizer(cfg.target.model_path)
-    marker = run_discover_stage(cfg, run, tokenizer)["marker"]
-    identity = target_identity(cfg.target.model_path, None, tokenizer)
-    fp_hash = ensure_fingerprint(run, run_fingerprint(cfg, identity, marker["manifest_hash"]))
-    return run, tokenizer, fp_hash
+    run_discover_stage(cfg, run, tokenizer)
+    return run, tokenizer, generation_fingerprint(cfg, run, tokenizer)
 
 
 def generate_all(cfg: EagleScaleConfig, batch_size: int = 16) -> None:

@@ -33,7 +33,7 @@ STAGE = "generate"
 @dataclass
 class ShardOutcome:
     shard_id: str
-    status: str  # "committed" | "skipped" | "lost_race"
+    status: str  # "committed" | "skipped" | "lost_race"; GenerateStage adds "leased" | "lease_lost" (runfolder/schedule.py: DONE_STATUSES, NOT_OURS_STATUSES)
     rows: int
     dead: int
     new_requests: int

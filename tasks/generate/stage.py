@@ -24,6 +24,23 @@ from tasks.target import render_prompt_ids
 log = logging.getLogger(__name__)
 
 
+def generation_fingerprint(cfg: EagleScaleConfig, run: RunFolder, tokenizer: Any) -> str:
+    """The run's fingerprint hash for generation, found as extraction finds its own: the
+    committed discovery marker (its manifest hash), the target's identity and the config,
+    recorded in run.json on a fresh run and checked against it on a resumed one (a mismatch
+    raises naming the differing fields, unless allow_fingerprint_change)."""
+    from tasks.fingerprint_fields import run_fingerprint
+    from tasks.runfolder import ensure_fingerprint
+    from tasks.target import target_identity
+
+    marker = discovery_marker(run)
+    if marker is None:
+        raise RuntimeError(f"{run.url}: no committed prompts/; run the discover stage first")
+    identity = target_identity(cfg.target.model_path, cfg.target.revision, tokenizer)
+    fingerprint = run_fingerprint(cfg, identity, marker["manifest_hash"])
+    return ensure_fingerprint(run, fingerprint, cfg.allow_fingerprint_change)
+
+
 def sampling_params(cfg: EagleScaleConfig) -> SamplingParams:
     s = cfg.sampling
     return SamplingParams(s.temperature, s.top_p, s.top_k, s.max_new_tokens, s.seed)

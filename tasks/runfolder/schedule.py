@@ -11,7 +11,9 @@ Any stage with shard leases can be scheduled: it implements `LeasedStage`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import queue
 import time
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
@@ -117,32 +119,80 @@ def run_under_lease(
             leases.release(shard_id)
 
 
+Report = Callable[[Any], None]
+
+
+def drive_shards(
+    scheduler: ShardScheduler,
+    start: Callable[[str, Report], None],
+    poll_s: float,
+    on_wait: Callable[[dict[str, str]], None] | None = None,
+    on_poll: Callable[[], None] | None = None,
+    collect: Callable[[Any], dict[str, Any] | BaseException] = lambda r: r,
+) -> dict[str, BaseException | str]:
+    """The one loop that drives shards, for every stage and executor. Each shard the scheduler
+    claims goes to `start(shard_id, report)`, which runs it here or submits it elsewhere;
+    `report(x)` (from any thread, before or after `start` returns) hands back what `collect`
+    turns into the shard's outcome summary or the exception it raised. The loop wakes at the
+    first shard to end or after `poll_s` (to re-read leases: an expired one is taken over
+    within about one heartbeat), tells `on_wait` each new set of shards waited on elsewhere,
+    and calls `on_poll` once per pass (progress, stall alerts). Returns the failures, shard ->
+    the exception raised, else the scheduler's description."""
+    ended: queue.Queue[tuple[str, Any]] = queue.Queue()
+    errors: dict[str, BaseException] = {}
+    waited_on: set[str] = set()
+
+    def drain(timeout: float | None) -> int:
+        n = 0
+        with contextlib.suppress(queue.Empty):
+            item = ended.get(timeout=timeout) if timeout else ended.get_nowait()
+            while True:
+                shard_id, raw = item
+                result = collect(raw)
+                if isinstance(result, BaseException):
+                    log.warning("shard %s failed: %s", shard_id, result)
+                    errors[shard_id] = result
+                scheduler.finished(shard_id, result)
+                n += 1
+                item = ended.get_nowait()
+        return n
+
+    while True:
+        claimed = scheduler.step()
+        for shard_id in claimed:
+            try:
+                start(shard_id, lambda raw, s=shard_id: ended.put((s, raw)))
+            except Exception as e:  # recorded; the other shards still run
+                ended.put((shard_id, e))
+        done_now = drain(None)
+        if scheduler.done:
+            return {s: errors.get(s, text) for s, text in scheduler.failed.items()}
+        if scheduler.running:
+            drain(poll_s)
+        elif not claimed and not done_now:  # every shard left is leased by a live worker elsewhere
+            if scheduler.waiting.keys() != waited_on:
+                waited_on = set(scheduler.waiting)
+                if on_wait is not None:
+                    on_wait(dict(scheduler.waiting))
+            time.sleep(poll_s)
+        if on_poll is not None:
+            on_poll()
+
+
 def run_one_at_a_time(
     scheduler: ShardScheduler,
     run_one: Callable[[str], dict[str, Any]],
     poll_s: float,
     on_wait: Callable[[dict[str, str]], None] | None = None,
 ) -> dict[str, str]:
-    """Drive `scheduler` in this thread: run each claimed shard with `run_one` (its outcome
-    summary; an exception counts as the shard's failure), and while every shard left is
-    leased by a live worker elsewhere, re-read the run folder every `poll_s` so an expired
-    lease is taken over. `on_wait` hears each new set of shards waited on. Returns the
-    failures, shard -> error."""
-    waited_on: set[str] = set()
-    while True:
-        claimed = scheduler.step()
-        for shard_id in claimed:
-            try:
-                result: dict[str, Any] | BaseException = run_one(shard_id)
-            except Exception as e:  # recorded; the other shards still run
-                log.warning("shard %s failed: %s", shard_id, e)
-                result = e
-            scheduler.finished(shard_id, result)
-        if scheduler.done:
-            return scheduler.failed
-        if not claimed:
-            if scheduler.waiting.keys() != waited_on:
-                waited_on = set(scheduler.waiting)
-                if on_wait is not None:
-                    on_wait(dict(scheduler.waiting))
-            time.sleep(poll_s)
+    """`drive_shards` in this thread: each claimed shard runs with `run_one` (its outcome
+    summary; an exception counts as the shard's failure). Returns the failures, shard -> error."""
+
+    def start(shard_id: str, report: Report) -> None:
+        try:
+            report(run_one(shard_id))
+        except Exception as e:
+            report(e)
+
+    drive_shards(scheduler, start, poll_s, on_wait)
+    return dict(scheduler.failed)
