@@ -296,3 +296,20 @@ def test_user_template_wraps_prompt_rows() -> None:
     ]
     literal = RowOptions(user_template="Return {'a': 1} for: {prompt}")
     assert normalize_row({"question": "x"}, "prompt", literal) == [user("Return {'a': 1} for: x")]
+
+
+def test_each_format_is_one_table_entry_with_the_configs_names() -> None:
+    from typing import get_args
+
+    from tasks.config import ConversationFormat, FileFormat
+    from tasks.discover.formats import CONVERSATION_FORMATS, detect_format
+    from tasks.discover.sources import FILE_FORMATS
+
+    assert [f.name for f in CONVERSATION_FORMATS] == [n for n in get_args(ConversationFormat) if n != "auto"]
+    assert {f.name for f in FILE_FORMATS} | {"hf_disk"} == set(get_args(FileFormat)) - {"auto"}
+    samples = {"messages": [{"role": "user", "content": "hi"}], "conversations": [{"from": "human", "value": "hi"}],
+               "instruction": "hi", "prompt": "hi", "question": "hi"}  # fmt: skip
+    for fmt in CONVERSATION_FORMATS:
+        for field in fmt.fields:  # every marking field is detected as its format, and parses
+            assert detect_format({field: samples[field]}) == fmt.name
+            assert normalize_row({field: samples[field]}, fmt.name)[-1] == {"role": "user", "content": "hi"}

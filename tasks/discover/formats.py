@@ -14,9 +14,10 @@ import re
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 from tasks.config import USER_TEMPLATE_PLACEHOLDER, PromptTurns, SystemTurns
+from tasks.config import ConversationFormat as ConversationFormatName
 from tasks.runfolder.fingerprint import canonical_json
 
 Messages = list[dict[str, str]]
@@ -228,19 +229,37 @@ def _bare_prompt(row: dict[str, Any], field: str, template: str | None) -> list[
     return _optional_system(row) + [_Turn("user", text, field)]
 
 
+@dataclass(frozen=True)
+class ConversationFormat:
+    """One row shape: its name (`conversation_format`), the fields that mark it (detection tries
+    the formats in table order; the first of these present is the one parsed) and its parser."""
+
+    name: str
+    fields: tuple[str, ...]
+    parse: Callable[[dict[str, Any], str, RowOptions], list[_Turn]]
+
+
+# Every conversation format, in detection order. A new format is one entry here (and its name
+# in tasks/config.py's ConversationFormat, which the check below keeps equal).
+CONVERSATION_FORMATS = (
+    ConversationFormat("openai", ("messages",), lambda row, field, _o: _openai(row[field], field)),
+    ConversationFormat("sharegpt", ("conversations",), lambda row, field, _o: _sharegpt(row[field], field)),
+    ConversationFormat("alpaca", ("instruction",), lambda row, _f, _o: _alpaca(row)),
+    ConversationFormat("prompt", ("prompt", "question"),
+                       lambda row, field, o: _bare_prompt(row, field, o.user_template)),
+)  # fmt: skip
+_BY_NAME = {f.name: f for f in CONVERSATION_FORMATS}
+if set(_BY_NAME) != set(get_args(ConversationFormatName)) - {"auto"}:  # a name added in one place only
+    raise ImportError(f"conversation formats {sorted(_BY_NAME)} != config's {get_args(ConversationFormatName)}")
+
+
+def _or_list(names: list[str], quote: bool = False) -> str:
+    shown = [repr(n) if quote else n for n in names]
+    return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} or {shown[-1]}"
+
+
 def detect_format(row: dict[str, Any]) -> str | None:
-    if "messages" in row:
-        return "openai"
-    if "conversations" in row:
-        return "sharegpt"
-    if "instruction" in row:
-        return "alpaca"
-    if "prompt" in row or "question" in row:
-        return "prompt"
-    return None
-
-
-_REQUIRED_FIELD = {"openai": "messages", "sharegpt": "conversations", "alpaca": "instruction"}
+    return next((f.name for f in CONVERSATION_FORMATS if any(k in row for k in f.fields)), None)
 
 
 def normalize_row(
@@ -250,31 +269,18 @@ def normalize_row(
     options = options or RowOptions()
     if not isinstance(row, dict):
         raise MalformedRow(f"row is {type(row).__name__}, expected an object")
-    fmt = detect_format(row) if conversation_format == "auto" else conversation_format
-    if fmt is None:
+    name = detect_format(row) if conversation_format == "auto" else conversation_format
+    if name is None:
         keys = ", ".join(sorted(map(str, row))[:12]) or "none"
-        raise MalformedRow(
-            "no conversation field (expected messages, conversations, instruction, prompt or "
-            f"question; keys: {keys})"
-        )
-    field = _REQUIRED_FIELD.get(fmt)
-    if field is not None and field not in row:
-        raise MalformedRow(f"missing {field!r} field (conversation_format {fmt})")
-    if fmt == "openai":
-        turns = _openai(row["messages"], "messages")
-    elif fmt == "sharegpt":
-        turns = _sharegpt(row["conversations"], "conversations")
-    elif fmt == "alpaca":
-        turns = _alpaca(row)
-    elif fmt == "prompt":
-        name = "prompt" if "prompt" in row else "question" if "question" in row else None
-        if name is None:
-            raise MalformedRow("missing 'prompt' or 'question' field (conversation_format prompt)")
-        turns = _bare_prompt(row, name, options.user_template)
-        field = name
-    else:
+        expected = _or_list([k for f in CONVERSATION_FORMATS for k in f.fields])
+        raise MalformedRow(f"no conversation field (expected {expected}; keys: {keys})")
+    fmt = _BY_NAME.get(name)
+    if fmt is None:
         raise ValueError(f"unknown conversation_format {conversation_format!r}")
-    return _select(turns, field or "row", options)
+    field = next((k for k in fmt.fields if k in row), None)
+    if field is None:
+        raise MalformedRow(f"missing {_or_list(list(fmt.fields), quote=True)} field (conversation_format {name})")
+    return _select(fmt.parse(row, field, options), field, options)
 
 
 def user_turns(messages: Messages) -> Messages:

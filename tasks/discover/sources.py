@@ -20,9 +20,9 @@ import contextlib
 import json
 import posixpath
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
 import fsspec
 import pyarrow.ipc as ipc
@@ -31,16 +31,49 @@ from fsspec.core import OpenFile, url_to_fs
 from fsspec.utils import infer_compression
 
 from tasks.config import ConfigError, SourceConfig
+from tasks.config import FileFormat as FileFormatName
 from tasks.packages import PackagePathError, is_package_path, resolve_package_path
 from tasks.redaction import redact_url
 
-_EXTENSION_FORMATS = {
-    ".jsonl": "jsonl",
-    ".ndjson": "jsonl",
-    ".json": "json",
-    ".parquet": "parquet",
-    ".pq": "parquet",
-}
+Rows = Iterator[tuple[Any, str | None, str | None]]  # (parsed row, row error, raw text)
+
+
+@dataclass(frozen=True)
+class FileFormat:
+    """One data file format: its name (`file_format`), the extensions that select it under
+    `file_format: auto` (after a compression suffix is taken off), and its reader (an open
+    binary file, its name, the source's warnings list -> rows)."""
+
+    name: str
+    extensions: tuple[str, ...]
+    read: Callable[[Any, str, list[str]], Rows]
+
+
+def _parquet_rows(f: Any, _name: str, _warnings: list[str]) -> Rows:
+    for batch in pq.ParquetFile(f).iter_batches(batch_size=_BATCH_ROWS):
+        for row in batch.to_pylist():
+            yield row, None, None
+
+
+def _arrow_stream_rows(f: Any, _name: str, _warnings: list[str]) -> Rows:
+    for batch in ipc.open_stream(f):
+        for row in batch.to_pylist():
+            yield row, None, None
+
+
+# Every file format. A new one is one entry here (and its name in tasks/config.py's FileFormat,
+# which the check below keeps equal). hf_disk (a save_to_disk folder) is a layout, not a file
+# format: its files are Arrow streams (HF_ARROW), never picked by extension.
+FILE_FORMATS = (
+    FileFormat("jsonl", (".jsonl", ".ndjson"), lambda f, name, _w: _jsonl_rows(f, name)),
+    FileFormat("json", (".json",), lambda f, name, w: _json_rows(f, name, w)),
+    FileFormat("parquet", (".parquet", ".pq"), _parquet_rows),
+)
+HF_ARROW = FileFormat("hf_arrow", (), _arrow_stream_rows)
+_READERS = {f.name: f for f in (*FILE_FORMATS, HF_ARROW)}
+_EXTENSION_FORMATS = {ext: f.name for f in FILE_FORMATS for ext in f.extensions}
+if {f.name for f in FILE_FORMATS} | {"hf_disk"} != set(get_args(FileFormatName)) - {"auto"}:
+    raise ImportError(f"file formats {sorted(_READERS)} != config's {get_args(FileFormatName)}")
 _COMPRESSION_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
 _BATCH_ROWS = 1024
 _JSON_CHUNK_BYTES = 1 << 20
@@ -97,11 +130,8 @@ class SourceReader:
             return self.src.file_format
         fmt = _extension_format(path)
         if fmt is None:
-            raise self.fail(
-                "cannot tell the file format from the extension; set file_format "
-                "(jsonl, json, parquet, hf_disk)",
-                path,
-            )
+            names = ", ".join([f.name for f in FILE_FORMATS] + ["hf_disk"])
+            raise self.fail(f"cannot tell the file format from the extension; set file_format ({names})", path)
         return fmt
 
     def plan(self) -> _Plan:
@@ -155,7 +185,8 @@ class SourceReader:
             auto = self.src.file_format == "auto"
             files = [p for p in names if not auto or _extension_format(p) is not None]
             if not files:
-                raise self.fail("folder holds no .jsonl, .json or .parquet files")
+                kinds = [f.extensions[0] for f in FILE_FORMATS]
+                raise self.fail(f"folder holds no {', '.join(kinds[:-1])} or {kinds[-1]} files")
             return _Plan(fs, [(p, self._format_of(p)) for p in files])
         if not fs.exists(root):
             raise self.fail("path does not exist")
@@ -184,7 +215,7 @@ class SourceReader:
         data_files = [d["filename"] for d in state.get("_data_files", [])]
         if not data_files:
             raise self.fail(f"{_HF_STATE_FILE} lists no data files", state_path)
-        return [(posixpath.join(split_dir, name), "hf_arrow") for name in data_files]
+        return [(posixpath.join(split_dir, name), HF_ARROW.name) for name in data_files]
 
     def rows(self) -> Iterator[RawRow]:
         """Every row of the source in order, at most `max_rows` of them."""
@@ -204,21 +235,10 @@ class SourceReader:
     def _file_rows(
         self, fs: fsspec.AbstractFileSystem, path: str, fmt: str
     ) -> Iterator[tuple[Any, str | None, str | None]]:
-        compression = None if fmt == "hf_arrow" else infer_compression(path)
+        compression = None if fmt == HF_ARROW.name else infer_compression(path)
         opener = OpenFile(fs, path, mode="rb", compression=compression)
         with self._errors(path), opener as f:
-            if fmt == "jsonl":
-                yield from _jsonl_rows(f, posixpath.basename(path))
-            elif fmt == "json":
-                yield from _json_rows(f, posixpath.basename(path), self.warnings)
-            elif fmt == "parquet":
-                for batch in pq.ParquetFile(f).iter_batches(batch_size=_BATCH_ROWS):
-                    for row in batch.to_pylist():
-                        yield row, None, None
-            else:
-                for batch in ipc.open_stream(f):
-                    for row in batch.to_pylist():
-                        yield row, None, None
+            yield from _READERS[fmt].read(f, posixpath.basename(path), self.warnings)
 
     @contextlib.contextmanager
     def _errors(self, path: str) -> Iterator[None]:
