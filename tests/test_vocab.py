@@ -122,7 +122,7 @@ def test_the_trainer_counts_the_training_split_only(tmp_path) -> None:
     import pyarrow as pa
 
     from tasks.draft.trainer import Dist, vocab_and_index
-    from tasks.engines.local_capture import CapturedStates
+    from tasks.extract.local_capture import CapturedStates
     from tasks.extract.sequences import TrainingSequence
     from tasks.extract.storage import ShardWriter
     from tasks.runfolder import ShardStore
