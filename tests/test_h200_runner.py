@@ -1,0 +1,46 @@
+"""benchmarks/h200_run.py's pipeline process runs on the node's own Python, which has no
+pydantic (only the processes it starts get the bundle's site folder): the fourth real run died
+when the pipeline itself loaded the profile through tasks.config. Its code imports nothing of
+eaglescale's or pydantic's, read from the source, except under `if EXTRA_SETS:` (a CPU
+rehearsal, which runs in the project's venv)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+RUNNER = Path(__file__).resolve().parents[1] / "benchmarks/h200_run.py"
+NODE_ONLY = ("tasks", "flows", "pydantic", "prefect", "torch", "transformers")
+
+
+def _pipeline_class() -> ast.ClassDef:
+    tree = ast.parse(RUNNER.read_text())
+    return next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Pipeline")
+
+
+def _rehearsal_only(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "EXTRA_SETS":
+            return True
+    return False
+
+
+def test_the_pipeline_process_needs_only_the_node_image() -> None:
+    cls = _pipeline_class()
+    parents = {child: parent for parent in ast.walk(cls) for child in ast.iter_child_nodes(parent)}
+    found = []
+    for node in ast.walk(cls):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "_config":
+            names = ["tasks.config (through _config)"]
+        for name in names:
+            if name.split(".")[0] in NODE_ONLY and not _rehearsal_only(node, parents):
+                found.append(f"line {node.lineno}: {name}")
+    assert found == []
+    # The reader sees the imports the pipeline does make (a check that cannot pass vacuously).
+    assert any(isinstance(n, ast.Import) and n.names[0].name == "yaml" for n in ast.walk(cls))
