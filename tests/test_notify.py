@@ -197,6 +197,9 @@ def test_prefect_secret_block_holding_a_webhook(receiver: Receiver, tmp_path: Pa
         "PREFECT_HOME": str(tmp_path / "prefect"),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_API_URL": "",
+        # A fresh PREFECT_HOME migrates its database first: ~25 s on a 2-core box, over the 20 s
+        # default (make test sets the same; a bare pytest run does not).
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
         "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
     }
     proc = subprocess.run(
