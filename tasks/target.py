@@ -81,22 +81,6 @@ def _read_chat_template(chat_template: str) -> str:
     raise TargetError(f"chat_template is neither a Jinja template nor a readable file: {path}")
 
 
-# One tokenizer per target and template per process (the parent flow and every stage flow of a
-# run ask for it; a 200k-vocabulary tokenizer takes seconds to load). Keyed by the files it was
-# read from as they are now, so a folder or template rewritten in place is read again.
-_TOKENIZERS: dict[tuple[Any, ...], PreTrainedTokenizerBase] = {}
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
-                    "tokenizer.model", "special_tokens_map.json", "chat_template.jinja")  # fmt: skip
-
-
-def _stamp(path: Path) -> tuple[str, int, int] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (str(path), st.st_mtime_ns, st.st_size)
-
-
 def load_tokenizer(
     model_path: str,
     chat_template: str | None = None,
@@ -104,15 +88,11 @@ def load_tokenizer(
     revision: str | None = None,
     trust_remote_code: bool = False,
 ) -> PreTrainedTokenizerBase:
-    """The target's tokenizer from its local folder, with `chat_template` overriding its own;
-    loaded once per process for the same files (callers must not mutate it)."""
+    """The target's tokenizer from its local folder, with `chat_template` overriding its own.
+    A fresh object each call: callers may set attributes on theirs (a tokenizer shared across a
+    process's stages once leaked one test's edited template into the next)."""
     model_dir = resolve_model_dir(model_path, revision)
-    template_file = None if chat_template is None or is_template_text(chat_template) else Path(chat_template).expanduser()
-    key = (str(model_dir), chat_template, trust_remote_code, *(_stamp(model_dir / n) for n in _TOKENIZER_FILES),
-           _stamp(template_file) if template_file else None)  # fmt: skip
-    if key not in _TOKENIZERS:
-        _TOKENIZERS[key] = _load_tokenizer(model_path, model_dir, chat_template, trust_remote_code)
-    return _TOKENIZERS[key]
+    return _load_tokenizer(model_path, model_dir, chat_template, trust_remote_code)
 
 
 def _load_tokenizer(

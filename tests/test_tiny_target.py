@@ -153,28 +153,6 @@ def test_chat_template_override_and_missing_model(tiny_target_dir: Path, tmp_pat
         load_tokenizer(str(missing))
 
 
-def test_the_tokenizer_loads_once_per_process_until_its_files_change(tiny_target_dir: Path, tmp_path: Path) -> None:
-    import os
-    import shutil
-
-    model = tmp_path / "model"
-    shutil.copytree(tiny_target_dir, model)
-    first = load_tokenizer(str(model))
-    assert load_tokenizer(str(model)) is first  # the stage flows of one process share it
-    template_file = tmp_path / "plain.jinja"
-    template_file.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
-    plain = load_tokenizer(str(model), chat_template=str(template_file))
-    assert plain is not first and load_tokenizer(str(model), chat_template=str(template_file)) is plain
-    # A template rewritten in place is read again (mtime and size are in the key).
-    template_file.write_text("{% for m in messages %}[{{ m['content'] }}]{% endfor %}")
-    reread = load_tokenizer(str(model), chat_template=str(template_file))
-    assert reread.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "[hi]"
-    config = model / "tokenizer_config.json"
-    stat = config.stat()
-    os.utime(config, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
-    assert load_tokenizer(str(model)) is not first
-
-
 def test_target_identity(tiny_target_dir: Path, tokenizer, tmp_path: Path) -> None:
     identity = target_identity(str(tiny_target_dir), None, tokenizer)
     assert set(identity) == {
