@@ -92,12 +92,6 @@ def load_tokenizer(
     A fresh object each call: callers may set attributes on theirs (a tokenizer shared across a
     process's stages once leaked one test's edited template into the next)."""
     model_dir = resolve_model_dir(model_path, revision)
-    return _load_tokenizer(model_path, model_dir, chat_template, trust_remote_code)
-
-
-def _load_tokenizer(
-    model_path: str, model_dir: Path, chat_template: str | None, trust_remote_code: bool
-) -> PreTrainedTokenizerBase:
     try:
         tokenizer = AutoTokenizer.from_pretrained(
             str(model_dir), local_files_only=True, trust_remote_code=trust_remote_code
