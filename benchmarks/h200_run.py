@@ -20,7 +20,9 @@ The node has no network and takes at most 64 MiB per call, so the run goes in fo
 
    After the last part, `node start --budget S` launches the pipeline as a daemon (setsid: it
    outlives the call; S, the device seconds left, bounds SpecForge's training so that the gate
-   keeps its time) and `node wait --timeout S` follows it; later calls run `node wait` until it is done.
+   keeps its time; `--skip scaling` / `--skip anchor` leave out the data-scaling drafts or
+   SpecForge's, for a run that repeats an earlier one for what that one could not measure) and
+   `node wait --timeout S` follows it; later calls run `node wait` until it is done.
    Every `node wait` leaves the results so far in $OUT (status.json, the logs' tails, and the
    run folder's reports in results.tar.gz).
 
@@ -115,6 +117,13 @@ SPECFORGE_MIN_GRACE_S = 120.0
 # of device time the pipeline has; SpecForge stops this long before they are up, which leaves the
 # final train stage (resume, export: ~1 min) and the gate (22 fresh launches: ~7.5 min) their time.
 LAST_STEPS_RESERVE_S = 560.0
+# What `node start --skip PART` can leave out of a run, and the --set each stage then gets. A run
+# that repeats an earlier one for the measurements it lacked (the fifth: the gate's decision)
+# leaves out what that one measured, so the rest fits the session's device time.
+SKIPPABLE = {
+    "scaling": ["train.scaling_fractions=[]"],  # the data-scaling drafts (their training, their gate launches)
+    "anchor": [],  # SpecForge's draft (its training beside ours, its gate launches)
+}
 
 
 def _sha256(path: Path) -> str:
@@ -267,7 +276,7 @@ def node_receive(k: int) -> int:
     return 0
 
 
-def node_start(budget_s: float | None) -> int:
+def node_start(budget_s: float | None, skip: list[str]) -> int:
     manifest = json.loads((NODE / "manifest.json").read_text())
     missing = [p["name"] for p in manifest["parts"] if not (NODE / "parts" / p["name"]).is_file()]
     if missing:
@@ -275,10 +284,11 @@ def node_start(budget_s: float | None) -> int:
         return 3
     if budget_s is not None:  # read by the pipeline: when SpecForge must stop at the latest
         (NODE / "deadline.json").write_text(json.dumps({"ends_at": time.time() + budget_s, "budget_s": budget_s}))
+    (NODE / "options.json").write_text(json.dumps({"skip": skip}))  # read by the pipeline
     log = (NODE / "pipeline.log").open("ab")
     subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "node", "pipeline"], cwd=REPO,
                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    print("node start: pipeline running (setsid), log /tmp/h200/pipeline.log")
+    print(f"node start: pipeline running (setsid), log {NODE / 'pipeline.log'}")
     return 0
 
 
@@ -376,6 +386,8 @@ class Pipeline:
             "TORCHINDUCTOR_CACHE_DIR": str(NODE / "inductor"), "TRITON_CACHE_DIR": str(NODE / "triton"),
         }  # fmt: skip
         self.server: subprocess.Popen[bytes] | None = None
+        self.skip: list[str] = (_read_json(NODE / "options.json") or {}).get("skip", [])
+        self.sets = [*EXTRA_SETS, *(o for part in self.skip for o in SKIPPABLE[part])]
 
     def note(self, step: str, state: str, detail: str = "", **extra: Any) -> None:
         entry = self.status["steps"].setdefault(step, {})
@@ -409,7 +421,7 @@ class Pipeline:
         `label` names the step in status.json and its logs (default: the stage); `env`, the
         processes' environment (default: the pipeline's)."""
         label = label or stage
-        sets = [a for o in (*EXTRA_SETS, *overrides) for a in ("--set", o)]
+        sets = [a for o in (*self.sets, *overrides) for a in ("--set", o)]
         args = ["-m", "flows.cli", "run", "--params", str(PROFILE), "--run-root", str(self.run_root),
                 "--stages", stage, *sets]  # fmt: skip
         self.note(label, "running", "eaglescale run")
@@ -562,7 +574,7 @@ class Pipeline:
                                                   f"train-scaling-{arg.replace(',', '-')}", env, wait=False)  # fmt: skip
         specforge = [str(REPO / "benchmarks/specforge_anchor.py"), "--params", str(NODE / "params.yaml"),
                      "--out", str(NODE / "specforge"), "--stop-file", str(NODE / "specforge.stop")]  # fmt: skip
-        if not REHEARSAL:
+        if not REHEARSAL and "anchor" not in self.skip:
             procs["specforge"] = self.py(specforge, "specforge", env, wait=False)
         began = time.time()
         codes = {name: proc.wait() for name, proc in procs.items() if name.startswith("scaling")}
@@ -633,6 +645,8 @@ class Pipeline:
         data = yaml.safe_load(PROFILE.read_text())
         data["run_root"] = str(self.run_root)
         data["gate"]["registry_url"] = str(NODE / "registry")
+        if "scaling" in self.skip:  # SKIPPABLE's override, without tasks.config (no pydantic here)
+            data["train"]["scaling_fractions"] = []
         (NODE / "params.yaml").write_text(yaml.safe_dump(data))
         if EXTRA_SETS:  # the rehearsal's sizes apply to the helper processes too
             from tasks.config import apply_overrides
@@ -826,6 +840,8 @@ def main() -> int:
     n.add_argument("--timeout", type=float, default=540.0)
     n.add_argument("--budget", type=float, help="start: the device seconds the pipeline has (bounds SpecForge)")
     n.add_argument("--set", dest="overrides", action="append", default=[])
+    n.add_argument("--skip", action="append", default=[], choices=sorted(SKIPPABLE),
+                   help="start: leave this part out of the run (repeatable): " + ", ".join(sorted(SKIPPABLE)))
     args = parser.parse_args()
     if args.command == "prepare":
         return prepare(args)
@@ -836,7 +852,7 @@ def main() -> int:
     if what == "receive":
         return node_receive(int(args.arg))
     if what == "start":
-        return node_start(args.budget)
+        return node_start(args.budget, args.skip)
     if what == "wait":
         return node_wait(args.timeout)
     if what == "pipeline":
