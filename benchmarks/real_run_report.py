@@ -66,6 +66,29 @@ def _prediction_rows(report: dict[str, Any], prediction: dict[str, Any] | None) 
     return rows
 
 
+def spec_vs_baseline_outputs(report: dict[str, Any]) -> dict[str, Any]:
+    """Where each speculative config's greedy outputs first left the baseline's, from the gate's
+    request records: per config and repetition the prompts that matched and the first differing
+    token of the others, and whether the repetitions (fresh launches) diverged at the same
+    places. Divergence that repeats launch after launch, at the same tokens for every draft and
+    num_steps, is the target's numerics in speculative mode (verify runs several tokens per
+    forward), not the draft: a greedy verify cannot emit a token the target did not choose."""
+    out: dict[str, Any] = {}
+    for launch in report["bench"]["launches"]:
+        if launch["config"] == "baseline" or launch["repetition"] < 0 or not launch.get("requests"):
+            continue
+        reqs = [q for q in launch["requests"] if q.get("exact_match") is not None]
+        row = out.setdefault(launch["config"], {"per_repetition": {}})
+        row["per_repetition"][str(launch["repetition"])] = {
+            "exact": sum(1 for q in reqs if q["exact_match"]), "compared": len(reqs),
+            "first_mismatch": {str(q["prompt_index"]): q["first_mismatch"] for q in reqs if not q["exact_match"]}}  # fmt: skip
+    for row in out.values():
+        reps = list(row["per_repetition"].values())
+        row["same_across_repetitions"] = all(r["first_mismatch"] == reps[0]["first_mismatch"] for r in reps)
+    at_zero = [{p for p, i in r["first_mismatch"].items() if i == 0} for row in out.values() for r in row["per_repetition"].values()]
+    return {"configs": out, "prompts_differing_at_token_0_in_every_launch": sorted(set.intersection(*at_zero), key=int) if at_zero else []}
+
+
 def _agreement(results: Results, measure: dict[str, Any]) -> dict[str, Any] | None:
     """The server's greedy outputs against transformers' (measurements.json, else the last
     line the agreement step printed)."""
@@ -283,7 +306,8 @@ def build(results: Results) -> dict[str, Any]:
     if report:
         configs = _config_rows(report)
         gate = {"summary": report["summary"], "configs": configs,
-                "predicted_vs_measured": _prediction_rows(report, prediction)}  # fmt: skip
+                "predicted_vs_measured": _prediction_rows(report, prediction),
+                "spec_vs_baseline_outputs": spec_vs_baseline_outputs(report)}  # fmt: skip
     by_name = {c["name"]: c for c in configs}
     base = by_name.get("baseline") or {}
     s3 = by_name.get("eagle3-s3-k1-n4") or {}
@@ -293,9 +317,12 @@ def build(results: Results) -> dict[str, Any]:
     # A gate cut short before its decision: its finished launches are the evidence.
     measured = None if report else measured_launches(
         results.json("run/gate/progress.json"), replay, results.json("run/gate/scaling/replay.json"))  # fmt: skip
+    # The fastest speculative config, eligible or not: what a reader of a rejection asks first.
+    fastest_config = max((c for c in configs if c.get("spec") and c.get("speedup")), key=lambda c: c["speedup"], default=None)
     promote_goal: tuple[Any, bool | None] = (
         {"speedup": best.get("speedup"), "ci": [best.get("ci_low"), best.get("ci_high")],
-         "promoted": (report or {}).get("summary", {}).get("outcome") == "promote"},
+         "promoted": (report or {}).get("summary", {}).get("outcome") == "promote",
+         "fastest_speculative": fastest_config and {k: fastest_config[k] for k in ("name", "speedup", "ci_low", "ci_high", "accept_length", "eligible")}},
         None if not report or not any(c["median_tok_s"] for c in configs if c.get("spec"))
         else bool(report["summary"]["outcome"] == "promote" and (best.get("speedup") or 0) >= 1.3),
     )  # fmt: skip
@@ -393,9 +420,26 @@ def write_real_run(folder: Path, dest: Path, earlier: list[Path] = ()) -> Path:
         kept = {k: prior.get(k) for k in EARLIER_KEYS}
         _write_run(prior_results, kept, dest, f"real-run-{prior_folder.name}")
         data.setdefault("earlier_runs", {})[prior_folder.name] = kept
+    carry_goals(data, folder.name)
     out = dest / "real-run.json"
     out.write_text(json.dumps(data, indent=2, default=str) + "\n")
     return out
+
+
+def carry_goals(data: dict[str, Any], latest: str) -> None:
+    """Each goal says which run measured it: the latest where it could be judged there, else the
+    newest earlier run that judged it (a run that repeats an earlier one for what that one
+    lacked, `node start --skip ...`, leaves out what the earlier one measured)."""
+    earlier = data.get("earlier_runs") or {}
+    for i, goal in enumerate(data["goals"]):
+        goal["run"] = latest
+        if goal["met"] is not None:
+            continue
+        for name, prior in earlier.items():  # newest first
+            same = next((g for g in prior.get("goals") or [] if g["goal"] == goal["goal"]), None)
+            if same and same["met"] is not None:
+                data["goals"][i] = {**same, "run": name}
+                break
 
 
 def markdown_table(data: dict[str, Any]) -> str:
