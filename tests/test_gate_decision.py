@@ -113,10 +113,19 @@ def test_inside_the_noise_slower_and_disagreeing_are_rejected() -> None:
     add_launches(wrong, spec, [200, 201, 199], exact=False)
     d = decide(wrong, CFG)
     assert (d.outcome, d.best) == ("reject", None)
-    assert d.reasons == [
+    assert d.reasons[:2] == [
         "no speculative config is eligible",
         f"{spec.name}: outputs disagree with the baseline: 0/18 exact (first mismatch at token 7; need 95%)",
     ]
+    # ... and how fast it was: fast but wrong reads differently from slow and wrong.
+    assert d.reasons[2].startswith(f"fastest measured (not eligible): faster than the baseline beyond the spread: {spec.name}")
+
+    slow_wrong = result_with(BASE, spec)
+    add_launches(slow_wrong, BASE, [100, 101, 99])
+    add_launches(slow_wrong, spec, [70, 72, 69], exact=False)
+    d = decide(slow_wrong, CFG)
+    assert d.outcome == "reject" and len(d.reasons) == 3
+    assert d.reasons[2].startswith(f"fastest measured (not eligible): slower than the baseline: {spec.name}")
 
 
 def test_min_speedup_and_graph_problems() -> None:

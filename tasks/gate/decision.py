@@ -204,6 +204,18 @@ def _fmt(s: ConfigSummary, level: float) -> str:
     )
 
 
+def _speed_verdict(s: ConfigSummary, cfg: GateConfig, versus: str) -> tuple[bool, str]:
+    """(beats the baseline beyond the spread by at least min_speedup, the sentence that says so)."""
+    assert s.speedup is not None and s.ci_low is not None and s.ci_high is not None
+    if s.ci_high < 1.0:
+        return False, f"slower than the baseline: {_fmt(s, cfg.ci_level)} {versus}"
+    if s.ci_low <= 1.0:
+        return False, f"within the run-to-run spread: {_fmt(s, cfg.ci_level)} {versus}; the CI includes 1.0"
+    if s.speedup < cfg.min_speedup:
+        return False, f"speedup below min_speedup {cfg.min_speedup:g}: {_fmt(s, cfg.ci_level)} {versus}"
+    return True, f"faster than the baseline beyond the spread: {_fmt(s, cfg.ci_level)} {versus}"
+
+
 def decide(result: BenchResult, cfg: GateConfig) -> GateDecision:
     summaries = [summarize(c, result) for c in result.configs]
     thresholds = {k: getattr(cfg, k) for k in ("min_speedup", "ci_level", "n_bootstrap", "bootstrap_seed",
@@ -233,27 +245,24 @@ def decide(result: BenchResult, cfg: GateConfig) -> GateDecision:
             s.speedup, s.ci_low, s.ci_high = ci
     # Only the run's own draft can be promoted; references and scaling drafts are measured beside it.
     eligible = [s for s in summaries if s.role == CANDIDATE and not s.baseline and s.eligible and s.speedup is not None]
+    versus = f"vs {ref.name} median {ref.median_tok_s:.1f} tok/s"
     if not eligible:
         decision.reasons = ["no speculative config is eligible"] + [
             f"{s.name}: {'; '.join(s.reasons)}" for s in summaries if not s.baseline and s.role == CANDIDATE
         ]
+        # How fast it would have been, had it been eligible: a rejection for its outputs reads
+        # differently when the draft is also slower than the baseline (or faster).
+        measured = [s for s in summaries if s.role == CANDIDATE and not s.baseline and s.ci_high is not None]
+        if measured:
+            fastest = max(measured, key=lambda s: s.median_tok_s or 0.0)
+            decision.reasons.append(f"fastest measured (not eligible): {_speed_verdict(fastest, cfg, versus)[1]}")
         return decision
     best = max(eligible, key=lambda s: s.median_tok_s or 0.0)
     assert best.speedup is not None and best.ci_low is not None and best.ci_high is not None
     decision.best, decision.speedup, decision.ci_low, decision.ci_high = best.name, best.speedup, best.ci_low, best.ci_high
-    versus = f"vs {ref.name} median {ref.median_tok_s:.1f} tok/s"
-    if best.ci_high < 1.0:
-        decision.reasons = [f"slower than the baseline: {_fmt(best, cfg.ci_level)} {versus}"]
-    elif best.ci_low <= 1.0:
-        decision.reasons = [
-            f"within the run-to-run spread: {_fmt(best, cfg.ci_level)} {versus}; the CI includes 1.0"
-        ]
-    elif best.speedup < cfg.min_speedup:
-        decision.reasons = [f"speedup below min_speedup {cfg.min_speedup:g}: {_fmt(best, cfg.ci_level)} {versus}"]
-    else:
+    wins, reason = _speed_verdict(best, cfg, versus)
+    if wins:
         decision.outcome = "promote"
-        decision.reasons = [
-            f"faster than the baseline beyond the spread: {_fmt(best, cfg.ci_level)} {versus}; accept "
-            f"length {best.accept_length:.2f}; outputs exact for {best.exact_match_fraction:.0%} of requests"
-        ]
+        reason += f"; accept length {best.accept_length:.2f}; outputs exact for {best.exact_match_fraction:.0%} of requests"
+    decision.reasons = [reason]
     return decision
