@@ -7,6 +7,7 @@ against a different model, tokenizer or chat template is refused.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import struct
@@ -81,6 +82,22 @@ def _read_chat_template(chat_template: str) -> str:
     raise TargetError(f"chat_template is neither a Jinja template nor a readable file: {path}")
 
 
+# The files a tokenizer is read from, once per process for the same contents (the parent flow
+# and every stage flow of a run ask for it; a 200k-vocabulary tokenizer takes seconds to load).
+# Keyed by their stamps as they are now, so a folder or template rewritten in place is read again.
+_TOKENIZERS: dict[tuple[Any, ...], PreTrainedTokenizerBase] = {}
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
+                    "tokenizer.model", "special_tokens_map.json", "chat_template.jinja")  # fmt: skip
+
+
+def _stamp(path: Path) -> tuple[str, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (str(path), st.st_mtime_ns, st.st_size)
+
+
 def load_tokenizer(
     model_path: str,
     chat_template: str | None = None,
@@ -89,22 +106,28 @@ def load_tokenizer(
     trust_remote_code: bool = False,
 ) -> PreTrainedTokenizerBase:
     """The target's tokenizer from its local folder, with `chat_template` overriding its own.
-    A fresh object each call: callers may set attributes on theirs (a tokenizer shared across a
-    process's stages once leaked one test's edited template into the next)."""
+    Read once per process for the same files; each call returns its own copy, since callers may
+    set attributes on theirs (one shared object once leaked a test's edited template into the
+    next tests' runs)."""
     model_dir = resolve_model_dir(model_path, revision)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            str(model_dir), local_files_only=True, trust_remote_code=trust_remote_code
-        )
-    except (OSError, ValueError) as e:
-        raise TargetError(f"cannot load the tokenizer of {model_path}: {e}") from e
-    if chat_template is not None:
-        tokenizer.chat_template = _read_chat_template(chat_template)
-    if not tokenizer.chat_template:
-        raise TargetError(
-            f"the tokenizer of {model_path} has no chat template; set target.chat_template"
-        )
-    return tokenizer
+    template_file = None if chat_template is None or is_template_text(chat_template) else Path(chat_template).expanduser()
+    key = (str(model_dir), chat_template, trust_remote_code, *(_stamp(model_dir / n) for n in _TOKENIZER_FILES),
+           _stamp(template_file) if template_file else None)  # fmt: skip
+    if key not in _TOKENIZERS:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(
+                str(model_dir), local_files_only=True, trust_remote_code=trust_remote_code
+            )
+        except (OSError, ValueError) as e:
+            raise TargetError(f"cannot load the tokenizer of {model_path}: {e}") from e
+        if chat_template is not None:
+            tokenizer.chat_template = _read_chat_template(chat_template)
+        if not tokenizer.chat_template:
+            raise TargetError(
+                f"the tokenizer of {model_path} has no chat template; set target.chat_template"
+            )
+        _TOKENIZERS[key] = tokenizer
+    return copy.deepcopy(_TOKENIZERS[key])
 
 
 def _check_messages(messages: Any) -> None:

@@ -153,6 +153,46 @@ def test_chat_template_override_and_missing_model(tiny_target_dir: Path, tmp_pat
         load_tokenizer(str(missing))
 
 
+def test_the_tokenizer_is_read_once_per_process_and_each_caller_gets_its_own(
+    tiny_target_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import shutil
+
+    import transformers
+
+    reads: list[str] = []
+    real = transformers.AutoTokenizer.from_pretrained.__func__  # the classmethod's function
+
+    def counting(cls, path, *args, **kwargs):  # noqa: ANN001, ANN202 - transformers' signature
+        reads.append(str(path))
+        return real(cls, path, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", classmethod(counting))
+    model = tmp_path / "model"
+    shutil.copytree(tiny_target_dir, model)
+    first = load_tokenizer(str(model))
+    second = load_tokenizer(str(model))
+    assert len(reads) == 1  # the stage flows of one process read it once
+    # ... and each has its own: an edit to one leaks into no other caller.
+    assert second is not first
+    first.chat_template = "{{ 'edited' }}"
+    assert load_tokenizer(str(model)).chat_template == second.chat_template != "{{ 'edited' }}"
+    template_file = tmp_path / "plain.jinja"
+    template_file.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    load_tokenizer(str(model), chat_template=str(template_file))
+    assert len(reads) == 2  # another template: another entry
+    # A template rewritten in place is read again (mtime and size are in the key).
+    template_file.write_text("{% for m in messages %}[{{ m['content'] }}]{% endfor %}")
+    reread = load_tokenizer(str(model), chat_template=str(template_file))
+    assert reread.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "[hi]"
+    config = model / "tokenizer_config.json"
+    stat = config.stat()
+    os.utime(config, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    load_tokenizer(str(model))
+    assert len(reads) == 4  # the folder's files changed: read again
+
+
 def test_target_identity(tiny_target_dir: Path, tokenizer, tmp_path: Path) -> None:
     identity = target_identity(str(tiny_target_dir), None, tokenizer)
     assert set(identity) == {
