@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 RUNNER = Path(__file__).resolve().parents[1] / "benchmarks/h200_run.py"
 NODE_ONLY = ("tasks", "flows", "pydantic", "prefect", "torch", "transformers")
 
@@ -44,3 +46,29 @@ def test_the_pipeline_process_needs_only_the_node_image() -> None:
     assert found == []
     # The reader sees the imports the pipeline does make (a check that cannot pass vacuously).
     assert any(isinstance(n, ast.Import) and n.names[0].name == "yaml" for n in ast.walk(cls))
+
+
+def test_skip_leaves_the_scaling_drafts_out_of_every_stage_and_the_helpers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`node start --skip scaling --skip anchor` (run 5): the stages get the override, and the
+    helper processes' params.yaml has no scaling fractions (read with yaml, as the node does)."""
+    import json
+    import sys
+
+    import yaml
+
+    sys.path.insert(0, str(RUNNER.parents[1]))
+    from benchmarks import h200_run
+
+    monkeypatch.setattr(h200_run, "NODE", tmp_path)
+    monkeypatch.setattr(h200_run, "EXTRA_SETS", [])
+    plain = h200_run.Pipeline()
+    assert plain.skip == [] and plain.sets == []
+    (tmp_path / "options.json").write_text(json.dumps({"skip": ["scaling", "anchor"]}))
+    pipeline = h200_run.Pipeline()
+    assert pipeline.sets == ["train.scaling_fractions=[]"]
+    pipeline.write_params()
+    params = yaml.safe_load((tmp_path / "params.yaml").read_text())
+    assert params["train"]["scaling_fractions"] == []
+    assert yaml.safe_load(h200_run.PROFILE.read_text())["train"]["scaling_fractions"]  # the profile keeps its own

@@ -270,35 +270,36 @@ def break_even_statement(decision: GateDecision, prediction: Prediction) -> str:
     )
 
 
-def extra_drafts(config: EagleScaleConfig, run: RunFolder, work_dir: Path) -> list[ExtraDraft]:
-    """Reference drafts, and the train stage's data-scaling drafts (copied next to the
-    candidate: servers read local folders), measured beside the candidate on server engines."""
+def materialize_scaling_drafts(run: RunFolder, work_dir: Path) -> dict[int, Path]:
+    """The train stage's data-scaling drafts, copied once into `work_dir` (servers and replay
+    read local folders), by training samples."""
     from tasks.draft.scaling_drafts import scaling_drafts
 
+    return {int(e["samples"]): materialize_draft(run, work_dir / f"scaling-{e['samples']}", e["final"])
+            for e in scaling_drafts(run)}  # fmt: skip
+
+
+def extra_drafts(config: EagleScaleConfig, scaling_dirs: dict[int, Path]) -> list[ExtraDraft]:
+    """Reference drafts, and the data-scaling drafts, measured beside the candidate on server
+    engines (the local engine replays the scaling drafts only)."""
     gate = config.gate
     out = [ExtraDraft(f"ref-{r.name}", r.path, r.num_steps, r.topk, r.num_draft_tokens) for r in gate.reference_drafts]
     if gate.engine != "local":
-        for entry in scaling_drafts(run):
-            local = materialize_draft(run, work_dir / f"scaling-{entry['samples']}", entry["final"])
-            out.append(ExtraDraft(f"scaling-{entry['samples']}", str(local), gate.scaling_num_steps,
-                                  role=SCALING, samples=int(entry["samples"])))  # fmt: skip
+        out += [ExtraDraft(f"scaling-{samples}", str(local), gate.scaling_num_steps, role=SCALING, samples=samples)
+                for samples, local in scaling_dirs.items()]  # fmt: skip
     return out
 
 
 def scaling_replays(
-    run: RunFolder, config: EagleScaleConfig, embed: torch.Tensor, work_dir: Path
+    run: RunFolder, config: EagleScaleConfig, embed: torch.Tensor, scaling_dirs: dict[int, Path]
 ) -> dict[int, ReplayResult]:
     """Each data-scaling draft replayed at gate.scaling_num_steps, before the first launch (a
     gate cut short keeps the curve's replayed half: the fourth real run's was cut at its 13th
     launch), recorded at once in gate/scaling/replay.json."""
-    from tasks.draft.scaling_drafts import scaling_drafts
     from tasks.gate.scaling import SCALING_ROOT
 
-    out = {}
-    for entry in scaling_drafts(run):
-        samples = int(entry["samples"])
-        local = materialize_draft(run, work_dir / f"scaling-{samples}", entry["final"])
-        out[samples] = replay_draft(run, config, embed, local, [config.gate.scaling_num_steps])
+    out = {samples: replay_draft(run, config, embed, local, [config.gate.scaling_num_steps])
+           for samples, local in scaling_dirs.items()}  # fmt: skip
     if out:
         run.write_json_atomic(f"{SCALING_ROOT}/replay.json", {str(n): r.to_dict() for n, r in out.items()})
     return out
@@ -366,7 +367,8 @@ def _gate(config: EagleScaleConfig, run: RunFolder, work_dir: Path, progress: Ga
     identity = gate_identity(run, config)  # the draft as benchmarked, hashed once
     draft_dir = materialize_draft(run, work_dir / "draft")
     target_config = text_config(read_model_config(resolve_model_dir(config.target.model_path)))
-    extra = extra_drafts(config, run, work_dir)
+    scaling_dirs = materialize_scaling_drafts(run, work_dir)  # once, for the launches and replay
+    extra = extra_drafts(config, scaling_dirs)
     configs = plan_configs(gate, str(draft_dir), extra)
     aux_ids = extract_metadata(run)["aux_layer_ids"]
     # Every draft is checked against its own configs before anything is launched.
@@ -377,7 +379,7 @@ def _gate(config: EagleScaleConfig, run: RunFolder, work_dir: Path, progress: Ga
     progress.phase("replay", f"the draft and its data-scaling drafts over up to {gate.replay_sequences} held-out sequences")
     embed, _ = load_target_heads(config.target.model_path)  # once, for every draft replayed
     replayed = offline_replay(run, config, embed, draft_dir)
-    replays = scaling_replays(run, config, embed, work_dir)
+    replays = scaling_replays(run, config, embed, scaling_dirs)
     del embed
     encode = encoder_for_target(config.target.model_path, config.target.chat_template)
     prompts = load_bench_prompts(run, gate.num_prompts, gate.prompt_seed, encode)
