@@ -15,7 +15,9 @@ from prefect.exceptions import MissingContextError
 
 from tasks.config import EagleScaleConfig, SlackConfig
 from tasks.notify import Notifier
+from tasks.redaction import redact_text, redact_url
 from tasks.runfolder import RunFolder
+from tasks.runfolder.layout import stage_clock_key
 
 
 def run_logger() -> logging.Logger | logging.LoggerAdapter:
@@ -56,6 +58,7 @@ class StageRun:
         self.run = RunFolder(config.run_root, config.storage_options)
         self.began = time.time()
         self.summary: dict[str, Any] | None = None
+        self.skipped = False  # the stage found its work already done (its clock keeps the run that did it)
 
     @cached_property
     def tokenizer(self) -> Any:
@@ -71,9 +74,35 @@ class StageRun:
         self.notifier.stage_started(self.name, fields)
 
 
+    def clock(self, state: str, prior: dict[str, Any] | None, error: str | None = None) -> None:
+        """stages/<name>.json: this attempt's start (and end), the first attempt's start, and
+        how many attempts there were; `eaglescale status --json` shows it as stages.<name>."""
+        record = {
+            "stage": self.name, "state": state, "started_at": self.began,
+            "ended_at": None if state == "running" else time.time(),
+            "first_started_at": (prior or {}).get("first_started_at", self.began),
+            "attempts": int((prior or {}).get("attempts", 0)) + 1,
+        }  # fmt: skip
+        if error:  # free text from an exception: a URL's credentials or a known secret never land here
+            record["error"] = redact_url(redact_text(error))
+        self.run.write_json_atomic(stage_clock_key(self.name), record)
+
+
 @contextmanager
 def stage_run(config: EagleScaleConfig, name: str) -> Iterator[StageRun]:
     stage = StageRun(config, name)
-    yield stage
+    prior = stage.run.read_json(stage_clock_key(name))
+    stage.clock("running", prior)
+    try:
+        yield stage
+    except BaseException as e:
+        stage.clock("failed", prior, f"{type(e).__name__}: {e}"[:500])
+        raise
+    skipped = stage.skipped or bool((stage.summary or {}).get("skipped"))
+    if skipped and prior and prior.get("state") == "completed":
+        # A stage that found its work done keeps the times of the run that did it.
+        stage.run.write_json_atomic(stage_clock_key(name), prior)
+    else:
+        stage.clock("completed", prior)
     if stage.summary is not None:
         stage.notifier.stage_completed(name, stage.summary, stage.elapsed_s)

@@ -69,6 +69,7 @@ def _gate(config: EagleScaleConfig, span: StageRun) -> dict[str, Any]:
     done = completed_gate(config)
     if done is not None:
         span.log.info("gate: this draft was already decided with these settings: %s", done["message"])
+        span.skipped = True
         return {k: done.get(k) for k in SUMMARY_KEYS} | {"skipped": True}
     span.started({"engine": config.gate.engine, "num_steps": config.gate.num_steps})
     with gpu_slots(config, gpus_needed(config, "gate")), tempfile.TemporaryDirectory(prefix="eaglescale-gate-") as tmp:

@@ -27,7 +27,7 @@ from tasks.notify import format_duration
 from tasks.runfolder import LeaseView, RunFolder, ShardStore, holder_label, read_leases
 from tasks.runfolder.fingerprint import flatten
 from tasks.runfolder.layout import DISCOVERY_MARKER, DISCOVERY_REPORT, GENERATE_PROGRESS, SHARD_PLAN
-from tasks.status_stages import later_stages, stage_rows
+from tasks.status_stages import clock_row, later_stages, stage_clocks, stage_rows
 
 DEFAULT_STALL_AFTER_S = 900.0
 DEFAULT_LEASE_TTL_S = 120.0  # for lease records that do not carry their holder's TTL
@@ -298,6 +298,7 @@ def read_status(
         "discover": discover,
         "generate": generate,
         **later_stages(run, generate["shards"]["committed"], DEFAULT_LEASE_TTL_S),
+        "stages": stage_clocks(run),
         "stalled": generate["stalled"],
     }
 
@@ -354,6 +355,9 @@ def _overview(status: dict[str, Any]) -> Table:
     grid.add_row("shards", f"{shards['committed']} / {shards['planned']} committed ({states})")
     for label, text in stage_rows(status):
         grid.add_row(label, text)
+    clocks = clock_row(status.get("stages") or {}, now)
+    if clocks:
+        grid.add_row(*clocks)
     return grid
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tasks.notify import format_duration
 from tasks.runfolder import RunFolder, ShardStore, read_leases
 from tasks.runfolder.layout import (
     GATE_DONE,
@@ -16,6 +17,7 @@ from tasks.runfolder.layout import (
     TRAIN_BEST,
     TRAIN_FINAL,
     TRAIN_RESULT,
+    stage_clock_key,
 )
 
 
@@ -70,6 +72,22 @@ def gate_status(run: RunFolder) -> dict[str, Any] | None:
     return out
 
 
+STAGE_ORDER = ("discover", "generate", "extract", "train", "gate")
+
+
+def stage_clocks(run: RunFolder) -> dict[str, Any]:
+    """Each stage's clock (stages/<stage>.json, written by the stage flows): state, this
+    attempt's started_at / ended_at (UNIX seconds; ended_at null while it runs), the first
+    attempt's start and the number of attempts. Stages that never started are left out."""
+    out = {}
+    for stage in STAGE_ORDER:
+        clock = run.read_json(stage_clock_key(stage))
+        if clock is not None:
+            out[stage] = {k: clock.get(k) for k in ("state", "started_at", "ended_at", "first_started_at", "attempts", "error")
+                          if k != "error" or clock.get(k)}  # fmt: skip
+    return out
+
+
 def later_stages(run: RunFolder, generated: int, lease_ttl_s: float) -> dict[str, Any]:
     return {
         "extract": extract_status(run, generated, lease_ttl_s),
@@ -80,6 +98,18 @@ def later_stages(run: RunFolder, generated: int, lease_ttl_s: float) -> dict[str
 
 def _fmt(x: Any, spec: str) -> str:
     return "—" if x is None else format(x, spec)
+
+
+def clock_row(clocks: dict[str, Any], now: float) -> tuple[str, str] | None:
+    """One row: each stage's state and how long it took (or has been running)."""
+    if not clocks:
+        return None
+    parts = []
+    for stage, c in clocks.items():
+        end = c["ended_at"] if c["ended_at"] is not None else now
+        took = format_duration(max(0.0, end - c["started_at"]))
+        parts.append(f"{stage} {took}" if c["state"] == "completed" else f"{stage} {c['state']} {took}")
+    return ("stages", " · ".join(parts))
 
 
 def stage_rows(stages: dict[str, Any]) -> list[tuple[str, str]]:

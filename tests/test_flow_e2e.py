@@ -6,10 +6,17 @@ Slack goes to a local receiver through the incoming-webhook path, as in producti
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+import yaml
 
 from tasks.runfolder import RunFolder, ShardStore
+from tasks.status import read_status
 from tests.run_support import assert_exactly_once, cli_env, start_cli, write_params
 from tests.slack_support import Receiver
+
+# The smoke profile's stages, in order.
+STAGES = yaml.safe_load((Path(__file__).resolve().parents[1] / "deployments/params/smoke.yaml").read_text())["stages"]
 
 
 def _texts(receiver: Receiver) -> list[str]:
@@ -39,10 +46,19 @@ def test_smoke_run_resume_and_refused_fingerprint(tmp_path, tiny_target_dir):
             assert any(f"{stage} started" in t for t in texts), texts
             assert any(f"{stage} completed" in t for t in texts), texts
         assert any("rows" in t and "276" in t for t in texts)
+        # Each stage's clock, as `eaglescale status --json` shows it: one after another.
+        clocks = read_status(run)["stages"]
+        assert list(clocks) == STAGES
+        assert all(c["state"] == "completed" and c["attempts"] == 1 and c["started_at"] <= c["ended_at"] for c in clocks.values())
+        assert all(clocks[a]["ended_at"] <= clocks[b]["started_at"] for a, b in zip(STAGES, STAGES[1:], strict=False))
 
         # Resume on the same run root: discovery is skipped, no shard is run again.
         assert _run(["run", "--params", str(params)], env, log) == 0, log.read_text()[-3000:]
         assert {s: m["attempt"] for s, m in store.committed().items()} == before
+        again = read_status(run)["stages"]
+        assert again["discover"] == clocks["discover"]  # skipped: the times of the run that did it
+        gen = again["generate"]
+        assert gen["attempts"] == 2 and gen["first_started_at"] == clocks["generate"]["started_at"] < gen["started_at"]
         assert any('\\"to_run\\": 0' in t or "to_run: 0" in t or "to run: 0" in t for t in _texts(slack))
 
         # A changed sampling parameter is refused, naming the field.
@@ -73,6 +89,10 @@ def test_failed_stage_exits_nonzero_and_reaches_slack(tmp_path, tiny_target_dir)
     assert ShardStore(run, "generate").committed() == {}
     assert run.exists("prompts/_SUCCESS.json")
     assert "XXXSECRET" not in log.read_text()
+    clocks = read_status(run)["stages"]
+    assert clocks["discover"]["state"] == "completed"
+    assert clocks["generate"]["state"] == "failed" and clocks["generate"]["ended_at"] >= clocks["generate"]["started_at"]
+    assert clocks["generate"]["error"] and "extract" not in clocks  # what failed, and nothing after it began
 
 
 def test_stalled_generation_alerts_slack_then_recovers(tmp_path, tiny_target_dir):

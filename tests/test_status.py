@@ -24,6 +24,7 @@ from tasks.status import (
 )
 
 NOW = 1_700_000_000.0
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _write(root: Path, rel: str, obj: Any) -> None:
@@ -366,3 +367,32 @@ def test_a_finished_run_reads_as_finished(tmp_path: Path, tiny_target_dir: Path,
     assert f"{rows:,} requests to the engine, 1.000 per request" in text
     local_row = next(line for line in text.splitlines() if "│ local " in line)
     assert f" {rows:,} " in local_row
+
+
+def test_stage_clocks_show_when_each_stage_ran(tmp_path: Path) -> None:
+    """The stage flows' clocks (flows/common.stage_run, run outside Prefect here) as status reads
+    them: a completed stage with its duration, a failed one with its error, one still running."""
+    from flows.common import stage_run
+    from tasks.config import load_config
+
+    root = make_run(tmp_path / "run")
+    cfg = load_config(ROOT / "deployments/params/smoke.yaml", run_root=str(root))
+    with stage_run(cfg, "discover"):
+        pass
+    with pytest.raises(RuntimeError), stage_run(cfg, "generate"):
+        raise RuntimeError("no server at http://user:pw@127.0.0.1:9")
+    run = open_run(str(root))
+    clocks = read_status(run)["stages"]
+    assert list(clocks) == ["discover", "generate"]
+    assert clocks["discover"]["state"] == "completed" and clocks["discover"]["ended_at"] >= clocks["discover"]["started_at"]
+    gen = clocks["generate"]
+    assert gen["state"] == "failed" and gen["attempts"] == 1
+    assert gen["error"] == "RuntimeError: no server at http://***@127.0.0.1:9"  # credentials redacted
+    with stage_run(cfg, "generate"):  # the retry: running while inside, its first start kept
+        running = read_status(run)["stages"]["generate"]
+        assert running["state"] == "running" and running["ended_at"] is None and running["attempts"] == 2
+        assert running["first_started_at"] == gen["started_at"] <= running["started_at"]
+        console = Console(width=160, record=True, color_system=None)
+        console.print(render_status(read_status(run)))
+        assert "stages       discover 0s · generate running" in console.export_text()
+    assert read_status(run)["stages"]["generate"]["state"] == "completed"

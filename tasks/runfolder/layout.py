@@ -14,3 +14,8 @@ TRAIN_FINAL_SPECULATORS = "train/final-speculators"  # the same draft in vLLM's 
 GATE_DONE = "gate/_SUCCESS.json"  # the gate's decision and what it was about
 GATE_PROGRESS = "gate/progress.json"  # where a running gate is (tasks/gate/progress.py)
 PROMOTED = "promoted.json"  # the promoted draft (in the registry and the run folder)
+STAGE_CLOCKS = "stages"  # stages/<stage>.json: when each stage started and ended (flows/common.stage_run)
+
+
+def stage_clock_key(stage: str) -> str:
+    return f"{STAGE_CLOCKS}/{stage}.json"
