@@ -73,7 +73,6 @@ class StageRun:
     def started(self, fields: dict[str, Any]) -> None:
         self.notifier.stage_started(self.name, fields)
 
-
     def clock(self, state: str, prior: dict[str, Any] | None, error: str | None = None) -> None:
         """stages/<name>.json: this attempt's start (and end), the first attempt's start, and
         how many attempts there were; `eaglescale status --json` shows it as stages.<name>."""

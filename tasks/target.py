@@ -11,6 +11,7 @@ import copy
 import hashlib
 import json
 import struct
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,7 @@ def _read_chat_template(chat_template: str) -> str:
 # and every stage flow of a run ask for it; a 200k-vocabulary tokenizer takes seconds to load).
 # Keyed by their stamps as they are now, so a folder or template rewritten in place is read again.
 _TOKENIZERS: dict[tuple[Any, ...], PreTrainedTokenizerBase] = {}
+_TOKENIZERS_LOCK = threading.Lock()  # shard threads of one stage ask at once
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
                     "tokenizer.model", "special_tokens_map.json", "chat_template.jinja")  # fmt: skip
 
@@ -113,6 +115,13 @@ def load_tokenizer(
     template_file = None if chat_template is None or is_template_text(chat_template) else Path(chat_template).expanduser()
     key = (str(model_dir), chat_template, trust_remote_code, *(_stamp(model_dir / n) for n in _TOKENIZER_FILES),
            _stamp(template_file) if template_file else None)  # fmt: skip
+    with _TOKENIZERS_LOCK:
+        return copy.deepcopy(_cached_tokenizer(key, model_path, model_dir, chat_template, trust_remote_code))
+
+
+def _cached_tokenizer(
+    key: tuple[Any, ...], model_path: str, model_dir: Path, chat_template: str | None, trust_remote_code: bool
+) -> PreTrainedTokenizerBase:
     if key not in _TOKENIZERS:
         try:
             tokenizer = AutoTokenizer.from_pretrained(
@@ -127,7 +136,7 @@ def load_tokenizer(
                 f"the tokenizer of {model_path} has no chat template; set target.chat_template"
             )
         _TOKENIZERS[key] = tokenizer
-    return copy.deepcopy(_TOKENIZERS[key])
+    return _TOKENIZERS[key]
 
 
 def _check_messages(messages: Any) -> None:

@@ -40,12 +40,26 @@ def write_params(tmp_path: Path, model_dir: Path, run_root: str, **sections: dic
     return path
 
 
+# The host's Slack, AWS and Prefect settings as pytest found them: never handed to a child (a
+# developer's real Slack token, AWS profile or Prefect API must not reach a test's run). What a
+# test's own fixtures set later (moto's credentials, a test token) is passed on.
+CHILD_ENV_PREFIXES = ("SLACK_", "AWS_", "PREFECT_")
+HOST_ENV = {k: v for k, v in os.environ.items() if k.startswith(CHILD_ENV_PREFIXES)}
+
+
+def clean_child_env(environ: dict[str, str], host: dict[str, str]) -> dict[str, str]:
+    """`environ` without the host's own SLACK_*/AWS_*/PREFECT_* values (same key, same value)."""
+    return {k: v for k, v in environ.items() if not (k in host and host[k] == v)}
+
+
 def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
+    env = clean_child_env(dict(os.environ), HOST_ENV)
     env.update(
         PREFECT_HOME=str(tmp_path / "prefect-home"),
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
         PREFECT_LOGGING_LEVEL="WARNING",
+        # A fresh Prefect home migrates its database first (~25 s on a 2-core box).
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120",
         HF_HUB_OFFLINE="1",
     )
     env.pop("PREFECT_API_URL", None)

@@ -59,7 +59,10 @@ def test_smoke_run_resume_and_refused_fingerprint(tmp_path, tiny_target_dir):
         assert again["discover"] == clocks["discover"]  # skipped: the times of the run that did it
         gen = again["generate"]
         assert gen["attempts"] == 2 and gen["first_started_at"] == clocks["generate"]["started_at"] < gen["started_at"]
-        assert any('\\"to_run\\": 0' in t or "to_run: 0" in t or "to run: 0" in t for t in _texts(slack))
+        # Generation's own start message says it has nothing to run (extraction's "shards_to_run: 0"
+        # must not pass for it).
+        resumed = [t for t in _texts(slack) if "generate started" in t]
+        assert len(resumed) == 2 and "to_run: 0" in resumed[-1] and "to_run: 0" not in resumed[0], resumed
 
         # A changed sampling parameter is refused, naming the field.
         args = ["run", "--params", str(params), "--set", "sampling.max_new_tokens=8"]

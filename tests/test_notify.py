@@ -103,7 +103,7 @@ def test_http_500_and_invalid_auth_and_refused_never_raise(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     with Receiver(status=500, body={"ok": False}) as broken:
-        webhook = Notifier("r", SlackCredentials("webhook", f"{broken.url}/hook/abc", None, "test"))
+        webhook = Notifier("r", SlackCredentials("webhook", f"{broken.url}/hook/WEBHOOKPATHSECRET", None, "test"))
         assert webhook.send("hello", {"n": 1}) is False
         token = Notifier(
             "r", SlackCredentials("token", TOKEN, "#c", "test"), base_url=f"{broken.url}/api/"
@@ -124,6 +124,9 @@ def test_http_500_and_invalid_auth_and_refused_never_raise(
     assert "HTTP 500" in warnings[0]
     assert "invalid_auth" in warnings[2]
     assert "message was: [r] generate started — stage: generate, shards: 3" in warnings[1]
+    # The bot token's failure paths (HTTP 500, invalid_auth) logged at DEBUG and WARNING: no token.
+    assert TOKEN not in caplog.text and "SECRETTOKENVALUE" not in caplog.text
+    assert "WEBHOOKPATHSECRET" not in caplog.text  # nor the webhook's secret path
 
 
 def test_secrets_never_reach_logs_at_debug(
@@ -241,3 +244,16 @@ def test_message_formatting_escapes_and_limits() -> None:
     assert len(long_blocks[1]["text"]["text"]) == 2900
     assert format_duration(59.6) == "1m 00s"
     assert format_duration(7322) == "2h 02m 02s"
+
+
+def test_child_processes_get_no_host_slack_aws_or_prefect_settings(tmp_path: Path) -> None:
+    from tests.run_support import HOST_ENV, clean_child_env, cli_env
+
+    host = {"SLACK_BOT_TOKEN": "xoxb-host", "AWS_PROFILE": "prod", "PREFECT_API_URL": "http://prod:4200/api"}
+    environ = {**host, "PATH": "/bin", "AWS_ACCESS_KEY_ID": "testing"}  # moto's, set by a fixture
+    assert clean_child_env(environ, host) == {"PATH": "/bin", "AWS_ACCESS_KEY_ID": "testing"}
+    # A value a test set over the host's own is the test's: passed on.
+    assert clean_child_env({"SLACK_BOT_TOKEN": "xoxb-test"}, host) == {"SLACK_BOT_TOKEN": "xoxb-test"}
+    env = cli_env(tmp_path)
+    assert all(env.get(k) != v for k, v in HOST_ENV.items() if k.startswith(("SLACK_", "AWS_")))
+    assert "PREFECT_API_URL" not in env and env["PREFECT_HOME"] == str(tmp_path / "prefect-home")

@@ -3,7 +3,8 @@
 A real `prefect server start` serving the UI, a real `eaglescale run` (discover, generate)
 against it, then Debian's chromium renders the flow-run pages. The UI is a JS app, so the
 assertions are on the DOM after its scripts ran (`--dump-dom` with a virtual-time budget);
-the screenshots are kept under .eaglescale/test-artifacts/ for a person to look at.
+the screenshots are kept in the test's tmp_path (pytest keeps the last runs' folders; the
+test prints where) for a person to look at, never in the checkout.
 """
 
 from __future__ import annotations
@@ -18,9 +19,8 @@ import httpx
 import pytest
 
 from tests.prefect_support import prefect_server
-from tests.run_support import ROOT, cli_env, start_cli, write_params
+from tests.run_support import cli_env, start_cli, write_params
 
-ARTIFACTS = ROOT / ".eaglescale/test-artifacts"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # Virtual time stands still while requests are in flight; a second, longer budget covers a
 # machine so loaded that the UI's first render did not fit the first one.
@@ -89,7 +89,7 @@ def test_flow_run_page_shows_stage_subflows_and_progress(tmp_path, tiny_target_d
         generate={"shard_size": 20},
         stages=["discover", "generate"],
     )
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "screenshots").mkdir()
     with prefect_server(tmp_path / "prefect-home", ui=True) as api:
         log = tmp_path / "cli.log"
         rc = start_cli(["run", "--params", str(params)], cli_env(tmp_path, PREFECT_API_URL=api), log).wait(600)
@@ -98,7 +98,7 @@ def test_flow_run_page_shows_stage_subflows_and_progress(tmp_path, tiny_target_d
         assert sorted(subflows) == ["discover", "generate"]
         ui = api.removesuffix("/api")
         # 3.9's default UI is v2 (the server redirects / to /v2/); its tabs are query parameters.
-        stages_png = ARTIFACTS / "ui-flow-run.png"
+        stages_png = tmp_path / "screenshots/ui-flow-run.png"
         stages = _render(
             browser,
             f"{ui}/v2/runs/flow-run/{parent['id']}?tab=SubflowRuns",
@@ -106,7 +106,7 @@ def test_flow_run_page_shows_stage_subflows_and_progress(tmp_path, tiny_target_d
             tmp_path / "chromium",
             [f"{name} / {run['name']}" for name, run in subflows.items()],
         )
-        progress_png = ARTIFACTS / "ui-generate-artifacts.png"
+        progress_png = tmp_path / "screenshots/ui-generate-artifacts.png"
         generate = subflows["generate"]
         progress = _render(
             browser,
