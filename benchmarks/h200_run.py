@@ -117,12 +117,13 @@ SPECFORGE_MIN_GRACE_S = 120.0
 # of device time the pipeline has; SpecForge stops this long before they are up, which leaves the
 # final train stage (resume, export: ~1 min) and the gate (22 fresh launches: ~7.5 min) their time.
 LAST_STEPS_RESERVE_S = 560.0
-# What `node start --skip PART` can leave out of a run, and the --set each stage then gets. A run
-# that repeats an earlier one for the measurements it lacked (the fifth: the gate's decision)
-# leaves out what that one measured, so the rest fits the session's device time.
-SKIPPABLE = {
-    "scaling": ["train.scaling_fractions=[]"],  # the data-scaling drafts (their training, their gate launches)
-    "anchor": [],  # SpecForge's draft (its training beside ours, its gate launches)
+# What `node start --skip PART` can leave out of a run, and the profile settings that does it
+# (each stage gets them as --set, the helper processes in params.yaml). A run that repeats an
+# earlier one for the measurements it lacked (the fifth: the gate's decision) leaves out what
+# that one measured, so the rest fits the session's device time.
+SKIPPABLE: dict[str, dict[tuple[str, str], Any]] = {
+    "scaling": {("train", "scaling_fractions"): []},  # the data-scaling drafts (their training, their gate launches)
+    "anchor": {},  # SpecForge's draft (its training beside ours, its gate launches)
 }
 
 
@@ -387,7 +388,8 @@ class Pipeline:
         }  # fmt: skip
         self.server: subprocess.Popen[bytes] | None = None
         self.skip: list[str] = (_read_json(NODE / "options.json") or {}).get("skip", [])
-        self.sets = [*EXTRA_SETS, *(o for part in self.skip for o in SKIPPABLE[part])]
+        self.skipped_settings = {k: v for part in self.skip for k, v in SKIPPABLE[part].items()}
+        self.sets = [*EXTRA_SETS, *(f"{'.'.join(k)}={json.dumps(v)}" for k, v in self.skipped_settings.items())]
 
     def note(self, step: str, state: str, detail: str = "", **extra: Any) -> None:
         entry = self.status["steps"].setdefault(step, {})
@@ -645,8 +647,8 @@ class Pipeline:
         data = yaml.safe_load(PROFILE.read_text())
         data["run_root"] = str(self.run_root)
         data["gate"]["registry_url"] = str(NODE / "registry")
-        if "scaling" in self.skip:  # SKIPPABLE's override, without tasks.config (no pydantic here)
-            data["train"]["scaling_fractions"] = []
+        for (section, key), value in self.skipped_settings.items():  # what --skip leaves out, without tasks.config
+            data[section][key] = value
         (NODE / "params.yaml").write_text(yaml.safe_dump(data))
         if EXTRA_SETS:  # the rehearsal's sizes apply to the helper processes too
             from tasks.config import apply_overrides

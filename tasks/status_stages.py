@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tasks.config import STAGES
 from tasks.notify import format_duration
 from tasks.runfolder import RunFolder, ShardStore, read_leases
 from tasks.runfolder.layout import (
@@ -72,15 +73,12 @@ def gate_status(run: RunFolder) -> dict[str, Any] | None:
     return out
 
 
-STAGE_ORDER = ("discover", "generate", "extract", "train", "gate")
-
-
 def stage_clocks(run: RunFolder) -> dict[str, Any]:
     """Each stage's clock (stages/<stage>.json, written by the stage flows): state, this
     attempt's started_at / ended_at (UNIX seconds; ended_at null while it runs), the first
     attempt's start and the number of attempts. Stages that never started are left out."""
     out = {}
-    for stage in STAGE_ORDER:
+    for stage in STAGES:
         clock = run.read_json(stage_clock_key(stage))
         if clock is not None:
             out[stage] = {k: clock.get(k) for k in ("state", "started_at", "ended_at", "first_started_at", "attempts", "error")
