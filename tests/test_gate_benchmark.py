@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -246,6 +247,9 @@ def test_concurrent_servers_start_in_waves_and_are_measured_one_at_a_time(tmp_pa
     spans = [(x.measured_at, x.measured_at + sum(r.latency_s for r in x.requests)) for x in result.launches]
     assert all(a[1] <= b[0] + 0.05 for a, b in zip(spans, spans[1:], strict=False))
     assert d.outcome == "promote"
+    # each server of a wave was launched with its own HTTP and NCCL ports (server_args in its log)
+    ports = [re.search(r"port=(\d+), tp_size.*nccl_port=(\d+)", Path(x.log_path).read_text()) for x in result.launches]
+    assert all(ports) and len({p for m in ports if m for p in m.groups()}) == 2 * len(result.launches)
 
 
 def test_a_speculative_config_that_cannot_start_is_reported_and_the_rest_go_on(tmp_path: Path, run: RunFolder) -> None:

@@ -23,6 +23,8 @@ from tasks.gate.launch import (
 from tasks.gate.plan import plan_configs
 from tasks.gate.server_process import (
     EmulatedLauncher,
+    PortPool,
+    ServerStartError,
     check_server_info,
     fetch_server_info,
     free_port,
@@ -32,6 +34,7 @@ from tasks.gate.server_process import (
 )
 from tasks.sglang.recorded_flags import extract_help_flags, recorded_flags
 from tasks.sglang.versions import (
+    GRPC_PORT_OFFSET,
     PINNED_VERSIONS,
     SETTING_FLAGS,
     LaunchError,
@@ -422,3 +425,52 @@ def test_a_port_whose_grpc_twin_would_pass_65535_is_refused_and_never_picked() -
         build_server_args(LaunchSpec("/m", 56049), "0.5.14")
     assert "--port" in build_server_args(LaunchSpec("/m", 56049), "0.5.4")
     assert all(20000 <= free_port() <= 55535 for _ in range(50))
+
+
+@pytest.mark.parametrize("version", PINNED_VERSIONS)
+def test_each_launch_names_its_own_nccl_port(version: str) -> None:
+    """--nccl-port is a flag of every pinned version (0.5.14's recorded --help has it) and must
+    differ from the HTTP port."""
+    args = build_server_args(LaunchSpec("/m", 21000, nccl_port=23456, spec=SPEC), version)
+    assert flag_value(args, "--nccl-port") == "23456"
+    assert "--nccl-port" not in build_server_args(LaunchSpec("/m", 21000), version)
+    with pytest.raises(LaunchError, match="--nccl-port must be 1..65535 and differ from --port 21000, got 21000"):
+        build_server_args(LaunchSpec("/m", 21000, nccl_port=21000), version)
+    assert "--nccl-port" in HELP_0514["flags"]
+
+
+def test_the_port_pool_hands_out_distinct_ports_below_the_ephemeral_range() -> None:
+    """Ten servers' HTTP, gRPC (+10000) and NCCL ports: thirty distinct ports, none in the
+    kernel's range for port-0 binds and outgoing connections (the sixth real run's collision)."""
+    pool = PortPool(ephemeral=(32768, 60999))
+    http = [pool.http_port() for _ in range(10)]
+    nccl = [pool.nccl_port() for _ in range(10)]
+    every = http + [p + GRPC_PORT_OFFSET for p in http] + nccl
+    assert len(set(every)) == 30 and all(20000 <= p < 32768 for p in every)
+    # a range with no room below it: any port the versions allow, still distinct
+    wide = PortPool(ephemeral=(1024, 65535))
+    ports = [wide.http_port() for _ in range(5)] + [wide.nccl_port() for _ in range(5)]
+    assert len(set(ports)) == 10 and all(20000 <= p <= 65535 for p in ports)
+    tiny = PortPool(low=32760, ephemeral=(32768, 60999))  # no room: the wide fallback
+    assert tiny.http == (32760, 65535 - GRPC_PORT_OFFSET)
+
+
+def test_two_emulated_servers_given_one_nccl_port_fail_as_sglang_does(tmp_path: Path) -> None:
+    """The emulator listens on --nccl-port as SGLang's torch.distributed store does: the second
+    server of a shared port exits with EADDRINUSE before serving."""
+    launcher = EmulatedLauncher("0.5.14", {"prefill_s": 0.001, "baseline_step_s": 0.001})
+    pool = PortPool()
+    nccl = pool.nccl_port()
+    first = launch(launcher, LaunchSpec("/m", pool.http_port(), nccl_port=nccl), tmp_path / "a.log")
+    try:
+        with httpx.Client(trust_env=False) as client:
+            wait_healthy(first, client, timeout_s=30, poll_s=0.05)
+            second = launch(launcher, LaunchSpec("/m", pool.http_port(), nccl_port=nccl), tmp_path / "b.log")
+            try:
+                with pytest.raises(ServerStartError, match="exited with code 1"):
+                    wait_healthy(second, client, timeout_s=30, poll_s=0.05)
+                assert f"port: {nccl}, useIpv6: false, code: -98, name: EADDRINUSE" in second.log_text()
+            finally:
+                second.stop()
+    finally:
+        first.stop()

@@ -45,10 +45,10 @@ from tasks.gate.progress import GateProgress
 from tasks.gate.server_process import (
     LaunchedServer,
     Launcher,
+    PortPool,
     ServerStartError,
     check_server_info,
     fetch_server_info,
-    free_port,
     launch,
     parse_server_log,
     unreported_server_info,
@@ -178,6 +178,7 @@ class GateRunner:
         self._order = launch_order(configs, cfg.repetitions)
         self._next = 0  # index into _order of the next launch run_protocol asks for
         self._started: dict[int, _Started] = {}
+        self._ports = PortPool(cfg.host)  # every server of the gate: its own HTTP and NCCL ports
         if progress is not None:
             progress.planned(len(self._order))
 
@@ -197,7 +198,8 @@ class GateRunner:
     def _spec(self, config: BenchConfig) -> LaunchSpec:
         cfg = self.cfg
         return LaunchSpec(
-            model_path=self.model_path, port=free_port(cfg.host), host=cfg.host, tp_size=cfg.tp_size,
+            model_path=self.model_path, port=self._ports.http_port(), nccl_port=self._ports.nccl_port(),
+            host=cfg.host, tp_size=cfg.tp_size,
             spec=config.spec, cuda_graph_max_bs=cfg.cuda_graph_max_bs,
             mem_fraction_static=cfg.mem_fraction_static, server=cfg.server,
             extra_args=tuple(cfg.extra_server_args),

@@ -107,6 +107,7 @@ class LaunchSpec:
     model_path: str
     port: int
     host: str = "127.0.0.1"
+    nccl_port: int | None = None  # None: SGLang picks one (a race when servers start together)
     tp_size: int = 1
     spec: SpecParams | None = None
     cuda_graph_max_bs: int | None = 8
@@ -129,6 +130,10 @@ def build_server_args(spec: LaunchSpec, version: str) -> list[str]:
         raise LaunchError(f"--tp-size must be >= 1, got {spec.tp_size}")
     check_extra_args(spec.extra_args, flags)
     args = ["--model-path", spec.model_path, "--host", spec.host, "--port", str(spec.port)]
+    if spec.nccl_port is not None:
+        if not 0 < spec.nccl_port <= 65535 or spec.nccl_port == spec.port:
+            raise LaunchError(f"--nccl-port must be 1..65535 and differ from --port {spec.port}, got {spec.nccl_port}")
+        args += ["--nccl-port", str(spec.nccl_port)]
     args += ["--tp-size", str(spec.tp_size)]
     if spec.mem_fraction_static is not None:
         args += ["--mem-fraction-static", str(spec.mem_fraction_static)]

@@ -82,6 +82,15 @@ class EmulatedLauncher:
         return {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
 
 
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port(host: str = "127.0.0.1", max_port: int = 65535 - GRPC_PORT_OFFSET, low: int = 20000) -> int:
     """A port that is free now, random in [low, max_port]. The default ceiling suits every
     pinned SGLang version: 0.5.14 also opens port + 10000 (gRPC) and refuses to start when that
@@ -89,13 +98,60 @@ def free_port(host: str = "127.0.0.1", max_port: int = 65535 - GRPC_PORT_OFFSET,
     rng = random.Random()
     for _ in range(200):
         port = rng.randint(low, max_port)
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
+        if _bindable(host, port):
             return port
     raise OSError(f"no free port in {low}..{max_port} on {host}")
+
+
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+DEFAULT_EPHEMERAL = (32768, 60999)  # Linux's default ip_local_port_range
+
+
+def ephemeral_range(path: Path = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
+    """The kernel's range for port-0 binds and outgoing connections (Linux: ip_local_port_range)."""
+    try:
+        low, high = (int(x) for x in path.read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return DEFAULT_EPHEMERAL
+
+
+class PortPool:
+    """The ports of one gate's servers: each launch's HTTP port (and the gRPC port 0.5.14 opens at
+    port + GRPC_PORT_OFFSET) and its NCCL port (`--nccl-port`, torch.distributed's store), all
+    distinct, bindable when handed out, and below the kernel's ephemeral range where there is room.
+
+    Left to itself SGLang takes its NCCL port from a port-0 bind that it releases and binds again
+    later, so servers starting together (or any other process) can be handed the same port in
+    between: on the sixth real run one of ten SGLang 0.5.14 servers starting at once died with
+    EADDRINUSE on it before serving. Neither port-0 binds nor outgoing connections are handed a
+    port below the ephemeral range."""
+
+    def __init__(self, host: str = "127.0.0.1", low: int = 20000, ephemeral: tuple[int, int] | None = None) -> None:
+        self.host = host
+        below = (ephemeral or ephemeral_range())[0] - 1  # the highest port outside the ephemeral range, on its low side
+        if below - low >= GRPC_PORT_OFFSET + 1000:  # room for HTTP ports whose gRPC port stays below too
+            self.http, self.nccl = (low, below - GRPC_PORT_OFFSET), (low, below)
+        else:  # an unusual range: any port the versions allow, checked free
+            self.http, self.nccl = (low, 65535 - GRPC_PORT_OFFSET), (low, 65535)
+        self.taken: set[int] = set()
+        self._rng = random.Random()
+
+    def _draw(self, span: tuple[int, int], also: int | None = None) -> int:
+        for _ in range(500):
+            port = self._rng.randint(*span)
+            wanted = [port] if also is None else [port, port + also]
+            if any(p in self.taken or not _bindable(self.host, p) for p in wanted):
+                continue
+            self.taken.update(wanted)
+            return port
+        raise OSError(f"no free port in {span[0]}..{span[1]} on {self.host} ({len(self.taken)} taken by this gate)")
+
+    def http_port(self) -> int:
+        return self._draw(self.http, GRPC_PORT_OFFSET)
+
+    def nccl_port(self) -> int:
+        return self._draw(self.nccl)
 
 
 @dataclass

@@ -86,7 +86,7 @@ SETTING_FLAGS: dict[str, str] = {
 # What the builder itself emits, on every version.
 _BUILDER_FLAGS = frozenset(
     {
-        "--model-path", "--host", "--port", "--tp-size", "--mem-fraction-static",
+        "--model-path", "--host", "--port", "--nccl-port", "--tp-size", "--mem-fraction-static",
         "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-num-steps",
         "--speculative-eagle-topk", "--speculative-num-draft-tokens",
     }
@@ -176,7 +176,7 @@ PINNED_VERSIONS = tuple(FLAG_SETS)
 # Flags the builder owns: repeating one in extra args would silently override the gate's choice.
 MANAGED_FLAGS = frozenset(
     {
-        "--model-path", "--model", "--host", "--port", "--tp-size", "--tp", "--tensor-parallel-size",
+        "--model-path", "--model", "--host", "--port", "--nccl-port", "--tp-size", "--tp", "--tensor-parallel-size",
         "--mem-fraction-static",
         "--speculative-algorithm", "--speculative-algo", "--speculative-draft-model-path",
         "--speculative-draft-model", "--speculative-num-steps", "--speculative-eagle-topk",

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import signal
+import socket
 import sys
 from dataclasses import asdict, fields
 
@@ -38,6 +39,7 @@ def _sglang_parser(version: str) -> argparse.ArgumentParser:
     p.add_argument("--model-path", "--model", dest="model_path", required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--nccl-port", type=int, default=None)
     tp_aliases = ("--tp-size", "--tensor-parallel-size") if recorded is not None else ("--tp-size", "--tp")
     p.add_argument(*tp_aliases, dest="tp_size", type=int, default=1)
     p.add_argument("--mem-fraction-static", type=float, default=None)
@@ -175,7 +177,26 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def bind_nccl_port(args: LaunchArgs) -> socket.socket | None:
+    """Listen on --nccl-port as SGLang's torch.distributed store does, for the server's life: two
+    launches given one port fail as SGLang does (EADDRINUSE, before serving)."""
+    if args.nccl_port is None:
+        return None
+    store = socket.socket()
+    try:
+        store.bind((args.host, args.nccl_port))
+    except OSError:
+        store.close()
+        sglang_log("torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
+                   f"network address. port: {args.nccl_port}, useIpv6: false, code: -98, name: EADDRINUSE, "
+                   "message: address already in use", rank=False)  # fmt: skip
+        raise SystemExit(1) from None
+    store.listen()
+    return store
+
+
 async def _serve(cfg: SpecSimConfig, args: LaunchArgs, launch_index: int) -> None:
+    store = bind_nccl_port(args)
     startup_log(cfg, args)
     server = SGLangCompatServer(SpecSimBackend(cfg, args, launch_index), skip_tokenizer_init=args.skip_tokenizer_init)
     runner, url = await start_site(server, args.host, args.port)
@@ -190,6 +211,8 @@ async def _serve(cfg: SpecSimConfig, args: LaunchArgs, launch_index: int) -> Non
         await stop.wait()
     finally:
         await runner.cleanup()
+        if store is not None:
+            store.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -146,6 +146,7 @@ class LaunchArgs:
     dtype: str | None
     sleep_on_idle: bool
     random_seed: int | None
+    nccl_port: int | None = None  # bound for the server's life, as torch.distributed's store is
 
 
 def sglang_log(message: str, rank: bool = True) -> None:
