@@ -166,6 +166,15 @@ def test_emulated_gate_promotes_then_keeps_it_when_a_slower_draft_loses(trained,
         assert all(r["health_s"] > 0 and 0 < r["measure_s"] <= r["since_wave_start_s"] for r in rows)
         assert all((r["accept_length"] is None) == (r["config"] == "baseline") for r in rows)
         assert all(1.0 <= r["accept_length"] <= 3.0 for r in rows if r["accept_length"] is not None)
+        # per launch as the decision pools its launches: the pooled figure lies between them, per domain too
+        configs = {c["name"]: c for c in json.loads((run_root / "gate/report.json").read_text())["decision"]["configs"]}
+        for name, c in configs.items():
+            mine = [r for r in rows if r["config"] == name]
+            assert all(set(r["accept_length_per_domain"]) == set(c["accept_length_per_domain"]) for r in mine)
+            for domain, pooled in c["accept_length_per_domain"].items():
+                values = [r["accept_length_per_domain"][domain] for r in mine]
+                assert min(values) - 1e-9 <= pooled <= max(values) + 1e-9
+        assert configs["baseline"]["accept_length_per_domain"] == {} and len(configs) == 3
         assert len(list((run_root / "gate/server-logs").iterdir())) == launches
         assert f"gate: launch {launches}/{launches} " in log and "gate: benchmark: 3 configs x 2 repetitions" in log
 

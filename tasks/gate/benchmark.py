@@ -39,6 +39,7 @@ from tasks.gate.plan import (
     GateStopped,
     LaunchRecord,
     RequestRecord,
+    accept_length,
     launch_order,
 )
 from tasks.gate.progress import GateProgress
@@ -57,13 +58,6 @@ from tasks.gate.server_process import (
 
 PROBE_REPETITION = -2  # cost-probe requests: neither warm-up (-1) nor measured (>= 0)
 STUCK_DIAGNOSIS = "acceptance stuck at 1.0: check --speculative-algorithm EAGLE3 and the aux hidden states"
-
-
-def accept_length(completion_tokens: int, verify_ct: int, requests: int = 1) -> float | None:
-    """Tokens per verify step. The first token of each request comes from prefill, not from a
-    verify step, so it is left out: stuck acceptance reads exactly 1.0 whatever the length
-    (SGLang's own spec_accept_length, completion_tokens / spec_verify_ct, reads (n+1)/n)."""
-    return (completion_tokens - requests) / verify_ct if verify_ct > 0 else None
 
 
 def agreement(reference: list[int], ids: list[int]) -> tuple[bool, int | None]:

@@ -19,9 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from tasks.gate.benchmark import accept_length
 from tasks.gate.config import GateConfig
-from tasks.gate.plan import CANDIDATE, BenchConfig, BenchResult, RequestRecord, is_default_chain
+from tasks.gate.plan import (
+    CANDIDATE,
+    BenchConfig,
+    BenchResult,
+    RequestRecord,
+    is_default_chain,
+    pooled_accept_lengths,
+)
 
 
 @dataclass
@@ -157,15 +163,7 @@ def summarize(config: BenchConfig, result: BenchResult) -> ConfigSummary:
         s.rep_medians = [float(np.nanmedian(row)) for row in m if not np.all(np.isnan(row))]
         s.spread = (max(s.rep_medians) - min(s.rep_medians)) / s.median_tok_s
     ok = [r for r in records if r.error is None]
-    spec_ok = [r for r in ok if r.spec_verify_ct]
-    s.accept_length = accept_length(
-        sum(r.completion_tokens for r in spec_ok), sum(r.spec_verify_ct or 0 for r in spec_ok), len(spec_ok)
-    )
-    for domain in sorted({r.domain for r in spec_ok}):
-        mine = [r for r in spec_ok if r.domain == domain]
-        value = accept_length(sum(r.completion_tokens for r in mine), sum(r.spec_verify_ct or 0 for r in mine), len(mine))
-        if value is not None:
-            s.accept_length_per_domain[domain] = value
+    s.accept_length, s.accept_length_per_domain = pooled_accept_lengths(records)
     s.accept_per_position = _per_position(ok)
     compared = [r for r in ok if r.exact_match is not None]
     s.n_compared = len(compared)

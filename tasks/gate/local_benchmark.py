@@ -14,7 +14,7 @@ import hashlib
 import json
 from collections import Counter
 
-from tasks.gate.benchmark import BaselineOutputs, accept_length, check_acceptance, run_protocol
+from tasks.gate.benchmark import BaselineOutputs, check_acceptance, run_protocol
 from tasks.gate.config import GateConfig
 from tasks.gate.plan import (
     BenchConfig,
@@ -23,6 +23,7 @@ from tasks.gate.plan import (
     GateStopped,
     LaunchRecord,
     RequestRecord,
+    accept_length,
     is_default_chain,
 )
 from tasks.gate.spec_engine import DecodeResult, SpecEngine

@@ -164,6 +164,26 @@ class RequestRecord:
     error: str | None = None
 
 
+def accept_length(completion_tokens: int, verify_ct: int, requests: int = 1) -> float | None:
+    """Tokens per verify step. The first token of each request comes from prefill, not from a
+    verify step, so it is left out: stuck acceptance reads exactly 1.0 whatever the length
+    (SGLang's own spec_accept_length, completion_tokens / spec_verify_ct, reads (n+1)/n)."""
+    return (completion_tokens - requests) / verify_ct if verify_ct > 0 else None
+
+
+def pooled_accept_lengths(records: list[RequestRecord]) -> tuple[float | None, dict[str, float]]:
+    """Accept length over the successful speculative requests of `records`, overall and per
+    domain: what the decision reports for a config, and gate/progress.json for each launch as
+    it ends (a gate cut short keeps its per-domain figures)."""
+    spec_ok = [r for r in records if r.error is None and r.spec_verify_ct]
+
+    def pooled(rs: list[RequestRecord]) -> float | None:
+        return accept_length(sum(r.completion_tokens for r in rs), sum(r.spec_verify_ct or 0 for r in rs), len(rs))
+
+    per_domain = {d: pooled([r for r in spec_ok if r.domain == d]) for d in sorted({r.domain for r in spec_ok})}
+    return pooled(spec_ok), {d: v for d, v in per_domain.items() if v is not None}
+
+
 @dataclass
 class LaunchRecord:
     config: str

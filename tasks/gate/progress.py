@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tasks.gate.plan import LaunchRecord
+from tasks.gate.plan import LaunchRecord, pooled_accept_lengths
 from tasks.redaction import redact_text, redact_url
 from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import GATE_PROGRESS
@@ -47,11 +47,11 @@ def launch_figures(record: LaunchRecord) -> dict[str, Any]:
     """A finished launch's own numbers (the decision pools all launches of a config later)."""
     ok = [r for r in record.requests if r.error is None and r.latency_s > 0]
     tokens, seconds = sum(r.completion_tokens for r in ok), sum(r.latency_s for r in ok)
-    verifies = [r.spec_verify_ct for r in ok if r.spec_verify_ct]
+    overall, per_domain = pooled_accept_lengths(ok)
     return {
         "tok_s": tokens / seconds if seconds > 0 else None,
-        "accept_length": (sum(r.completion_tokens for r in ok if r.spec_verify_ct) / sum(verifies))
-        if verifies else None,  # fmt: skip
+        "accept_length": overall,  # as the decision pools it: each request's prefill token left out
+        "accept_length_per_domain": per_domain,
         "requests": len(record.requests),
         "failed_requests": len(record.requests) - len(ok),
     }
