@@ -91,16 +91,23 @@ def _bindable(host: str, port: int) -> bool:
     return True
 
 
+def _draw_port(rng: random.Random, host: str, low: int, high: int, taken: set[int] | None = None,
+               twin: int | None = None) -> int:  # fmt: skip
+    """A random port in [low, high] that binds now and is not in `taken`; with `twin`, port + twin too."""
+    taken = taken or set()
+    for _ in range(500):
+        port = rng.randint(low, high)
+        wanted = [port] if twin is None else [port, port + twin]
+        if all(p not in taken and _bindable(host, p) for p in wanted):
+            return port
+    raise OSError(f"no free port in {low}..{high} on {host}" + (f" ({len(taken)} taken by this gate)" if taken else ""))
+
+
 def free_port(host: str = "127.0.0.1", max_port: int = 65535 - GRPC_PORT_OFFSET, low: int = 20000) -> int:
     """A port that is free now, random in [low, max_port]. The default ceiling suits every
     pinned SGLang version: 0.5.14 also opens port + 10000 (gRPC) and refuses to start when that
     passes 65535."""
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randint(low, max_port)
-        if _bindable(host, port):
-            return port
-    raise OSError(f"no free port in {low}..{max_port} on {host}")
+    return _draw_port(random.Random(), host, low, max_port)
 
 
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
@@ -129,7 +136,7 @@ class PortPool:
 
     def __init__(self, host: str = "127.0.0.1", low: int = 20000, ephemeral: tuple[int, int] | None = None) -> None:
         self.host = host
-        below = (ephemeral or ephemeral_range())[0] - 1  # the highest port outside the ephemeral range, on its low side
+        below = (ephemeral or ephemeral_range())[0] - 1  # the highest port under the ephemeral range
         if below - low >= GRPC_PORT_OFFSET + 1000:  # room for HTTP ports whose gRPC port stays below too
             self.http, self.nccl = (low, below - GRPC_PORT_OFFSET), (low, below)
         else:  # an unusual range: any port the versions allow, checked free
@@ -137,15 +144,10 @@ class PortPool:
         self.taken: set[int] = set()
         self._rng = random.Random()
 
-    def _draw(self, span: tuple[int, int], also: int | None = None) -> int:
-        for _ in range(500):
-            port = self._rng.randint(*span)
-            wanted = [port] if also is None else [port, port + also]
-            if any(p in self.taken or not _bindable(self.host, p) for p in wanted):
-                continue
-            self.taken.update(wanted)
-            return port
-        raise OSError(f"no free port in {span[0]}..{span[1]} on {self.host} ({len(self.taken)} taken by this gate)")
+    def _draw(self, span: tuple[int, int], twin: int | None = None) -> int:
+        port = _draw_port(self._rng, self.host, *span, self.taken, twin)
+        self.taken.update([port] if twin is None else [port, port + twin])
+        return port
 
     def http_port(self) -> int:
         return self._draw(self.http, GRPC_PORT_OFFSET)
