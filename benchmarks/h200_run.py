@@ -21,7 +21,8 @@ The node has no network and takes at most 64 MiB per call, so the run goes in fo
    After the last part, `node start --budget S` launches the pipeline as a daemon (setsid: it
    outlives the call; S, the device seconds left, bounds SpecForge's training so that the gate
    keeps its time; `--skip scaling` / `--skip anchor` leave out the data-scaling drafts or
-   SpecForge's, for a run that repeats an earlier one for what that one could not measure) and
+   SpecForge's, `--skip sweep` the gate's num_steps sweep and topk point, for a run that repeats
+   an earlier one for what that one could not measure) and
    `node wait --timeout S` follows it; later calls run `node wait` until it is done.
    Every `node wait` leaves the results so far in $OUT (status.json, the logs' tails, and the
    run folder's reports in results.tar.gz).
@@ -124,6 +125,9 @@ LAST_STEPS_RESERVE_S = 560.0
 SKIPPABLE: dict[str, dict[tuple[str, str], Any]] = {
     "scaling": {("train", "scaling_fractions"): []},  # the data-scaling drafts (their training, their gate launches)
     "anchor": {},  # SpecForge's draft (its training beside ours, its gate launches)
+    # The num_steps sweep and the topk point: the gate decides on num_steps 3 alone, the scaling
+    # curve's config (seven launches instead of seventeen: run 6's gate ran out at the twelfth).
+    "sweep": {("gate", "num_steps"): [3], ("gate", "topk_points"): []},
 }
 
 

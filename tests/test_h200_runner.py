@@ -72,3 +72,26 @@ def test_skip_leaves_the_scaling_drafts_out_of_every_stage_and_the_helpers(
     params = yaml.safe_load((tmp_path / "params.yaml").read_text())
     assert params["train"]["scaling_fractions"] == []
     assert yaml.safe_load(h200_run.PROFILE.read_text())["train"]["scaling_fractions"]  # the profile keeps its own
+
+
+def test_skip_sweep_leaves_the_gate_num_steps_3_alone_and_the_profile_still_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`node start --skip sweep` (run 7): the gate decides on num_steps 3 alone, the scaling
+    curve's config, and the profile with those overrides validates (a bad override would only
+    show on the node, after generation and training)."""
+    import json
+    import sys
+
+    sys.path.insert(0, str(RUNNER.parents[1]))
+    from benchmarks import h200_run
+    from tasks.config import load_config
+
+    monkeypatch.setattr(h200_run, "NODE", tmp_path)
+    monkeypatch.setattr(h200_run, "EXTRA_SETS", [])
+    (tmp_path / "options.json").write_text(json.dumps({"skip": ["sweep", "anchor"]}))
+    pipeline = h200_run.Pipeline()
+    assert sorted(pipeline.sets) == ["gate.num_steps=[3]", "gate.topk_points=[]"]
+    gate = load_config(h200_run.PROFILE, overrides=pipeline.sets).gate
+    assert gate.num_steps == [3] and gate.topk_points == [] and gate.scaling_num_steps == 3
+    assert load_config(h200_run.PROFILE).gate.num_steps == [1, 2, 3, 4, 5]  # the profile keeps its own
