@@ -186,34 +186,23 @@ def sglang_log(message: str, rank: bool = True) -> None:
     print(f"[{stamp}{' TP0' if rank else ''}] {message}", file=sys.stderr, flush=True)
 
 
+@dataclass
 class SchedulerLog:
     """SGLang's `Prefill batch` (0.5.14's recorded wording) and `Decode batch` lines, the latter
     once per `decode_log_interval` decode steps with the window's accept length and throughput."""
 
-    def __init__(
-        self,
-        sglang_version: str,
-        *,
-        rank: bool,
-        decode_log_interval: int,
-        prefill_graph: bool,
-        decode_graph: bool,
-        speculation: Speculation | None,
-    ) -> None:
-        self.sglang_version = sglang_version
-        self.rank = rank  # whether lines carry " TP0" (0.5.14 on one GPU prints none)
-        self.decode_log_interval = decode_log_interval
-        self.prefill_graph = prefill_graph
-        self.decode_graph = decode_graph
-        self.speculation = speculation
-        self._forward_ct = 0
-        self._start_window()
-
-    def _start_window(self) -> None:
-        self._forward = 0
-        self._cycles = 0  # one per running request per decode step
-        self._tokens = 0
-        self._seconds = 0.0
+    sglang_version: str
+    rank: bool  # whether lines carry " TP0" (0.5.14 on one GPU prints none)
+    decode_log_interval: int
+    prefill_graph: bool
+    decode_graph: bool
+    speculation: Speculation | None
+    _forward_ct: int = 0
+    # The window since the last Decode batch line: verify cycles (one per running request per
+    # step), tokens and seconds.
+    _cycles: int = 0
+    _tokens: int = 0
+    _seconds: float = 0.0
 
     def prefill(self, new_tokens: list[int], running: int, queued: int, seconds: float) -> None:
         if self.sglang_version != "0.5.14":
@@ -228,7 +217,6 @@ class SchedulerLog:
 
     def decode(self, running: int, tokens: int, seconds: float, queued: int) -> None:
         self._forward_ct += 1
-        self._forward += 1
         self._cycles += running
         self._tokens += tokens
         self._seconds += seconds
@@ -244,7 +232,8 @@ class SchedulerLog:
         msg += f"cuda graph: {self.decode_graph}, "
         msg += f"gen throughput (token/s): {self._tokens / self._seconds if self._seconds else 0:.2f}, #queue-req: {queued}"
         sglang_log(msg + (", " if old else ""), self.rank)
-        self._start_window()
+        self._cycles = self._tokens = 0
+        self._seconds = 0.0
 
 
 # --- the simulator -----------------------------------------------------------------------------
@@ -293,12 +282,12 @@ class SimulatedBackend:
         self.model_path = model_path
         self.context_length = context_length
         self.max_running_requests = max_batch
-        self.vocab_size = vocab_size
-        self.times = times
+        self._vocab_size = vocab_size
+        self._times = times
         self._max_batch = max_batch
         self._outputs_follow_prompt = outputs_follow_prompt
         self._min_new_fraction = min_new_fraction
-        self.speculation = speculation
+        self._speculation = speculation
         self._log = log
         self._launch_factor = launch_factor
         self._request_jitter = request_jitter
@@ -318,20 +307,21 @@ class SimulatedBackend:
     def tokenize(self, text: str) -> list[int]:
         return list(text.encode())
 
-    def planned_output(self, item: BackendInput) -> BackendOutput:
+    def _planned_output(self, item: BackendInput) -> BackendOutput:
         """What `item` generates; a speculative launch told to disagree changes it from a token on."""
         key = prompt_key(item.input_ids) if self._outputs_follow_prompt else item.rid
         plan = plan_completion(key, item.sampling.max_new_tokens, item.ignore_eos, self._min_new_fraction)
-        out = simulated_output(key, plan, self.vocab_size)
-        spec = self.speculation
+        out = simulated_output(key, plan, self._vocab_size)
+        spec = self._speculation
         if spec is None or spec.disagree_from is None:
             return out
-        return _answer(_diverge(out.output_ids, spec.disagree_from, plan.finish, self.vocab_size), plan.finish)
+        return _answer(_diverge(out.output_ids, spec.disagree_from, plan.finish, self._vocab_size), plan.finish)
 
     async def generate(self, items: list[BackendInput]) -> list[BackendOutput]:
         self._requests += len(items)
-        outputs = [self.planned_output(i) for i in items]
-        if self.times.prefill_s == self.times.decode_s == 0 and self.speculation is None:
+        outputs = [self._planned_output(i) for i in items]
+        # Zero step times answer at once; a speculative answer still needs its verify cycles run.
+        if self._times.prefill_s == self._times.decode_s == 0 and self._speculation is None:
             self._tokens += sum(len(o.output_ids) for o in outputs)
             return outputs
         if self._stepper is None:
@@ -339,7 +329,7 @@ class SimulatedBackend:
             self._stepper = asyncio.create_task(self._step_forever())
         assert self._wake is not None
         loop = asyncio.get_running_loop()
-        hist_size = self.speculation.num_steps + 1 if self.speculation is not None else 0
+        hist_size = self._speculation.num_steps + 1 if self._speculation is not None else 0
         entries = [_Running(i, o, loop.create_future(), hist_size) for i, o in zip(items, outputs, strict=True)]
         self._waiting.extend(entries)
         self._max_waiting = max(self._max_waiting, len(self._waiting))
@@ -363,13 +353,13 @@ class SimulatedBackend:
 
     def _step_seconds(self, admitted: list[_Running]) -> tuple[float, float]:
         """(prefill part, decode part) of the next step; the step takes the longer."""
-        prefill = self.times.prefill_s if admitted else 0.0
+        prefill = self._times.prefill_s if admitted else 0.0
         if not self._running:
             decode = 0.0
-        elif self.speculation is not None:
-            decode = self.speculation.cycle_s(len(self._running))
+        elif self._speculation is not None:
+            decode = self._speculation.cycle_s(len(self._running))
         else:
-            decode = self.times.decode_s
+            decode = self._times.decode_s
         # The batch moves at its slowest request's pace.
         factor = self._launch_factor * max(e.factor for e in [*self._running, *admitted])
         return prefill * factor, decode * factor
@@ -417,8 +407,8 @@ class SimulatedBackend:
         total = 0
         for entry in self._running:
             tokens = 1
-            if self.speculation is not None:
-                accepted = min(self.speculation.accepted(self._rng), len(entry.output.output_ids) - entry.emitted - 1)
+            if self._speculation is not None:
+                accepted = min(self._speculation.accepted(self._rng), len(entry.output.output_ids) - entry.emitted - 1)
                 entry.hist[accepted] += 1
                 entry.verify_ct += 1
                 tokens += accepted
@@ -430,14 +420,14 @@ class SimulatedBackend:
         if entry.future.done():
             return
         out = entry.output
-        if self.speculation is not None:
-            out.meta_extra = self.speculation.meta_info(len(out.output_ids), entry.verify_ct, entry.hist)
+        if self._speculation is not None:
+            out.meta_extra = self._speculation.meta_info(len(out.output_ids), entry.verify_ct, entry.hist)
         entry.future.set_result(out)
 
     def stats(self) -> dict[str, Any]:
         return {
-            "prefill_s": self.times.prefill_s,
-            "decode_s": self.times.decode_s,
+            "prefill_s": self._times.prefill_s,
+            "decode_s": self._times.decode_s,
             "max_batch": self._max_batch,
             "requests": self._requests,
             "steps": self._steps,
