@@ -25,7 +25,7 @@ from tasks.gate.plan import (
 )
 from tasks.gate.server_process import EmulatedLauncher, ServerStartError
 from tasks.runfolder import RunFolder
-from tasks.standins.spec_sim import launch_speed_factor
+from tasks.standins.sim import launch_speed_factor
 from tests.gate_support import AUX_IDS, TARGET_CONFIG, commit_holdout, encode, write_draft
 
 FAST = {"prefill_s": 0.002, "baseline_step_s": 0.003, "verify_step_s": 0.0035, "draft_step_s": 0.0004,

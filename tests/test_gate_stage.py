@@ -27,7 +27,7 @@ from tests.slack_support import Receiver
 GATE = {"num_steps": [1, 2], "topk_points": [], "repetitions": 2, "num_prompts": 6, "max_new_tokens": 16,
         "warmup_requests": 1, "acceptance_floor": 1.0, "n_bootstrap": 300, "replay_sequences": 24,
         "cost_iters": 5, "health_timeout_s": 60, "health_poll_s": 0.05, "request_timeout_s": 30}  # fmt: skip
-# Emulated speeds (tasks.standins.spec_sim): a fast draft, and one whose cycles cost more
+# Emulated speeds (tasks.standins.spec_launch): a fast draft, and one whose cycles cost more
 # than the tokens they gain.
 FAST = {"prefill_s": 0.002, "baseline_step_s": 0.003, "verify_step_s": 0.0035, "draft_step_s": 0.0004,
         "accept_probs": [0.9, 0.85]}  # fmt: skip

@@ -46,7 +46,7 @@ class GateConfig(_Strict):
     )
     cuda_graphs: bool = Field(True, description="local engine on CUDA: capture verify/draft steps as graphs.")
     emulator: dict[str, Any] = Field(
-        default_factory=dict, description="emulated engine: SpecSimConfig fields (speed, acceptance)."
+        default_factory=dict, description="emulated engine: EmulatorConfig fields (speed, acceptance)."
     )
     replay_sequences: int = Field(
         256, ge=1, description="Held-out extracted sequences replayed offline (the cost model's input)."

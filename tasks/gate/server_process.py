@@ -59,7 +59,7 @@ class SGLangLauncher:
 class EmulatedLauncher:
     """CI and dry runs: the package's SGLang emulator, given exactly SGLang's arguments.
 
-    `sim` holds SpecSimConfig fields; each launch gets the next launch index, which seeds its
+    `sim` holds EmulatorConfig fields (tasks/standins/spec_launch.py); each launch gets the next launch index, which seeds its
     emulated speed factor (run-to-run spread)."""
 
     version: str

@@ -2,7 +2,7 @@
 
 The server (server.py) parses and validates SGLang's request format, then hands a batch of
 `BackendInput`s to a backend. Two backends exist: `ModelBackend` here (a local HF model through
-`LocalEngine`) and `SimulatedBackend` in sim.py (a continuous-batching timing model).
+`LocalEngine`) and `SimulatedBackend` in sim.py (the simulator, plain or speculative).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class BackendOutput:
     text: str
     finish_reason: dict[str, Any]  # SGLang's object: {"type": "stop", "matched": id} / "length"
     cached_tokens: int = 0
-    # Further meta_info fields, e.g. a speculative server's spec_verify_ct (spec_sim.py).
+    # Further meta_info fields, e.g. a speculative answer's spec_verify_ct (sim.py).
     meta_extra: dict[str, Any] = field(default_factory=dict)
 
 

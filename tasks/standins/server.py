@@ -4,7 +4,7 @@ model or a continuous-batching simulator, with runtime-switchable fault injectio
 Users dry-run a deployment against it (`eaglescale serve-sglang --simulate`); tests drive the
 `sglang` engine through it over real HTTP, on a background thread (`start_server_thread`) or
 in a child process (`ServerProcess`, which can be SIGKILLed like a crashed server).
-The handlers live in app.py, the backends in backends.py and sim.py.
+The handlers live in app.py, the backends in backends.py and sim.py (the simulator).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from tasks.standins.app import SERVER_VERSION, SGLangCompatServer
 from tasks.standins.backends import Backend, ModelBackend
 from tasks.standins.faults import FAULT_MODES, FAULT_SCOPES, FaultSpec, FaultSpecError
 from tasks.standins.router import RouterApp
-from tasks.standins.sim import SimulatedBackend
+from tasks.standins.sim import SimulatedBackend, StepTimes
 
 LISTENING_PREFIX = "listening on "
 
@@ -54,8 +54,9 @@ class ServerOptions:
             if self.context_length is not None:
                 model.context_length = min(model.context_length, self.context_length)
             return model
+        # Each step, prefill or decode, takes step_latency_s: a request of n tokens takes n steps.
         return SimulatedBackend(
-            step_latency_s=self.step_latency_s,
+            times=StepTimes(prefill_s=self.step_latency_s, decode_s=self.step_latency_s),
             max_batch=self.max_batch,
             context_length=self.context_length or 32768,
             vocab_size=self.vocab_size,

@@ -1,10 +1,27 @@
-"""`python -m tasks.standins.spec_launch [--sim-config-json J] SGLANG_ARGS`: the SGLang
-launch emulator's command line (see spec_sim.py for what it emulates).
+"""`python -m tasks.standins.spec_launch [--sim-config-json J] SGLANG_ARGS`: the SGLang launch
+emulator, the simulator (sim.py) started as SGLang is started.
 
-It parses SGLANG_ARGS as the pinned version's `sglang.launch_server` would (unknown flags exit 2;
-0.5.23 refuses --cuda-graph-max-bs; 0.5.14 takes exactly the flags of its recorded --help),
-applies SGLang's speculative-argument rules, logs the start-up (weights, CUDA-graph captures) in
-the version's wording and serves on --host/--port.
+The gate (tasks/gate/) launches `python -m sglang.launch_server ARGS` on GPU nodes; in CI and
+dry runs it launches this module with the same ARGS, so the launch-command builder, the health
+wait, the server-info check, the log parser and the benchmark protocol all run against a real
+process over real HTTP.
+
+What is emulated (field names and log formats read from SGLang's tokenizer manager, scheduler
+metrics mixin and EAGLE worker):
+- the CLI of the pinned version, parsed as its `sglang.launch_server` would (unknown flags exit
+  2): 0.5.4 takes --cuda-graph-max-bs / --disable-cuda-graph, 0.5.23 takes
+  --cuda-graph-max-bs-decode / --disable-decode-cuda-graph and rejects the old max-bs flag,
+  0.5.14 takes exactly the flags of its recorded --help; with topk=1 a draft-token count other
+  than steps+1 is silently adjusted, as SGLang does (a warning in the log, the adjusted value in
+  server info);
+- the start-up log in the version's wording (weights, CUDA-graph captures of the target and the
+  draft and draft-extend graphs) and the server args echoed in server info;
+- serving: the simulator keyed by prompt (baseline and speculative launches agree token for
+  token unless `disagree_from` is set), speculative with --speculative-algorithm, at a per-launch
+  and a per-request speed factor (the run-to-run spread), writing SGLang's scheduler log lines.
+Failure switches: `stuck_acceptance` (every draft rejected: the EAGLE-vs-EAGLE3 symptom),
+`disagree_from`, `never_healthy` (hangs in CUDA-graph capture; /health_generate never passes),
+`max_topk` (a tree config above it exits during start-up).
 """
 
 from __future__ import annotations
@@ -13,15 +30,95 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import socket
 import sys
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 from tasks.sglang.recorded_flags import recorded_flags
 from tasks.standins.app import SGLangCompatServer
+from tasks.standins.backends import BackendInput, BackendOutput
 from tasks.standins.server import start_site
-from tasks.standins.spec_sim import LaunchArgs, SpecSimBackend, SpecSimConfig, sglang_log
+from tasks.standins.sim import (
+    SchedulerLog,
+    SimulatedBackend,
+    Speculation,
+    StepTimes,
+    launch_speed_factor,
+    sglang_log,
+)
+
+EMULATED_VERSIONS = ("0.5.4", "0.5.14", "0.5.23")
+
+
+@dataclass
+class EmulatorConfig:
+    """The emulated server's speed, acceptance and failure switches (the gate's `emulator`)."""
+
+    sglang_version: str = "0.5.23"
+    prefill_s: float = 0.001
+    baseline_step_s: float = 0.002
+    verify_step_s: float = 0.0025
+    verify_token_s: float = 0.0  # added per draft token verified
+    draft_step_s: float = 0.0003
+    accept_probs: list[float] = field(default_factory=lambda: [0.8, 0.7, 0.6, 0.5, 0.4])
+    launch_jitter: float = 0.0  # stdev of the per-launch speed factor
+    request_jitter: float = 0.0  # stdev of the per-request speed factor
+    seed: int = 0
+    vocab_size: int = 32000
+    min_new_fraction: float = 0.5  # completions are at least this fraction of max_new_tokens
+    decode_log_interval: int = 8
+    disagree_from: int | None = None  # speculative outputs diverge from the baseline at this token
+    stuck_acceptance: bool = False
+    never_healthy: bool = False
+    # A launch with --speculative-eagle-topk above this exits during start-up, as a server whose
+    # attention backend has no tree-verify kernels would.
+    max_topk: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EmulatorConfig:
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"sim config: unknown field(s) {unknown}")
+        cfg = cls(**data)
+        if cfg.sglang_version not in EMULATED_VERSIONS:
+            raise ValueError(f"sim config: sglang_version {cfg.sglang_version!r} not in {EMULATED_VERSIONS}")
+        if not cfg.accept_probs or not all(0.0 <= p <= 1.0 for p in cfg.accept_probs):
+            raise ValueError(f"sim config: accept_probs must be probabilities, got {cfg.accept_probs}")
+        return cfg
+
+
+@dataclass
+class LaunchArgs:
+    """The subset of SGLang's server args the emulator reads (names as in ServerArgs)."""
+
+    model_path: str
+    host: str
+    port: int
+    tp_size: int
+    speculative_algorithm: str | None
+    speculative_draft_model_path: str | None
+    speculative_num_steps: int | None
+    speculative_eagle_topk: int | None
+    speculative_num_draft_tokens: int | None
+    cuda_graph_max_bs: int | None
+    disable_cuda_graph: bool
+    disable_prefill_cuda_graph: bool
+    max_running_requests: int | None
+    max_total_tokens: int | None
+    mem_fraction_static: float | None
+    context_length: int | None
+    skip_tokenizer_init: bool
+    attention_backend: str | None
+    sampling_backend: str | None
+    grammar_backend: str | None
+    dtype: str | None
+    sleep_on_idle: bool
+    random_seed: int | None
+    nccl_port: int | None = None  # bound for the server's life, as torch.distributed's store is
+
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 # The server settings the emulator reads (tasks/sglang/versions.py's ServerSettings; the gate's builder emits them).
@@ -143,7 +240,7 @@ def _rank(version: str, a: LaunchArgs) -> bool:
     return version != "0.5.14" or a.tp_size > 1
 
 
-def startup_log(cfg: SpecSimConfig, a: LaunchArgs) -> None:
+def startup_log(cfg: EmulatorConfig, a: LaunchArgs) -> None:
     version, rank = cfg.sglang_version, _rank(cfg.sglang_version, a)
     sglang_log(f"server_args=ServerArgs({', '.join(f'{k}={v!r}' for k, v in asdict(a).items())})", rank=False)
     if a.speculative_eagle_topk == 1 and a.speculative_num_draft_tokens != (a.speculative_num_steps or 0) + 1:
@@ -170,9 +267,89 @@ def startup_log(cfg: SpecSimConfig, a: LaunchArgs) -> None:
                f"context_len={a.context_length or 32768}", rank)  # fmt: skip
 
 
+class LaunchedSimulator(SimulatedBackend):
+    """The simulator as a launched SGLang server: it echoes its server args in server info, logs
+    cache flushes as SGLang does, and with `never_healthy` never finishes starting."""
+
+    def __init__(self, cfg: EmulatorConfig, args: LaunchArgs, launch_index: int = 0) -> None:
+        speculation = None
+        if args.speculative_algorithm is not None:
+            speculation = Speculation(
+                cfg.sglang_version,
+                num_steps=args.speculative_num_steps or 0,
+                topk=args.speculative_eagle_topk or 1,
+                num_draft_tokens=args.speculative_num_draft_tokens or 1,
+                accept_probs=cfg.accept_probs,
+                draft_step_s=cfg.draft_step_s,
+                verify_step_s=cfg.verify_step_s,
+                verify_token_s=cfg.verify_token_s,
+                stuck_acceptance=cfg.stuck_acceptance,
+                disagree_from=cfg.disagree_from,
+            )
+        log = SchedulerLog(
+            cfg.sglang_version,
+            rank=_rank(cfg.sglang_version, args),
+            decode_log_interval=cfg.decode_log_interval,
+            # 0.5.14's recorded EAGLE3 prefill ran without a graph.
+            prefill_graph=not (speculation is not None or args.disable_prefill_cuda_graph or args.disable_cuda_graph),
+            decode_graph=not args.disable_cuda_graph,
+            speculation=speculation,
+        )
+        super().__init__(
+            times=StepTimes(prefill_s=cfg.prefill_s, decode_s=cfg.baseline_step_s),
+            max_batch=args.max_running_requests or 1,
+            context_length=args.context_length or 32768,
+            vocab_size=cfg.vocab_size,
+            model_path=args.model_path,
+            outputs_follow_prompt=True,
+            min_new_fraction=cfg.min_new_fraction,
+            speculation=speculation,
+            log=log,
+            launch_factor=launch_speed_factor(cfg.seed, launch_index, cfg.launch_jitter),
+            request_jitter=cfg.request_jitter,
+            seed=f"requests:{cfg.seed}:{launch_index}",
+        )
+        self.cfg = cfg
+        self.args = args
+
+    def server_info_extra(self) -> dict[str, Any]:
+        a = self.args
+        old = self.cfg.sglang_version == "0.5.4"
+        return {
+            "version": self.cfg.sglang_version,
+            "model_path": a.model_path,
+            "tp_size": a.tp_size,
+            "speculative_algorithm": a.speculative_algorithm,
+            "speculative_draft_model_path": a.speculative_draft_model_path,
+            "speculative_num_steps": a.speculative_num_steps,
+            "speculative_eagle_topk": a.speculative_eagle_topk,
+            "speculative_num_draft_tokens": a.speculative_num_draft_tokens,
+            ("cuda_graph_max_bs" if old else "cuda_graph_max_bs_decode"): a.cuda_graph_max_bs,
+            ("disable_cuda_graph" if old else "disable_decode_cuda_graph"): a.disable_cuda_graph,
+            **({} if old else {"disable_prefill_cuda_graph": a.disable_prefill_cuda_graph}),
+            "skip_tokenizer_init": a.skip_tokenizer_init,
+            "attention_backend": a.attention_backend,
+            "sampling_backend": a.sampling_backend,
+            "grammar_backend": a.grammar_backend,
+            "dtype": a.dtype or "auto",
+            "sleep_on_idle": a.sleep_on_idle,
+            "max_total_tokens": a.max_total_tokens,
+            "random_seed": a.random_seed,
+            "eaglescale_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")},
+        }
+
+    async def generate(self, items: list[BackendInput]) -> list[BackendOutput]:
+        if self.cfg.never_healthy:
+            raise RuntimeError("the scheduler is still capturing CUDA graphs")
+        return await super().generate(items)
+
+    def flush_cache(self) -> None:
+        sglang_log("Cache flushed successfully!")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m tasks.standins.spec_sim", add_help=False, allow_abbrev=False)
-    p.add_argument("--sim-config-json", default="{}", help="SpecSimConfig fields as JSON")
+    p = argparse.ArgumentParser(prog="python -m tasks.standins.spec_launch", add_help=False, allow_abbrev=False)
+    p.add_argument("--sim-config-json", default="{}", help="EmulatorConfig fields as JSON")
     p.add_argument("--sim-launch-index", type=int, default=0, help="seeds this launch's speed factor")
     return p
 
@@ -195,10 +372,10 @@ def bind_nccl_port(args: LaunchArgs) -> socket.socket | None:
     return store
 
 
-async def _serve(cfg: SpecSimConfig, args: LaunchArgs, launch_index: int) -> None:
+async def _serve(cfg: EmulatorConfig, args: LaunchArgs, launch_index: int) -> None:
     store = bind_nccl_port(args)
     startup_log(cfg, args)
-    server = SGLangCompatServer(SpecSimBackend(cfg, args, launch_index), skip_tokenizer_init=args.skip_tokenizer_init)
+    server = SGLangCompatServer(LaunchedSimulator(cfg, args, launch_index), skip_tokenizer_init=args.skip_tokenizer_init)
     runner, url = await start_site(server, args.host, args.port)
     sglang_log(f"Uvicorn running on {url} (Press CTRL+C to quit)", rank=False)
     if not cfg.never_healthy:
@@ -218,7 +395,7 @@ async def _serve(cfg: SpecSimConfig, args: LaunchArgs, launch_index: int) -> Non
 def main(argv: list[str] | None = None) -> int:
     sim, rest = _parser().parse_known_args(argv)
     try:
-        cfg = SpecSimConfig.from_dict(json.loads(sim.sim_config_json))
+        cfg = EmulatorConfig.from_dict(json.loads(sim.sim_config_json))
     except (ValueError, TypeError) as e:
         print(f"spec_launch: {e}", file=sys.stderr, flush=True)
         return 2
