@@ -69,7 +69,7 @@ def decision_fields(summary: dict[str, Any]) -> dict[str, Any]:
 
 def contender_line(c: dict[str, Any]) -> str:
     """`name config: median tok/s, speedup [CI], accept length, exact match, vs incumbent`."""
-    if c.get("median_tok_s") is None:
+    if c.get("median_tok_s") is None or c.get("config") is None:
         return f"{c['name']}: not measured"
     parts = [f"{c['median_tok_s']:.1f} tok/s"]
     if c.get("speedup") is not None:
@@ -80,7 +80,9 @@ def contender_line(c: dict[str, Any]) -> str:
         parts.append(f"exact {c['exact_match_fraction']:.0%}")
     if c.get("vs_incumbent"):
         parts.append(f"vs incumbent {c['vs_incumbent'][0]:.3f}x")
-    return f"{c['name']} {c['config']}: " + ", ".join(parts) + ("" if c.get("eligible") else " (not eligible)")
+    # The incumbent's and challengers' config names already carry their contender's name.
+    label = c["config"] if str(c["config"]).startswith(f"{c['name']}:") else f"{c['name']} {c['config']}"
+    return f"{label}: " + ", ".join(parts) + ("" if c.get("eligible") else " (not eligible)")
 
 
 @flow(name="gate", on_failure=[slack_on_failure], on_crashed=[slack_on_failure])
