@@ -104,7 +104,7 @@ def find_incumbent(
     record = RunFolder(gate.registry_url, gate.registry_storage_options).read_json(POINTER)
     if not record:
         return [], None, None
-    draft_id, uri = record["draft_id"], record["uri"]
+    draft_id, uri = str(record.get("draft_id")), str(record.get("uri"))
 
     def out(reason: str) -> tuple[list[ExtraDraft], None, LeftOut]:
         log.warning("gate: the incumbent %s is not benchmarked: %s", draft_id, reason)
