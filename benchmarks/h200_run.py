@@ -636,7 +636,7 @@ class Pipeline:
             self.train()
             gate = ["gate.engine=emulated"] if REHEARSAL else []
             if (NODE / "specforge/draft/config.json").is_file():  # SpecForge's draft, beside ours
-                gate.append(f"gate.reference_drafts=[{{name: specforge, path: {NODE}/specforge/draft, num_steps: 3}}]")
+                gate.append(f"gate.challengers=[{{name: specforge, path: {NODE}/specforge/draft, num_steps: 3}}]")
             self.stage("gate", *gate)
             self.note("finished", "done")
             self.status["state"] = "done"

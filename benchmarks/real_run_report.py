@@ -47,6 +47,12 @@ class Results:
         return json.loads(path.read_text()) if path.is_file() else None
 
 
+
+def _specforge(config: str) -> bool:
+    """SpecForge's draft measured beside ours: `challenger-specforge:...` (gate.challengers), or
+    `ref-specforge:...` in the runs before gate.reference_drafts became gate.challengers."""
+    return config.startswith(("challenger-specforge:", "ref-specforge:"))
+
 def _config_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     keys = ("name", "role", "samples", "spec", "median_tok_s", "rep_medians", "spread", "speedup", "ci_low",
             "ci_high", "accept_length", "accept_length_per_domain", "accept_per_position",
@@ -255,7 +261,7 @@ def plot_measured_launches(measured: dict[str, Any], curve: list[dict[str, Any]]
     if curve:
         right.plot([p["samples"] for p in curve], [p["best"]["sim_accept_len"] for p in curve], marker="s",
                    linestyle=":", label="trainer's simulated (7 steps)")  # fmt: skip
-        ref = next((r for r in rows if r["config"] == "ref-specforge:eagle3-s3-k1-n4"), None)
+        ref = next((r for r in rows if _specforge(r["config"]) and r["config"].endswith(":eagle3-s3-k1-n4")), None)
         if ref and ref["accept_length"]:
             right.scatter([curve[-1]["samples"]], [ref["accept_length"]], marker="*", s=150, color="tab:red",
                           label="SpecForge 0.2.0's draft, same batches (measured, 3 steps)", zorder=3)  # fmt: skip
@@ -311,7 +317,7 @@ def build(results: Results) -> dict[str, Any]:
     by_name = {c["name"]: c for c in configs}
     base = by_name.get("baseline") or {}
     s3 = by_name.get("eagle3-s3-k1-n4") or {}
-    sf = next((c for c in configs if c["role"] == "reference" and c["name"].startswith("ref-specforge")), None)
+    sf = next((c for c in configs if _specforge(c["name"])), None)
     best = by_name.get((report or {}).get("summary", {}).get("best_config") or "") or {}
     preds = [r for r in (gate or {}).get("predicted_vs_measured", []) if r["error"] is not None]
     # A gate cut short before its decision: its finished launches are the evidence.
@@ -329,7 +335,7 @@ def build(results: Results) -> dict[str, Any]:
     if measured:
         rows = {r["config"]: r for r in measured["configs"]}
         s3 = {"accept_length": (rows.get("eagle3-s3-k1-n4") or {}).get("accept_length")}
-        ref = next((r for r in measured["configs"] if r["config"].startswith("ref-specforge")), None)
+        ref = next((r for r in measured["configs"] if _specforge(r["config"])), None)
         sf = ref and {"name": ref["config"], "accept_length": ref["accept_length"], "median_tok_s": ref["median_tok_s"]}
         fastest = measured["fastest_speculative"]
         # No decision (and no CI) here: not judged by this run; the newest run whose gate

@@ -51,12 +51,38 @@ def decision_fields(summary: dict[str, Any]) -> dict[str, Any]:
         "accept length": summary.get("accept_length"),
         "exact match": summary.get("exact_match_fraction"),
     }
+    inc = summary.get("incumbent")
+    if inc:
+        margin = (f"{inc['margin']:.3f}x [{inc['ci'][0]:.3f}, {inc['ci'][1]:.3f}]" if inc.get("margin") is not None
+                  else f"not measured: {inc.get('not_measured', 'no eligible config of the new draft')}")  # fmt: skip
+        fields["vs incumbent"] = f"{inc['draft_id']} ({inc.get('config')}): {margin}"
+    # Every draft at its best config, one line each: the side-by-side of the report, in short.
+    fields["contenders"] = "; ".join(contender_line(c) for c in summary.get("contenders") or []) or None
+    fields["left out"] = "; ".join(f"{x['name']}: {x['reason']}" for x in summary.get("left_out") or []) or None
     if summary.get("promoted"):
         fields["published"] = summary.get("uri")
     else:
         fields["kept"] = (summary.get("previous_draft") or {}).get("draft_id") or "none promoted yet"
         fields["why"] = "; ".join(summary.get("reasons") or [])
     return {k: v for k, v in fields.items() if v is not None}
+
+
+def contender_line(c: dict[str, Any]) -> str:
+    """`name config: median tok/s, speedup [CI], accept length, exact match, vs incumbent`."""
+    if c.get("median_tok_s") is None or c.get("config") is None:
+        return f"{c['name']}: not measured"
+    parts = [f"{c['median_tok_s']:.1f} tok/s"]
+    if c.get("speedup") is not None:
+        parts.append(f"{c['speedup']:.3f}x [{c['ci_low']:.3f}, {c['ci_high']:.3f}]")
+    if c.get("accept_length") is not None:
+        parts.append(f"accept {c['accept_length']:.2f}")
+    if c.get("exact_match_fraction") is not None:
+        parts.append(f"exact {c['exact_match_fraction']:.0%}")
+    if c.get("vs_incumbent"):
+        parts.append(f"vs incumbent {c['vs_incumbent'][0]:.3f}x")
+    # The incumbent's and challengers' config names already carry their contender's name.
+    label = c["config"] if str(c["config"]).startswith(f"{c['name']}:") else f"{c['name']} {c['config']}"
+    return f"{label}: " + ", ".join(parts) + ("" if c.get("eligible") else " (not eligible)")
 
 
 @flow(name="gate", on_failure=[slack_on_failure], on_crashed=[slack_on_failure])

@@ -491,7 +491,9 @@ _RESOLVED = "eaglescale_paths_resolved"  # validation context: load_config resol
 @dataclass(frozen=True)
 class PathKey:
     key: str  # dotted; `name[]` walks the items of a list
-    role: Literal["input", "output"]  # input: must exist before the run; output: a stage makes it
+    # input: must exist before the run; output: a stage makes it; optional: resolved, and a
+    # missing one is the stage's to report (a challenger that is not there is left out, not fatal)
+    role: Literal["input", "output", "optional"]
     what: str  # for messages
 
 
@@ -504,7 +506,7 @@ PATH_KEYS: tuple[PathKey, ...] = (
     PathKey("discover.sources[].path", "input", "source file, glob or folder"),
     PathKey("gate.registry_url", "output", "registry folder"),
     PathKey("gate.python", "input", "Python interpreter"),
-    PathKey("gate.reference_drafts[].path", "input", "reference draft folder"),
+    PathKey("gate.challengers[].path", "optional", "challenger draft folder"),
 )
 
 
@@ -523,7 +525,7 @@ class PathOrigin:
     """One path value as resolved: where it was written and what it was relative to."""
 
     key: str  # concrete key, e.g. discover.sources[1].path
-    role: Literal["input", "output"]
+    role: Literal["input", "output", "optional"]
     what: str
     value: str  # as resolved (absolute)
     given: str  # as written
@@ -702,7 +704,7 @@ def _input_problem(origin: PathOrigin) -> str | None:
                 f"{value!r} is no hub id in the local Hugging Face cache either"
             )
         return None
-    if origin.key == "target.model_path" or origin.key.startswith("gate.reference_drafts"):  # folders
+    if origin.key == "target.model_path":  # a folder
         return None if os.path.isdir(value) else f"no {origin.what} at {value}"
     if origin.key.startswith("discover.sources"):
         if any(ch in value for ch in _GLOB_CHARS):
@@ -719,7 +721,7 @@ def _needs_locally(config: EagleScaleConfig, key: str) -> bool:
         return "discover" in config.stages
     if key.startswith("gate."):
         gate_here = "gate" in config.stages and "gate" not in config.orchestration.stage_deployments
-        # The interpreter launches SGLang servers; reference drafts are read by every engine.
+        # The interpreter launches SGLang servers (the only gate input checked before the run).
         return gate_here and (key != "gate.python" or config.gate.engine == "sglang")
     return True  # the target: the parent reads its tokenizer for the fingerprint, every stage uses it
 

@@ -268,7 +268,7 @@ def test_missing_package_path_is_named(tmp_path):
     check_input_paths(load_config(params, ["stages=[train]"]))
 
 
-def test_reference_draft_paths_resolve_against_the_params_folder_and_must_exist_for_the_gate(tmp_path: Path) -> None:
+def test_challenger_paths_resolve_against_the_params_folder_and_a_missing_one_is_the_gates_to_report(tmp_path: Path) -> None:
     from tasks.config import ConfigError, check_input_paths, load_config
 
     model = tmp_path / "model"
@@ -277,11 +277,12 @@ def test_reference_draft_paths_resolve_against_the_params_folder_and_must_exist_
     params.parent.mkdir()
     params.write_text(
         f"run_root: run\nstages: [gate]\ntarget: {{model_path: {model}}}\n"
-        "gate: {engine: emulated, reference_drafts: [{name: public, path: ../drafts/public}]}\n"
+        "gate: {engine: emulated, challengers: [{name: public, path: ../drafts/public}, {name: s3, path: s3://b/d}]}\n"
     )
     cfg = load_config(params)
-    assert cfg.gate.reference_drafts[0].path == str(tmp_path / "drafts" / "public")
-    with pytest.raises(ConfigError, match=r"gate.reference_drafts\[0\].path: no reference draft folder at .*drafts/public .'../drafts/public' relative to the folder of the params file"):
-        check_input_paths(cfg)
-    (tmp_path / "drafts" / "public").mkdir(parents=True)
+    assert [c.path for c in cfg.gate.challengers] == [str(tmp_path / "drafts" / "public"), "s3://b/d"]
+    # Missing: not refused before the run; the gate reports the challenger and leaves it out.
     check_input_paths(cfg)
+    params.write_text(params.read_text().replace("challengers", "reference_drafts"))
+    with pytest.raises(ConfigError, match=r"gate.reference_drafts is now gate.challengers \(the same fields"):
+        load_config(params)

@@ -264,18 +264,19 @@ def test_a_speculative_config_that_cannot_start_is_reported_and_the_rest_go_on(t
     assert d.outcome == "promote" and d.best == "eagle3-s3-k1-n4"
 
 
-def test_reference_and_scaling_drafts_are_measured_beside_and_never_promoted(tmp_path: Path, run: RunFolder) -> None:
-    from tasks.gate.plan import REFERENCE, SCALING, ExtraDraft
+def test_challenger_and_scaling_drafts_are_measured_beside_and_never_promoted(tmp_path: Path, run: RunFolder) -> None:
+    from tasks.gate.plan import CHALLENGER, SCALING, ExtraDraft
 
     cfg = gate_cfg(repetitions=2, acceptance_floor=1.5)
-    extra = [ExtraDraft("ref-public", "/drafts/public", 3), ExtraDraft("scaling-100", "/drafts/s100", 3, role=SCALING, samples=100)]
+    extra = [ExtraDraft("challenger-public", "/drafts/public", 3),
+             ExtraDraft("scaling-100", "/drafts/s100", 3, role=SCALING, samples=100)]  # fmt: skip
     prompts = load_bench_prompts(run, cfg.num_prompts, cfg.prompt_seed, encode)
     configs = plan_configs(cfg, str(tmp_path / "draft"), extra)
     assert [(c.name, c.role, c.repetitions) for c in configs] == [
         ("baseline", "candidate", None), ("eagle3-s3-k1-n4", "candidate", None),
-        ("ref-public:eagle3-s3-k1-n4", REFERENCE, None), ("scaling-100:eagle3-s3-k1-n4", SCALING, 1),
+        ("challenger-public:eagle3-s3-k1-n4", CHALLENGER, None), ("scaling-100:eagle3-s3-k1-n4", SCALING, 1),
     ]  # fmt: skip
-    # Emulated acceptance below the floor: the candidate alone would stop the gate; a reference
+    # Emulated acceptance below the floor: the candidate alone would stop the gate; a challenger
     # or scaling draft is only measured. The scaling draft runs in repetition 0 only.
     runner = GateRunner(cfg, EmulatedLauncher(cfg.sglang_version, FAST), "/m", configs[:1] + configs[2:], prompts,
                         tmp_path / "logs")  # fmt: skip
@@ -283,8 +284,8 @@ def test_reference_and_scaling_drafts_are_measured_beside_and_never_promoted(tmp
     assert result.stopped is None
     assert [x.config for x in result.launches].count("scaling-100:eagle3-s3-k1-n4") == 1
     d = decide(result, cfg)
-    ref = d.config("ref-public:eagle3-s3-k1-n4")
-    assert ref is not None and ref.role == REFERENCE and ref.speedup is not None and ref.speedup > 1.3
+    ref = d.config("challenger-public:eagle3-s3-k1-n4")
+    assert ref is not None and ref.role == CHALLENGER and ref.speedup is not None and ref.speedup > 1.3
     assert d.best is None and d.outcome == "reject"  # only the candidate can be promoted
     scaling = d.config("scaling-100:eagle3-s3-k1-n4")
     assert scaling is not None and scaling.samples == 100 and set(scaling.accept_length_per_domain) == {"chat", "code"}

@@ -89,8 +89,13 @@ def test_a_faster_config_is_promoted_and_the_best_is_chosen() -> None:
     assert d.reasons[0].startswith("faster than the baseline beyond the spread: eagle3-s3-k1-n4: median 180")
     summary = d.summary()
     assert set(summary) == {"outcome", "best_config", "baseline_config", "baseline_median_tok_s", "best_median_tok_s",
-                            "speedup", "ci", "ci_level", "accept_length", "exact_match_fraction", "reasons"}  # fmt: skip
+                            "speedup", "ci", "ci_level", "accept_length", "exact_match_fraction", "reasons",
+                            "best_spec", "incumbent", "contenders", "left_out"}  # fmt: skip
     assert summary["ci"] == [d.ci_low, d.ci_high]
+    # What a later gate measures this draft at when it is the incumbent (gate.incumbent: evidence).
+    assert summary["best_spec"] == {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}
+    assert summary["incumbent"] is None and summary["left_out"] == []
+    assert [c["name"] for c in summary["contenders"]] == ["new draft"] and summary["contenders"][0]["config"] == s3.name
 
 
 def test_inside_the_noise_slower_and_disagreeing_are_rejected() -> None:
@@ -193,3 +198,65 @@ def test_report_redaction_is_word_wise() -> None:
     info = {"api_key": "sk-1", "tokenizer_path": "/t", "max_prefill_tokens": 8, "env": {"HF_TOKEN": "x"}}
     assert redact(info) == {"api_key": "[redacted]", "tokenizer_path": "/t", "max_prefill_tokens": 8,
                             "env": {"HF_TOKEN": "[redacted]"}}  # fmt: skip
+
+
+def contender_config(name: str, role: str, steps: int = 3) -> BenchConfig:
+    return BenchConfig(f"{name}:eagle3-s{steps}-k1-n{steps + 1}", SpecParams(f"/{name}", steps, 1, steps + 1),
+                       "default", role=role, draft=name)  # fmt: skip
+
+
+def test_the_new_draft_must_beat_the_incumbent_beyond_the_spread() -> None:
+    from tasks.gate.plan import CHALLENGER, INCUMBENT, Incumbent, LeftOut
+
+    inc = Incumbent("run-a-0123456789ab", "/registry/drafts/run-a-0123456789ab", "evidence")
+    new, old = spec_config(3), contender_config(INCUMBENT, INCUMBENT)
+    # Better than the baseline, worse than the incumbent: rejected, with both numbers.
+    result = result_with(BASE, new, old)
+    add_launches(result, BASE, [100, 103, 97])
+    add_launches(result, new, [150, 152, 149])
+    add_launches(result, old, [180, 177, 183])
+    d = decide(result, CFG, inc)
+    assert d.outcome == "reject" and d.best == new.name and d.ci_low > 1.0  # it does beat the baseline
+    assert d.reasons[0].startswith("faster than the baseline beyond the spread")
+    assert d.reasons[1].startswith("slower than the incumbent: eagle3-s3-k1-n4 median 150.5 tok/s vs the incumbent "
+                                   "run-a-0123456789ab's incumbent:eagle3-s3-k1-n4 180.0 tok/s: margin 0.8")  # fmt: skip
+    assert d.incumbent is not None and d.incumbent["beaten"] is False and d.incumbent["ci"][1] < 1.0
+    assert [(c.name, c.config) for c in d.contenders] == [("new draft", new.name), ("incumbent", old.name)]
+    assert d.contenders[0].vs_incumbent is not None and d.contenders[0].vs_incumbent[0] == d.incumbent["margin"]
+    assert d.contenders[1].vs_incumbent is None
+
+    # Inside the spread of the incumbent: still rejected (the CI of the margin includes 1.0).
+    result = result_with(BASE, new, old)
+    add_launches(result, BASE, [100, 103, 97])
+    add_launches(result, new, [150, 170, 160])
+    add_launches(result, old, [165, 150, 158])
+    d = decide(result, CFG, inc)
+    assert d.outcome == "reject" and d.reasons[1].startswith("not faster beyond the spread than the incumbent")
+    assert d.reasons[1].endswith("the CI includes 1.0")
+
+    # Better than both: promoted, the margin recorded; a faster challenger is reported, not promoted.
+    ch = contender_config("challenger-aq", CHALLENGER, 4)
+    result = result_with(BASE, new, old, ch)
+    add_launches(result, BASE, [100, 103, 97])
+    add_launches(result, new, [180, 177, 183])
+    add_launches(result, old, [140, 142, 139])
+    add_launches(result, ch, [230, 228, 233])
+    left = [LeftOut("challenger-bad", CHALLENGER, "/nowhere", "no draft folder at /nowhere")]
+    d = decide(result, CFG, inc, left)
+    assert d.outcome == "promote" and d.best == new.name
+    assert d.reasons[1].startswith("faster than the incumbent beyond the spread")
+    assert d.reasons[2].startswith("a challenger is faster: challenger-aq:eagle3-s4-k1-n5 median 230")
+    assert "beyond the spread" in d.reasons[2]
+    assert d.incumbent["beaten"] is True and 1.2 < d.incumbent["ci"][0] < d.incumbent["margin"]
+    assert d.summary()["left_out"] == [{"name": "challenger-bad", "role": CHALLENGER, "path": "/nowhere",
+                                        "reason": "no draft folder at /nowhere"}]  # fmt: skip
+    assert [c["name"] for c in d.summary()["contenders"]] == ["new draft", "incumbent", "challenger-aq"]
+
+    # An incumbent that gives no valid measurement: the baseline rule alone, and the decision says so.
+    result = result_with(BASE, new, old)
+    add_launches(result, BASE, [100, 103, 97])
+    add_launches(result, new, [150, 152, 149])
+    add_launches(result, old, [300, 300, 300], errors=2)
+    d = decide(result, CFG, inc)
+    assert d.outcome == "promote" and d.incumbent["not_measured"].startswith("incumbent:eagle3-s3-k1-n4: 6 of 18 requests failed")
+    assert d.reasons[1].startswith("the incumbent run-a-0123456789ab gave no valid measurement")

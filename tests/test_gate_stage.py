@@ -204,3 +204,86 @@ def test_the_progress_record_keeps_no_credentials(tmp_path: Path) -> None:
     assert "s3cret" not in text and data["launches"] == {"planned": 1, "done": 1, "failed": 1}
     assert data["message"] == "ServerStartError: http://***@10.0.0.1:30000 did not serve"
     assert data["finished"][0]["error"] == "not healthy: http://***@10.0.0.1:30000"
+
+
+def _emulate(run_root: Path, accept_probs: list[float]) -> None:
+    """Give the run's exported draft its emulated acceptance (tasks.gate.server_process: a draft's
+    config.json `eaglescale_emulator`); a new config.json makes it a new draft too."""
+    path = run_root / "train/final/config.json"
+    data = json.loads(path.read_text())
+    data["eaglescale_emulator"] = {"accept_probs": accept_probs}
+    path.write_text(json.dumps(data, indent=2))
+
+
+def test_the_new_draft_must_beat_the_incumbent_and_challengers_are_reported(trained, tmp_path: Path) -> None:
+    """Emulated acceptance per draft, chains of 3 (baseline 3 ms/token; a cycle 4.7 ms): the
+    incumbent at [0.8, 0.7, 0.6] (~1.7x), a worse new draft at [0.6, 0.5, 0.4] (~1.3x), a better
+    one at [0.98, 0.97, 0.96] (~2.4x)."""
+    from flows.gate import decision_fields
+    from tasks.gate.contenders import same_target
+
+    config, _ = trained
+    run_root = _copy_run(config, tmp_path / "run")
+    registry = tmp_path / "registry"
+    bad = tmp_path / "not-a-draft"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    challengers = [{"name": "missing", "path": str(tmp_path / "nowhere")}, {"name": "plain", "path": str(bad)}]
+    sizes = {"engine": "emulated", "emulator": FAST, "num_steps": [3], "max_new_tokens": 48, "registry_url": str(registry)}
+    cfg = _with_gate(config, run_root, **sizes, challengers=challengers)
+    run = RunFolder(str(run_root))
+
+    # No incumbent: today's rule. The challengers that cannot be measured are reported and left out.
+    _emulate(run_root, [0.8, 0.7, 0.6])
+    first = run_gate_stage(cfg, tmp_path / "work-1")
+    assert first.summary["promoted"] is True and first.decision.incumbent is None
+    pointer = json.loads((registry / POINTER).read_text())
+    incumbent_id = pointer["draft_id"]
+    assert pointer["replaced"] is None and pointer["evidence"]["best_spec"] == {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}
+    assert same_target(pointer["target"], run.read_json("run.json")["fingerprint"]["target"])
+    left = {x["name"]: x["reason"] for x in first.summary["left_out"]}
+    assert left["challenger-missing"] == f"gate.challengers missing ({tmp_path}/nowhere): no draft folder at {tmp_path}/nowhere"
+    assert left["challenger-plain"].startswith(f"gate.challengers plain ({bad}): preflight of {bad} failed")
+    assert "no model.safetensors" in left["challenger-plain"]
+    assert [c.name for c in first.decision.configs] == ["baseline", "eagle3-s3-k1-n4"]
+
+    # Better than the baseline, worse than the incumbent: rejected; the registry keeps the incumbent.
+    # A challenger (the incumbent's files, at its acceptance) is faster: reported, never promoted.
+    cfg = _with_gate(config, run_root, **sizes,
+                     challengers=[{"name": "aq", "path": str(registry / "drafts" / incumbent_id), "num_steps": 3}])  # fmt: skip
+    _emulate(run_root, [0.6, 0.5, 0.4])
+    second = run_gate_stage(cfg, tmp_path / "work-2")
+    d = second.decision
+    assert [c.name for c in d.configs] == ["baseline", "eagle3-s3-k1-n4", "incumbent:eagle3-s3-k1-n4",
+                                           "challenger-aq:eagle3-s3-k1-n4"]  # fmt: skip
+    assert second.summary["promoted"] is False and d.best == "eagle3-s3-k1-n4" and d.ci_low > 1.0  # beats the baseline
+    assert d.incumbent["draft_id"] == incumbent_id and d.incumbent["num_steps_from"] == "evidence"
+    assert d.incumbent["beaten"] is False and d.incumbent["ci"][1] < 1.0
+    assert any(r.startswith("slower than the incumbent: eagle3-s3-k1-n4") for r in d.reasons)
+    assert any(r.startswith("a challenger is faster: challenger-aq:eagle3-s3-k1-n4") for r in d.reasons)
+    assert json.loads((registry / POINTER).read_text())["draft_id"] == incumbent_id
+    md = (run_root / "gate/report.md").read_text()
+    assert f"Incumbent: `{incumbent_id}`" in md and "measured at its promotion's best config" in md
+    rows = {c.name: c for c in d.contenders}
+    assert set(rows) == {"new draft", "incumbent", "challenger-aq"}
+    assert rows["new draft"].vs_incumbent[2] < 1.0 and rows["incumbent"].vs_incumbent is None
+    for c in rows.values():  # side by side: each with its speed, acceptance and agreement
+        assert c.median_tok_s and c.ci_low and c.accept_length > 1.0 and c.exact_match_fraction == 1.0
+        assert len(c.accept_per_position or []) == 3
+        assert f"| {c.name} ({c.role}) | {c.config} | {c.median_tok_s:.1f} |" in md
+    fields = decision_fields(second.summary)
+    assert fields["vs incumbent"].startswith(f"{incumbent_id} (incumbent:eagle3-s3-k1-n4): 0.")
+    assert fields["contenders"].startswith("new draft eagle3-s3-k1-n4: ") and fields["kept"] == incumbent_id
+    assert "; incumbent:eagle3-s3-k1-n4: " in fields["contenders"] and "; challenger-aq:eagle3-s3-k1-n4: " in fields["contenders"]
+
+    # Better than both: it replaces the incumbent; the history records both promotions.
+    _emulate(run_root, [0.98, 0.97, 0.96])
+    third = run_gate_stage(cfg, tmp_path / "work-3")
+    assert third.summary["promoted"] is True, third.summary["message"]
+    pointer = json.loads((registry / POINTER).read_text())
+    assert pointer["draft_id"] == third.summary["draft_id"] != incumbent_id
+    assert pointer["previous"]["draft_id"] == incumbent_id
+    replaced = pointer["replaced"]
+    assert replaced["draft_id"] == incumbent_id and replaced["margin"] > replaced["ci"][0] > 1.0
+    history = sorted(json.loads(p.read_text())["draft_id"] for p in (registry / "history").iterdir())
+    assert history == sorted([incumbent_id, pointer["draft_id"]])

@@ -41,7 +41,9 @@ def test_promote_publishes_and_records_the_previous_draft(tmp_path: Path) -> Non
         assert sha(copied / name) == sha(draft1 / name)
     pointer = json.loads((registry / "promoted.json").read_text())
     assert pointer == json.loads(Path(run1.path("promoted.json")).read_text())
-    assert set(pointer) == {"draft_id", "uri", "files", "promoted_at", "run_root", "source", "evidence", "previous"}
+    assert set(pointer) == {"draft_id", "uri", "files", "promoted_at", "run_root", "source", "evidence", "previous",
+                            "target", "replaced"}  # fmt: skip
+    assert pointer["target"] is None and pointer["replaced"] is None  # no target given, no incumbent measured
     assert pointer["files"]["model.safetensors"]["sha256"] == sha(draft1 / "model.safetensors")
     assert pointer["evidence"]["speedup"] == 1.8 and pointer["evidence"]["outcome"] == "promote"
     assert len(list((registry / "history").iterdir())) == 1

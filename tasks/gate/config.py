@@ -22,12 +22,16 @@ class SpecPoint(_Strict):
     num_draft_tokens: int | None = Field(None, ge=2, description="Required when topk > 1.")
 
 
-class ReferenceDraft(_Strict):
+class Challenger(_Strict):
     """A draft from elsewhere (e.g. a public trainer's, on the same target) benchmarked beside
-    the run's own under the same protocol: reported with its speedup and CI, never promoted."""
+    the run's own under the same protocol: reported with its speedup, CI and margin, never
+    promoted. One that fails preflight (or is missing) is reported with the reason and left out."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="Short name used in the report's config names.")
-    path: str = Field(description="SGLang EAGLE3 draft folder the server can read.")
+    path: str = Field(
+        description="SGLang EAGLE3 draft folder: a local path, or an s3:// URL (copied to the node with "
+        "the run's storage_options before the launches)."
+    )
     num_steps: int = Field(3, ge=1)
     topk: int = Field(1, ge=1)
     num_draft_tokens: int | None = Field(None, ge=2, description="Required when topk > 1.")
@@ -91,8 +95,15 @@ class GateConfig(_Strict):
         "bounded KV pool per server (mem_fraction_static and server.max_total_tokens) and, to keep idle "
         "servers off the CPU, server.sleep_on_idle.",
     )
-    reference_drafts: list[ReferenceDraft] = Field(
-        default_factory=list, description="Drafts from elsewhere measured beside ours; never promoted."
+    challengers: list[Challenger] = Field(
+        default_factory=list,
+        description="Drafts from elsewhere measured beside ours; never promoted. The report says when one is faster.",
+    )
+    incumbent: Literal["evidence", "sweep", "off"] = Field(
+        "evidence",
+        description="The registry's promoted draft for the same target, benchmarked beside the new one: the new "
+        "draft must beat it beyond the spread too. evidence: at the config its promotion recorded as best; "
+        "sweep: at every config of num_steps and topk_points; off: not benchmarked (the baseline rule alone).",
     )
     scaling_num_steps: int = Field(
         3, ge=1, description="num_steps (topk 1) at which the train stage's data-scaling drafts are measured."
@@ -119,6 +130,13 @@ class GateConfig(_Strict):
     request_timeout_s: float = Field(600.0, gt=0)
     registry_url: str | None = Field(None, description="Where promoted drafts go: a path or s3:// URL.")
     registry_storage_options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "reference_drafts" in data:
+            raise ValueError("gate.reference_drafts is now gate.challengers (the same fields: name, path, num_steps, ...)")
+        return data
 
     @field_validator("sglang_version")
     @classmethod
@@ -151,6 +169,9 @@ class GateConfig(_Strict):
                 f"gate.concurrent_servers {self.concurrent_servers} with gate.engine sglang needs "
                 "gate.mem_fraction_static and gate.server.max_total_tokens (a bounded KV pool per server)"
             )
-        if self.reference_drafts and self.engine == "local":
-            raise ValueError("gate.reference_drafts are measured on SGLang servers; gate.engine is local")
+        if self.challengers and self.engine == "local":
+            raise ValueError("gate.challengers are measured on SGLang servers; gate.engine is local")
+        names = [c.name for c in self.challengers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"gate.challengers repeat a name: {names}")
         return self

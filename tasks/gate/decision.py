@@ -1,11 +1,16 @@
 """Promote or reject, with the numbers behind it (DESIGN §6).
 
-Rule: the best eligible speculative config (highest median tok/s) is promoted only if its
-median beats the best baseline's median by more than the run-to-run spread, i.e. the
-bootstrap CI of the speedup lies above 1.0, the point speedup reaches `min_speedup`, and its
-outputs agree with the baseline's. Eligible: no failed request, outputs equal to the
-baseline's for at least `min_exact_match` of the requests, accept length at or above the
-floor, CUDA graphs captured and used (when required), server info echoing the launch.
+Rule: the best eligible speculative config of the run's draft (highest median tok/s) is
+promoted only if its median beats the best baseline's median by more than the run-to-run
+spread, i.e. the bootstrap CI of the speedup lies above 1.0, the point speedup reaches
+`min_speedup`, and its outputs agree with the baseline's; and, when the registry holds a
+promoted draft for the same target (the incumbent, benchmarked beside it), its median beats
+the incumbent's best eligible config beyond the spread too (the CI of the ratio of the two
+medians lies above 1.0). Eligible: no failed request, outputs equal to the baseline's for at
+least `min_exact_match` of the requests, accept length at or above the floor, CUDA graphs
+captured and used (when required), server info echoing the launch. An incumbent that gives no
+valid measurement leaves the baseline rule alone, and the decision says so. Challengers are
+measured and compared, never promoted: one faster than the run's draft is reported.
 
 Bootstrap: each resample draws prompts with replacement (the same prompts for both sides:
 the comparison is paired by prompt) and, independently for each side, repetitions (fresh
@@ -14,6 +19,7 @@ launches) with replacement, then takes the ratio of the medians of per-request t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -22,8 +28,13 @@ import numpy as np
 from tasks.gate.config import GateConfig
 from tasks.gate.plan import (
     CANDIDATE,
+    CHALLENGER,
+    INCUMBENT,
+    NEW_DRAFT,
     BenchConfig,
     BenchResult,
+    Incumbent,
+    LeftOut,
     RequestRecord,
     is_default_chain,
     pooled_accept_lengths,
@@ -37,8 +48,9 @@ class ConfigSummary:
     baseline: bool
     spec: dict[str, Any] | None
     notes: list[str]
-    role: str = CANDIDATE  # tasks.gate.plan: candidate | reference | scaling
+    role: str = CANDIDATE  # tasks.gate.plan: candidate | incumbent | challenger | scaling
     samples: int | None = None  # scaling drafts: their training sequences
+    draft: str = NEW_DRAFT  # the contender whose draft it runs
     n_requests: int = 0
     n_errors: int = 0
     median_tok_s: float | None = None
@@ -65,6 +77,28 @@ class ConfigSummary:
 
 
 @dataclass
+class Contender:
+    """One draft at its best config, beside the others (the report's contenders table): its best
+    eligible config, or its fastest measured one when none is eligible."""
+
+    name: str  # NEW_DRAFT, INCUMBENT or a challenger's name
+    role: str
+    config: str | None
+    eligible: bool = False
+    median_tok_s: float | None = None
+    speedup: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    accept_length: float | None = None
+    accept_per_position: list[float] | None = None
+    exact_match_fraction: float | None = None
+    # Its median over the incumbent's best median, with the CI (paired by prompt); None for the
+    # incumbent itself, and without an incumbent measured.
+    vs_incumbent: list[float] | None = None
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
 class GateDecision:
     outcome: str  # "promote" | "reject" | "stopped"
     best: str | None
@@ -76,6 +110,12 @@ class GateDecision:
     reasons: list[str]
     configs: list[ConfigSummary]
     thresholds: dict[str, Any]
+    contenders: list[Contender] = field(default_factory=list)
+    # The registry's promoted draft for this target, as measured: draft_id, uri, num_steps_from,
+    # its best config and median, and the new draft's margin over it (with the CI) and whether
+    # that margin is beyond the spread; "not_measured" says why when it gave no valid number.
+    incumbent: dict[str, Any] | None = None
+    left_out: list[dict[str, str]] = field(default_factory=list)  # LeftOut records
 
     @property
     def promote(self) -> bool:
@@ -101,6 +141,13 @@ class GateDecision:
             "ci_level": self.ci_level,
             "accept_length": best.accept_length if best else None,
             "exact_match_fraction": best.exact_match_fraction if best else None,
+            # What a later gate benchmarks this draft at when it is the incumbent (gate.incumbent: evidence).
+            "best_spec": {k: best.spec[k] for k in ("num_steps", "topk", "num_draft_tokens")} if best and best.spec else None,
+            "incumbent": self.incumbent,
+            "contenders": [
+                {k: v for k, v in asdict(c).items() if k not in ("accept_per_position", "reasons")} for c in self.contenders
+            ],
+            "left_out": list(self.left_out),
             "reasons": list(self.reasons),
         }
 
@@ -152,7 +199,7 @@ def summarize(config: BenchConfig, result: BenchResult) -> ConfigSummary:
     launches = [x for x in result.launches if x.config == config.name]
     s = ConfigSummary(config.name, config.env_name, config.is_baseline,
                       asdict(config.spec) if config.spec else None, list(config.notes),
-                      config.role, config.samples)  # fmt: skip
+                      config.role, config.samples, config.draft)  # fmt: skip
     s.n_requests, s.n_errors = len(records), sum(1 for r in records if r.error)
     s.graph_problems = sorted({p for x in launches for p in x.graph_problems})
     s.info_problems = sorted({p for x in launches for p in x.info_problems})
@@ -214,12 +261,101 @@ def _speed_verdict(s: ConfigSummary, cfg: GateConfig, versus: str) -> tuple[bool
     return True, f"faster than the baseline beyond the spread: {_fmt(s, cfg.ci_level)} {versus}"
 
 
-def decide(result: BenchResult, cfg: GateConfig) -> GateDecision:
+def _best_of(summaries: list[ConfigSummary], draft: str) -> ConfigSummary | None:
+    """A contender's best config: its eligible one of the highest median with a speedup."""
+    eligible = [s for s in summaries if s.draft == draft and not s.baseline and s.eligible and s.speedup is not None]
+    return max(eligible, key=lambda s: s.median_tok_s or 0.0) if eligible else None
+
+
+def _ratio(result: BenchResult, cfg: GateConfig, num: ConfigSummary, den: ConfigSummary) -> tuple[float, float, float] | None:
+    """median(num) / median(den) with its bootstrap CI, paired by prompt as the speedup is."""
+    n = len(result.prompts)
+    return bootstrap_speedup(tok_s_matrix(result.records(den.name), n), tok_s_matrix(result.records(num.name), n),
+                             cfg.n_bootstrap, cfg.ci_level, cfg.bootstrap_seed)  # fmt: skip
+
+
+def _margin(r: tuple[float, float, float], level: float) -> str:
+    return f"{r[0]:.3f}x ({level:.0%} CI {r[1]:.3f}-{r[2]:.3f})"
+
+
+def _contenders(summaries: list[ConfigSummary], result: BenchResult, cfg: GateConfig) -> list[Contender]:
+    """The run's draft, the incumbent and each challenger at its best config, with its margin
+    over the incumbent's best."""
+    names = dict.fromkeys(s.draft for s in summaries if not s.baseline and s.role in (CANDIDATE, INCUMBENT, CHALLENGER))
+    inc = _best_of(summaries, INCUMBENT)
+    out = []
+    for name in names:
+        mine = [s for s in summaries if s.draft == name and not s.baseline]
+        measured = [s for s in mine if s.median_tok_s is not None]
+        best = _best_of(summaries, name) or (max(measured, key=lambda s: s.median_tok_s or 0.0) if measured else None)
+        c = Contender(name, mine[0].role, best.name if best else None)
+        if best is None:
+            c.reasons = sorted({r for s in mine for r in s.reasons}) or ["not measured"]
+        else:
+            c.eligible, c.reasons = best.eligible, list(best.reasons)
+            for k in ("median_tok_s", "speedup", "ci_low", "ci_high", "accept_length", "accept_per_position",
+                      "exact_match_fraction"):  # fmt: skip
+                setattr(c, k, getattr(best, k))
+            if inc is not None and name != INCUMBENT and (r := _ratio(result, cfg, best, inc)) is not None:
+                c.vs_incumbent = list(r)
+        out.append(c)
+    return out
+
+
+def _against_incumbent(
+    decision: GateDecision, summaries: list[ConfigSummary], result: BenchResult, cfg: GateConfig,
+    incumbent: Incumbent, best: ConfigSummary | None, wins: bool,
+) -> str | None:  # fmt: skip
+    """Record the incumbent's numbers and the new draft's margin over it in the decision; turn a
+    win over the baseline into a reject when the margin is not beyond the spread. Returns the
+    sentence for the decision's reasons."""
+    inc = _best_of(summaries, INCUMBENT)
+    record: dict[str, Any] = {"draft_id": incumbent.draft_id, "uri": incumbent.uri,
+                              "num_steps_from": incumbent.num_steps_from, "config": inc.name if inc else None,
+                              "median_tok_s": inc.median_tok_s if inc else None}  # fmt: skip
+    decision.incumbent = record
+    if inc is None:
+        why = "; ".join(f"{s.name}: {'; '.join(s.reasons)}" for s in summaries if s.draft == INCUMBENT and not s.baseline)
+        record["not_measured"] = why or "no config measured"
+        return f"the incumbent {incumbent.draft_id} gave no valid measurement ({record['not_measured']}): judged against the baseline alone"
+    if best is None or (r := _ratio(result, cfg, best, inc)) is None:
+        return None
+    record.update(margin=r[0], ci=[r[1], r[2]], beaten=r[1] > 1.0)
+    versus = (f"{best.name} median {best.median_tok_s:.1f} tok/s vs the incumbent {incumbent.draft_id}'s "
+              f"{inc.name} {inc.median_tok_s:.1f} tok/s: margin {_margin(r, cfg.ci_level)}")  # fmt: skip
+    if r[1] > 1.0:
+        return f"faster than the incumbent beyond the spread: {versus}"
+    if wins:
+        decision.outcome = "reject"
+    where = "slower than" if r[2] < 1.0 else "not faster beyond the spread than"
+    return f"{where} the incumbent: {versus}" + ("" if r[2] < 1.0 else "; the CI includes 1.0")
+
+
+def _challengers_faster(summaries: list[ConfigSummary], result: BenchResult, cfg: GateConfig, best: ConfigSummary) -> list[str]:
+    """A sentence for each challenger whose best median tops the new draft's: reported, never
+    promoted in its place."""
+    lines = []
+    for name in dict.fromkeys(s.draft for s in summaries if s.role == CHALLENGER):
+        ch = _best_of(summaries, name)
+        if ch is None or (ch.median_tok_s or 0.0) <= (best.median_tok_s or 0.0) or (r := _ratio(result, cfg, ch, best)) is None:
+            continue
+        spread = "beyond the spread" if r[1] > 1.0 else "within the spread: the CI includes 1.0"
+        lines.append(f"a challenger is faster: {ch.name} median {ch.median_tok_s:.1f} tok/s, {_margin(r, cfg.ci_level)} "
+                     f"the new draft's best {best.name} ({spread}); it is never promoted in its place")  # fmt: skip
+    return lines
+
+
+def decide(
+    result: BenchResult, cfg: GateConfig, incumbent: Incumbent | None = None, left_out: Sequence[LeftOut] = ()
+) -> GateDecision:
+    """The decision over a benchmark. `incumbent`: the registry's draft for this target when the
+    benchmark measured it (its configs have role INCUMBENT); `left_out`: contenders not measured."""
     summaries = [summarize(c, result) for c in result.configs]
     thresholds = {k: getattr(cfg, k) for k in ("min_speedup", "ci_level", "n_bootstrap", "bootstrap_seed",
                                               "acceptance_floor", "min_exact_match", "require_cuda_graphs",
                                               "repetitions")}  # fmt: skip
     decision = GateDecision("reject", None, None, None, None, None, cfg.ci_level, [], summaries, thresholds)
+    decision.left_out = [asdict(x) for x in left_out]
     for s in summaries:
         s.reasons = _eligibility(s, cfg)
         s.eligible = not s.reasons
@@ -241,10 +377,11 @@ def decide(result: BenchResult, cfg: GateConfig) -> GateDecision:
         ci = bootstrap_speedup(base_m, spec_m, cfg.n_bootstrap, cfg.ci_level, cfg.bootstrap_seed)
         if ci is not None:
             s.speedup, s.ci_low, s.ci_high = ci
-    # Only the run's own draft can be promoted; references and scaling drafts are measured beside it.
-    eligible = [s for s in summaries if s.role == CANDIDATE and not s.baseline and s.eligible and s.speedup is not None]
+    decision.contenders = _contenders(summaries, result, cfg)
+    # Only the run's own draft can be promoted; the incumbent, challengers and scaling drafts are measured beside it.
+    best = _best_of(summaries, NEW_DRAFT)
     versus = f"vs {ref.name} median {ref.median_tok_s:.1f} tok/s"
-    if not eligible:
+    if best is None:
         decision.reasons = ["no speculative config is eligible"] + [
             f"{s.name}: {'; '.join(s.reasons)}" for s in summaries if not s.baseline and s.role == CANDIDATE
         ]
@@ -254,8 +391,9 @@ def decide(result: BenchResult, cfg: GateConfig) -> GateDecision:
         if measured:
             fastest = max(measured, key=lambda s: s.median_tok_s or 0.0)
             decision.reasons.append(f"fastest measured (not eligible): {_speed_verdict(fastest, cfg, versus)[1]}")
+        if incumbent is not None:
+            _against_incumbent(decision, summaries, result, cfg, incumbent, None, False)
         return decision
-    best = max(eligible, key=lambda s: s.median_tok_s or 0.0)
     assert best.speedup is not None and best.ci_low is not None and best.ci_high is not None
     decision.best, decision.speedup, decision.ci_low, decision.ci_high = best.name, best.speedup, best.ci_low, best.ci_high
     wins, reason = _speed_verdict(best, cfg, versus)
@@ -263,4 +401,7 @@ def decide(result: BenchResult, cfg: GateConfig) -> GateDecision:
         decision.outcome = "promote"
         reason += f"; accept length {best.accept_length:.2f}; outputs exact for {best.exact_match_fraction:.0%} of requests"
     decision.reasons = [reason]
+    if incumbent is not None and (line := _against_incumbent(decision, summaries, result, cfg, incumbent, best, wins)):
+        decision.reasons.append(line)
+    decision.reasons += _challengers_faster(summaries, result, cfg, best)
     return decision

@@ -68,9 +68,11 @@ def encoder_for_target(model_path: str, chat_template: str | None = None) -> Enc
 
 
 # What a speculative config benchmarks: the run's own draft (the only one that can be promoted),
-# a draft from elsewhere measured beside it (e.g. a public trainer's), or one of the train
-# stage's data-scaling drafts (measured once, for the curve).
-CANDIDATE, REFERENCE, SCALING = "candidate", "reference", "scaling"
+# the registry's promoted draft for the same target (which the run's must beat), a draft from
+# elsewhere measured beside it (e.g. a public trainer's), or one of the train stage's
+# data-scaling drafts (measured once, for the curve).
+CANDIDATE, INCUMBENT, CHALLENGER, SCALING = "candidate", "incumbent", "challenger", "scaling"
+NEW_DRAFT = "new draft"  # the contender name of the run's own draft in reports
 DEFAULT_ENV = "default"  # the environment name when gate.nccl_env_sweep has one entry
 
 
@@ -90,6 +92,7 @@ class BenchConfig:
     role: str = CANDIDATE
     repetitions: int | None = None  # launches of this config; None: the gate's repetitions
     samples: int | None = None  # scaling drafts: training sequences
+    draft: str = NEW_DRAFT  # the contender whose draft it runs (an ExtraDraft's name)
 
     @property
     def is_baseline(self) -> bool:
@@ -98,15 +101,37 @@ class BenchConfig:
 
 @dataclass(frozen=True)
 class ExtraDraft:
-    """A draft benchmarked beside the candidate at one config: a reference or a scaling draft."""
+    """A draft benchmarked beside the candidate at one config: the incumbent, a challenger or a
+    scaling draft."""
 
     name: str
     path: str
     num_steps: int
     topk: int = 1
     num_draft_tokens: int | None = None
-    role: str = REFERENCE
+    role: str = CHALLENGER
     samples: int | None = None
+
+
+@dataclass(frozen=True)
+class Incumbent:
+    """The registry's promoted draft for this target, as the gate benchmarks it."""
+
+    draft_id: str
+    uri: str
+    num_steps_from: str  # "evidence" (its promotion's best config) or "sweep" (the gate's configs)
+    record: dict[str, Any] = field(default_factory=dict, compare=False)  # its promoted.json record
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    """A contender that was not benchmarked, and why (a challenger that fails preflight, an
+    incumbent for another target): reported, never fatal."""
+
+    name: str
+    role: str
+    path: str
+    reason: str
 
 
 def plan_configs(cfg: GateConfig, draft_dir: str, extra: list[ExtraDraft] | None = None) -> list[BenchConfig]:
@@ -124,7 +149,7 @@ def plan_configs(cfg: GateConfig, draft_dir: str, extra: list[ExtraDraft] | None
         configs += [BenchConfig(f"{s.label}{suffix}", s, env_name, dict(env), tuple(n)) for s, n in specs]
         configs += [
             BenchConfig(f"{d.name}:{s.label}{suffix}", s, env_name, dict(env), tuple(n), role=d.role,
-                        repetitions=1 if d.role == SCALING else None, samples=d.samples)
+                        repetitions=1 if d.role == SCALING else None, samples=d.samples, draft=d.name)
             for d, (s, n) in others
         ]  # fmt: skip
     return configs

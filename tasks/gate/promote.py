@@ -8,7 +8,9 @@ Registry layout (any fsspec URL: a local folder or s3://bucket/prefix):
                                              sees a pointer to a half-copied folder
 
 The same record goes to <run_root>/promoted.json. draft_id = <run name>-<content hash>, so
-promoting the same draft twice copies nothing twice.
+promoting the same draft twice copies nothing twice. A record names its target (the run's
+target identity, run.json's): a later gate benchmarks it as the incumbent only for the same
+target. `replaced` says which incumbent the gate measured it against and by what margin.
 """
 
 from __future__ import annotations
@@ -95,6 +97,13 @@ def _pointer_summary(record: dict[str, Any] | None) -> dict[str, Any] | None:
     return {k: record.get(k) for k in ("draft_id", "uri", "promoted_at", "run_root")}
 
 
+def _replaced(incumbent: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The incumbent this promotion beat, with the margin (None: no incumbent was measured)."""
+    if not incumbent or incumbent.get("margin") is None:
+        return None
+    return {k: incumbent.get(k) for k in ("draft_id", "uri", "config", "median_tok_s", "margin", "ci", "num_steps_from")}
+
+
 def promote(
     run: RunFolder,
     decision: GateDecision,
@@ -103,8 +112,10 @@ def promote(
     *,
     registry_storage_options: dict[str, Any] | None = None,
     draft_storage_options: dict[str, Any] | None = None,
+    target: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Publish on "promote"; otherwise keep the previous draft. Returns the summary for Slack."""
+    """Publish on "promote"; otherwise keep the previous draft. Returns the summary for Slack.
+    `target`: the target identity the draft was trained for, recorded for later gates."""
     registry = RunFolder(registry_url, registry_storage_options) if registry_url else None
     previous = registry.read_json(POINTER) if registry else run.read_json(POINTER)
     summary: dict[str, Any] = {**decision.summary(), "registry": registry.url if registry else None}
@@ -133,6 +144,8 @@ def promote(
         "source": draft_dir,
         "evidence": decision.summary(),
         "previous": prev,
+        "target": target,
+        "replaced": _replaced(decision.incumbent),
     }
     if registry is not None:
         publish_draft(draft_dir, registry, draft_id, files, draft_storage_options)
@@ -140,6 +153,6 @@ def promote(
         registry.write_json_atomic(POINTER, record)
     run.write_json_atomic(POINTER, record)
     where = record["uri"] if registry else f"{draft_dir} (no registry configured: published nowhere else)"
-    summary.update(promoted=True, draft_id=draft_id, uri=record["uri"], previous_draft=prev)
+    summary.update(promoted=True, draft_id=draft_id, uri=record["uri"], previous_draft=prev, replaced=record["replaced"])
     summary["message"] = f"promoted {draft_id} to {where}: " + "; ".join(decision.reasons)
     return summary

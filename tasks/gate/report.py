@@ -26,6 +26,44 @@ def _ci(s: ConfigSummary) -> str:
     return f"{s.speedup:.3f}x [{_num(s.ci_low, '.3f')}, {_num(s.ci_high, '.3f')}]"
 
 
+def _margin(m: list[float] | None) -> str:
+    return "-" if m is None else f"{m[0]:.3f}x [{m[1]:.3f}, {m[2]:.3f}]"
+
+
+def contenders_markdown(decision: GateDecision, cfg: GateConfig) -> list[str]:
+    """Every draft at its best config side by side, the baseline first; the incumbent and the
+    contenders left out, with why."""
+    if not decision.contenders and not decision.left_out and not decision.incumbent:
+        return []
+    lines = ["## Contenders", ""]
+    inc = decision.incumbent
+    if inc:
+        source = "its promotion's best config" if inc["num_steps_from"] == "evidence" else f"re-swept ({inc['num_steps_from']})"
+        lines.append(f"Incumbent: `{inc['draft_id']}` ({inc['uri']}), measured at {source}.")
+        if inc.get("not_measured"):
+            lines.append(f"It gave no valid measurement ({inc['not_measured']}): the new draft was judged against the baseline alone.")
+        elif inc.get("margin") is not None:
+            verdict = "beyond" if inc["beaten"] else "not beyond"
+            lines.append(f"The new draft's margin over it: {_margin([inc['margin'], *inc['ci']])} ({cfg.ci_level:.0%} CI), {verdict} the spread.")
+        lines.append("")
+    lines.append(f"| contender | best config | median tok/s | speedup ({cfg.ci_level:.0%} CI) | accept len | acceptance per position | exact match | vs incumbent ({cfg.ci_level:.0%} CI) | verdict |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
+    base = decision.config(decision.baseline)
+    if base is not None:
+        lines.append(f"| baseline | {base.name} | {_num(base.median_tok_s)} | 1.000x | - | - | - | - | reference |")
+    for c in decision.contenders:
+        pos = ", ".join(f"{p:.2f}" for p in c.accept_per_position or []) or "-"
+        speed = "-" if c.speedup is None else f"{c.speedup:.3f}x [{_num(c.ci_low, '.3f')}, {_num(c.ci_high, '.3f')}]"
+        exact = "-" if c.exact_match_fraction is None else f"{c.exact_match_fraction:.0%}"
+        verdict = "eligible" if c.eligible else "; ".join(c.reasons)
+        lines.append(f"| {c.name} ({c.role}) | {c.config or '-'} | {_num(c.median_tok_s)} | {speed} | "
+                     f"{_num(c.accept_length, '.2f')} | {pos} | {exact} | {_margin(c.vs_incumbent)} | {verdict} |")  # fmt: skip
+    if decision.left_out:
+        lines += ["", "Left out (not benchmarked):", ""]
+        lines += [f"- {x['name']} ({x['role']}): {x['reason']}" for x in decision.left_out]
+    return lines + [""]
+
+
 def render_markdown(decision: GateDecision, result: BenchResult, cfg: GateConfig) -> str:
     lines = [f"# Gate decision: {decision.outcome.upper()}", ""]
     lines += [f"- {r}" for r in decision.reasons] + [""]
@@ -37,7 +75,7 @@ def render_markdown(decision: GateDecision, result: BenchResult, cfg: GateConfig
         f"Reference baseline: `{decision.baseline}`; best speculative config: `{decision.best}`; "
         f"{len(result.prompts)} held-out prompts x {cfg.repetitions} {where}, concurrency 1, temperature 0."
     )
-    lines += ["", "## Configs", ""]
+    lines += ["", *contenders_markdown(decision, cfg), "## Configs", ""]
     lines.append(f"| config | env | median tok/s | repetition medians | spread | speedup ({cfg.ci_level:.0%} CI) | accept len | exact match | verdict |")
     lines.append("|---|---|---|---|---|---|---|---|---|")
     for s in decision.configs:

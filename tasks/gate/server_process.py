@@ -59,8 +59,11 @@ class SGLangLauncher:
 class EmulatedLauncher:
     """CI and dry runs: the package's SGLang emulator, given exactly SGLang's arguments.
 
-    `sim` holds EmulatorConfig fields (tasks/standins/spec_launch.py); each launch gets the next launch index, which seeds its
-    emulated speed factor (run-to-run spread)."""
+    `sim` holds EmulatorConfig fields (tasks/standins/spec_launch.py); each launch gets the next
+    launch index, which seeds its emulated speed factor (run-to-run spread). A draft folder whose
+    config.json has an `eaglescale_emulator` object overrides `sim` with it for its launches: how
+    good a draft is belongs to the draft, so a gate can measure drafts of different acceptance
+    side by side (SGLang ignores the key)."""
 
     version: str
     sim: dict[str, Any] = field(default_factory=dict)
@@ -68,7 +71,7 @@ class EmulatedLauncher:
     launches: int = 0
 
     def command(self, spec: LaunchSpec) -> list[str]:
-        sim = {**self.sim, "sglang_version": flag_set(self.version).version}
+        sim = {**self.sim, **draft_emulation(spec), "sglang_version": flag_set(self.version).version}
         index = self.launches
         self.launches += 1
         return [
@@ -80,6 +83,21 @@ class EmulatedLauncher:
     def env(self) -> dict[str, str]:
         root = str(Path(__file__).resolve().parents[2])
         return {"PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+
+
+EMULATION_KEY = "eaglescale_emulator"
+
+
+def draft_emulation(spec: LaunchSpec) -> dict[str, Any]:
+    """The emulator settings a draft folder carries in its config.json (see EmulatedLauncher)."""
+    if spec.spec is None:
+        return {}
+    path = Path(spec.spec.draft_model_path) / "config.json"
+    try:
+        overrides = json.loads(path.read_text()).get(EMULATION_KEY) or {}
+    except (OSError, ValueError, AttributeError):
+        return {}  # no readable config: the emulator's own defaults (preflight has said why)
+    return dict(overrides)
 
 
 def _bindable(host: str, port: int) -> bool:

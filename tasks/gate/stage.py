@@ -1,8 +1,10 @@
 """The gate stage (DESIGN §6), in order: preflight every draft it measures (the candidate, the
-reference drafts, the train stage's data-scaling drafts) against its configs, replay the
-candidate offline on the held-out extracted sequences, benchmark baseline vs speculative (the
-local engine, fresh SGLang launches, or the emulator), decide, write the report, promote or keep
-the previous draft, and trace the data-scaling curve when the train stage made scaling drafts.
+train stage's data-scaling drafts; the incumbent and the challengers, left out with the reason
+when they fail) against its configs, replay the candidate offline on the held-out extracted
+sequences, benchmark baseline vs speculative (the local engine, fresh SGLang launches, or the
+emulator), decide (the candidate must beat the baseline and the incumbent), write the report,
+promote or keep the previous draft, and trace the data-scaling curve when the train stage made
+scaling drafts.
 
 Everything lands under <run_root>/gate/: replay.json (acceptance per num_steps, overall and
 per domain, with CIs), costs.json and prediction.json (the cost model: the local engine's timed
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from tasks.gate.contenders import find_contenders, run_target
 from tasks.gate.cost_model import CostModelError, Prediction, StepCosts, calibrate_overhead, predict
 from tasks.gate.decision import GateDecision, decide
 from tasks.gate.plan import (
@@ -61,14 +64,20 @@ class GateOutcome:
     scaling: dict[str, Any] | None = None
 
 
-def gate_identity(run: RunFolder, config: EagleScaleConfig) -> dict[str, str]:
-    """What a decision is about: the exported draft's content and the gate's settings."""
+def draft_sha(run: RunFolder) -> dict[str, str]:
+    """{file: sha256} of the exported draft (empty before the train stage exported one)."""
     from tasks.gate.promote import draft_files
-    from tasks.runfolder import content_hash
 
     files = draft_files(run.fs, run.path(TRAIN_FINAL)) if run.exists(f"{TRAIN_FINAL}/config.json") else {}
+    return {k: v["sha256"] for k, v in files.items()}
+
+
+def gate_identity(run: RunFolder, config: EagleScaleConfig, sha: dict[str, str] | None = None) -> dict[str, str]:
+    """What a decision is about: the exported draft's content and the gate's settings."""
+    from tasks.runfolder import content_hash
+
     return {
-        "draft": content_hash({k: v["sha256"] for k, v in files.items()}),
+        "draft": content_hash(draft_sha(run) if sha is None else sha),
         "gate": content_hash(config.gate.model_dump(mode="json")),
     }
 
@@ -279,15 +288,14 @@ def materialize_scaling_drafts(run: RunFolder, work_dir: Path) -> dict[int, Path
             for e in scaling_drafts(run)}  # fmt: skip
 
 
-def extra_drafts(config: EagleScaleConfig, scaling_dirs: dict[int, Path]) -> list[ExtraDraft]:
-    """Reference drafts, and the data-scaling drafts, measured beside the candidate on server
-    engines (the local engine replays the scaling drafts only)."""
+def scaling_extra(config: EagleScaleConfig, scaling_dirs: dict[int, Path]) -> list[ExtraDraft]:
+    """The data-scaling drafts, measured beside the candidate on server engines (the local
+    engine replays them only)."""
     gate = config.gate
-    out = [ExtraDraft(f"ref-{r.name}", r.path, r.num_steps, r.topk, r.num_draft_tokens) for r in gate.reference_drafts]
-    if gate.engine != "local":
-        out += [ExtraDraft(f"scaling-{samples}", str(local), gate.scaling_num_steps, role=SCALING, samples=samples)
-                for samples, local in scaling_dirs.items()]  # fmt: skip
-    return out
+    if gate.engine == "local":
+        return []
+    return [ExtraDraft(f"scaling-{samples}", str(local), gate.scaling_num_steps, role=SCALING, samples=samples)
+            for samples, local in scaling_dirs.items()]  # fmt: skip
 
 
 def scaling_replays(
@@ -364,15 +372,18 @@ def _gate(config: EagleScaleConfig, run: RunFolder, work_dir: Path, progress: Ga
 
     gate = config.gate
     progress.phase("preflight")
-    identity = gate_identity(run, config)  # the draft as benchmarked, hashed once
+    sha = draft_sha(run)  # the draft as benchmarked, hashed once
+    identity = gate_identity(run, config, sha)
     draft_dir = materialize_draft(run, work_dir / "draft")
     target_config = text_config(read_model_config(resolve_model_dir(config.target.model_path)))
     scaling_dirs = materialize_scaling_drafts(run, work_dir)  # once, for the launches and replay
-    extra = extra_drafts(config, scaling_dirs)
-    configs = plan_configs(gate, str(draft_dir), extra)
+    # The incumbent and the challengers, preflight-checked here: one that fails is left out, reported.
+    contenders = find_contenders(config, run, work_dir, sha, target_config)
+    ours = scaling_extra(config, scaling_dirs)
+    configs = plan_configs(gate, str(draft_dir), contenders.drafts + ours)
     aux_ids = extract_metadata(run)["aux_layer_ids"]
-    # Every draft is checked against its own configs before anything is launched.
-    for path in dict.fromkeys([str(draft_dir), *(d.path for d in extra)]):
+    # The run's own drafts are checked against their configs before anything is launched.
+    for path in dict.fromkeys([str(draft_dir), *(d.path for d in ours)]):
         specs = [c.spec for c in configs if c.spec is not None and c.spec.draft_model_path == path
                  and (gate.engine != "local" or c.spec.topk == 1)]  # fmt: skip
         preflight_sweep(path, specs, target_config, aux_ids)
@@ -386,11 +397,11 @@ def _gate(config: EagleScaleConfig, run: RunFolder, work_dir: Path, progress: Ga
     progress.phase("benchmark", f"{len(configs)} configs x {gate.repetitions} repetitions on the {gate.engine} engine")
     if gate.engine == "local":
         result, costs = _benchmark_local(config, draft_dir, configs, prompts)
-        decision = decide(result, gate)
+        decision = decide(result, gate, None, contenders.left_out)
         prediction = calibrated_prediction(costs, decision, replayed)
     else:
         result = _benchmark_server(config, configs, prompts, work_dir, progress)
-        decision = decide(result, gate)
+        decision = decide(result, gate, contenders.incumbent, contenders.left_out)
         costs, prediction = server_prediction(result, replayed)
     progress.phase("decide")
     if costs is not None:
@@ -404,6 +415,7 @@ def _gate(config: EagleScaleConfig, run: RunFolder, work_dir: Path, progress: Ga
     summary = promote(
         run, decision, f"{run.url}/{TRAIN_FINAL}", gate.registry_url,
         registry_storage_options=gate.registry_storage_options, draft_storage_options=config.storage_options,
+        target=run_target(run),
     )  # fmt: skip
     progress.phase("scaling")
     scaling = _scaling(run, config, replayed, replays, decision, prediction)
