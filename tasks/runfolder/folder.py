@@ -56,14 +56,7 @@ class RunFolder:
         if not self.is_local:
             self.fs.pipe_file(target, data)
             return
-        parent, base = os.path.split(target)
-        os.makedirs(parent, exist_ok=True)
-        tmp = os.path.join(parent, tmp_name(base))
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
+        os.replace(_durable_temp(target, data), target)
 
     def create_exclusive(self, rel: str, data: bytes) -> bool:
         """Write `data` only if nothing is at `rel`. True when this call created it.
@@ -74,13 +67,7 @@ class RunFolder:
         """
         target = self.path(rel)
         if self.is_local:
-            parent, base = os.path.split(target)
-            os.makedirs(parent, exist_ok=True)
-            tmp = os.path.join(parent, tmp_name(base))
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+            tmp = _durable_temp(target, data)
             try:
                 os.link(tmp, target)
                 return True
@@ -120,3 +107,16 @@ class RunFolder:
 
 def json_bytes(obj: Any) -> bytes:
     return (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode()
+
+
+def _durable_temp(target: str, data: bytes) -> str:
+    """`data` in a fsynced temp file beside local `target` (same folder, so a rename or link
+    into place is atomic); returns the temp file's path."""
+    parent, base = os.path.split(target)
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, tmp_name(base))
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return tmp
