@@ -24,6 +24,7 @@ from flows.common import StageRun, slack_on_failure, stage_run
 from flows.concurrency import gpu_slots, gpus_needed
 from tasks.config import EagleScaleConfig
 from tasks.draft.export import export_run_draft
+from tasks.draft.online import OnlineTarget
 from tasks.draft.scaling_drafts import scaling_drafts, train_scaling_drafts
 from tasks.draft.trainer import TrainCallbacks, train_draft
 from tasks.runfolder.layout import TRAIN_PLOT, TRAIN_RESULT
@@ -64,9 +65,11 @@ def _train(config: EagleScaleConfig, span: StageRun) -> dict[str, Any]:
             _torchrun(config)
         else:
             callbacks = TrainCallbacks(on_eval=lambda e: log.info("eval: %s", {k: e.get(k) for k in EVAL_COLUMNS}))
-            train_draft(run, config.train, config.target.model_path, callbacks=callbacks)
+            online = OnlineTarget.from_config(config)  # None unless train.hidden_states is online
+            train_draft(run, config.train, config.target.model_path, callbacks=callbacks, online=online)
             if config.train.scaling_fractions:  # the data-scaling drafts the gate measures
-                train_scaling_drafts(run, config.train, config.target.model_path, callbacks=callbacks)
+                train_scaling_drafts(run, config.train, config.target.model_path, callbacks=callbacks,
+                                     online=online)
     result = run.read_json(TRAIN_RESULT) or {}
     exported = export_run_draft(run, config.target.model_path)
     evals = result.get("evals", [])

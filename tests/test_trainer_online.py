@@ -1,0 +1,116 @@
+"""Online hidden states (train.hidden_states: online) on the tiny target on CPU: the same loss
+curve and exported draft as training on the extracted shards, with no extract data at all;
+exact resume after kill -9; a checkpoint of one mode is not resumed in the other."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load as st_load
+
+from tasks.draft import checkpoint as ckpt
+from tasks.draft.data import DATA_META_KEY
+from tasks.draft.export import export_run_draft
+from tasks.draft.online import OnlineTarget
+from tasks.draft.trainer import TrainError, train_draft
+from tasks.runfolder import RunFolder
+from tasks.runfolder.layout import TRAIN_FINAL
+from tests.draft_support import extracted_run
+
+STEPS = 12
+SHORT = {"max_steps": STEPS, "eval_every": 6, "save_every": 4}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread (as test_trainer): tiny models, 2 shared cores, and the kill -9
+    test's child process runs with one thread too, so its floats match this process's."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _run(tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path, dest: Path, online: bool):
+    cfg, params = extracted_run(tmp_path_factory.getbasetemp(), tiny_target_dir, dest,
+                                hidden_states="online" if online else "offline", **SHORT)  # fmt: skip
+    run = RunFolder(cfg.run_root)
+    if online:  # the copied template holds extract shards: online must not need them
+        run.remove("extract", recursive=True)
+    return cfg, params, run
+
+
+def test_online_training_matches_offline_with_nothing_extracted(tmp_path_factory, tiny_target_dir, tmp_path):
+    cfg_off, _, run_off = _run(tmp_path_factory, tiny_target_dir, tmp_path / "offline", online=False)
+    cfg_on, _, run_on = _run(tmp_path_factory, tiny_target_dir, tmp_path / "online", online=True)
+    offline = train_draft(run_off, cfg_off.train, cfg_off.target.model_path)
+    online = train_draft(run_on, cfg_on.train, cfg_on.target.model_path,
+                         online=OnlineTarget.from_config(cfg_on))  # fmt: skip
+
+    assert not run_on.exists("extract")
+    assert run_on.read_json(DATA_META_KEY)["hidden_states"] == "online"
+    assert {k: v for k, v in run_on.read_json(DATA_META_KEY).items() if k != "hidden_states"} == {
+        k: v for k, v in run_off.read_json(DATA_META_KEY).items() if k != "hidden_states"}
+    assert len(online.history) == len(offline.history) == STEPS
+    # Same batches, same step by step: the token counts are exact; the states differ only by
+    # how the capture batched them (float rounding, before the storage dtype's).
+    assert [h["batch_tokens"] for h in online.history] == [h["batch_tokens"] for h in offline.history]
+    assert [h["loss"] for h in online.history] == pytest.approx([h["loss"] for h in offline.history], rel=1e-4)
+    assert [e["loss"] for e in online.evals] == pytest.approx([e["loss"] for e in offline.evals], rel=1e-4)
+    assert offline.history[-1]["loss"] < offline.history[0]["loss"]  # it learned: a curve, not a line
+
+    for run in (run_off, run_on):
+        export_run_draft(run, cfg_on.target.model_path)
+    exported_off = st_load(run_off.read_bytes(f"{TRAIN_FINAL}/model.safetensors"))
+    exported_on = st_load(run_on.read_bytes(f"{TRAIN_FINAL}/model.safetensors"))
+    assert exported_on.keys() == exported_off.keys()
+    for name, value in exported_off.items():
+        torch.testing.assert_close(exported_on[name], value, rtol=1e-3, atol=1e-5, msg=name)
+
+
+def test_kill_9_during_online_training_resumes_to_the_uninterrupted_curve(tmp_path_factory, tiny_target_dir, tmp_path):
+    cfg, _, run = _run(tmp_path_factory, tiny_target_dir, tmp_path / "straight", online=True)
+    straight = train_draft(run, cfg.train, cfg.target.model_path, online=OnlineTarget.from_config(cfg))
+
+    cfg2, params2, run2 = _run(tmp_path_factory, tiny_target_dir, tmp_path / "killed", online=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    cmd = [sys.executable, "-m", "tasks.draft.train_main", "--params", str(params2)]
+    first_save = run2.path(f"{ckpt.checkpoint_key(4)}/meta.json")
+    child = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(first_save) and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert child.poll() is None, f"trainer exited before its first checkpoint: {child.stderr.read()[-2000:]}"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    child.stderr.close()
+    assert not ckpt.is_complete(run2.path(ckpt.checkpoint_key(STEPS)))  # killed mid-way
+
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    resumed_state = run2.read_json(f"{ckpt.checkpoint_key(STEPS)}/trainer_state.json")
+    assert resumed_state["hidden_states"] == "online"
+    assert [h["loss"] for h in resumed_state["history"]] == [h["loss"] for h in straight.history]
+    final = ckpt.load_checkpoint_model(run.path(straight.last_checkpoint))
+    final2 = ckpt.load_checkpoint_model(run2.path(ckpt.checkpoint_key(STEPS)))
+    for name, value in final.exportable_state_dict().items():
+        assert torch.equal(final2.exportable_state_dict()[name], value), name
+
+
+def test_a_checkpoint_is_resumed_in_its_own_mode_only(tmp_path_factory, tiny_target_dir, tmp_path):
+    cfg, _, run = _run(tmp_path_factory, tiny_target_dir, tmp_path / "mixed", online=False)
+    offline_cfg = cfg.train.model_copy(update={"max_steps": 2, "save_every": 2})
+    train_draft(run, offline_cfg, cfg.target.model_path)
+    online_cfg = offline_cfg.model_copy(update={"hidden_states": "online", "max_steps": 4})
+    with pytest.raises(TrainError, match=r"no OnlineTarget was given"):
+        train_draft(run, online_cfg, cfg.target.model_path)
+    target = OnlineTarget.from_config(cfg.model_copy(update={"train": online_cfg}))
+    with pytest.raises(TrainError, match=r"step-2: trained with train.hidden_states 'offline', this run asks for 'online'"):
+        train_draft(run, online_cfg, cfg.target.model_path, online=target)
