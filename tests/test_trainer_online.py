@@ -60,10 +60,11 @@ def test_online_training_matches_offline_with_nothing_extracted(tmp_path_factory
         k: v for k, v in run_off.read_json(DATA_META_KEY).items() if k != "hidden_states"}
     assert len(online.history) == len(offline.history) == STEPS
     # Same batches, same step by step: the token counts are exact; the states differ only by
-    # how the capture batched them (float rounding, before the storage dtype's).
+    # how the capture batched them (float rounding, mostly absorbed by the bf16 storage
+    # rounding both modes apply; without it, online drifts by ~4e-6 and this fails).
     assert [h["batch_tokens"] for h in online.history] == [h["batch_tokens"] for h in offline.history]
-    assert [h["loss"] for h in online.history] == pytest.approx([h["loss"] for h in offline.history], rel=1e-4)
-    assert [e["loss"] for e in online.evals] == pytest.approx([e["loss"] for e in offline.evals], rel=1e-4)
+    assert [h["loss"] for h in online.history] == pytest.approx([h["loss"] for h in offline.history], rel=1e-6)
+    assert [e["loss"] for e in online.evals] == pytest.approx([e["loss"] for e in offline.evals], rel=1e-6)
     assert offline.history[-1]["loss"] < offline.history[0]["loss"]  # it learned: a curve, not a line
 
     for run in (run_off, run_on):
