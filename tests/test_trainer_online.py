@@ -19,7 +19,9 @@ from tasks.draft import checkpoint as ckpt
 from tasks.draft.data import DATA_META_KEY
 from tasks.draft.export import export_run_draft
 from tasks.draft.online import OnlineTarget
+from tasks.draft.target_heads import load_target_heads
 from tasks.draft.trainer import TrainError, train_draft
+from tasks.gate.stage import replay_draft
 from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import TRAIN_FINAL
 from tests.draft_support import extracted_run
@@ -74,6 +76,16 @@ def test_online_training_matches_offline_with_nothing_extracted(tmp_path_factory
     assert exported_on.keys() == exported_off.keys()
     for name, value in exported_off.items():
         torch.testing.assert_close(exported_on[name], value, rtol=1e-3, atol=1e-5, msg=name)
+
+    # The gate's replay of the online run captures the same held-out sequences' states again.
+    embed, _ = load_target_heads(cfg_on.target.model_path)
+    gate = cfg_on.gate.model_copy(update={"replay_sequences": 6, "n_bootstrap": 100})
+    replays = [replay_draft(run, cfg.model_copy(update={"gate": gate}), embed, Path(run_on.path(TRAIN_FINAL)), [1, 2])
+               for run, cfg in ((run_off, cfg_off), (run_on, cfg_on))]  # fmt: skip
+    assert not run_on.exists("extract")
+    ids = [[r.sequence_id for r in result.sequences] for result in replays]
+    assert len(ids[0]) == 6 and ids[0] == ids[1]
+    assert [r.accepted for r in replays[0].sequences] == [r.accepted for r in replays[1].sequences]
 
 
 def test_kill_9_during_online_training_resumes_to_the_uninterrupted_curve(tmp_path_factory, tiny_target_dir, tmp_path):

@@ -18,7 +18,7 @@ modes differ (the same sequences, other batches); with one part per shard they a
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -57,8 +57,10 @@ class OnlineTarget:
     @classmethod
     def from_config(cls, cfg: EagleScaleConfig) -> OnlineTarget | None:
         """The run's online settings, or None when it trains on extracted states."""
-        if cfg.train.hidden_states != "online":
-            return None
+        return cls.of(cfg) if cfg.train.hidden_states == "online" else None
+
+    @classmethod
+    def of(cls, cfg: EagleScaleConfig) -> OnlineTarget:
         ex = cfg.extract
         return cls(cfg.target.model_path, cfg.target.revision, cfg.target.chat_template,
                    ex.max_length, ex.eval_fraction, ex.seed, ex.dtype, ex.storage_dtype,
@@ -143,6 +145,24 @@ class OnlineData:
         if self._capture is not None:
             self._capture.close()
             self._capture = None
+
+
+def online_sequences(
+    run: RunFolder, target: OnlineTarget, device: torch.device, split: str, limit: int | None = None
+) -> Iterator[ExtractedSequence]:
+    """The first `limit` sequences of `split` with their states, in index order: the ones
+    `iter_extracted(run, split)` would yield offline (the gate's replay of an online run).
+    The target is loaded on the first and released after the last."""
+    data = OnlineData(run, target, device)
+    try:
+        index = data.index()
+        refs = index.split(split)[:limit]
+        reader = data.reader(index)
+        chunk = target.batch_size * 8  # like extraction's capture chunks: length bucketing
+        for start in range(0, len(refs), chunk):
+            yield from reader.batch(refs[start : start + chunk])
+    finally:
+        data.close()
 
 
 class OnlineReader:

@@ -128,11 +128,19 @@ def replay_draft(
     """One exported draft over the first gate.replay_sequences held-out sequences, on
     gate.device (on a GPU node the draft's unroll takes seconds there and minutes on the CPU:
     the third real run's gate spent them before its first launch)."""
+    from tasks.draft.data import training_data_metadata
+    from tasks.draft.online import OnlineTarget, online_sequences
+
     gate = config.gate
     draft = load_draft(embed, draft_dir, gate.device)
+    sequences = None
+    if training_data_metadata(run).get("hidden_states") == "online":
+        # No extract shards: the target (on gate.device) captures the held-out states again.
+        sequences = online_sequences(run, OnlineTarget.of(config), torch.device(gate.device), "eval",
+                                     gate.replay_sequences)  # fmt: skip
     try:
-        return replay_run(run, draft, num_steps, limit=gate.replay_sequences, n_bootstrap=gate.n_bootstrap,
-                          seed=gate.bootstrap_seed, ci_level=gate.ci_level)  # fmt: skip
+        return replay_run(run, draft, num_steps, limit=gate.replay_sequences, sequences=sequences,
+                          n_bootstrap=gate.n_bootstrap, seed=gate.bootstrap_seed, ci_level=gate.ci_level)  # fmt: skip
     finally:
         del draft
         if gate.device.startswith("cuda"):  # the servers launched next measure the GPU's free memory
