@@ -59,7 +59,8 @@ def train_flow(config: EagleScaleConfig) -> dict[str, Any]:
 
 def _train(config: EagleScaleConfig, span: StageRun) -> dict[str, Any]:
     log, run = span.log, span.run
-    span.started({"nproc": config.train.nproc, "device": config.train.device})
+    span.started({"nproc": config.train.nproc, "device": config.train.device,
+                  "hidden_states": config.train.hidden_states})
     with gpu_slots(config, gpus_needed(config, "train")):
         if config.train.nproc > 1:
             _torchrun(config)

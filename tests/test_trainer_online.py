@@ -21,10 +21,14 @@ from tasks.draft.export import export_run_draft
 from tasks.draft.online import OnlineTarget
 from tasks.draft.target_heads import load_target_heads
 from tasks.draft.trainer import TrainError, train_draft
+from tasks.extract.forecast import online_forecast
 from tasks.gate.stage import replay_draft
 from tasks.runfolder import RunFolder
-from tasks.runfolder.layout import TRAIN_FINAL
+from tasks.runfolder.layout import TRAIN_FINAL, TRAIN_RESULT
+from tasks.status import read_status
+from tasks.status_stages import stage_rows
 from tests.draft_support import extracted_run
+from tests.run_support import cli_env, start_cli
 
 STEPS = 12
 SHORT = {"max_steps": STEPS, "eval_every": 6, "save_every": 4}
@@ -127,3 +131,22 @@ def test_a_checkpoint_is_resumed_in_its_own_mode_only(tmp_path_factory, tiny_tar
     target = OnlineTarget.from_config(cfg.model_copy(update={"train": online_cfg}))
     with pytest.raises(TrainError, match=r"step-2: trained with train.hidden_states 'offline', this run asks for 'online'"):
         train_draft(run, online_cfg, cfg.target.model_path, online=target)
+
+
+def test_the_parent_flow_skips_extract_and_the_status_says_why(tmp_path_factory, tiny_target_dir, tmp_path):
+    """The real CLI (ephemeral Prefect API): extract is skipped, nothing is stored, the train
+    stage trains online and exports, and `eaglescale status` names the mode."""
+    cfg, params, run = _run(tmp_path_factory, tiny_target_dir, tmp_path / "flow", online=True)
+    log = tmp_path / "cli.log"
+    args = ["run", "--params", str(params), "--stages", "extract,train",
+            "--set", "train.max_steps=4", "--set", "train.eval_every=4"]  # fmt: skip
+    assert start_cli(args, cli_env(tmp_path), log).wait(timeout=300) == 0, log.read_text()[-3000:]
+    assert not run.exists("extract")
+    assert run.read_json(DATA_META_KEY)["hidden_states"] == "online"
+    assert run.exists(f"{TRAIN_FINAL}/config.json")
+    assert run.read_json(TRAIN_RESULT)["steps"] == 4
+    rows = dict(stage_rows(read_status(run)))
+    assert rows["extract"] == "skipped: online hidden states (the trainer runs the target; 0 B stored)"
+    forecast = online_forecast(run, cfg.extract.max_length)
+    assert forecast["total_bytes"] == 0 and forecast["projected_tokens"] > 0
+    assert forecast["summary"].startswith("0 B: online hidden states")

@@ -24,12 +24,13 @@ import torch
 
 from tasks.draft.ttt import Batch
 from tasks.runfolder import RunFolder, ShardStore, marker_parts
+from tasks.runfolder.layout import TRAIN_DATA
 
 STAGE = "extract"
 INDEX_KEY = "train/data_index.json"
 # Where the trained-on states came from, for export, the gate and the scaling drafts: online
 # runs have no extract shards to ask.
-DATA_META_KEY = "train/data.json"
+DATA_META_KEY = TRAIN_DATA
 
 
 @dataclass(frozen=True)
