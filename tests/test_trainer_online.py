@@ -4,6 +4,7 @@ exact resume after kill -9; a checkpoint of one mode is not resumed in the other
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -16,7 +17,7 @@ import torch
 from safetensors.torch import load as st_load
 
 from tasks.draft import checkpoint as ckpt
-from tasks.draft.data import DATA_META_KEY
+from tasks.draft.data import DATA_META_KEY, build_index, plan_epoch
 from tasks.draft.export import export_run_draft
 from tasks.draft.online import OnlineTarget
 from tasks.draft.target_heads import load_target_heads
@@ -150,3 +151,29 @@ def test_the_parent_flow_skips_extract_and_the_status_says_why(tmp_path_factory,
     forecast = online_forecast(run, cfg.extract.max_length)
     assert forecast["total_bytes"] == 0 and forecast["projected_tokens"] > 0
     assert forecast["summary"].startswith("0 B: online hidden states")
+
+
+def test_online_under_torchrun_two_processes(tmp_path_factory, tiny_target_dir, tmp_path):
+    """DDP (gloo on CPU): each rank loads the target and captures its own batches, every
+    world-th of the same plan the offline index would give."""
+    cfg, params, run = _run(tmp_path_factory, tiny_target_dir, tmp_path / "ddp", online=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         "-m", "tasks.draft.train_main", "--params", str(params), "--set", "train.max_steps=4"],
+        cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    for rank in (0, 1):
+        assert f"train_main rank {rank}/2 done: steps 4," in output, output[-3000:]
+    assert not run.exists("extract")
+    state = run.read_json(f"{ckpt.checkpoint_key(4)}/trainer_state.json")
+    assert state["hidden_states"] == "online"
+    # The offline plan, from the extraction of an identical copy of the run: step k trained
+    # on its batches 2k (rank 0) and 2k + 1 (rank 1).
+    _, _, run_off = _run(tmp_path_factory, tiny_target_dir, tmp_path / "ddp-offline", online=False)
+    plan = plan_epoch(build_index(run_off), "train", 0, cfg.train.seed, cfg.train.batch_tokens)
+    assert [h["batch_tokens"] for h in state["history"]] == [
+        sum(r.length for r in plan[2 * k] + plan[2 * k + 1]) for k in range(4)]
+    assert all(math.isfinite(h["loss"]) for h in state["history"])
