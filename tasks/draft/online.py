@@ -35,8 +35,9 @@ if TYPE_CHECKING:
     from tasks.extract.sequences import TrainingSequence
 
 
-class OnlineDataError(RuntimeError):
-    """The generation data changed under an online training run, or is missing."""
+class OnlineDataError(ValueError):
+    """The generation data changed under an online training run (train_main reports a
+    ValueError as a one-line error)."""
 
 
 @dataclass(frozen=True)
