@@ -23,6 +23,10 @@ from tasks.draft.online import OnlineTarget
 from tasks.draft.target_heads import load_target_heads
 from tasks.draft.trainer import TrainError, train_draft
 from tasks.extract.forecast import online_forecast
+from tasks.extract.local_capture import CapturedStates
+from tasks.extract.sequences import TrainingSequence
+from tasks.extract.storage import ShardWriter, iter_shard
+from tasks.extract.writer import storage_round_trip
 from tasks.gate.stage import replay_draft
 from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import TRAIN_FINAL, TRAIN_RESULT
@@ -177,3 +181,18 @@ def test_online_under_torchrun_two_processes(tmp_path_factory, tiny_target_dir, 
     assert [h["batch_tokens"] for h in state["history"]] == [
         sum(r.length for r in plan[2 * k] + plan[2 * k + 1]) for k in range(4)]
     assert all(math.isfinite(h["loss"]) for h in state["history"])
+
+
+@pytest.mark.parametrize("storage_dtype", ["bf16", "fp8_e4m3"])
+def test_online_states_are_what_a_stored_shard_reads_back(storage_dtype):
+    """storage_round_trip against the real writer and reader, for both storage dtypes."""
+    h, n = 8, 5
+    gen = torch.Generator().manual_seed(0)
+    states = CapturedStates(torch.randn(n, 3 * h, generator=gen) * 7, torch.randn(n, h, generator=gen))
+    seq = TrainingSequence("r0", "p0", "chat", "train", list(range(n)), [0, 0, 1, 1, 1], False)
+    writer = ShardWriter(h, [1, 3, 4], storage_dtype)
+    writer.add(seq, states)
+    stored = next(iter_shard(writer.to_bytes()))
+    assert torch.equal(storage_round_trip(states.aux, storage_dtype, 3), stored.aux_hidden)
+    assert torch.equal(storage_round_trip(states.last, storage_dtype, 1), stored.last_hidden)
+    assert not torch.equal(stored.aux_hidden, states.aux)  # the rounding is real
