@@ -136,6 +136,7 @@ def test_a_checkpoint_is_resumed_in_its_own_mode_only(tmp_path_factory, tiny_tar
     target = OnlineTarget.from_config(cfg.model_copy(update={"train": online_cfg}))
     with pytest.raises(TrainError, match=r"step-2: trained with train.hidden_states 'offline', this run asks for 'online'"):
         train_draft(run, online_cfg, cfg.target.model_path, online=target)
+    assert run.read_json(DATA_META_KEY)["hidden_states"] == "offline"  # the refused start wrote nothing
 
 
 def test_the_parent_flow_skips_extract_and_the_status_says_why(tmp_path_factory, tiny_target_dir, tmp_path):

@@ -229,8 +229,6 @@ def train_draft(
         ckpt.remove_incomplete(run)
     vocab, index = vocab_and_index(run, draft_cfg.vocab_size, draft_cfg.draft_vocab_size, rank, vocab_map,
                                    source.index if source else None)
-    if rank.rank == 0:  # what export, the gate and the scaling drafts read in either mode
-        write_data_metadata(run, cfg.hidden_states, data_meta, index)
 
     def make_reader() -> SequenceReader:
         return source.reader(index) if source else ShardReader(run, index)
@@ -284,6 +282,8 @@ def train_draft(
         if not torch.equal(draft.d2t.cpu(), vocab.d2t):
             raise TrainError(f"{run.url}/{resumed_from}: trained with another vocab map than "
                              f"{TRAIN_VOCAB_MAP}; remove one of them")
+    if rank.rank == 0:  # what export, the gate and the scaling drafts read (after the mode check)
+        write_data_metadata(run, cfg.hidden_states, data_meta, index)
     step = state["step"]
     last_saved = resumed_from
 
