@@ -1,6 +1,7 @@
 """The parent flow `data-scaling`: the whole DAG, one subflow per stage.
 
-discover -> generate -> extract -> train -> gate (benchmark, decision, promotion). A stage named
+discover -> generate -> extract -> train -> gate (benchmark, decision, promotion); with
+`train.hidden_states: online` the trainer captures the states itself and extract is skipped. A stage named
 in `orchestration.stage_deployments` runs as that deployment (e.g. on a GPU work pool) through
 `run_deployment`, a child flow run of this one; the others run in this process as subflows.
 """
@@ -17,7 +18,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from flows.common import run_logger, slack_on_failure
 from flows.concurrency import run_root_lock
 from flows.discover import discover_flow
-from flows.extract import extract_flow
+from flows.extract import extract_flow, skip_online
 from flows.gate import gate_flow
 from flows.generate import generate_flow
 from flows.train import train_flow
@@ -62,7 +63,11 @@ def data_scaling(config: EagleScaleConfig) -> dict[str, Any]:
         slots = config.orchestration.generate_runs_per_run_root
         with run_root_lock(config, "generate", slots=slots) if slots else nullcontext():
             results["generate"] = run_stage(config, "generate", subflow)
-    if "extract" in config.stages:
+    if "extract" in config.stages and config.train.hidden_states == "online":
+        # The trainer captures the states itself: nothing to extract, nothing stored.
+        results["extract"] = skip_online(config, run)
+        log.info("extract: skipped, %s", results["extract"]["forecast"])
+    elif "extract" in config.stages:
         results["extract"] = run_stage(config, "extract", extract_flow)
     if "train" in config.stages:
         results["train"] = run_stage(config, "train", train_flow)

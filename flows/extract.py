@@ -17,7 +17,9 @@ from prefect.events import emit_event
 from flows.common import slack_on_failure, stage_run
 from flows.concurrency import gpu_slots, gpus_needed
 from tasks.config import EagleScaleConfig
+from tasks.extract.forecast import online_forecast
 from tasks.extract.stage import ExtractStage
+from tasks.runfolder import RunFolder
 from tasks.runfolder.schedule import ShardScheduler, run_one_at_a_time
 
 _active: dict[str, ExtractStage] = {}
@@ -39,6 +41,15 @@ def _forecast_markdown(forecast: dict[str, Any]) -> str:
     lines = ["# Extraction disk forecast", "", "| field | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in forecast.items()]
     return "\n".join(lines)
+
+
+def skip_online(config: EagleScaleConfig, run: RunFolder) -> dict[str, Any]:
+    """The parent flow's stand-in for this stage when train.hidden_states is online: nothing
+    runs, the forecast (0 bytes) is shown where the extraction's would be."""
+    forecast = online_forecast(run, config.extract.max_length)
+    create_markdown_artifact(_forecast_markdown(forecast), key="extract-forecast",
+                             description="Disk forecast (online hidden states: nothing stored)")  # fmt: skip
+    return {"skipped": "train.hidden_states is online", "forecast": forecast["summary"]}
 
 
 @flow(name="extract", on_failure=[slack_on_failure], on_crashed=[slack_on_failure])

@@ -24,6 +24,7 @@ from flows.common import StageRun, slack_on_failure, stage_run
 from flows.concurrency import gpu_slots, gpus_needed
 from tasks.config import EagleScaleConfig
 from tasks.draft.export import export_run_draft
+from tasks.draft.online import OnlineTarget
 from tasks.draft.scaling_drafts import scaling_drafts, train_scaling_drafts
 from tasks.draft.trainer import TrainCallbacks, train_draft
 from tasks.runfolder.layout import TRAIN_PLOT, TRAIN_RESULT
@@ -58,15 +59,18 @@ def train_flow(config: EagleScaleConfig) -> dict[str, Any]:
 
 def _train(config: EagleScaleConfig, span: StageRun) -> dict[str, Any]:
     log, run = span.log, span.run
-    span.started({"nproc": config.train.nproc, "device": config.train.device})
+    span.started({"nproc": config.train.nproc, "device": config.train.device,
+                  "hidden_states": config.train.hidden_states})
     with gpu_slots(config, gpus_needed(config, "train")):
         if config.train.nproc > 1:
             _torchrun(config)
         else:
             callbacks = TrainCallbacks(on_eval=lambda e: log.info("eval: %s", {k: e.get(k) for k in EVAL_COLUMNS}))
-            train_draft(run, config.train, config.target.model_path, callbacks=callbacks)
+            online = OnlineTarget.from_config(config)  # None unless train.hidden_states is online
+            train_draft(run, config.train, config.target.model_path, callbacks=callbacks, online=online)
             if config.train.scaling_fractions:  # the data-scaling drafts the gate measures
-                train_scaling_drafts(run, config.train, config.target.model_path, callbacks=callbacks)
+                train_scaling_drafts(run, config.train, config.target.model_path, callbacks=callbacks,
+                                     online=online)
     result = run.read_json(TRAIN_RESULT) or {}
     exported = export_run_draft(run, config.target.model_path)
     evals = result.get("evals", [])

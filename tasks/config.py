@@ -302,6 +302,12 @@ class TrainConfig(Strict):
         "fractions of the training split (e.g. [0.1, 0.3]), exported to train/scaling/; the gate "
         "replays and measures each beside the full one and plots acceptance against samples.",
     )
+    hidden_states: Literal["offline", "online"] = Field(
+        "offline",
+        description="offline: train on the extract stage's stored states; online: the trainer runs "
+        "the target (extract.dtype, on train.device) over each batch and stores none, and the parent "
+        "flow skips the extract stage.",
+    )
     seed: int = 0
 
     @field_validator("scaling_fractions")
@@ -423,6 +429,12 @@ def contradictions(cfg: EagleScaleConfig) -> list[str]:
             "extract.engine is 'sglang' but extract.device is 'cpu': SGLang's engine runs on the "
             "node's GPU whatever extract.device says (it is read by the local engine and for the "
             "GPU slot the stage holds); set extract.device: cuda, or extract.engine: local"
+        )
+    if cfg.train.hidden_states == "online" and extract.engine == "sglang":
+        problems.append(
+            "train.hidden_states is 'online' but extract.engine is 'sglang': online, the trainer "
+            "runs the target through transformers on train.device and no SGLang engine would "
+            "capture anything; set extract.engine: local, or train.hidden_states: offline"
         )
     gate = cfg.gate
     if gate.engine == "local":

@@ -16,6 +16,7 @@ from tasks.runfolder.layout import (
     GATE_PROGRESS,
     PROMOTED,
     TRAIN_BEST,
+    TRAIN_DATA,
     TRAIN_FINAL,
     TRAIN_RESULT,
     stage_clock_key,
@@ -26,7 +27,9 @@ def extract_status(run: RunFolder, generated: int, lease_ttl_s: float) -> dict[s
     store = ShardStore(run, "extract")
     committed = store.committed()
     if not committed and not store.is_complete():
-        return None
+        data = run.read_json(TRAIN_DATA) or {}
+        # An online run's trainer captured its states: the stage never runs, nothing is stored.
+        return {"online": True} if data.get("hidden_states") == "online" else None
     leased = [f"{v.shard_id}: {v.describe()}" for v in read_leases(run, "extract", lease_ttl_s).values()
               if v.live and v.shard_id not in committed]  # fmt: skip
     return {
@@ -114,7 +117,9 @@ def stage_rows(stages: dict[str, Any]) -> list[tuple[str, str]]:
     """(label, text) rows for the status view; stages not started are left out."""
     rows = []
     ext = stages.get("extract")
-    if ext is not None:
+    if ext is not None and ext.get("online"):
+        rows.append(("extract", "skipped: online hidden states (the trainer runs the target; 0 B stored)"))
+    elif ext is not None:
         state = "COMPLETE" if ext["complete"] else "running"
         rows.append(("extract", f"{state}: {ext['shards']} / {ext['of']} shards, {ext['sequences']:,} sequences"))
         rows += [("", f"leased: {d}") for d in ext["leased"]]

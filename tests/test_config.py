@@ -74,6 +74,10 @@ def test_overrides_apply_and_are_validated(tmp_path):
         (["engine.endpoint_kind=router"], ["engine.endpoint_kind is 'router'", "engine.kind is 'local'"]),
         (["extract.engine=sglang"], ["extract.engine is 'sglang'", "extract.device is 'cpu'"]),
         (
+            ["train.hidden_states=online", "extract.engine=sglang", "extract.device=cuda"],
+            ["train.hidden_states is 'online'", "extract.engine is 'sglang'"],
+        ),
+        (
             ["gate.topk_points=[{num_steps: 2, topk: 2, num_draft_tokens: 4}]"],
             ["gate.topk_points", "gate.engine is 'local'"],
         ),
@@ -106,6 +110,7 @@ def test_contradictions_are_refused_for_a_deployments_parameters_too():
         (KIMI, ["engine.kind=local", "engine.endpoints=[]"]),
         (SMOKE, ["engine.kind=sglang", "engine.endpoints=[http://a:30000]", "engine.endpoint_kind=router"]),
         (SMOKE, ["train.nproc=2"]),  # torchrun with gloo on the CPU is a supported setup
+        (SMOKE, ["train.hidden_states=online"]),  # extract.* then names the capture's settings
         (SMOKE, ["gate.engine=emulated", "gate.topk_points=[{num_steps: 2, topk: 2, num_draft_tokens: 4}]"]),
         (SMOKE, ["gate.topk_points=[{num_steps: 3, topk: 1}]"]),  # a chain: the local engine runs it
         (SMOKE, ["extract.engine=sglang", "extract.device=cuda"]),

@@ -18,15 +18,19 @@ import random
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from tasks.draft.ttt import Batch
 from tasks.runfolder import RunFolder, ShardStore, marker_parts
+from tasks.runfolder.layout import TRAIN_DATA
 
 STAGE = "extract"
 INDEX_KEY = "train/data_index.json"
+# Where the trained-on states came from, for export, the gate and the scaling drafts: online
+# runs have no extract shards to ask.
+DATA_META_KEY = TRAIN_DATA
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,27 @@ def build_index(
     return DataIndex(markers, refs)
 
 
+def write_data_metadata(run: RunFolder, mode: str, meta: dict[str, Any], index: DataIndex) -> None:
+    """Record the training data: the mode, the states' layout and the index's split counts."""
+    splits = {name: len(index.split(name)) for name in ("train", "eval")}
+    run.write_json_atomic(DATA_META_KEY, {
+        "hidden_states": mode, "hidden_size": int(meta["hidden_size"]),
+        "aux_layer_ids": [int(i) for i in meta["aux_layer_ids"]],
+        "storage_dtype": meta.get("storage_dtype"), "splits": splits,
+    })  # fmt: skip
+
+
+def training_data_metadata(run: RunFolder) -> dict[str, Any]:
+    """hidden_size, aux_layer_ids and split counts of the states the draft trained on: what
+    the trainer recorded, else (a run trained before it did) the extract shards'."""
+    recorded = run.read_json(DATA_META_KEY)
+    if recorded is not None:
+        return recorded
+    from tasks.extract.storage import extract_metadata
+
+    return {"hidden_states": "offline", **extract_metadata(run)}
+
+
 def _pack(refs: list[SeqRef], batch_tokens: int) -> list[list[SeqRef]]:
     """Greedy over length-sorted refs: a batch grows while rows x longest <= batch_tokens."""
     batches: list[list[SeqRef]] = []
@@ -151,6 +176,13 @@ def rank_batches(plan: list[list[SeqRef]], rank: int, world: int, even: bool = T
     return mine[: len(plan) // world] if even else mine
 
 
+class SequenceReader(Protocol):
+    """Where a batch's sequences (ids, mask and states, as ExtractedSequence) come from: the
+    extract shards (ShardReader) or the target run on the spot (tasks.draft.online)."""
+
+    def batch(self, refs: list[SeqRef]) -> list[Any]: ...
+
+
 class ShardReader:
     """Decoded shard parts, one kept in memory at a time (plans visit parts contiguously)."""
 
@@ -170,6 +202,9 @@ class ShardReader:
             )
             self._unit = (ref.shard_id, ref.part)
         return self._seqs[ref.index]
+
+    def batch(self, refs: list[SeqRef]) -> list[Any]:
+        return [self.get(r) for r in refs]
 
 
 def collate(seqs: list[Any]) -> Batch:
@@ -191,7 +226,7 @@ def collate(seqs: list[Any]) -> Batch:
 
 
 def iter_batches(
-    reader: ShardReader,
+    reader: SequenceReader,
     batches: list[list[SeqRef]],
     start: int = 0,
     pin: bool = False,
@@ -202,7 +237,7 @@ def iter_batches(
     todo = batches[start:]
     if prefetch <= 0:
         for refs in todo:
-            yield collate([reader.get(r) for r in refs])
+            yield collate(reader.batch(refs))
         return
     ready: queue.Queue = queue.Queue(maxsize=prefetch)
     stop = threading.Event()
@@ -219,7 +254,7 @@ def iter_batches(
     def work() -> None:
         try:
             for refs in todo:
-                batch = collate([reader.get(r) for r in refs])
+                batch = collate(reader.batch(refs))
                 if not put(batch.pinned() if pin else batch):
                     return
             put(_END)

@@ -133,21 +133,23 @@ def expected_aux_layers(
     """The aux layer ids the export must carry, and where that expectation comes from."""
     if run is None:
         return (list(expected) if expected is not None else None), "expected"
-    from tasks.extract.storage import extract_metadata
+    from tasks.draft.data import training_data_metadata
 
     try:
-        meta = extract_metadata(run)
+        meta = training_data_metadata(run)
     except FileNotFoundError as err:
         raise ExportError(f"cannot check aux layer ids against the extraction: {err}") from err
+    where = (f"the online training data of {run.url}" if meta.get("hidden_states") == "online"
+             else f"the extraction in {run.url}/extract")  # fmt: skip
     if meta["hidden_size"] != cfg.target_hidden_size:
         raise ExportError(
-            f"draft target_hidden_size {cfg.target_hidden_size} differs from the extraction's "
-            f"hidden_size {meta['hidden_size']} ({run.url}/extract)"
+            f"draft target_hidden_size {cfg.target_hidden_size} differs from the hidden_size "
+            f"{meta['hidden_size']} of {where}"
         )
     ids = list(meta["aux_layer_ids"])
     if expected is not None and list(expected) != ids:
-        raise ExportError(f"expected aux layer ids {list(expected)} differ from the extraction's {ids} ({run.url}/extract)")
-    return ids, f"the extraction in {run.url}/extract"
+        raise ExportError(f"expected aux layer ids {list(expected)} differ from the {ids} of {where}")
+    return ids, where
 
 
 def sglang_files(

@@ -52,15 +52,15 @@ def train_scaling_drafts(
     """Train, resume or skip each fraction of `cfg.scaling_fractions`; export each best
     checkpoint; write and return the index (one entry per fraction)."""
     from tasks.draft import checkpoint as ckpt
+    from tasks.draft.data import training_data_metadata
     from tasks.draft.export import export_to_run
     from tasks.draft.trainer import Dist, train_draft
     from tasks.draft.vocab import VocabMap
-    from tasks.extract.storage import extract_metadata
 
     rank = Dist.current()  # under torchrun every rank trains; rank 0 exports and writes the index
-    n_train = int(extract_metadata(run)["splits"].get("train", 0))
+    n_train = int(training_data_metadata(run)["splits"].get("train", 0))
     if n_train == 0:
-        raise ValueError(f"{run.url}/extract has no training sequences")
+        raise ValueError(f"{run.url}: the training data has no training sequences")
     # Every fraction drafts over the full draft's vocabulary: the drafts differ in their training
     # data only (and no fraction re-counts the whole training split for a map of its own).
     vocab = VocabMap.load(run) if run.exists(TRAIN_VOCAB_MAP) else None

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from tasks.config import ConfigError, load_config
+from tasks.draft.online import OnlineTarget
 from tasks.draft.scaling_drafts import train_scaling_drafts
 from tasks.draft.trainer import TrainError, train_draft
 from tasks.runfolder import RunFolder
@@ -48,9 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group(_backend(cfg.train.device))
     try:
         run = RunFolder(cfg.run_root, cfg.storage_options)
-        result = train_draft(run, cfg.train, cfg.target.model_path)
+        online = OnlineTarget.from_config(cfg)  # None unless train.hidden_states is online
+        result = train_draft(run, cfg.train, cfg.target.model_path, online=online)
         if cfg.train.scaling_fractions:
-            train_scaling_drafts(run, cfg.train, cfg.target.model_path)
+            train_scaling_drafts(run, cfg.train, cfg.target.model_path, online=online)
     except (TrainError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

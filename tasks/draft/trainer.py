@@ -1,4 +1,6 @@
-"""Train the EAGLE-3 draft on a run's extracted hidden states (the `train` stage's work).
+"""Train the EAGLE-3 draft on the target's hidden states (the `train` stage's work): read from
+the extract stage's shards (`train.hidden_states: offline`), or captured from the target batch by
+batch as it trains (`online`, tasks/draft/online.py; nothing stored).
 
 Read top to bottom: set up (target heads, draft shape, data index, vocab map), build the
 model and optimizer, resume from the newest complete checkpoint, then loop: one
@@ -22,8 +24,18 @@ from torch.nn.parallel import DistributedDataParallel
 from tasks.config import TrainConfig
 from tasks.draft import checkpoint as ckpt
 from tasks.draft.config import DraftConfig
-from tasks.draft.data import ShardReader, build_index, iter_batches, plan_epoch, rank_batches
+from tasks.draft.data import (
+    DataIndex,
+    SequenceReader,
+    ShardReader,
+    build_index,
+    iter_batches,
+    plan_epoch,
+    rank_batches,
+    write_data_metadata,
+)
 from tasks.draft.model import Eagle3Draft
+from tasks.draft.online import OnlineData, OnlineTarget
 from tasks.draft.plots import accuracy_plot_png
 from tasks.draft.target_heads import load_target_heads
 from tasks.draft.ttt import Batch, StepStats, TTTModel, counted_rows, summarize
@@ -103,11 +115,14 @@ def _draft_config(cfg: TrainConfig, target_path: str, extract_meta: dict[str, An
 
 
 def vocab_and_index(
-    run: RunFolder, vocab_size: int, draft_vocab_size: int, rank: Dist, vocab_map: VocabMap | None = None
+    run: RunFolder, vocab_size: int, draft_vocab_size: int, rank: Dist, vocab_map: VocabMap | None = None,
+    indexer: Callable[..., DataIndex] | None = None,
 ) -> tuple[VocabMap, Any]:
     """The draft vocabulary map and the data index. Rank 0 indexes the data and, when neither
     `vocab_map` nor a saved map exists, counts the training split's loss-masked tokens in the
-    same pass (eval sequences never count) and saves the map; the other ranks load both."""
+    same pass (eval sequences never count) and saves the map; the other ranks load both.
+    `indexer(visit, use_cache=...)` indexes the data (default: the extract shards')."""
+    build = indexer or (lambda visit=None, use_cache=True: build_index(run, visit, use_cache))
     if rank.rank == 0:
         have_map = vocab_map is not None or run.exists(TRAIN_VOCAB_MAP)
         counted: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -116,7 +131,7 @@ def vocab_and_index(
             if seq.split == "train":
                 counted.append((seq.input_ids, seq.loss_mask))
 
-        index = build_index(run, None if have_map else visit, use_cache=have_map)
+        index = build(None if have_map else visit, use_cache=have_map)
         if vocab_map is None and not have_map:
             counts = count_tokens(counted, vocab_size)
             build_vocab_map(counts, draft_vocab_size).save(run)
@@ -124,7 +139,7 @@ def vocab_and_index(
             vocab_map.save(run)
     rank.barrier()
     if rank.rank != 0:
-        index = build_index(run)
+        index = build()
     return VocabMap.load(run), index
 
 
@@ -179,13 +194,15 @@ def train_draft(
     eval_max_batches: int | None = None,
     max_train_sequences: int | None = None,
     compile_kernels: bool | None = None,
+    online: OnlineTarget | None = None,
 ) -> TrainResult:
     """Train (or resume training) the draft of `run`; returns the metric history.
 
     `vocab_map` overrides the one built from the training split (saved with the run);
     `eval_max_batches` caps the held-out set (kept decoded in host memory);
     `max_train_sequences` trains on the first N training sequences only (data scaling);
-    `compile_kernels` fuses the layer's elementwise work with torch.compile (default: on CUDA).
+    `compile_kernels` fuses the layer's elementwise work with torch.compile (default: on CUDA);
+    `online` (OnlineTarget.from_config) is required when cfg.hidden_states is "online".
     """
     from tasks.extract.storage import extract_metadata
 
@@ -198,10 +215,24 @@ def train_draft(
     autocast = torch.autocast(device.type, dtype=compute_dtype, enabled=compute_dtype != torch.float32)
 
     # -- set-up: the draft's shape, the data, the vocabulary -------------------------------
-    draft_cfg = _draft_config(cfg, target_model_path, extract_metadata(run))
+    source: OnlineData | None = None
+    if cfg.hidden_states == "online":
+        if online is None:
+            raise TrainError("train.hidden_states is 'online' but no OnlineTarget was given: pass "
+                             "online=OnlineTarget.from_config(config) (the target and extract settings)")
+        source = OnlineData(run, online, device)
+        data_meta = source.metadata()
+    else:
+        data_meta = extract_metadata(run)
+    draft_cfg = _draft_config(cfg, target_model_path, data_meta)
     if rank.rank == 0:
         ckpt.remove_incomplete(run)
-    vocab, index = vocab_and_index(run, draft_cfg.vocab_size, draft_cfg.draft_vocab_size, rank, vocab_map)
+    vocab, index = vocab_and_index(run, draft_cfg.vocab_size, draft_cfg.draft_vocab_size, rank, vocab_map,
+                                   source.index if source else None)
+
+    def make_reader() -> SequenceReader:
+        return source.reader(index) if source else ShardReader(run, index)
+
     index = index.limited("train", max_train_sequences)
     if vocab.draft_vocab_size != draft_cfg.draft_vocab_size or vocab.vocab_size != draft_cfg.vocab_size:
         raise TrainError(
@@ -241,9 +272,18 @@ def train_draft(
     resumed_from = ckpt.latest_checkpoint(run)
     if resumed_from is not None:
         state = ckpt.load_training_state(run, resumed_from, draft, optimizer, scheduler)
+        recorded_mode = state.get("hidden_states", "offline")  # checkpoints before the key: offline
+        if recorded_mode != cfg.hidden_states:
+            raise TrainError(
+                f"{run.url}/{resumed_from}: trained with train.hidden_states {recorded_mode!r}, "
+                f"this run asks for {cfg.hidden_states!r}; resume in {recorded_mode!r} mode, or "
+                "remove train/checkpoints to start over"
+            )
         if not torch.equal(draft.d2t.cpu(), vocab.d2t):
             raise TrainError(f"{run.url}/{resumed_from}: trained with another vocab map than "
                              f"{TRAIN_VOCAB_MAP}; remove one of them")
+    if rank.rank == 0:  # what export, the gate and the scaling drafts read (after the mode check)
+        write_data_metadata(run, cfg.hidden_states, data_meta, index)
     step = state["step"]
     last_saved = resumed_from
 
@@ -251,7 +291,7 @@ def train_draft(
 
     def evaluate() -> dict[str, Any]:
         if not eval_cache:  # decoded once, kept on the host: evals re-read no shards
-            eval_cache.extend(iter_batches(ShardReader(run, index), eval_batches))
+            eval_cache.extend(iter_batches(make_reader(), eval_batches))
         model.eval()
         totals = StepStats(*(torch.zeros(cfg.ttt_steps, dtype=torch.float64, device=device)
                              for _ in range(3)))
@@ -270,7 +310,7 @@ def train_draft(
         nonlocal last_saved
         last_saved = ckpt.checkpoint_key(step)
         if rank.rank == 0:
-            trainer_state = {**state, "step": step, "epoch": step // steps_per_epoch,
+            trainer_state = {**state, "hidden_states": cfg.hidden_states, "step": step, "epoch": step // steps_per_epoch,
                              "batch_in_epoch": step % steps_per_epoch,
                              "steps_per_epoch": steps_per_epoch, "total_steps": total_steps}
             ckpt.save_checkpoint(run, step, draft, optimizer, scheduler, trainer_state)
@@ -302,7 +342,7 @@ def train_draft(
         record_eval()  # the untrained baseline
 
     # -- the loop --------------------------------------------------------------------------
-    reader = ShardReader(run, index)
+    reader = make_reader()
     model.train()
     while step < total_steps:
         epoch, start = divmod(step, steps_per_epoch)
@@ -333,6 +373,8 @@ def train_draft(
             if final:
                 break
 
+    if source is not None:
+        source.close()
     result = TrainResult(step, state["history"], state["evals"], state["best"], last_saved,
                          resumed_from, vocab.stats)
     if rank.rank == 0:

@@ -116,6 +116,24 @@ def forecast_extract(
     }
 
 
+def online_forecast(run: RunFolder, max_length: int, extra_per_sequence: int = 1) -> dict[str, Any]:
+    """The forecast of a run with `train.hidden_states: online`: the trainer captures the
+    states as it trains and nothing is stored, whatever the projected tokens."""
+    tokens = projected_tokens(run, max_length, extra_per_sequence)
+    return {
+        "hidden_states": "online",
+        **tokens,
+        "total_bytes": 0,
+        "needed_bytes": 0,
+        "fits": True,
+        "summary": (
+            f"0 B: online hidden states (train.hidden_states: online); the trainer runs the target "
+            f"over its {tokens['projected_tokens']:,} tokens as it trains and stores none, so the "
+            "extract stage is skipped"
+        ),
+    }
+
+
 def check_forecast(forecast: dict[str, Any]) -> None:
     """Refuse, naming both numbers, when the forecast does not fit."""
     if forecast["fits"]:

@@ -58,6 +58,16 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (q.float().reshape(rows, groups, -1) * scale[..., None]).reshape(rows, -1)
 
 
+def storage_round_trip(x: torch.Tensor, storage_dtype: str, groups: int) -> torch.Tensor:
+    """`x` [T, groups·H] as a reader gets it back from storage in `storage_dtype` (float32).
+    Online training feeds the draft these values, so the two modes train on the same numbers."""
+    if storage_dtype == "bf16":
+        return x.to(torch.bfloat16).float()
+    if storage_dtype == "fp8_e4m3":
+        return dequantize_fp8(*quantize_fp8(x, groups))
+    raise ValueError(f"storage_dtype must be one of {STORAGE_DTYPES}, got {storage_dtype!r}")
+
+
 class _ErrorStats:
     """Running max-abs and relative-RMS error of a stored tensor against its capture.
 

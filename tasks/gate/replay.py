@@ -224,15 +224,18 @@ def replay(
 
 def replay_run(
     run: RunFolder, draft: Eagle3Draft, num_steps: Sequence[int] = (1, 2, 3, 4, 5), split: str = "eval",
-    limit: int | None = None, **kwargs: Any,
+    limit: int | None = None, sequences: Iterable[ReplaySequence] | None = None, **kwargs: Any,
 ) -> ReplayResult:
     """Replay on a run's committed extract shards (the held-out split by default; the first
-    `limit` sequences, in the store's order, when given)."""
+    `limit` sequences, in the store's order, when given), or on `sequences` (an online run's,
+    tasks.draft.online.online_sequences)."""
     import itertools
 
     from tasks.extract.storage import iter_extracted
 
-    result = replay(draft, itertools.islice(iter_extracted(run, split), limit), num_steps, **kwargs)
+    seqs = sequences if sequences is not None else iter_extracted(run, split)
+    result = replay(draft, itertools.islice(seqs, limit), num_steps, **kwargs)
     if not result.sequences:
-        raise ValueError(f"{run.url}/extract has no committed {split!r} sequences to replay")
+        where = "training data" if sequences is not None else "extract"
+        raise ValueError(f"{run.url}: the {where} has no committed {split!r} sequences to replay")
     return result

@@ -128,11 +128,19 @@ def replay_draft(
     """One exported draft over the first gate.replay_sequences held-out sequences, on
     gate.device (on a GPU node the draft's unroll takes seconds there and minutes on the CPU:
     the third real run's gate spent them before its first launch)."""
+    from tasks.draft.data import training_data_metadata
+    from tasks.draft.online import OnlineTarget, online_sequences
+
     gate = config.gate
     draft = load_draft(embed, draft_dir, gate.device)
+    sequences = None
+    if training_data_metadata(run).get("hidden_states") == "online":
+        # No extract shards: the target (on gate.device) captures the held-out states again.
+        sequences = online_sequences(run, OnlineTarget.of(config), torch.device(gate.device), "eval",
+                                     gate.replay_sequences)  # fmt: skip
     try:
-        return replay_run(run, draft, num_steps, limit=gate.replay_sequences, n_bootstrap=gate.n_bootstrap,
-                          seed=gate.bootstrap_seed, ci_level=gate.ci_level)  # fmt: skip
+        return replay_run(run, draft, num_steps, limit=gate.replay_sequences, sequences=sequences,
+                          n_bootstrap=gate.n_bootstrap, seed=gate.bootstrap_seed, ci_level=gate.ci_level)  # fmt: skip
     finally:
         del draft
         if gate.device.startswith("cuda"):  # the servers launched next measure the GPU's free memory
@@ -319,7 +327,7 @@ def _scaling(
 ) -> dict[str, Any] | None:
     """The curve over the train stage's scaling drafts and the full draft, at
     gate.scaling_num_steps: replayed for every draft, measured where a server measured it."""
-    from tasks.extract.storage import extract_metadata
+    from tasks.draft.data import training_data_metadata
     from tasks.gate.scaling import MEASURED, OVERALL, REPLAY, ScalingPoint, write_scaling_report
 
     if not replays:
@@ -341,7 +349,7 @@ def _scaling(
     for samples, result in replays.items():
         add_replay(samples, result)
         add_measured(samples, next((c for c in decision.configs if c.role == SCALING and c.samples == samples), None))
-    n_train = int(extract_metadata(run)["splits"].get("train", 0))
+    n_train = int(training_data_metadata(run)["splits"].get("train", 0))
     add_replay(n_train, replayed)  # the full draft: offline_replay covers scaling_num_steps
     full = next((c for c in decision.configs if c.spec and c.is_candidate_chain() and c.spec["num_steps"] == k), None)
     add_measured(n_train, full)
@@ -366,8 +374,8 @@ def run_gate_stage(config: EagleScaleConfig, work_dir: Path, logger: Logger | No
 
 
 def _gate(config: EagleScaleConfig, run: RunFolder, work_dir: Path, progress: GateProgress) -> GateOutcome:
+    from tasks.draft.data import training_data_metadata
     from tasks.draft.target_heads import load_target_heads
-    from tasks.extract.storage import extract_metadata
     from tasks.target import read_model_config, resolve_model_dir, text_config
 
     gate = config.gate
@@ -381,7 +389,7 @@ def _gate(config: EagleScaleConfig, run: RunFolder, work_dir: Path, progress: Ga
     contenders = find_contenders(config, run, work_dir, sha, target_config)
     ours = scaling_extra(config, scaling_dirs)
     configs = plan_configs(gate, str(draft_dir), contenders.drafts + ours)
-    aux_ids = extract_metadata(run)["aux_layer_ids"]
+    aux_ids = training_data_metadata(run)["aux_layer_ids"]
     # The run's own drafts are checked against their configs before anything is launched.
     for path in dict.fromkeys([str(draft_dir), *(d.path for d in ours)]):
         specs = [c.spec for c in configs if c.spec is not None and c.spec.draft_model_path == path

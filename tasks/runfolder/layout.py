@@ -9,6 +9,7 @@ TRAIN_VOCAB_MAP = "train/vocab_map.safetensors"  # d2t / t2d of the draft vocabu
 TRAIN_PLOT = "train/plots/accuracy.png"  # held-out accuracy per draft position over steps
 TRAIN_BEST = "train/best.json"  # the best evaluated checkpoint
 TRAIN_RESULT = "train/result.json"  # the training run's summary
+TRAIN_DATA = "train/data.json"  # the states trained on: offline/online, hidden size, aux ids, splits
 TRAIN_FINAL = "train/final"  # the exported SGLang EAGLE3 draft
 TRAIN_FINAL_SPECULATORS = "train/final-speculators"  # the same draft in vLLM's speculators format
 GATE_DONE = "gate/_SUCCESS.json"  # the gate's decision and what it was about
