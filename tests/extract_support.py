@@ -17,7 +17,6 @@ from typing import Any
 from tasks.config import EagleScaleConfig, load_config
 from tasks.extract.storage import shard_metadata
 from tasks.runfolder import RunFolder, ShardStore
-from tasks.runfolder.parts import marker_paths
 from tasks.target import load_tokenizer
 from tests.run_support import generate_all, write_params
 
@@ -66,19 +65,6 @@ def extracted_ids(run: RunFolder) -> tuple[list[str], list[str]]:
             rows += shard_metadata(data)["sequence_ids"]
         dead += store.read_dead(marker).column("request_id").to_pylist()
     return rows, dead
-
-
-def unmarked_objects(run: RunFolder) -> set[str]:
-    """Objects under extract/data and extract/dead that no marker names."""
-    named = {
-        path
-        for marker in ShardStore(run, "extract").committed().values()
-        for path in marker_paths(marker)
-    }
-    present = {
-        f"extract/{sub}/{name}" for sub in ("data", "dead") for name in run.listdir(f"extract/{sub}")
-    }
-    return present - named
 
 
 def main(argv: list[str]) -> int:
