@@ -141,7 +141,8 @@ def test_kill9_at_random_moments_then_resume_is_exactly_once(tmp_path, tiny_targ
         assert done < TOTAL, f"the work ran out after {random_kills} random kills"
         proc = start_cli(args, api_env(), log)
         first_at = done + rng.randint(1, STEP)
-        kill_at_progress(proc, lambda: journal_lines(run_dir), first_at, rng.uniform(0.0, PAUSE_S), first_at + STEP)
+        killed = kill_at_progress(proc, lambda: journal_lines(run_dir), first_at, rng.uniform(0.0, PAUSE_S), first_at + STEP)
+        assert killed, f"a run ended (rc {proc.returncode}) before its kill:\n" + log.read_text()[-3000:]
         random_kills += 1
         random_mid_commit += bool(left_mid_commit(run, "generate", proc.pid))
     left = TOTAL - journal_lines(run_dir)
