@@ -58,8 +58,16 @@ def clean_child_env(environ: dict[str, str], host: dict[str, str]) -> dict[str, 
     return {k: v for k, v in environ.items() if not (k in host and host[k] == v)}
 
 
-def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+def child_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a child, less the host's SLACK_*/AWS_*/PREFECT_* values
+    (make test's own PREFECT_SERVER_* settings included: callers set what they need), no
+    Prefect analytics, plus `extra`."""
     env = clean_child_env(dict(os.environ), HOST_ENV)
+    return {**env, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", **extra}
+
+
+def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = child_env()
     env.update(
         PREFECT_HOME=str(tmp_path / "prefect-home"),
         PREFECT_SERVER_ANALYTICS_ENABLED="false",

@@ -24,7 +24,7 @@ import yaml
 
 from tasks.runfolder import RunFolder, ShardStore
 from tests.prefect_support import prefect_server
-from tests.run_support import HOST_ENV, ROOT, clean_child_env
+from tests.run_support import ROOT, child_env
 from tests.slack_support import Receiver
 
 pytestmark = pytest.mark.slow  # ~95 s: a server, a worker and two watched deployment runs
@@ -99,7 +99,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     home = tmp_path_factory.mktemp("deploy-e2e") / "prefect-home"
     home.mkdir()
     with prefect_server(home) as url, Receiver() as slack:
-        env = clean_child_env(dict(os.environ), HOST_ENV)  # no host Slack/AWS/Prefect values
+        env = child_env()  # no host Slack/AWS/Prefect values
         env.update(
             PREFECT_API_URL=url,
             PREFECT_HOME=str(home),

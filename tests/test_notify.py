@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from tasks.notify import (
     format_duration,
     resolve_credentials,
 )
+from tests.run_support import child_env
 from tests.slack_support import Receiver
 
 TOKEN = "xoxb-1111-2222-SECRETTOKENVALUE"
@@ -196,7 +196,7 @@ def test_prefect_secret_block_holding_a_webhook(receiver: Receiver, tmp_path: Pa
     """A real Prefect Secret block (ephemeral API in a child process, its own PREFECT_HOME)."""
     hook = f"{receiver.url}/services/BLOCKSECRET"
     env = {
-        **os.environ,
+        **child_env(),  # no host Slack/AWS/Prefect values
         "PREFECT_HOME": str(tmp_path / "prefect"),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_API_URL": "",
