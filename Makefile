@@ -39,17 +39,25 @@ demo: $(TINY_TARGET)/config.json
 	PREFECT_SERVER_ANALYTICS_ENABLED=false $(BIN)/eaglescale run --params deployments/params/smoke.yaml
 	$(BIN)/eaglescale status .eaglescale/runs/smoke
 
-# Debian's chromium for tests/test_ui_browser.py, installed when missing and apt-get can (root);
-# anywhere else the UI test skips, so this never fails `make test`.
-.PHONY: browser
-browser:
-	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+# Debian's chromium (tests/test_ui_browser.py) and shellcheck (tests/test_infra_scripts.py),
+# installed when missing and apt-get can (root). Under CI=true a tool that cannot be installed
+# fails `make test` here (and its test fails rather than skips); anywhere else its test skips,
+# saying why.
+.PHONY: browser test-tools
+test-tools:
+	@missing=""; \
+	command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || missing=" chromium"; \
+	command -v shellcheck >/dev/null 2>&1 || missing="$$missing shellcheck"; \
+	[ -z "$$missing" ] \
 	  || { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] \
-	       && { apt-get install -y -qq chromium >/dev/null 2>&1 \
-	            || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null 2>&1; }; }; } \
-	  || echo "browser: no chromium and it could not be installed; the UI browser test will skip"
+	       && { apt-get install -y -qq $$missing >/dev/null 2>&1 \
+	            || { apt-get update -qq && apt-get install -y -qq $$missing >/dev/null 2>&1; }; }; } \
+	  || { [ "$$CI" = true ] && { echo "test-tools: could not install$$missing (CI=true: failing)"; exit 1; }; \
+	       echo "test-tools: could not install$$missing; the tests that need it will skip"; }
 
-test: $(STAMP) browser
+browser: test-tools
+
+test: $(STAMP) test-tools
 	$(BIN)/ruff check flows tasks tests benchmarks deployments
 	PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=120 $(BIN)/pytest -q
 

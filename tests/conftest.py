@@ -37,3 +37,18 @@ def smollm2_dir(_eaglescale_cache: Path) -> Path:
     from tasks.target import resolve_model_dir
 
     return resolve_model_dir(SMOLLM2)
+
+
+def require_tool(*names: str, install: str) -> str:
+    """The path of the first of `names` on PATH. Missing, the test skips, except under CI=true
+    where it fails: CI's `make test` installs these tools, so one missing there is a broken
+    set-up, not a reason to let a test quietly not run."""
+    import shutil
+
+    found = next((path for path in map(shutil.which, names) if path), None)
+    if found is None:
+        message = f"{' or '.join(names)} not on PATH ({install})"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{message}; CI=true, so this fails instead of skipping")
+        pytest.skip(message)
+    return found

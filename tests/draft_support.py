@@ -3,7 +3,6 @@ local engine) and extract committed by the real stages, built once per session a
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +10,7 @@ from tasks.config import EagleScaleConfig, load_config
 from tasks.extract.stage import ExtractStage
 from tasks.runfolder import RunFolder
 from tasks.target import load_tokenizer
-from tests.run_support import generate_all, write_params
+from tests.run_support import copy_template_run, generate_all, write_params
 
 TOTAL_PROMPTS = 240
 SHARD_SIZE = 40
@@ -29,7 +28,6 @@ TRAIN = {
     "logits_chunk": 512,
     "intermediate_size": 128,
 }
-_templates: dict[str, Path] = {}
 
 
 def _build(cfg: EagleScaleConfig) -> None:
@@ -60,10 +58,11 @@ def params_for(dest: Path, model_dir: Path, **train: Any) -> Path:
 def extracted_run(base: Path, model_dir: Path, dest: Path, **train: Any) -> tuple[EagleScaleConfig, Path]:
     """A run under `dest` with discover, generate and extract committed (copied from one
     built once per session under `base`), and its params file with `train` overrides."""
-    if "run" not in _templates:
-        template = base / "draft-template"
+
+    def build(template: Path) -> Path:
         _build(load_config(params_for(template, model_dir)))
-        _templates["run"] = template / "run"
-    shutil.copytree(_templates["run"], dest / "run")
+        return template / "run"
+
+    copy_template_run("draft-template", base, model_dir, dest, build)
     params = params_for(dest, model_dir, **train)
     return load_config(params), params

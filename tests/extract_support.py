@@ -4,11 +4,17 @@ copied per test), and a runner the crash test starts as a subprocess and kills.
     python -m tests.extract_support PARAMS_YAML [PART_BYTES]   runs the extract stage in
     plain code, under shard leases like the flow, printing READY after prepare() and
     <STATUS> <shard> after each shard it ran (COMMITTED, SKIPPED, LEASE_LOST, ...).
+
+    python -m tests.extract_support --fork PARAMS_YAML [PART_BYTES]   the same runner as a
+    fork server: its imports (torch, transformers: ~2.5 s of a runner's start on 2 cores) are
+    paid once; each stdin line (a failpoint, or "-") forks one runner in its own session,
+    which prints PID <pid> first; the server prints EXIT <pid> <code> once it has ended. A
+    crash test kills such runners many times at the cost of a fork each.
 """
 
 from __future__ import annotations
 
-import shutil
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -17,14 +23,12 @@ from typing import Any
 from tasks.config import EagleScaleConfig, load_config
 from tasks.extract.storage import shard_metadata
 from tasks.runfolder import RunFolder, ShardStore
-from tasks.runfolder.parts import marker_paths
 from tasks.target import load_tokenizer
-from tests.run_support import generate_all, write_params
+from tests.run_support import copy_template_run, generate_all, write_params
 
 TOTAL_PROMPTS = 48
 SHARD_SIZE = 8
 MAX_NEW_TOKENS = 16
-_templates: dict[str, Path] = {}
 
 
 def _params(dest: Path, model_dir: Path, extract: dict[str, Any]) -> Path:
@@ -46,11 +50,12 @@ def generated_run(
 ) -> tuple[EagleScaleConfig, Path]:
     """A run under `dest` whose discover and generate stages are committed (a copy of one
     generated once per session under `base`), with `extract` overriding extract params."""
-    if "run" not in _templates:
-        template = base / "extract-template"
+
+    def build(template: Path) -> Path:
         generate_all(load_config(_params(template, model_dir, {})))
-        _templates["run"] = template / "run"
-    shutil.copytree(_templates["run"], dest / "run")
+        return template / "run"
+
+    copy_template_run("extract-template", base, model_dir, dest, build)
     params = _params(dest, model_dir, extract)
     return load_config(params), params
 
@@ -66,19 +71,6 @@ def extracted_ids(run: RunFolder) -> tuple[list[str], list[str]]:
             rows += shard_metadata(data)["sequence_ids"]
         dead += store.read_dead(marker).column("request_id").to_pylist()
     return rows, dead
-
-
-def unmarked_objects(run: RunFolder) -> set[str]:
-    """Objects under extract/data and extract/dead that no marker names."""
-    named = {
-        path
-        for marker in ShardStore(run, "extract").committed().values()
-        for path in marker_paths(marker)
-    }
-    present = {
-        f"extract/{sub}/{name}" for sub in ("data", "dead") for name in run.listdir(f"extract/{sub}")
-    }
-    return present - named
 
 
 def main(argv: list[str]) -> int:
@@ -107,5 +99,35 @@ def main(argv: list[str]) -> int:
     return 1 if failures else 0
 
 
+def fork_server(argv: list[str]) -> int:
+    import tasks.extract.stage  # noqa: F401 - the heavy imports, paid once before any fork
+    import tasks.runfolder.schedule  # noqa: F401
+
+    # No torch op runs here, and the runners use one thread (OMP_NUM_THREADS=1 from the
+    # test): no OpenMP pool exists to be broken by fork().
+    print("SERVING", flush=True)
+    for line in sys.stdin:
+        pid = os.fork()
+        if pid == 0:  # the runner: its own session, so a kill of its group spares the server
+            os.setsid()
+            failpoint = line.strip()
+            os.environ.pop("EAGLESCALE_FAILPOINT", None)
+            if failpoint != "-":
+                os.environ["EAGLESCALE_FAILPOINT"] = failpoint
+            code = 1
+            try:
+                print("PID", os.getpid(), flush=True)
+                code = main(argv)
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        print("EXIT", pid, os.waitstatus_to_exitcode(status), flush=True)
+    return 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--fork"]:
+        sys.exit(fork_server(sys.argv[2:]))
     sys.exit(main(sys.argv[1:]))

@@ -104,3 +104,17 @@ def commit_holdout(run: RunFolder, per_domain: int = 3, domains: tuple[str, ...]
 def encode(messages: list[dict[str, Any]]) -> list[int]:
     """A stand-in tokenizer: bytes of the last message's content, shifted past the specials."""
     return [4 + b % 200 for b in messages[-1]["content"].encode()][:48]
+
+
+def emulated_speedup(launches: list[dict[str, Any]], config: str) -> float:
+    """`config`'s tokens per second over the baseline's, from the emulator's own reported
+    latencies (meta_info e2e_latency, timed around its sleep): no client, HTTP or scheduling
+    time in them, so a loaded machine cannot shrink this ratio as it shrinks the wall-clock
+    tok/s the decision uses. `launches` as in report.json (BenchResult.to_dict())."""
+
+    def tok_s(name: str) -> float:
+        requests = [r for x in launches for r in x["requests"] if r["config"] == name]
+        assert requests and all(r["server_e2e_latency_s"] for r in requests), name
+        return sum(r["completion_tokens"] for r in requests) / sum(r["server_e2e_latency_s"] for r in requests)
+
+    return tok_s(config) / tok_s("baseline")

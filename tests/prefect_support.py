@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import httpx
 
+from tests.run_support import child_env
 from tests.s3_support import free_port
 
 
@@ -25,7 +25,7 @@ def prefect_server(home: Path, ui: bool = False) -> Iterator[str]:
     """
     port = free_port()
     url = f"http://127.0.0.1:{port}/api"
-    env = dict(os.environ)
+    env = child_env()  # no host Slack/AWS/Prefect values
     env.update(
         PREFECT_HOME=str(home),
         PREFECT_SERVER_ANALYTICS_ENABLED="false",

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +22,7 @@ from tasks.engines.local import LocalEngine
 from tasks.generate.plan import planned_requests
 from tasks.generate.stage import GenerateStage, generation_fingerprint
 from tasks.runfolder import RunFolder, ShardStore
+from tasks.runfolder.parts import marker_paths
 from tasks.target import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,8 +58,16 @@ def clean_child_env(environ: dict[str, str], host: dict[str, str]) -> dict[str, 
     return {k: v for k, v in environ.items() if not (k in host and host[k] == v)}
 
 
-def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+def child_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a child, less the host's SLACK_*/AWS_*/PREFECT_* values
+    (make test's own PREFECT_SERVER_* settings included: callers set what they need), no
+    Prefect analytics, plus `extra`."""
     env = clean_child_env(dict(os.environ), HOST_ENV)
+    return {**env, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", **extra}
+
+
+def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = child_env()
     env.update(
         PREFECT_HOME=str(tmp_path / "prefect-home"),
         PREFECT_SERVER_ANALYTICS_ENABLED="false",
@@ -80,6 +94,39 @@ def start_cli(args: list[str], env: dict[str, str], log_path: Path) -> subproces
     )
 
 
+def kill_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+
+
+def kill_at_progress(
+    proc: subprocess.Popen,
+    progress: Callable[[], int],
+    first_at: int,
+    pause_s: float,
+    cap_at: int,
+    limit_s: float = 300.0,
+    poll_s: float = 0.02,
+) -> bool:
+    """kill -9 `proc`'s group once `progress()` reaches `first_at`, after a pause of `pause_s`
+    cut short when it reaches `cap_at`: a moment set by the work done, with a time component
+    bounded in work, so the number of kills a run of fixed size takes never depends on the
+    machine's speed. True when this killed it; False when `proc` had ended first."""
+    deadline = time.monotonic() + limit_s
+    pause_until: float | None = None
+    while proc.poll() is None:
+        done = progress()
+        if pause_until is None and done >= first_at:
+            pause_until = time.monotonic() + pause_s
+        if pause_until is not None and (time.monotonic() >= pause_until or done >= cap_at):
+            kill_group(proc)
+            return True
+        assert time.monotonic() < deadline, f"no progress in {limit_s} s ({done} of {first_at})"
+        time.sleep(poll_s)
+    return False
+
+
 def planned_ids(run: RunFolder) -> set[str]:
     fp_hash = run.read_json("run.json")["fingerprint_hash"]
     samples = run.read_json("run.json")["fingerprint"]["sampling"]["samples_per_prompt"]
@@ -98,6 +145,45 @@ def committed_ids(run: RunFolder, stage: str = "generate") -> tuple[list[str], l
     return rows, dead
 
 
+def rows_by_request(run: RunFolder, stage: str = "generate") -> dict[str, dict[str, Any]]:
+    """Every committed row of a stage, by request id."""
+    store = ShardStore(run, stage)
+    return {
+        row["request_id"]: row
+        for marker in store.committed().values()
+        for row in store.read_rows(marker).to_pylist()
+    }
+
+
+def unmarked_objects(run: RunFolder, stage: str) -> set[str]:
+    """Objects under <stage>/data and <stage>/dead that no marker names: what a kill between
+    a commit's first write and its marker leaves behind."""
+    named = {path for marker in ShardStore(run, stage).committed().values() for path in marker_paths(marker)}
+    present = {f"{stage}/{sub}/{name}" for sub in ("data", "dead") for name in run.listdir(f"{stage}/{sub}")}
+    return present - named
+
+
+def left_mid_commit(run: RunFolder, stage: str, pid: int) -> set[str]:
+    """Objects a commit of the process `pid` wrote without its marker (attempt ids carry the
+    writer's pid): the proof that a kill of `pid` landed inside the commit sequence."""
+    return {rel for rel in unmarked_objects(run, stage) if f"-{pid}-" in rel.rsplit("/", 1)[1]}
+
+
+def marked_unreleased(run: RunFolder, stage: str, pid: int) -> list[str]:
+    """Shards committed by `pid` whose lease it still held: it died after a marker and before
+    the lease release that follows it."""
+    names = run.listdir(f"{stage}/leases")
+    out = []
+    for shard, marker in ShardStore(run, stage).committed().items():
+        if f"-{pid}-" not in marker["attempt"]:
+            continue
+        mine = [n for n in names if n.startswith(f"{shard}.") and n.endswith(".json")]
+        last = max((run.read_json(f"{stage}/leases/{n}") for n in mine), key=lambda r: r["epoch"])
+        if last["holder"]["pid"] == pid and not last.get("released"):
+            out.append(shard)
+    return out
+
+
 def assert_exactly_once(run: RunFolder) -> tuple[int, int]:
     rows, dead = committed_ids(run)
     planned = planned_ids(run)
@@ -108,6 +194,24 @@ def assert_exactly_once(run: RunFolder) -> tuple[int, int]:
         f"extra {len(set(rows) - planned)}"
     )
     return len(rows), len(dead)
+
+
+# Template runs built once per session, keyed by what they are built from: the builder (its
+# name; its other inputs are constants) and the target. Keyed by the builder alone, a test on
+# another target would get a run generated by the first one. Where a template lies (the first
+# caller's base folder) is no input.
+_templates: dict[tuple[str, str], Path] = {}
+
+
+def copy_template_run(
+    name: str, base: Path, model_dir: Path, dest: Path, build: Callable[[Path], Path]
+) -> None:
+    """Copy to `dest`/run the run `build(folder)` makes for the target `model_dir` (it
+    returns the run's folder), built on first use under `base`."""
+    key = (name, str(Path(model_dir).resolve()))
+    if key not in _templates:
+        _templates[key] = build(base / f"{name}-{len(_templates)}")
+    shutil.copytree(_templates[key], dest / "run")
 
 
 def discover_and_fingerprint(cfg: EagleScaleConfig) -> tuple[RunFolder, Any, str]:

@@ -6,7 +6,6 @@ deploys and runs them on a real server.)"""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import uuid
 from pathlib import Path
@@ -17,7 +16,7 @@ from prefect.events.schemas.automations import AutomationCore, EventTrigger, Pos
 from prefect.utilities.templating import apply_values
 
 from tasks.config import load_config
-from tests.run_support import ROOT
+from tests.run_support import ROOT, child_env
 
 
 def _deployments() -> dict[tuple[str, str], dict]:
@@ -210,7 +209,7 @@ def test_automations_script_refuses_without_an_api_url(monkeypatch, capsys):
 def _local_server(*args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["bash", str(ROOT / "infra/prefect/local_server.sh"), *args],
-        env={**os.environ, **env},
+        env=child_env(**env),
         capture_output=True,
         text=True,
         timeout=60,

@@ -24,7 +24,7 @@ import yaml
 
 from tasks.runfolder import RunFolder, ShardStore
 from tests.prefect_support import prefect_server
-from tests.run_support import ROOT
+from tests.run_support import ROOT, child_env
 from tests.slack_support import Receiver
 
 pytestmark = pytest.mark.slow  # ~95 s: a server, a worker and two watched deployment runs
@@ -99,7 +99,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     home = tmp_path_factory.mktemp("deploy-e2e") / "prefect-home"
     home.mkdir()
     with prefect_server(home) as url, Receiver() as slack:
-        env = dict(os.environ)
+        env = child_env()  # no host Slack/AWS/Prefect values
         env.update(
             PREFECT_API_URL=url,
             PREFECT_HOME=str(home),
@@ -230,18 +230,23 @@ def test_stage_named_in_stage_deployments_runs_as_a_child_deployment(stack, tmp_
 
     deploy = ["--no-prompt", "deploy", "flows/generate.py:generate_flow", "-n", "e2e-child", "-p", "eaglescale-process"]
     _ok(_prefect(deploy, stack.env))
-    run_root = tmp_path / "run"
-    config = _smoke_config(run_root, tiny_target_dir)
-    config["orchestration"] = {"stage_deployments": {"generate": "generate/e2e-child"}}
-    out = _ok(stack.run_smoke(config))
-    assert "Completed" in out
-    committed = ShardStore(RunFolder(str(run_root)), "generate").committed()
-    assert len(committed) == 7 and sum(m["rows"] for m in committed.values()) == 276
-    with temporary_settings(updates={PREFECT_API_URL: stack.url}), get_client(sync_client=True) as client:
-        (child_deployment,) = [d for d in client.read_deployments() if d.name == "e2e-child"]
-        children = client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(parent_task_run_id=FlowRunFilterParentTaskRunId(is_null_=False))
-        )
-        mine = [r for r in children if r.deployment_id == child_deployment.id]
-        assert len(mine) == 1 and mine[0].state.is_completed()
-        assert mine[0].parameters["config"]["run_root"] == str(run_root)
+    try:
+        run_root = tmp_path / "run"
+        config = _smoke_config(run_root, tiny_target_dir)
+        config["orchestration"] = {"stage_deployments": {"generate": "generate/e2e-child"}}
+        out = _ok(stack.run_smoke(config))
+        assert "Completed" in out
+        committed = ShardStore(RunFolder(str(run_root)), "generate").committed()
+        assert len(committed) == 7 and sum(m["rows"] for m in committed.values()) == 276
+        with temporary_settings(updates={PREFECT_API_URL: stack.url}), get_client(sync_client=True) as client:
+            (child_deployment,) = [d for d in client.read_deployments() if d.name == "e2e-child"]
+            children = client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(parent_task_run_id=FlowRunFilterParentTaskRunId(is_null_=False))
+            )
+            mine = [r for r in children if r.deployment_id == child_deployment.id]
+            assert len(mine) == 1 and mine[0].state.is_completed()
+            assert mine[0].parameters["config"]["run_root"] == str(run_root)
+    finally:
+        # The stack is shared by the module: leave it with the deployments `deploy --all`
+        # made, whatever order the tests run in (the first test asserts that exact set).
+        _ok(_prefect(["deployment", "delete", "generate/e2e-child"], stack.env))

@@ -197,7 +197,7 @@ def test_credentials_in_urls_are_redacted(tmp_path: Path) -> None:
 
 
 def test_s3_glob_through_storage_options() -> None:
-    boto3 = pytest.importorskip("boto3")
+    import boto3  # moto[server], a dev dependency, requires it: never a reason to skip
     from moto.server import ThreadedMotoServer
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)

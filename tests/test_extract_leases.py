@@ -17,8 +17,8 @@ from tasks.runfolder import LeaseTable, RunFolder, ShardStore
 from tasks.runfolder.folder import json_bytes
 from tasks.runfolder.schedule import ShardScheduler
 from tasks.target import load_tokenizer
-from tests.extract_support import extracted_ids, generated_run, unmarked_objects
-from tests.run_support import ROOT, committed_ids
+from tests.extract_support import extracted_ids, generated_run
+from tests.run_support import ROOT, child_env, committed_ids, unmarked_objects
 
 TTL_S = 3.0
 # 4 to 8 parts per shard of the tiny target: a kill at the 3rd part is inside the first shard.
@@ -27,7 +27,7 @@ VICTIM_FAILPOINT = "commit.after_part:3"
 
 
 def _start(params, log_path, failpoint: str | None = None) -> subprocess.Popen:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    env = child_env(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
     env.pop("EAGLESCALE_FAILPOINT", None)
     if failpoint:
         env["EAGLESCALE_FAILPOINT"] = failpoint
@@ -105,7 +105,7 @@ def test_two_workers_one_killed_mid_shard_every_shard_extracted_once(
     assert sorted(rows + dead) == sorted(gen_rows)
     assert sorted(ShardStore(run, "extract").committed()) == shards
     assert ShardStore(run, "extract").is_complete()
-    assert unmarked_objects(run) == set()
+    assert unmarked_objects(run, "extract") == set()
 
     # The victim's shard: epoch 0 held by the victim, never released; epoch 1 the survivor's
     # takeover, claimed only once the victim's last heartbeat was older than the TTL.

@@ -15,8 +15,8 @@ from tasks.extract.stage import ExtractStage
 from tasks.extract.storage import extract_metadata, iter_extracted
 from tasks.runfolder import FingerprintMismatch, RunFolder, ShardStore
 from tasks.target import load_tokenizer
-from tests.extract_support import MAX_NEW_TOKENS, extracted_ids, generated_run, unmarked_objects
-from tests.run_support import committed_ids
+from tests.extract_support import MAX_NEW_TOKENS, extracted_ids, generated_run
+from tests.run_support import committed_ids, unmarked_objects
 
 IDS = [1, 3, 4]
 # ~116 tokens of the tiny target's states (517 bytes/token): 4 to 8 parts per shard.
@@ -203,7 +203,7 @@ def test_multi_part_shards_hold_exactly_what_one_object_per_shard_holds(
     # Several sequences share a part while they fit (a longer one is a part of its own).
     shared = [p["bytes"] for m in markers.values() for p in m["parts"] if p["rows"] > 1]
     assert shared and max(shared) <= PART_BYTES + 4096  # + header
-    assert unmarked_objects(run) == set()
+    assert unmarked_objects(run, "extract") == set()
 
     want, got = list(iter_extracted(run_one)), list(iter_extracted(run))
     assert [s.sequence_id for s in got] == [s.sequence_id for s in want]

@@ -26,7 +26,14 @@ from tasks.gate.plan import (
 from tasks.gate.server_process import EmulatedLauncher, ServerStartError
 from tasks.runfolder import RunFolder
 from tasks.standins.sim import launch_speed_factor
-from tests.gate_support import AUX_IDS, TARGET_CONFIG, commit_holdout, encode, write_draft
+from tests.gate_support import (
+    AUX_IDS,
+    TARGET_CONFIG,
+    commit_holdout,
+    emulated_speedup,
+    encode,
+    write_draft,
+)
 
 FAST = {"prefill_s": 0.002, "baseline_step_s": 0.003, "verify_step_s": 0.0035, "draft_step_s": 0.0004,
         "accept_probs": [0.9, 0.85, 0.8, 0.7]}  # fmt: skip
@@ -117,7 +124,8 @@ def test_a_faster_speculative_config_is_promoted(tmp_path: Path, run: RunFolder)
                    nccl_env_sweep=[{"NCCL_ALGO": "Ring"}], registry_url=str(tmp_path / "registry"))  # fmt: skip
     summary = gate_and_promote(tmp_path, run, cfg, FAST, draft, {"baseline": 300.0, "eagle3-s3-k1-n4": 600.0})
     assert summary["outcome"] == "promote" and summary["promoted"] is True
-    assert summary["speedup"] > 1.5 and summary["ci"][0] > 1.0
+    # Wall clock (the decision's) only says faster; the emulator's own latencies say how much.
+    assert summary["speedup"] > 1.0 and summary["ci"][0] > 1.0
     assert summary["best_config"] in {"eagle3-s3-k1-n4", "eagle3-s3-k2-n6"}
     assert json.loads((tmp_path / "registry/promoted.json").read_text())["draft_id"] == summary["draft_id"]
 
@@ -136,6 +144,7 @@ def test_a_faster_speculative_config_is_promoted(tmp_path: Path, run: RunFolder)
     # One flush before the measured requests, and two per cost probe (prefill, then the whole).
     assert all(x["log"]["decode_lines"] > 0 and x["log"]["cache_flushes"] == 1 + 2 * cfg.warmup_requests for x in launches)
     assert all(len(x["probes"]) == 2 * cfg.warmup_requests and x["prefill_s"] > 0 and x["step_s"] > 0 for x in launches)
+    assert emulated_speedup(launches, summary["best_config"]) > 1.5
     requests = [r for x in launches for r in x["requests"]]
     assert len(requests) == 6 * 4
     spec = [r for r in requests if r["config"] != "baseline"]
@@ -195,7 +204,8 @@ def test_disagreeing_outputs_are_rejected(tmp_path: Path, run: RunFolder) -> Non
     ]
     assert d.reasons[2].startswith("fastest measured (not eligible): faster than the baseline beyond the spread: eagle3-s3-k1-n4")
     spec = d.config("eagle3-s3-k1-n4")
-    assert spec is not None and spec.speedup is not None and spec.speedup > 1.5  # fast, but wrong
+    assert spec is not None and spec.speedup is not None and spec.speedup > 1.0  # fast, but wrong
+    assert emulated_speedup(result.to_dict()["launches"], "eagle3-s3-k1-n4") > 1.5
 
 
 def test_acceptance_stuck_at_one_stops_the_run(tmp_path: Path, run: RunFolder) -> None:
@@ -285,7 +295,8 @@ def test_challenger_and_scaling_drafts_are_measured_beside_and_never_promoted(tm
     assert [x.config for x in result.launches].count("scaling-100:eagle3-s3-k1-n4") == 1
     d = decide(result, cfg)
     ref = d.config("challenger-public:eagle3-s3-k1-n4")
-    assert ref is not None and ref.role == CHALLENGER and ref.speedup is not None and ref.speedup > 1.3
+    assert ref is not None and ref.role == CHALLENGER and ref.speedup is not None and ref.speedup > 1.0
+    assert emulated_speedup(result.to_dict()["launches"], "challenger-public:eagle3-s3-k1-n4") > 1.3
     assert d.best is None and d.outcome == "reject"  # only the candidate can be promoted
     scaling = d.config("scaling-100:eagle3-s3-k1-n4")
     assert scaling is not None and scaling.samples == 100 and set(scaling.accept_length_per_domain) == {"chat", "code"}

@@ -28,10 +28,12 @@ GATE = {"num_steps": [1, 2], "topk_points": [], "repetitions": 2, "num_prompts":
         "warmup_requests": 1, "acceptance_floor": 1.0, "n_bootstrap": 300, "replay_sequences": 24,
         "cost_iters": 5, "health_timeout_s": 60, "health_poll_s": 0.05, "request_timeout_s": 30}  # fmt: skip
 # Emulated speeds (tasks.standins.spec_launch): a fast draft, and one whose cycles cost more
-# than the tokens they gain.
-FAST = {"prefill_s": 0.002, "baseline_step_s": 0.003, "verify_step_s": 0.0035, "draft_step_s": 0.0004,
+# than the tokens they gain. The decision times requests by the wall clock, HTTP included;
+# steps of several ms keep the emulated ~1.8x well clear of what a loaded 2-core machine
+# adds per request (tens of ms would otherwise squeeze it into the noise).
+FAST = {"prefill_s": 0.004, "baseline_step_s": 0.006, "verify_step_s": 0.007, "draft_step_s": 0.0008,
         "accept_probs": [0.9, 0.85]}  # fmt: skip
-SLOW = {**FAST, "verify_step_s": 0.009, "accept_probs": [0.3, 0.2]}
+SLOW = {**FAST, "verify_step_s": 0.018, "accept_probs": [0.3, 0.2]}
 
 
 @pytest.fixture(scope="module")

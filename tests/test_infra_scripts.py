@@ -7,7 +7,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import tomllib
@@ -18,6 +17,7 @@ import yaml
 
 from tasks.gate.launch import LaunchSpec, build_launch_command, resolve_spec
 from tasks.sglang.versions import PINNED_VERSIONS, SETTING_FLAGS, ServerSettings
+from tests.conftest import require_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 SGLANG = ROOT / "infra/sglang"
@@ -179,10 +179,10 @@ def test_speculative_corrects_draft_tokens_only_when_asked():
     assert "num_draft_tokens corrected from 6 to num_steps + 1 = 4" in out.stderr
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
 def test_launch_scripts_are_shellcheck_clean():
+    shellcheck = require_tool("shellcheck", install="`make test-tools` installs Debian's shellcheck")
     out = subprocess.run(
-        ["shellcheck", "-x", "launch_target.sh", "launch_speculative.sh", "nccl.sh"],
+        [shellcheck, "-x", "launch_target.sh", "launch_speculative.sh", "nccl.sh"],
         cwd=SGLANG, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout

@@ -4,6 +4,7 @@ measured acceptance equals offline replay's on the same prompts."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -142,6 +143,9 @@ def test_untrained_draft_is_lossless_and_matches_replay(target):
         assert [s.emitted for s in spec] == [r.emitted[k] for r in offline.sequences]
         measured = sum(s.decode_tokens for s in spec) / sum(s.verify_steps for s in spec)
         assert offline.overall[k]["accept_length"] == pytest.approx(measured, abs=1e-12)
+        # A random draft gets no draft accepted: every cycle emits the target's token alone,
+        # so this test checks rejection and rollback only (the trained one below, acceptance).
+        assert {e for s in spec for e in s.emitted} == {1} and measured == 1.0
 
 
 def test_engine_refuses_what_it_cannot_run(target):
@@ -160,16 +164,23 @@ def test_engine_refuses_what_it_cannot_run(target):
     assert costs["cuda_graphs"] is False and all(v > 0 for v in costs["verify_s"].values())
 
 
+# The draft is overfit on the first OVERFIT training sequences (the trainer's
+# max_train_sequences) and tested on their prompts: it then accepts most drafts (accept length
+# >= 2 at num_steps 3), so multi-token acceptance and partial rejections (rollbacks) are both
+# exercised many times, where a draft that generalises poorly from tiny data accepts ~1.
+OVERFIT = 40
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path):
-    """A draft trained by the real trainer on the tiny target's extracted greedy data,
+    """A draft overfit by the real trainer on the tiny target's extracted greedy data,
     exported in SGLang's format, and the run it came from."""
     base = tmp_path_factory.getbasetemp()
     dest = tmp_path_factory.mktemp("spec_trained")
-    cfg, _ = extracted_run(base, tiny_target_dir, dest, learning_rate=1e-2, max_steps=120,
-                           eval_every=120, save_every=1000)  # fmt: skip
+    cfg, _ = extracted_run(base, tiny_target_dir, dest, learning_rate=1e-2, max_steps=300,
+                           eval_every=300, save_every=1000)  # fmt: skip
     run = RunFolder(cfg.run_root)
-    result = train_draft(run, cfg.train, cfg.target.model_path)
+    result = train_draft(run, cfg.train, cfg.target.model_path, max_train_sequences=OVERFIT)
     draft = ckpt.load_checkpoint_model(run.path(result.last_checkpoint))
     export_dir = export_sglang(draft, dest / "export")
     return run, export_dir, result
@@ -178,27 +189,31 @@ def trained(tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path):
 def test_trained_draft_is_lossless_and_matches_replay(trained, tiny_target_dir: Path):
     run, export_dir, result = trained
     engine = SpecEngine.from_pretrained(str(tiny_target_dir), str(export_dir), max_len=512)
-    eval_seqs = list(iter_extracted(run, "eval"))
-    prompts = [s.input_ids[: int(s.loss_mask.long().argmax())].tolist() for s in eval_seqs]
-    assert len(prompts) >= 40
+    train_seqs = list(itertools.islice(iter_extracted(run, "train"), OVERFIT))
+    prompts = [s.input_ids[: int(s.loss_mask.long().argmax())].tolist() for s in train_seqs]
+    assert len(prompts) == OVERFIT
     base = [engine.greedy(p, MAX_NEW_TOKENS) for p in prompts]
     seqs = captured(engine.model, engine.draft.config.aux_layer_ids, prompts, [b.output_ids for b in base])
     offline = replay(engine.draft, seqs, (1, 3), n_bootstrap=200)
+    spec = {}
     for k in (1, 3):
-        spec = [engine.speculate(p, MAX_NEW_TOKENS, k) for p in prompts]
-        assert [s.output_ids for s in spec] == [b.output_ids for b in base], f"num_steps={k}"
+        spec[k] = [engine.speculate(p, MAX_NEW_TOKENS, k) for p in prompts]
+        assert [s.output_ids for s in spec[k]] == [b.output_ids for b in base], f"num_steps={k}"
         # fp32 on one CPU: the incremental and the full forward agree to ~1e-6, and no draft
         # argmax sits that close to a tie here, so the cycles match one for one.
-        assert [s.emitted for s in spec] == [r.emitted[k] for r in offline.sequences]
-        measured = sum(s.decode_tokens for s in spec) / sum(s.verify_steps for s in spec)
+        assert [s.emitted for s in spec[k]] == [r.emitted[k] for r in offline.sequences]
+        measured = sum(s.decode_tokens for s in spec[k]) / sum(s.verify_steps for s in spec[k])
         assert offline.overall[k]["accept_length"] == pytest.approx(measured, abs=1e-12)
-    # The trained draft gets drafts accepted; the untrained one gets none (test above).
-    assert offline.overall[3]["accept_length"] > 1.02
-    assert offline.overall[3]["accept_per_position"][0] > 0.02
+    # Lossless where it is hard to be: most cycles accept several drafts, and many reject some.
+    assert offline.overall[3]["accept_length"] >= 2.0
+    cycles = [e for s in spec[3] for e in s.emitted]
+    assert sum(e >= 3 for e in cycles) >= 50  # two or three drafts accepted (+ the bonus token)
+    assert 4 in cycles  # every draft accepted
+    assert sum(e < 4 for e in cycles) >= 50  # a draft rejected: the caches roll back
 
-    # Replay on the run's own stored eval split (extracted from the generate stage's batched
+    # Replay on the run's own stored sequences (extracted from the generate stage's batched
     # greedy outputs, terminator appended where the length limit cut the reply) lands close.
-    stored = replay_run(run, engine.draft, (1, 3), n_bootstrap=200)
-    assert stored.overall[3]["sequences"] == len(eval_seqs)
+    stored = replay_run(run, engine.draft, (1, 3), split="train", limit=OVERFIT, n_bootstrap=200)
+    assert stored.overall[3]["sequences"] == OVERFIT
     assert stored.overall[3]["accept_length"] == pytest.approx(offline.overall[3]["accept_length"], abs=0.03)
-    assert set(stored.per_domain) == {s.domain for s in eval_seqs}
+    assert set(stored.per_domain) == {s.domain for s in train_seqs}

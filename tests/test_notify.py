@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from tasks.notify import (
     format_duration,
     resolve_credentials,
 )
+from tests.run_support import child_env
 from tests.slack_support import Receiver
 
 TOKEN = "xoxb-1111-2222-SECRETTOKENVALUE"
@@ -196,7 +196,7 @@ def test_prefect_secret_block_holding_a_webhook(receiver: Receiver, tmp_path: Pa
     """A real Prefect Secret block (ephemeral API in a child process, its own PREFECT_HOME)."""
     hook = f"{receiver.url}/services/BLOCKSECRET"
     env = {
-        **os.environ,
+        **child_env(),  # no host Slack/AWS/Prefect values
         "PREFECT_HOME": str(tmp_path / "prefect"),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_API_URL": "",
@@ -257,3 +257,64 @@ def test_child_processes_get_no_host_slack_aws_or_prefect_settings(tmp_path: Pat
     env = cli_env(tmp_path)
     assert all(env.get(k) != v for k, v in HOST_ENV.items() if k.startswith(("SLACK_", "AWS_")))
     assert "PREFECT_API_URL" not in env and env["PREFECT_HOME"] == str(tmp_path / "prefect-home")
+
+
+def _stored_logs(api: str) -> list[dict]:
+    """Every log record the Prefect API stored, page by page."""
+    import httpx
+
+    logs: list[dict] = []
+    while page := httpx.post(f"{api}/logs/filter", json={"offset": len(logs), "limit": 200}, timeout=30).json():
+        logs += page
+    return logs
+
+
+def test_a_debug_run_with_a_failing_slack_leaks_the_bot_token_nowhere(
+    tmp_path: Path, tiny_target_dir: Path
+) -> None:
+    """The whole flow through the CLI at DEBUG, SLACK_BOT_TOKEN set and Slack failing every
+    post: the token is used (the receiver saw it) and is in no CLI output, no file of the run
+    folder and no log record the Prefect API stored."""
+    from tests.prefect_support import prefect_server
+    from tests.run_support import cli_env, start_cli, write_params
+
+    with Receiver(status=500, body={"ok": False, "error": "internal_error"}) as slack:
+        params = write_params(
+            tmp_path,
+            tiny_target_dir,
+            str(tmp_path / "run"),
+            discover={"total_prompts": 30},
+            sampling={"max_new_tokens": 8},
+            generate={"shard_size": 15},
+            slack={"channel": "#eagle", "base_url": f"{slack.url}/api"},
+            stages=["discover", "generate"],
+        )
+        with prefect_server(tmp_path / "prefect-server-home") as api:
+            env = cli_env(
+                tmp_path,
+                PREFECT_API_URL=api,
+                PREFECT_LOGGING_LEVEL="DEBUG",
+                # Every other logger at DEBUG too (logging.yml's root), the project's own (the
+                # notifier's, slack_sdk's) to Prefect's console and API handlers.
+                PREFECT_LOGGING_ROOT_LEVEL="DEBUG",
+                PREFECT_LOGGING_EXTRA_LOGGERS="eaglescale,tasks,flows",
+                SLACK_BOT_TOKEN=TOKEN,
+            )
+            log = tmp_path / "cli.log"
+            rc = start_cli(["run", "--params", str(params)], env, log).wait(600)
+            output = log.read_text()
+            assert rc == 0, output[-3000:]  # a failing Slack never fails the run
+            stored = _stored_logs(api)
+        posts = list(slack.requests)
+
+    assert posts and all(p["auth"] == f"Bearer {TOKEN}" for p in posts)
+    # DEBUG was on and the failure paths ran: slack_sdk's request lines and the warnings.
+    assert "Sending a request" in output and "Slack notification failed" in output
+    assert "'Authorization': '(redacted)'" in output  # the request line that carried the token
+    assert any(r["level"] == logging.DEBUG for r in stored)
+    assert any("Slack notification failed" in r["message"] for r in stored)
+    secrets = (TOKEN, "SECRETTOKENVALUE")
+    assert not [s for s in secrets if s in output]
+    assert not [r["message"] for r in stored if any(s in r["message"] for s in secrets)]
+    files = [p for p in (tmp_path / "run").rglob("*") if p.is_file()]
+    assert len(files) > 10 and not [p for p in files if b"SECRETTOKENVALUE" in p.read_bytes()]

@@ -111,8 +111,10 @@ def test_every_request_gets_its_simulated_result(sim: ServerThread) -> None:
         ({"mode": "5xx", "count": 3}, 5.0),
         ({"mode": "5xx", "count": 2, "status": 500}, 5.0),
         ({"mode": "reset", "count": 3}, 5.0),
-        ({"mode": "timeout", "count": 2, "delay_s": 5.0}, 0.4),
-        ({"mode": "hang", "count": 2}, 0.4),
+        # A faulted request answers after 5 s or never; 2 s is far above a normal answer's
+        # time even on a loaded 2-core machine, so only the faulted ones time out.
+        ({"mode": "timeout", "count": 2, "delay_s": 5.0}, 2.0),
+        ({"mode": "hang", "count": 2}, 2.0),
         ({"mode": "abort", "count": 3}, 5.0),
     ],
     ids=["5xx", "500", "reset", "timeout", "hang", "abort"],
@@ -126,8 +128,15 @@ def test_transport_faults_are_retried(sim: ServerThread, fault: dict, timeout_s:
     assert all(isinstance(o, GenerationResult) for o in outcomes.values())
     s = stats(sim.url)
     assert s["faults"]["injected"] == fault["count"]
-    assert s["generate_requests"] == len(requests) + fault["count"]
-    assert health.failures == fault["count"] and health.completed == len(requests)
+    assert health.completed == len(requests)
+    if timeout_s < 5.0:
+        # A timeout is the client's clock: a stall of the loaded machine could add one, so
+        # each faulted request is retried at least once, whatever else happened.
+        assert s["generate_requests"] >= len(requests) + fault["count"]
+        assert health.failures >= fault["count"]
+    else:  # an answered fault: exactly one retry each
+        assert s["generate_requests"] == len(requests) + fault["count"]
+        assert health.failures == fault["count"]
 
 
 def test_slow_answers_are_not_retried(sim: ServerThread) -> None:
@@ -260,9 +269,10 @@ def test_requests_in_flight_on_a_server_leaving_rotation_finish_there() -> None:
 
 def test_a_hung_server_leaves_rotation_and_its_requests_are_resent_after_their_timeout() -> None:
     with start_server_thread(step_latency_s=0.005) as a, start_server_thread(step_latency_s=0.005) as b:
-        # b hangs mid-run: the watchdog's probes time out and take it out of rotation long
-        # before the request timeout; its hung requests end at their own timeout and go to a.
-        cfg = engine_config(a.url, b.url, request_timeout_s=1.5, unhealthy_after=2, health_recheck_s=0.2)
+        # b hangs mid-run: the watchdog's probes (1 s timeout, two failures) take it out of
+        # rotation long before the request timeout (5 s); its hung requests end at their own
+        # timeout and go to a. Both margins are seconds: a loaded 2-core machine keeps them.
+        cfg = engine_config(a.url, b.url, request_timeout_s=5.0, unhealthy_after=2, health_recheck_s=0.2)
         requests = make_requests(60, max_new=6)
         seen: list[Outcome] = []
         hung_at: list[float] = []
@@ -273,7 +283,7 @@ def test_a_hung_server_leaves_rotation_and_its_requests_are_resent_after_their_t
                 set_fault(b.url, mode="hang", scope="all")
                 hung_at.append(time.monotonic())
 
-        with SGLangEngine(cfg, health_timeout_s=0.3) as engine:
+        with SGLangEngine(cfg, health_timeout_s=1.0) as engine:
             engine.generate(requests, sink)
             health = {h.url: h for h in engine.health()}
         b_stats = stats(b.url)
@@ -286,7 +296,7 @@ def test_a_hung_server_leaves_rotation_and_its_requests_are_resent_after_their_t
     resent = [o for o in seen if o.attempts > 1]
     assert resent and all(o.server == a.url for o in resent)
     assert sent == 60 + len(resent)  # each hung request sent twice, nothing else
-    assert time.monotonic() - hung_at[0] >= 1.5  # they waited for their own timeout
+    assert time.monotonic() - hung_at[0] >= 5.0  # they waited for their own timeout
 
 
 def test_engine_unavailable_after_every_server_is_gone() -> None:

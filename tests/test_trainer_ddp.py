@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from tasks.draft.data import build_index, plan_epoch
 from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import TRAIN_RESULT
 from tests.draft_support import extracted_run
+from tests.run_support import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 16
@@ -36,7 +36,7 @@ def test_torchrun_two_processes_gloo(tmp_path_factory: pytest.TempPathFactory,
                                      tiny_target_dir: Path, tmp_path: Path):
     cfg, params = extracted_run(tmp_path_factory.getbasetemp(), tiny_target_dir, tmp_path / "ddp",
                                 max_steps=STEPS, eval_every=8, save_every=8, learning_rate=1e-2)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    env = child_env(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          "-m", "tasks.draft.train_main", "--params", str(params)],

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import html
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import httpx
-import pytest
 
+from tests.conftest import require_tool
 from tests.prefect_support import prefect_server
 from tests.run_support import cli_env, start_cli, write_params
 
@@ -25,10 +24,6 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # Virtual time stands still while requests are in flight; a second, longer budget covers a
 # machine so loaded that the UI's first render did not fit the first one.
 BUDGETS_MS = (10_000, 40_000)
-
-
-def _chromium() -> str | None:
-    return next((p for p in map(shutil.which, ("chromium", "chromium-browser")) if p), None)
 
 
 def _page_text(dom: str) -> str:
@@ -77,9 +72,7 @@ def _assert_png(path: Path) -> None:
 
 
 def test_flow_run_page_shows_stage_subflows_and_progress(tmp_path, tiny_target_dir):
-    browser = _chromium()
-    if browser is None:
-        pytest.skip("no chromium binary on PATH (`make browser` installs Debian's chromium)")
+    browser = require_tool("chromium", "chromium-browser", install="`make test-tools` installs Debian's chromium")
     params = write_params(
         tmp_path,
         tiny_target_dir,
