@@ -10,6 +10,11 @@ import pytest
 # Nothing in the suite may reach a model hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# One torch thread per process, this one and every child (servers, CLI runs, workers): the suite
+# runs several torch processes at once on a 2-core box, and an OpenMP team of two whose second
+# core is busy spins instead of computing (a tiny-target generation test took 51 s with two
+# threads, 10 s with one). Set before anything imports torch, which reads it once.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")
