@@ -5,10 +5,18 @@ ephemeral Prefect API, exactly as `make demo` does, then once more on the same r
 where every shard is already committed). Goal: the fresh run < 3 min on this machine.
 
     .venv/bin/python benchmarks/p6_demo.py
+    .venv/bin/python benchmarks/p6_demo.py --overlap   # sequential vs orchestration.overlap
+
+With --overlap the fresh run is made twice on fresh roots, one after the other: stages one
+after another (today's default), then with `orchestration.overlap=true` (extract alongside
+generate). Both walls are printed side by side with each stage's clock (stages/<stage>.json)
+and the goal: overlapped wall <= 1.15 x (the longer of generate and extract, plus what cannot
+overlap: discover before them, train and the gate after), stage times from the sequential run.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -21,13 +29,13 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / ".eaglescale" / "tiny-target"
 
 
-def timed_run(run_root: str) -> tuple[float, float | None, str]:
+def timed_run(run_root: str, *overrides: str) -> tuple[float, float | None, str]:
     env = dict(os.environ, PREFECT_SERVER_ANALYTICS_ENABLED="false")
     env.pop("PREFECT_API_URL", None)
     start = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "flows.cli", "run", "--params", "deployments/params/smoke.yaml",
-         "--run-root", run_root],
+         "--run-root", run_root, *[a for o in overrides for a in ("--set", o)]],
         cwd=ROOT, env=env, capture_output=True, text=True,
     )
     wall = time.perf_counter() - start
@@ -43,9 +51,49 @@ def timed_run(run_root: str) -> tuple[float, float | None, str]:
     return wall, startup, log
 
 
+def stage_seconds(run_root: str) -> dict[str, tuple[float, float]]:
+    """stage -> (start, end), UNIX seconds, from the run folder's stage clocks."""
+    sys.path.insert(0, str(ROOT))
+    from tasks.runfolder import RunFolder
+    from tasks.status import read_status
+
+    return {k: (c["started_at"], c["ended_at"]) for k, c in read_status(RunFolder(run_root))["stages"].items()}
+
+
+def side_by_side() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        walls, clocks = {}, {}
+        for name, overrides in (("sequential", ()), ("overlapped", ("orchestration.overlap=true",))):
+            root = str(Path(tmp) / name)
+            walls[name] = timed_run(root, *overrides)[0]
+            clocks[name] = stage_seconds(root)
+        seq = {k: end - start for k, (start, end) in clocks["sequential"].items()}
+        bound = seq["discover"] + max(seq["generate"], seq["extract"]) + seq["train"] + seq["gate"]
+        print(f"{'stage':<10}{'sequential':>24}{'overlapped':>24}   (start-end, s after the first stage began)")
+        for stage in seq:
+            cells = []
+            for name in ("sequential", "overlapped"):
+                t0 = min(start for start, _ in clocks[name].values())
+                start, end = clocks[name][stage]
+                cells.append(f"{start - t0:7.1f} - {end - t0:6.1f} ({end - start:5.1f})")
+            print(f"{stage:<10}{cells[0]:>24}{cells[1]:>24}")
+        print(f"wall      {walls['sequential']:>22.1f} s{walls['overlapped']:>22.1f} s   "
+              f"ratio {walls['overlapped'] / walls['sequential']:.2f}")
+        print(f"sum of stages (sequential): {sum(seq.values()):.1f} s; longest of generate/extract + "
+              f"discover + train + gate: {bound:.1f} s; overlapped stage span "
+              f"{max(e for _, e in clocks['overlapped'].values()) - min(s for s, _ in clocks['overlapped'].values()):.1f} s "
+              f"(goal <= {1.15 * bound:.1f} s)")
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--overlap", action="store_true", help="sequential vs overlapped fresh runs, side by side")
+    args = parser.parse_args()
     if not (TINY / "config.json").exists():
         subprocess.run([sys.executable, "-m", "flows.cli", "tiny-target", str(TINY)], cwd=ROOT, check=True)
+    if args.overlap:
+        side_by_side()
+        return
     with tempfile.TemporaryDirectory() as tmp:
         run_root = str(Path(tmp) / "smoke")
         wall, startup, log = timed_run(run_root)

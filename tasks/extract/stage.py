@@ -318,11 +318,16 @@ class ExtractStage:
         }
 
     def finish(self) -> dict[str, Any]:
-        """Summary; extract/_COMPLETE once generation is complete and nothing is pending."""
+        """Summary; extract/_COMPLETE once generation is complete and nothing is pending. The
+        marker lists every extracted shard with the generation table it read (its sha256),
+        however the shards were found: in one pass, or as they appeared (overlap)."""
+        # Read before the summary's listing: that listing is then of generation's final shards.
+        generation_complete = self.gen.is_complete()
         summary = self.summary()
-        complete = self.gen.is_complete() and summary["shards_pending"] == 0
+        complete = generation_complete and summary["shards_pending"] == 0
         if complete:
-            self.store.mark_complete(summary)
+            read = {s: m["source_sha256"] for s, m in sorted(self.store.committed().items())}
+            self.store.mark_complete({**summary, "shards": read})
         return {**summary, "complete": complete}
 
     def close(self) -> None:
