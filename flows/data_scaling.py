@@ -32,6 +32,7 @@ from flows.gate import gate_flow
 from flows.generate import generate_flow
 from flows.train import train_flow
 from tasks.config import EagleScaleConfig
+from tasks.extract.follow import generation_started_since
 from tasks.fingerprint_fields import run_fingerprint
 from tasks.generate.stage import generation_fingerprint
 from tasks.runfolder import RunFolder, check_fingerprint
@@ -65,9 +66,17 @@ def generate_and_extract(
     generation_fingerprint(config, run, tokenizer)
     over = generation_over(config.run_root)
     since = time.time()
+
+    def follow() -> Any:
+        # Generation is the critical path: it starts first, and extraction loads its model
+        # while generation's first shards run.
+        while not (over.is_set() or generation_started_since(run, since)):
+            time.sleep(0.1)
+        return run_stage(config, "extract", extract_flow, follow_since=since)
+
     context = contextvars.copy_context()  # the parent's flow run: extract shows as its subflow
     with ThreadPoolExecutor(1, thread_name_prefix="extract") as pool:
-        extracting = pool.submit(context.run, run_stage, config, "extract", extract_flow, follow_since=since)
+        extracting = pool.submit(context.run, follow)
         try:
             generated = generate()
         finally:

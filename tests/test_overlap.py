@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tasks.runfolder import RunFolder, ShardStore
@@ -113,6 +114,15 @@ def test_overlapped_run_equals_sequential_and_clocks_overlap(tmp_path, tiny_targ
     # And it really worked during generation: some shard was committed before generation ended.
     committed_at = [m["committed_at"] for m in ShardStore(run, "extract").committed().values()]
     assert min(committed_at) < gen["ended_at"], (committed_at, gen)
+    # Run from a second thread, extract is still a child run of the parent flow run in Prefect.
+    flows = {f["id"]: f["name"] for f in httpx.post(f"{api_url}/flows/filter", json={}).json()}
+    runs = httpx.post(f"{api_url}/flow_runs/filter", json={}).json()
+    parents = {r["id"] for r in runs if flows[r["flow_id"]] == "data-scaling"}
+    extracts = [r for r in runs if flows[r["flow_id"]] == "extract"]
+    assert len(extracts) == 2 and all(r["state_type"] == "COMPLETED" for r in extracts)  # sequential, overlapped
+    tasks = httpx.post(f"{api_url}/task_runs/filter", json={}).json()
+    wrapper_of = {t["id"]: t["flow_run_id"] for t in tasks}
+    assert all(wrapper_of.get(r["parent_task_run_id"]) in parents for r in extracts), extracts
 
 
 def test_kill9_while_both_stages_run_then_resume_is_exactly_once(tmp_path, tiny_target_dir, api_url, sequential):

@@ -28,18 +28,25 @@ class GenerationStopped(RuntimeError):
     """Generation ended without `generate/_COMPLETE`: extraction starts no further shard."""
 
 
-def generation_ended_since(run: RunFolder, since: float) -> bool:
-    """Whether a generate stage that started after `since` has ended (completed or failed),
-    by its stage clock (stages/generate.json): works whether generation runs in this process
-    or as a deployment elsewhere. A clock from an earlier attempt (ended before `since`) or one
-    still running does not count."""
+def _generate_clock_since(run: RunFolder, since: float) -> dict[str, Any] | None:
+    """Generation's stage clock (stages/generate.json) if that attempt started after `since`:
+    it works whether generation runs in this process or as a deployment elsewhere, and an
+    earlier attempt's clock (a failed or killed run) does not count."""
     try:
         clock = run.read_json(stage_clock_key("generate"))
     except ValueError:  # torn while being replaced: asked again at the next poll
-        return False
-    if not clock or clock.get("state") == "running":
-        return False
-    return float(clock.get("ended_at") or 0.0) >= since
+        return None
+    return clock if clock and float(clock.get("started_at") or 0.0) >= since else None
+
+
+def generation_started_since(run: RunFolder, since: float) -> bool:
+    return _generate_clock_since(run, since) is not None
+
+
+def generation_ended_since(run: RunFolder, since: float) -> bool:
+    """Whether a generate stage that started after `since` has ended (completed or failed)."""
+    clock = _generate_clock_since(run, since)
+    return clock is not None and clock.get("state") != "running"
 
 
 def follow_generation(
