@@ -19,9 +19,9 @@ import httpx
 import pytest
 
 from tasks.runfolder import RunFolder, ShardStore
-from tasks.runfolder.parts import marker_parts
+from tasks.runfolder.parts import marker_parts, marker_paths
 from tasks.status import read_status
-from tests.extract_support import extracted_ids, unmarked_objects
+from tests.extract_support import extracted_ids
 from tests.prefect_support import prefect_server
 from tests.run_support import assert_exactly_once, cli_env, start_cli, write_params
 
@@ -55,12 +55,19 @@ def _extraction(run: RunFolder) -> dict[str, tuple[list[str], int, int]]:
     }
 
 
+def _unmarked(run: RunFolder) -> set[str]:
+    """Objects under extract/data and extract/dead that no marker names (a killed attempt's)."""
+    named = {p for m in ShardStore(run, "extract").committed().values() for p in marker_paths(m)}
+    present = {f"extract/{sub}/{name}" for sub in ("data", "dead") for name in run.listdir(f"extract/{sub}")}
+    return present - named
+
+
 def _assert_extracted_once(run: RunFolder) -> None:
     rows, dead = extracted_ids(run)
     assert len(rows) == len(set(rows)) and not set(rows) & set(dead), "a sequence extracted twice"
     generated, gen_dead = assert_exactly_once(run)
     assert len(rows) + len(dead) == generated
-    assert unmarked_objects(run) == set()
+    assert _unmarked(run) == set()
     sources = {s: m["sha256"] for s, m in ShardStore(run, "generate").committed().items()}
     assert {s: m["source_sha256"] for s, m in ShardStore(run, "extract").committed().items()} == sources
     # The completion marker names every shard and the generation table it read.
