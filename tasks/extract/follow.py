@@ -77,6 +77,9 @@ def follow_generation(
         complete = stage.gen.is_complete()
         pending = [s for s in stage.pending_shards() if s not in failed]
         if pending:
+            # The forecast at prepare() saw the shards marked then (none, on a fresh run):
+            # refuse as soon as those marked now project past the limit.
+            stage.check_forecast()
             scheduler = ShardScheduler(stage, pending, max_running=1)
             failed.update(run_one_at_a_time(scheduler, guarded, poll_s, on_wait))
             continue

@@ -156,6 +156,13 @@ class ExtractStage:
         and return the shards to run (some may be leased by other workers right now)."""
         self.store.cleanup(protected=self.leases.live_shards)
         self._check_settings()
+        self.check_forecast()
+        return self.pending_shards()
+
+    def check_forecast(self) -> None:
+        """Forecast from the generation markers committed so far and refuse when it does not
+        fit. Run again as markers appear (overlap): a forecast made before any was committed
+        projects nothing."""
         ex = self.cfg.extract
         self.forecast = forecast_extract(
             self.run,
@@ -166,7 +173,6 @@ class ExtractStage:
             extra_per_sequence=len(self.builder.terminator),
         )
         check_forecast(self.forecast)
-        return self.pending_shards()
 
     def observe(self) -> tuple[dict[str, dict[str, Any]], dict[str, LeaseView]]:
         """(committed extract markers, current leases), from the run folder."""
