@@ -3,10 +3,16 @@ generation row, one Prefect task per shard, with the disk forecast shown before 
 
 Several workers may run this flow on one run root: each shard runs only under its lease, and
 every worker keeps going until all its planned shards are committed, by it or by the others
-(waiting on shards live workers hold, taking over those of dead ones)."""
+(waiting on shards live workers hold, taking over those of dead ones).
+
+With `follow_since` (the parent flow's `orchestration.overlap`) the flow runs alongside
+generation: it takes each generation shard as its marker appears and ends once generation is
+complete and every marked shard is extracted, or once generation ended without completing
+(tasks/extract/follow.py)."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import asdict
 from typing import Any
 
@@ -17,12 +23,23 @@ from prefect.events import emit_event
 from flows.common import slack_on_failure, stage_run
 from flows.concurrency import gpu_slots, gpus_needed
 from tasks.config import EagleScaleConfig
+from tasks.extract.follow import follow_generation, generation_ended_since
 from tasks.extract.forecast import online_forecast
 from tasks.extract.stage import ExtractStage
 from tasks.runfolder import RunFolder
 from tasks.runfolder.schedule import ShardScheduler, run_one_at_a_time
 
 _active: dict[str, ExtractStage] = {}
+# Set by the parent flow when its in-process generation subflow has returned or raised, also
+# where generation's stage clock never got written (a failure before the stage began).
+_generation_over: dict[str, threading.Event] = {}
+
+
+def generation_over(run_root: str) -> threading.Event:
+    """A fresh event for this run root that an in-process follower (`extract_flow(follow_since=
+    ...)`) also stops on; the parent sets it once its generation subflow is over."""
+    event = _generation_over[run_root] = threading.Event()
+    return event
 
 
 @task(name="extract-shard", task_run_name="extract-{shard_id}")
@@ -53,7 +70,9 @@ def skip_online(config: EagleScaleConfig, run: RunFolder) -> dict[str, Any]:
 
 
 @flow(name="extract", on_failure=[slack_on_failure], on_crashed=[slack_on_failure])
-def extract_flow(config: EagleScaleConfig) -> dict[str, Any]:
+def extract_flow(config: EagleScaleConfig, follow_since: float | None = None) -> dict[str, Any]:
+    """`follow_since`: generation was started at this UNIX time and runs alongside; extract its
+    shards as they are marked (None: extract what generation committed, once)."""
     with stage_run(config, "extract") as span:
         stage = ExtractStage(config, span.run, span.tokenizer)
         _active[config.run_root] = stage
@@ -62,25 +81,38 @@ def extract_flow(config: EagleScaleConfig) -> dict[str, Any]:
             create_markdown_artifact(
                 _forecast_markdown(stage.forecast), key="extract-forecast", description="Disk forecast"
             )
-            span.started({"shards_to_run": len(pending), **stage.forecast})
-            span.log.info("extract: %d shards to run; forecast %s", len(pending), stage.forecast)
+            following = {"following_generation": True} if follow_since is not None else {}
+            span.started({"shards_to_run": len(pending), **following, **stage.forecast})
+            span.log.info("extract: %d shards to run%s; forecast %s", len(pending),
+                          " so far, following generation" if following else "", stage.forecast)  # fmt: skip
             outcomes: list[dict[str, Any]] = []
 
             def run_one(shard_id: str) -> dict[str, Any]:
                 outcomes.append(extract_shard(config, shard_id))
                 return outcomes[-1]
 
-            # One model per process: shards run one after another on it.
-            scheduler = ShardScheduler(stage, pending, max_running=1)
             # Polls fast enough to take over an expired lease within about one heartbeat.
             poll = min(5.0, config.extract.lease_heartbeat_s)
+
+            def on_wait(waiting: dict[str, str]) -> None:
+                span.log.info("extract: waiting on shards leased elsewhere: %s", waiting)
+
             with gpu_slots(config, gpus_needed(config, "extract")):
-                failures = run_one_at_a_time(
-                    scheduler,
-                    run_one,
-                    poll,
-                    lambda waiting: span.log.info("extract: waiting on shards leased elsewhere: %s", waiting),
-                )
+                if follow_since is None:
+                    # One model per process: shards run one after another on it.
+                    scheduler = ShardScheduler(stage, pending, max_running=1)
+                    failures = run_one_at_a_time(scheduler, run_one, poll, on_wait)
+                else:
+                    over = _generation_over.get(config.run_root)  # None: run as a deployment
+                    failures = follow_generation(
+                        stage,
+                        run_one,
+                        # New markers are picked up within a second: an idle model is the cost.
+                        min(1.0, poll),
+                        lambda: (over is not None and over.is_set())
+                        or generation_ended_since(span.run, follow_since),
+                        on_wait,
+                    )
             summary = stage.finish()
         finally:
             stage.close()

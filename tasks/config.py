@@ -344,6 +344,12 @@ class OrchestrationConfig(Strict):
         "concurrency limit (1: a second run fails naming the run root; N: N cooperating workers). "
         "None: no limit, shard leases alone keep workers apart.",
     )
+    overlap: bool = Field(
+        False,
+        description="Run extract alongside generate: extraction takes each generation shard as its "
+        "marker appears and ends once generate/_COMPLETE is written and every marked shard is "
+        "extracted. False: each stage starts when the one before it has ended.",
+    )
 
 
 class EagleScaleConfig(Strict):

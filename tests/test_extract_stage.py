@@ -153,6 +153,27 @@ def test_extraction_follows_generation_while_it_is_still_committing(
     assert run.read_json("extract/_COMPLETE")["sequences"] == summary["sequences"]
 
 
+def test_following_generation_refuses_once_the_marked_shards_project_past_the_quota(
+    tmp_path_factory, tmp_path, tiny_target_dir
+):
+    from tasks.extract.follow import follow_generation
+
+    cfg, run, stage = _stage(
+        tmp_path_factory.getbasetemp(), tiny_target_dir, tmp_path, quota_bytes=50_000
+    )
+    # A fresh overlapped run: nothing marked yet when extraction starts, so the forecast fits.
+    bodies = {k: run.read_bytes(k) for k in [f"generate/_SUCCESS/{s}.json" for s in ShardStore(run, "generate").committed()]}
+    for key in bodies:
+        run.remove(key)
+    assert stage.prepare() == [] and stage.forecast["fits"]
+    for key, body in bodies.items():  # generation marks its shards
+        run.write_bytes_atomic(key, body)
+    ran: list[str] = []
+    with pytest.raises(DiskForecastError, match="extract.quota_bytes"):
+        follow_generation(stage, lambda s: ran.append(s) or {"status": "committed"}, 0.05, lambda: False)
+    assert ran == [] and run.listdir("extract/data") == []  # refused before any shard
+
+
 def test_changed_settings_are_refused_then_re_extracted_in_fp8_when_allowed(
     tmp_path_factory, tmp_path, tiny_target_dir
 ):

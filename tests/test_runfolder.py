@@ -47,6 +47,13 @@ def test_fingerprint_written_then_mismatch_names_fields(tmp_path):
     # The override keeps the original hash so committed keys stay valid, and records history.
     assert ensure_fingerprint(run, changed, allow_change=True) == h
     assert len(run.read_json("run.json")["overrides"]) == 1
+    # Ensured again with the same override (the parent and generate flows, with overlap): once.
+    assert ensure_fingerprint(run, changed, allow_change=True) == h
+    assert len(run.read_json("run.json")["overrides"]) == 1
+    # A further change is a new entry.
+    other = {**changed, "sampling": {"temperature": 0.9}}
+    assert ensure_fingerprint(run, other, allow_change=True) == h
+    assert len(run.read_json("run.json")["overrides"]) == 2
 
 
 def test_request_ids_are_order_free_content_hashes():

@@ -156,6 +156,13 @@ class ExtractStage:
         and return the shards to run (some may be leased by other workers right now)."""
         self.store.cleanup(protected=self.leases.live_shards)
         self._check_settings()
+        self.check_forecast()
+        return self.pending_shards()
+
+    def check_forecast(self) -> None:
+        """Forecast from the generation markers committed so far and refuse when it does not
+        fit. Run again as markers appear (overlap): a forecast made before any was committed
+        projects nothing."""
         ex = self.cfg.extract
         self.forecast = forecast_extract(
             self.run,
@@ -166,7 +173,6 @@ class ExtractStage:
             extra_per_sequence=len(self.builder.terminator),
         )
         check_forecast(self.forecast)
-        return self.pending_shards()
 
     def observe(self) -> tuple[dict[str, dict[str, Any]], dict[str, LeaseView]]:
         """(committed extract markers, current leases), from the run folder."""
@@ -318,11 +324,16 @@ class ExtractStage:
         }
 
     def finish(self) -> dict[str, Any]:
-        """Summary; extract/_COMPLETE once generation is complete and nothing is pending."""
+        """Summary; extract/_COMPLETE once generation is complete and nothing is pending. The
+        marker lists every extracted shard with the generation table it read (its sha256),
+        however the shards were found: in one pass, or as they appeared (overlap)."""
+        # Read before the summary's listing: that listing is then of generation's final shards.
+        generation_complete = self.gen.is_complete()
         summary = self.summary()
-        complete = self.gen.is_complete() and summary["shards_pending"] == 0
+        complete = generation_complete and summary["shards_pending"] == 0
         if complete:
-            self.store.mark_complete(summary)
+            read = {s: m["source_sha256"] for s, m in sorted(self.store.committed().items())}
+            self.store.mark_complete({**summary, "shards": read})
         return {**summary, "complete": complete}
 
     def close(self) -> None:

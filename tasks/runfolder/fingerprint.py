@@ -93,8 +93,11 @@ def ensure_fingerprint(
             return fp_hash
         recorded = run.read_json(RUN_JSON)
     check_fingerprint(run, fingerprint, allow_change)
-    if diff_fingerprints(recorded["fingerprint"], fingerprint):
-        history = recorded.setdefault("overrides", [])
+    history = recorded.setdefault("overrides", [])
+    # The same override recorded once: with orchestration.overlap the parent flow and the
+    # generate flow both ensure the fingerprint.
+    repeated = bool(history) and not diff_fingerprints(history[-1]["fingerprint"], fingerprint)
+    if diff_fingerprints(recorded["fingerprint"], fingerprint) and not repeated:
         history.append({"at": time.time(), "fingerprint": fingerprint})
         run.write_json_atomic(RUN_JSON, recorded)
     return recorded["fingerprint_hash"]
