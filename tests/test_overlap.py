@@ -20,6 +20,7 @@ import pytest
 
 from tasks.runfolder import RunFolder, ShardStore
 from tasks.runfolder.parts import marker_parts, marker_paths
+from tasks.standins.server import ServerProcess
 from tasks.status import read_status
 from tests.extract_support import extracted_ids
 from tests.prefect_support import prefect_server
@@ -30,14 +31,18 @@ PROMPTS, SHARD_SIZE = 60, 5  # 12 generation shards, one at a time: many markers
 LEASES = {"lease_ttl_s": 2.0, "lease_heartbeat_s": 0.5}
 
 
-def _params(tmp_path: Path, model_dir: Path, name: str, overlap: bool, **sections: Any) -> Path:
+def _params(tmp_path: Path, model_dir: Path, name: str, overlap: bool, server_url: str = "http://127.0.0.1:9",
+            **sections: Any) -> Path:  # fmt: skip
+    """Generation goes to `server_url` (the module's SGLang-compatible server: a test can hold
+    its answers with an injected fault, so a stage's timing is the test's, not the machine's),
+    one request at a time, with a timeout longer than any hold."""
     folder = tmp_path / name
     folder.mkdir()
     sections = {
         "stages": ["discover", "generate", "extract"],
         "sampling": {"max_new_tokens": 24},
         "discover": {"total_prompts": PROMPTS},
-        "engine": {"kind": "local", "batch_size": 8},
+        "engine": {"kind": "sglang", "endpoints": [server_url], "concurrency_per_server": 1, "request_timeout_s": 600},
         "generate": {"shard_size": SHARD_SIZE, "max_parallel_shards": 1, **LEASES},
         "extract": {"batch_size": 4, "max_length": 256, **LEASES},
         "orchestration": {"overlap": overlap},
@@ -82,10 +87,32 @@ def api_url(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def sequential(tmp_path_factory, tiny_target_dir, api_url):
+def server(tiny_target_dir):
+    """One SGLang-compatible server of the tiny target for every run here."""
+    proc = ServerProcess(["--model", str(tiny_target_dir)])
+    try:
+        yield proc.url
+    finally:
+        proc.stop()
+
+
+def _fault(url: str, **spec: Any) -> None:
+    httpx.post(f"{url}/_fault", json=spec, timeout=30).raise_for_status()
+
+
+def _wait(proc, done, what: str, timeout_s: float = 300) -> None:
+    deadline = time.time() + timeout_s
+    while not done():
+        assert proc.poll() is None, f"the run ended before {what}"
+        assert time.time() < deadline, f"no {what} within {timeout_s:.0f} s"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def sequential(tmp_path_factory, tiny_target_dir, api_url, server):
     """The uninterrupted sequential run every overlapped run must equal."""
     tmp = tmp_path_factory.mktemp("overlap-sequential")
-    params = _params(tmp, tiny_target_dir, "seq", overlap=False)
+    params = _params(tmp, tiny_target_dir, "seq", overlap=False, server_url=server)
     log = tmp / "cli.log"
     proc = start_cli(["run", "--params", str(params)], cli_env(tmp, PREFECT_API_URL=api_url), log)
     assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
@@ -103,11 +130,18 @@ def _kill_group(proc) -> None:
     proc.wait(timeout=30)
 
 
-def test_overlapped_run_equals_sequential_and_clocks_overlap(tmp_path, tiny_target_dir, api_url, sequential):
-    params = _params(tmp_path, tiny_target_dir, "ovl", overlap=True)
+def test_overlapped_run_equals_sequential_and_clocks_overlap(tmp_path, tiny_target_dir, api_url, server, sequential):
+    params = _params(tmp_path, tiny_target_dir, "ovl", overlap=True, server_url=server)
     log = tmp_path / "cli.log"
-    proc = start_cli(["run", "--params", str(params)], cli_env(tmp_path, PREFECT_API_URL=api_url), log)
-    assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
+    # Every answer 0.2 s late (the same answer): generation's 60 requests take 12 s or more,
+    # far longer than extraction needs to load the target and commit a shard, however fast or
+    # loaded the machine, so the overlap below is the orchestration's and not a race's.
+    _fault(server, mode="slow", delay_s=0.2)
+    try:
+        proc = start_cli(["run", "--params", str(params)], cli_env(tmp_path, PREFECT_API_URL=api_url), log)
+        assert proc.wait(timeout=600) == 0, log.read_text()[-3000:]
+    finally:
+        _fault(server, mode="none")
     run = RunFolder(str(tmp_path / "ovl/run"))
     assert _extraction(run) == sequential
     _assert_extracted_once(run)
@@ -132,20 +166,24 @@ def test_overlapped_run_equals_sequential_and_clocks_overlap(tmp_path, tiny_targ
     assert all(wrapper_of.get(r["parent_task_run_id"]) in parents for r in extracts), extracts
 
 
-def test_kill9_while_both_stages_run_then_resume_is_exactly_once(tmp_path, tiny_target_dir, api_url, sequential):
-    params = _params(tmp_path, tiny_target_dir, "kill", overlap=True)
+def test_kill9_while_both_stages_run_then_resume_is_exactly_once(tmp_path, tiny_target_dir, api_url, server, sequential):
+    params = _params(tmp_path, tiny_target_dir, "kill", overlap=True, server_url=server)
     run_dir = tmp_path / "kill/run"
     run = RunFolder(str(run_dir))
     log = tmp_path / "cli.log"
     env = cli_env(tmp_path, PREFECT_API_URL=api_url)
     proc = start_cli(["run", "--params", str(params)], env, log)
     gen, ext = ShardStore(run, "generate"), ShardStore(run, "extract")
-    deadline = time.time() + 300
-    # Both stages active: an extract shard committed and generation still short of its end.
-    while proc.poll() is None and time.time() < deadline and not ext.committed():
-        time.sleep(0.05)
-    generated = len(gen.committed())
-    _kill_group(proc)
+    # Both stages active at the kill, by construction: once generation has committed a shard,
+    # the server holds every later request, so generation cannot end while extraction commits.
+    try:
+        _wait(proc, lambda: len(gen.committed()) >= 1, "a generation shard")
+        _fault(server, mode="hang")
+        _wait(proc, lambda: len(ext.committed()) >= 1, "an extraction shard")
+        generated = len(gen.committed())
+    finally:
+        _kill_group(proc)
+        _fault(server, mode="none")  # the held requests' clients are gone with the run
     assert proc.returncode == -signal.SIGKILL, log.read_text()[-3000:]
     assert not gen.is_complete() and generated < len(sequential), generated
     extracted = {s: m["attempt"] for s, m in ext.committed().items()}
