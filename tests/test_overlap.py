@@ -8,8 +8,6 @@ stops extraction and fails the run with generation's error.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import time
 from pathlib import Path
@@ -19,12 +17,19 @@ import httpx
 import pytest
 
 from tasks.runfolder import RunFolder, ShardStore
-from tasks.runfolder.parts import marker_parts, marker_paths
+from tasks.runfolder.parts import marker_parts
 from tasks.standins.server import ServerProcess
 from tasks.status import read_status
 from tests.extract_support import extracted_ids
 from tests.prefect_support import prefect_server
-from tests.run_support import assert_exactly_once, cli_env, start_cli, write_params
+from tests.run_support import (
+    assert_exactly_once,
+    cli_env,
+    kill_group,
+    start_cli,
+    unmarked_objects,
+    write_params,
+)
 
 PROMPTS, SHARD_SIZE = 60, 5  # 12 generation shards, one at a time: many markers to follow
 # A killed run's leases keep the resume off its shards until they expire.
@@ -60,19 +65,12 @@ def _extraction(run: RunFolder) -> dict[str, tuple[list[str], int, int]]:
     }
 
 
-def _unmarked(run: RunFolder) -> set[str]:
-    """Objects under extract/data and extract/dead that no marker names (a killed attempt's)."""
-    named = {p for m in ShardStore(run, "extract").committed().values() for p in marker_paths(m)}
-    present = {f"extract/{sub}/{name}" for sub in ("data", "dead") for name in run.listdir(f"extract/{sub}")}
-    return present - named
-
-
 def _assert_extracted_once(run: RunFolder) -> None:
     rows, dead = extracted_ids(run)
     assert len(rows) == len(set(rows)) and not set(rows) & set(dead), "a sequence extracted twice"
     generated, gen_dead = assert_exactly_once(run)
     assert len(rows) + len(dead) == generated
-    assert _unmarked(run) == set()
+    assert unmarked_objects(run, "extract") == set()
     sources = {s: m["sha256"] for s, m in ShardStore(run, "generate").committed().items()}
     assert {s: m["source_sha256"] for s, m in ShardStore(run, "extract").committed().items()} == sources
     # The completion marker names every shard and the generation table it read.
@@ -122,12 +120,6 @@ def sequential(tmp_path_factory, tiny_target_dir, api_url, server):
     extraction = _extraction(run)
     assert len(extraction) == PROMPTS // SHARD_SIZE  # total_prompts counts after the holdout
     return extraction
-
-
-def _kill_group(proc) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=30)
 
 
 def test_overlapped_run_equals_sequential_and_clocks_overlap(tmp_path, tiny_target_dir, api_url, server, sequential):
@@ -182,7 +174,7 @@ def test_kill9_while_both_stages_run_then_resume_is_exactly_once(tmp_path, tiny_
         _wait(proc, lambda: len(ext.committed()) >= 1, "an extraction shard")
         generated = len(gen.committed())
     finally:
-        _kill_group(proc)
+        kill_group(proc)
         _fault(server, mode="none")  # the held requests' clients are gone with the run
     assert proc.returncode == -signal.SIGKILL, log.read_text()[-3000:]
     assert not gen.is_complete() and generated < len(sequential), generated
