@@ -303,7 +303,7 @@ def _contenders(summaries: list[ConfigSummary], result: BenchResult, cfg: GateCo
 
 
 def _against_incumbent(
-    decision: GateDecision, summaries: list[ConfigSummary], result: BenchResult, cfg: GateConfig,
+    decision: GateDecision, summaries: list[ConfigSummary], cfg: GateConfig,
     incumbent: Incumbent, best: ConfigSummary | None, wins: bool,
 ) -> str | None:  # fmt: skip
     """Record the incumbent's numbers and the new draft's margin over it in the decision; turn a
@@ -318,8 +318,11 @@ def _against_incumbent(
         why = "; ".join(f"{s.name}: {'; '.join(s.reasons)}" for s in summaries if s.draft == INCUMBENT and not s.baseline)
         record["not_measured"] = why or "no config measured"
         return f"the incumbent {incumbent.draft_id} gave no valid measurement ({record['not_measured']}): judged against the baseline alone"
-    if best is None or (r := _ratio(result, cfg, best, inc)) is None:
+    # The margin _contenders already bootstrapped for the new draft's best config (same pairing, same seed).
+    mine = next((c for c in decision.contenders if c.name == NEW_DRAFT and best is not None and c.config == best.name), None)
+    if mine is None or mine.vs_incumbent is None:
         return None
+    r = (mine.vs_incumbent[0], mine.vs_incumbent[1], mine.vs_incumbent[2])
     record.update(margin=r[0], ci=[r[1], r[2]], beaten=r[1] > 1.0)
     versus = (f"{best.name} median {best.median_tok_s:.1f} tok/s vs the incumbent {incumbent.draft_id}'s "
               f"{inc.name} {inc.median_tok_s:.1f} tok/s: margin {_margin(r, cfg.ci_level)}")  # fmt: skip
@@ -392,7 +395,7 @@ def decide(
             fastest = max(measured, key=lambda s: s.median_tok_s or 0.0)
             decision.reasons.append(f"fastest measured (not eligible): {_speed_verdict(fastest, cfg, versus)[1]}")
         if incumbent is not None:
-            _against_incumbent(decision, summaries, result, cfg, incumbent, None, False)
+            _against_incumbent(decision, summaries, cfg, incumbent, None, False)
         return decision
     assert best.speedup is not None and best.ci_low is not None and best.ci_high is not None
     decision.best, decision.speedup, decision.ci_low, decision.ci_high = best.name, best.speedup, best.ci_low, best.ci_high
@@ -401,7 +404,7 @@ def decide(
         decision.outcome = "promote"
         reason += f"; accept length {best.accept_length:.2f}; outputs exact for {best.exact_match_fraction:.0%} of requests"
     decision.reasons = [reason]
-    if incumbent is not None and (line := _against_incumbent(decision, summaries, result, cfg, incumbent, best, wins)):
+    if incumbent is not None and (line := _against_incumbent(decision, summaries, cfg, incumbent, best, wins)):
         decision.reasons.append(line)
     decision.reasons += _challengers_faster(summaries, result, cfg, best)
     return decision
