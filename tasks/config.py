@@ -287,6 +287,13 @@ class TrainConfig(Strict):
     warmup_steps: int = Field(20, ge=0)
     max_steps: int | None = Field(None, ge=1, description="Default: `epochs` over the data.")
     epochs: int = Field(1, ge=1)
+    max_train_sequences: int | None = Field(
+        None,
+        ge=1,
+        description="Train on the first N training sequences only (index order: shard, then request) "
+        "and count the draft vocabulary over those: a smaller run on the same data, such as a first "
+        "draft from 1k samples. The held-out split is unchanged. Default: all of them.",
+    )
     batch_tokens: int = Field(4096, ge=8, description="Tokens per optimizer step (per process).")
     max_grad_norm: float = Field(0.5, gt=0.0)
     eval_every: int = Field(50, ge=1)

@@ -11,7 +11,7 @@ import torch
 
 from tasks.draft import checkpoint as ckpt
 from tasks.draft.trainer import TrainCallbacks, TrainError, train_draft
-from tasks.draft.vocab import VocabMap
+from tasks.draft.vocab import VocabMap, build_vocab_map, count_tokens
 from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import TRAIN_BEST, TRAIN_RESULT
 from tasks.tiny_target import build_tiny_target
@@ -109,3 +109,30 @@ def test_refuses_a_target_whose_aux_layers_differ_from_the_extraction(make_run, 
     twelve = build_tiny_target(tmp_path / "twelve", num_layers=12)
     with pytest.raises(TrainError, match=r"extracted aux layers \[1, 3, 4\] differ from the draft's \[1, 5, 8\]"):
         train_draft(run, cfg.train, str(twelve))
+
+
+def test_max_train_sequences_is_a_smaller_run_on_the_same_data(make_run):
+    """train.max_train_sequences: the first N training sequences, the vocabulary counted over
+    those alone, the held-out set unchanged; a resume with another N is refused."""
+    from tasks.draft.data import DATA_META_KEY, build_index
+
+    cfg, run = make_run("first48", max_steps=4, eval_every=100, save_every=2, max_train_sequences=48)
+    result = train_draft(run, cfg.train, cfg.target.model_path)
+    meta = run.read_json(DATA_META_KEY)
+    assert meta["splits"]["train"] == 48
+    assert result.steps == 4
+
+    seen: list = []
+    build_index(run, lambda seq: seen.append(seq) if seq.split == "train" else None, use_cache=False)
+    assert len(seen) > 48  # the data holds more than the run trained on
+
+    def vocab_of(seqs: list) -> torch.Tensor:
+        counts = count_tokens([(s.input_ids, s.loss_mask) for s in seqs], VocabMap.load(run).vocab_size)
+        return build_vocab_map(counts, cfg.train.draft_vocab_size).d2t
+
+    assert torch.equal(VocabMap.load(run).d2t, vocab_of(seen[:48]))
+    assert not torch.equal(vocab_of(seen[:48]), vocab_of(seen))  # so the count really was limited
+
+    more = cfg.train.model_copy(update={"max_train_sequences": 60, "max_steps": 6})
+    with pytest.raises(TrainError, match="trained on 48 training sequences, this run has 60"):
+        train_draft(run, more, cfg.target.model_path)

@@ -116,19 +116,21 @@ def _draft_config(cfg: TrainConfig, target_path: str, extract_meta: dict[str, An
 
 def vocab_and_index(
     run: RunFolder, vocab_size: int, draft_vocab_size: int, rank: Dist, vocab_map: VocabMap | None = None,
-    indexer: Callable[..., DataIndex] | None = None,
+    indexer: Callable[..., DataIndex] | None = None, max_train_sequences: int | None = None,
 ) -> tuple[VocabMap, Any]:
     """The draft vocabulary map and the data index. Rank 0 indexes the data and, when neither
     `vocab_map` nor a saved map exists, counts the training split's loss-masked tokens in the
-    same pass (eval sequences never count) and saves the map; the other ranks load both.
-    `indexer(visit, use_cache=...)` indexes the data (default: the extract shards')."""
+    same pass (eval sequences never count; past `max_train_sequences`, neither do the rest: the
+    indexing visits them in index order, the order DataIndex.limited keeps) and saves the map;
+    the other ranks load both. `indexer(visit, use_cache=...)` indexes the data (default: the
+    extract shards')."""
     build = indexer or (lambda visit=None, use_cache=True: build_index(run, visit, use_cache))
     if rank.rank == 0:
         have_map = vocab_map is not None or run.exists(TRAIN_VOCAB_MAP)
         counted: list[tuple[torch.Tensor, torch.Tensor]] = []
 
         def visit(seq: Any) -> None:
-            if seq.split == "train":
+            if seq.split == "train" and (max_train_sequences is None or len(counted) < max_train_sequences):
                 counted.append((seq.input_ids, seq.loss_mask))
 
         index = build(None if have_map else visit, use_cache=have_map)
@@ -200,7 +202,8 @@ def train_draft(
 
     `vocab_map` overrides the one built from the training split (saved with the run);
     `eval_max_batches` caps the held-out set (kept decoded in host memory);
-    `max_train_sequences` trains on the first N training sequences only (data scaling);
+    `max_train_sequences` trains on the first N training sequences only (data scaling; default
+    cfg.max_train_sequences);
     `compile_kernels` fuses the layer's elementwise work with torch.compile (default: on CUDA);
     `online` (OnlineTarget.from_config) is required when cfg.hidden_states is "online".
     """
@@ -227,8 +230,10 @@ def train_draft(
     draft_cfg = _draft_config(cfg, target_model_path, data_meta)
     if rank.rank == 0:
         ckpt.remove_incomplete(run)
+    if max_train_sequences is None:
+        max_train_sequences = cfg.max_train_sequences
     vocab, index = vocab_and_index(run, draft_cfg.vocab_size, draft_cfg.draft_vocab_size, rank, vocab_map,
-                                   source.index if source else None)
+                                   source.index if source else None, max_train_sequences)
 
     def make_reader() -> SequenceReader:
         return source.reader(index) if source else ShardReader(run, index)
@@ -279,6 +284,13 @@ def train_draft(
                 f"this run asks for {cfg.hidden_states!r}; resume in {recorded_mode!r} mode, or "
                 "remove train/checkpoints to start over"
             )
+        recorded_n = state.get("train_sequences")  # checkpoints before the key: not checked
+        if recorded_n is not None and recorded_n != len(index.split("train")):
+            raise TrainError(
+                f"{run.url}/{resumed_from}: trained on {recorded_n} training sequences, this run has "
+                f"{len(index.split('train'))} (train.max_train_sequences or the data changed); resume "
+                "with the same data, or remove train/checkpoints to start over"
+            )
         if not torch.equal(draft.d2t.cpu(), vocab.d2t):
             raise TrainError(f"{run.url}/{resumed_from}: trained with another vocab map than "
                              f"{TRAIN_VOCAB_MAP}; remove one of them")
@@ -310,7 +322,8 @@ def train_draft(
         nonlocal last_saved
         last_saved = ckpt.checkpoint_key(step)
         if rank.rank == 0:
-            trainer_state = {**state, "hidden_states": cfg.hidden_states, "step": step, "epoch": step // steps_per_epoch,
+            trainer_state = {**state, "hidden_states": cfg.hidden_states, "train_sequences": len(index.split("train")),
+                             "step": step, "epoch": step // steps_per_epoch,
                              "batch_in_epoch": step % steps_per_epoch,
                              "steps_per_epoch": steps_per_epoch, "total_steps": total_steps}
             ckpt.save_checkpoint(run, step, draft, optimizer, scheduler, trainer_state)
