@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         "status": "show a run folder's progress (reads only the run folder)",
         "tiny-target": "build the tiny local target model",
         "export": "export a draft checkpoint (SGLang EAGLE3 or vLLM speculators format)",
+        "promote": "promote a run's exported draft to the registry by hand (recorded as such, with the reason)",
         "serve-sglang": "serve a model or a simulator over SGLang's HTTP endpoints",
     }
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
@@ -156,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         from tasks.draft.export import export_main
 
         return export_main(rest)
+    if command == "promote":
+        from tasks.gate.promote_by_hand import promote_main
+
+        return promote_main(rest)
     if command == "tiny-target":
         from tasks.tiny_target import tiny_target_main
 

@@ -289,3 +289,50 @@ def test_the_new_draft_must_beat_the_incumbent_and_challengers_are_reported(trai
     assert replaced["draft_id"] == incumbent_id and replaced["margin"] > replaced["ci"][0] > 1.0
     history = sorted(json.loads(p.read_text())["draft_id"] for p in (registry / "history").iterdir())
     assert history == sorted([incumbent_id, pointer["draft_id"]])
+
+
+def test_a_draft_promoted_by_hand_is_the_next_gates_incumbent(trained, tmp_path: Path, capsys) -> None:
+    """`eaglescale promote`: refused without a registry or an export, naming what is missing;
+    otherwise published with the reason, and a later gate measures it over the sweep (the
+    record names no best config) and keeps it when the new draft is slower."""
+    from flows.cli import main
+
+    config, params = trained
+    registry = tmp_path / "registry"
+    first_root = _copy_run(config, tmp_path / "first")
+    data = yaml.safe_load(params.read_text())
+    data["run_root"] = str(first_root)
+    data["gate"] = {**GATE, "engine": "emulated", "emulator": FAST, "num_steps": [2, 3], "max_new_tokens": 48}
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(data))
+    reason = "no draft beats the baseline on this target yet: the 1k-sample draft is the one to beat"
+
+    assert main(["promote", "--params", str(path), "--reason", reason]) == 1
+    assert "gate.registry_url is not set" in capsys.readouterr().err
+    args = ["promote", "--params", str(path), "--set", f"gate.registry_url={registry}", "--reason", reason]
+    assert main([*args[:3], "--run-root", str(tmp_path / "empty"), *args[3:]]) == 1
+    assert f"{tmp_path}/empty/train/final: no exported draft" in capsys.readouterr().err
+    assert not registry.exists()  # nothing published by a refused promotion
+
+    _emulate(first_root, [0.8, 0.7, 0.6])
+    assert main(args) == 0
+    pointer = json.loads((registry / POINTER).read_text())
+    assert capsys.readouterr().out.startswith(f"promoted {pointer['draft_id']} by hand to {registry}/drafts/")
+    assert pointer["evidence"] == {"by_hand": True, "reason": reason, "gate": None, "best_spec": None}
+    assert pointer["target"] == RunFolder(str(first_root)).read_json("run.json")["fingerprint"]["target"]
+    assert pointer["previous"] is None and pointer["replaced"] is None
+    assert {p.name for p in (registry / "drafts" / pointer["draft_id"]).iterdir()} == {"config.json", "model.safetensors"}
+
+    second_root = _copy_run(config, tmp_path / "second")
+    _emulate(second_root, [0.6, 0.5, 0.4])
+    cfg = _with_gate(config, second_root, engine="emulated", emulator=FAST, num_steps=[2, 3], max_new_tokens=48,
+                     registry_url=str(registry))  # fmt: skip
+    d = run_gate_stage(cfg, tmp_path / "work").decision
+    assert [c.name for c in d.configs] == ["baseline", "eagle3-s2-k1-n3", "eagle3-s3-k1-n4",
+                                           "incumbent:eagle3-s2-k1-n3", "incumbent:eagle3-s3-k1-n4"]  # fmt: skip
+    assert d.incumbent["draft_id"] == pointer["draft_id"]
+    assert d.incumbent["num_steps_from"] == "sweep (its evidence names no best config)"
+    assert d.promote is False and any(r.startswith("slower than the incumbent: ") for r in d.reasons)
+    assert json.loads((registry / POINTER).read_text())["draft_id"] == pointer["draft_id"]
+    md = (second_root / "gate/report.md").read_text()
+    assert "measured over the gate's sweep (its evidence names no best config)." in md

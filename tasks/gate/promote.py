@@ -126,6 +126,25 @@ def promote(
         summary["message"] = f"{decision.outcome}: kept the previous draft ({name}): " + "; ".join(decision.reasons)
         return summary
 
+    record = _publish(run, draft_dir, registry, previous, draft_storage_options,
+                      evidence=decision.summary(), target=target, replaced=_replaced(decision.incumbent))  # fmt: skip
+    where = record["uri"] if registry else f"{draft_dir} (no registry configured: published nowhere else)"
+    summary.update(promoted=True, draft_id=record["draft_id"], uri=record["uri"], previous_draft=record["previous"],
+                   replaced=record["replaced"])  # fmt: skip
+    summary["message"] = f"promoted {record['draft_id']} to {where}: " + "; ".join(decision.reasons)
+    return summary
+
+
+def _publish(
+    run: RunFolder,
+    draft_dir: str,
+    registry: RunFolder | None,
+    previous: dict[str, Any] | None,
+    draft_storage_options: dict[str, Any] | None,
+    **fields: Any,
+) -> dict[str, Any]:
+    """Copy the draft into the registry and point promoted.json (the registry's, then the
+    run's) at its record; `fields` (evidence, target, replaced, ...) complete the record."""
     src_fs, src_root = fsspec.core.url_to_fs(draft_dir, **(draft_storage_options or {}))
     files = draft_files(src_fs, src_root)
     content = hashlib.sha256("".join(f"{k}:{v['sha256']}\n" for k, v in sorted(files.items())).encode()).hexdigest()
@@ -142,17 +161,12 @@ def promote(
         "promoted_at": stamp,
         "run_root": run.url,
         "source": draft_dir,
-        "evidence": decision.summary(),
         "previous": prev,
-        "target": target,
-        "replaced": _replaced(decision.incumbent),
+        **fields,
     }
     if registry is not None:
         publish_draft(draft_dir, registry, draft_id, files, draft_storage_options)
         registry.write_json_atomic(f"history/{stamp}-{draft_id}.json", record)
         registry.write_json_atomic(POINTER, record)
     run.write_json_atomic(POINTER, record)
-    where = record["uri"] if registry else f"{draft_dir} (no registry configured: published nowhere else)"
-    summary.update(promoted=True, draft_id=draft_id, uri=record["uri"], previous_draft=prev, replaced=record["replaced"])
-    summary["message"] = f"promoted {draft_id} to {where}: " + "; ".join(decision.reasons)
-    return summary
+    return record

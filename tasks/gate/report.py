@@ -38,8 +38,10 @@ def contenders_markdown(decision: GateDecision, cfg: GateConfig) -> list[str]:
     lines = ["## Contenders", ""]
     inc = decision.incumbent
     if inc:
-        source = "its promotion's best config" if inc["num_steps_from"] == "evidence" else f"re-swept ({inc['num_steps_from']})"
-        lines.append(f"Incumbent: `{inc['draft_id']}` ({inc['uri']}), measured at {source}.")
+        # num_steps_from: "evidence", "sweep" or "sweep (why not the evidence)"
+        source = ("at its promotion's best config" if inc["num_steps_from"] == "evidence"
+                  else "over the gate's sweep" + inc["num_steps_from"].removeprefix("sweep"))  # fmt: skip
+        lines.append(f"Incumbent: `{inc['draft_id']}` ({inc['uri']}), measured {source}.")
         if inc.get("not_measured"):
             lines.append(f"It gave no valid measurement ({inc['not_measured']}): the new draft was judged against the baseline alone.")
         elif inc.get("margin") is not None:
