@@ -131,6 +131,21 @@ SKIPPABLE: dict[str, dict[tuple[str, str], Any]] = {
 }
 
 
+# What `node start --plan NAME` runs. "full": the real run above. "online-incumbent": what issues
+# 12 and 14 measure on the real parts, on one generation: the offline draft (extract, then train)
+# and the online one (a run root sharing the generation by hard links, train.hidden_states online),
+# each timed from the last committed generation shard; a 1k-sample run (the first 1,004 training
+# sequences, the size of runs 4-7's smallest scaling draft) promoted by hand (`eaglescale
+# promote`: at 135M no draft beats the baseline, runs 4-7, so no gate would promote it); both
+# full drafts replayed over the same held-out sequences; then the gate of the offline draft
+# with that 1k draft as the incumbent. It leaves out what the full plan measured (the scaling
+# drafts, SpecForge's, the sweep, the reference request and the agreement check).
+PLANS = {"full": [], "online-incumbent": ["scaling", "anchor", "sweep"]}
+SMALL_RUN_SEQUENCES = int(os.environ.get("H200_SMALL_RUN", "1004"))  # a rehearsal's few prompts need fewer
+SMALL_RUN_REASON = (f"the {SMALL_RUN_SEQUENCES}-sample draft, promoted by hand as the incumbent to beat: "
+                    "on SmolLM2-135M no draft beats the baseline (real runs 4-7), so no gate promotes one")  # fmt: skip
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -281,7 +296,7 @@ def node_receive(k: int) -> int:
     return 0
 
 
-def node_start(budget_s: float | None, skip: list[str]) -> int:
+def node_start(budget_s: float | None, skip: list[str], plan: str = "full") -> int:
     manifest = json.loads((NODE / "manifest.json").read_text())
     missing = [p["name"] for p in manifest["parts"] if not (NODE / "parts" / p["name"]).is_file()]
     if missing:
@@ -289,7 +304,8 @@ def node_start(budget_s: float | None, skip: list[str]) -> int:
         return 3
     if budget_s is not None:  # read by the pipeline: when SpecForge must stop at the latest
         (NODE / "deadline.json").write_text(json.dumps({"ends_at": time.time() + budget_s, "budget_s": budget_s}))
-    (NODE / "options.json").write_text(json.dumps({"skip": skip}))  # read by the pipeline
+    skip = sorted({*skip, *PLANS[plan]})
+    (NODE / "options.json").write_text(json.dumps({"skip": skip, "plan": plan}))  # read by the pipeline
     log = (NODE / "pipeline.log").open("ab")
     subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "node", "pipeline"], cwd=REPO,
                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
@@ -364,6 +380,19 @@ def collect_node_results(out: Path) -> None:
                 tar.add(run / rel, f"run/{rel}")
         for path in sorted(run.glob("train/scaling/frac-*/result.json")) + sorted(run.glob("generate/_SUCCESS/*.json")) + sorted(run.glob("extract/_SUCCESS/*.json")):
             tar.add(path, f"run/{path.relative_to(run)}")
+        for path in sorted(run.glob("stages/*.json")):  # each stage's clock
+            tar.add(path, f"run/{path.relative_to(run)}")
+        # The "online-incumbent" plan's run roots beside the run, its replay and its registry.
+        for name in ("run-online", "run-1k"):
+            for rel in ("run.json", "train/result.json", "train/best.json", "train/data.json", "promoted.json"):
+                if (NODE / name / rel).is_file():
+                    tar.add(NODE / name / rel, f"{name}/{rel}")
+            for path in sorted((NODE / name).glob("stages/*.json")):
+                tar.add(path, f"{name}/{path.relative_to(NODE / name)}")
+        for path in [NODE / "replay-compare.json", *sorted(NODE.glob("registry/*.json")),
+                     *sorted(NODE.glob("registry/history/*.json"))]:  # fmt: skip
+            if path.is_file():
+                tar.add(path, str(path.relative_to(NODE)))
         for path in sorted((NODE / "logs").glob("*.log")):
             _add_tail(tar, path, f"logs/{path.name}", 200_000)  # the tail: what says why
         for path in sorted(run.glob("gate/server-logs/*.log")):  # the gate keeps their tails
@@ -394,9 +423,12 @@ class Pipeline:
             "TORCHINDUCTOR_CACHE_DIR": str(NODE / "inductor"), "TRITON_CACHE_DIR": str(NODE / "triton"),
         }  # fmt: skip
         self.server: subprocess.Popen[bytes] | None = None
-        self.skip: list[str] = (_read_json(NODE / "options.json") or {}).get("skip", [])
+        options = _read_json(NODE / "options.json") or {}
+        self.skip: list[str] = options.get("skip", [])
+        self.plan: str = options.get("plan", "full")
         self.skipped_settings = {k: v for part in self.skip for k, v in SKIPPABLE[part].items()}
-        self.sets = [*EXTRA_SETS, *(f"{'.'.join(k)}={json.dumps(v)}" for k, v in self.skipped_settings.items())]
+        self.sets = [*EXTRA_SETS, *(f"{'.'.join(k)}={json.dumps(v)}" for k, v in self.skipped_settings.items()),
+                     f"gate.registry_url={NODE / 'registry'}"]  # the node's registry, as in params.yaml (write_params)
 
     def note(self, step: str, state: str, detail: str = "", **extra: Any) -> None:
         entry = self.status["steps"].setdefault(step, {})
@@ -425,13 +457,15 @@ class Pipeline:
             raise RuntimeError(f"{' '.join(args[:3])} exited {proc.returncode} (logs/{log}.log)")
         return proc
 
-    def stage(self, stage: str, *overrides: str, label: str | None = None, env: dict[str, str] | None = None) -> None:
+    def stage(self, stage: str, *overrides: str, label: str | None = None, env: dict[str, str] | None = None,
+              run_root: Path | None = None) -> None:  # fmt: skip
         """`eaglescale run --stages STAGE`; on failure, the stage's plain entry points once.
         `label` names the step in status.json and its logs (default: the stage); `env`, the
-        processes' environment (default: the pipeline's)."""
+        processes' environment (default: the pipeline's); `run_root`, default the run's."""
         label = label or stage
+        run_root = run_root or self.run_root
         sets = [a for o in (*self.sets, *overrides) for a in ("--set", o)]
-        args = ["-m", "flows.cli", "run", "--params", str(PROFILE), "--run-root", str(self.run_root),
+        args = ["-m", "flows.cli", "run", "--params", str(PROFILE), "--run-root", str(run_root),
                 "--stages", stage, *sets]  # fmt: skip
         self.note(label, "running", "eaglescale run")
         try:
@@ -441,7 +475,9 @@ class Pipeline:
             self.note(label, "done", "eaglescale run", via="eaglescale run")
         except RuntimeError as e:
             self.note(label, "fallback", str(e), via="plain entry points")
-            self.py([str(Path(__file__).resolve()), "node", "plain", stage, *sets], f"plain-{label}", env)
+            plain = [str(Path(__file__).resolve()), "node", "plain", stage, *sets, "--set", f"run_root={run_root}"]
+            for one in stage.split(","):  # the plain entry points take one stage at a time
+                self.py([*plain[:3], one, *plain[4:]], f"plain-{label}", env)
             self.note(label, "done", "plain entry points", via="plain entry points", prefect_error=str(e))
 
     # -- steps
@@ -647,6 +683,72 @@ class Pipeline:
         finally:
             self.stop_server()
 
+    def online_incumbent(self) -> None:
+        """The "online-incumbent" plan (PLANS): one generation, then the offline and the online
+        draft one after the other, each alone on the GPU and timed by its run folder's stage
+        clocks; the 1k-sample run and its promotion by hand; the replay of both full drafts; the
+        gate of the offline draft against the baseline and the 1k incumbent."""
+        online, small = NODE / "run-online", NODE / "run-1k"
+        try:
+            self.setup()
+            self.write_params()
+            if not self.done_before("generate"):
+                self.start_server()
+                self.stage("generate", f"engine.endpoints=[http://127.0.0.1:{PORT}]")
+                self.stop_server()
+            # The run roots beside the run's share what they read by hard links: committed
+            # files are never rewritten in place (every write is a new file renamed over).
+            _link_run(self.run_root, online, ["prompts", "generate"])
+            if not self.done_before("offline"):  # extract, then train: one `eaglescale run`
+                self.stage("extract,train", label="offline")
+            if not self.done_before("online"):
+                # A failure here costs issue 12's figure, not the gate's run: recorded, and on.
+                self.optional(lambda: self.stage("train", "train.hidden_states=online", label="online", run_root=online),
+                              "online")  # fmt: skip
+            # What is not timed goes side by side: the 1k-sample run trains while both full
+            # drafts are replayed (the replay's figures are accept lengths, not times).
+            import threading
+
+            _link_run(self.run_root, small, ["prompts", "generate", "extract"])
+            small_train = threading.Thread(target=self.optional, args=(lambda: self.stage(
+                "train", f"train.max_train_sequences={SMALL_RUN_SEQUENCES}", label="train-1k", run_root=small), "train-1k"))  # fmt: skip
+            if not self.done_before("train-1k"):
+                small_train.start()
+            if not self.done_before("replay"):
+                self.note("replay", "running")
+                self.optional(lambda: self.py([str(Path(__file__).resolve()), "node", "replay"], "replay"), "replay", mark=True)
+            if small_train.is_alive():
+                small_train.join()
+            if self.done_before("train-1k") and not self.done_before("promote-1k"):
+                self.note("promote-1k", "running")
+                sets = [a for o in self.sets for a in ("--set", o)]
+                self.py(["-m", "flows.cli", "promote", "--params", str(PROFILE), "--run-root", str(small), *sets,
+                         "--reason", SMALL_RUN_REASON], "promote-1k")  # fmt: skip
+                self.note("promote-1k", "done", json.dumps((_read_json(NODE / "registry/promoted.json") or {}).get("draft_id")))
+            self.save_measure("online_incumbent", online_offline_figures(self.run_root, online, small))
+            self.stage("gate", "gate.engine=emulated" if REHEARSAL else "gate.engine=sglang")
+            self.save_measure("online_incumbent", online_offline_figures(self.run_root, online, small))
+            self.note("finished", "done")
+            self.status["state"] = "done"
+            (NODE / "status.json").write_text(json.dumps(self.status, indent=1))
+        except Exception as e:
+            self.note(self.status.get("step", "?"), "failed", f"{type(e).__name__}: {e}")
+            raise
+        finally:
+            self.stop_server()
+
+    def optional(self, step: Any, label: str, mark: bool = False) -> None:
+        """Run `step` (the step `label`); a failure is recorded in status.json and the plan goes
+        on with what does not need it. `mark`: note the step done here (stage() notes its own)."""
+        try:
+            step()
+            if mark:
+                self.note(label, "done")
+        except Exception as e:  # noqa: BLE001 - recorded, and the rest of the plan still measures
+            self.status["steps"].setdefault(label, {}).update(state="failed-part", error=f"{type(e).__name__}: {e}")
+            (NODE / "status.json").write_text(json.dumps(self.status, indent=1))
+            print(f"== {label}: failed-part {type(e).__name__}: {e}", flush=True)
+
     def write_params(self) -> None:
         """The profile with this run root (what the helper processes load)."""
         import yaml
@@ -661,6 +763,57 @@ class Pipeline:
             from tasks.config import apply_overrides
 
             (NODE / "params.yaml").write_text(yaml.safe_dump(apply_overrides(data, EXTRA_SETS)))
+
+
+def _link_run(src: Path, dest: Path, folders: list[str]) -> None:
+    """A run root beside `src` holding its run.json (a copy) and `folders` (hard links), once."""
+    if (dest / "run.json").is_file():
+        return
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in folders:
+        subprocess.run(["cp", "-al", str(src / name), str(dest / name)], check=True)
+    shutil.copyfile(src / "run.json", dest / "run.json")
+
+
+def _bytes_under(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
+def _clock(run_root: Path, stage: str) -> dict[str, Any]:
+    return _read_json(run_root / "stages" / f"{stage}.json") or {}
+
+
+def online_offline_figures(offline: Path, online: Path, small: Path) -> dict[str, Any]:
+    """The times from the last committed generation shard to a trained draft (the stage clocks:
+    extract start to train end offline, train start to end online), the bytes each wrote for
+    hidden states, and the drafts' training results side by side."""
+    markers = sorted((offline / "generate/_SUCCESS").glob("*.json"))
+    last_shard = max(m.stat().st_mtime for m in markers) if markers else None
+    ext, tr, on = _clock(offline, "extract"), _clock(offline, "train"), _clock(online, "train")
+    out: dict[str, Any] = {"last_generation_shard_at": last_shard, "offline_extract": ext, "offline_train": tr,
+                           "online_train": on, "small_train": _clock(small, "train")}  # fmt: skip
+    if ext.get("started_at") and tr.get("ended_at"):
+        out["offline_s"] = tr["ended_at"] - ext["started_at"]
+        out["offline_extract_s"] = ext["ended_at"] - ext["started_at"]
+        out["offline_train_s"] = tr["ended_at"] - tr["started_at"]
+    if on.get("started_at") and on.get("ended_at"):
+        out["online_s"] = on["ended_at"] - on["started_at"]
+    if "offline_s" in out and "online_s" in out:
+        out["online_over_offline"] = out["online_s"] / out["offline_s"]
+    out["hidden_state_bytes"] = {"offline": _bytes_under(offline / "extract"), "online": _bytes_under(online / "extract")}
+    for name, root in (("offline", offline), ("online", online), ("small", small)):
+        result = _read_json(root / "train/result.json") or {}
+        state = _read_json(root / str(result.get("last_checkpoint")) / "trainer_state.json") or {}
+        out[name] = {"steps": result.get("steps"), "best": result.get("best"), "evals": result.get("evals", []),
+                     "data": _read_json(root / "train/data.json"),
+                     "loss": [h.get("loss") for h in state.get("history", [])]}  # fmt: skip
+    a, b = out["offline"]["loss"], out["online"]["loss"]
+    if a and len(a) == len(b):  # the same batches: the curves differ by the states' numerics only
+        out["loss_max_abs_diff"] = max(abs(x - y) for x, y in zip(a, b, strict=True))
+    replay = _read_json(NODE / "replay-compare.json")
+    if replay:
+        out["replay"] = replay
+    return out
 
 
 # ---- helpers the pipeline runs in their own processes ----------------------------------------
@@ -745,6 +898,27 @@ def node_agreement(n: int = 32, new_tokens: int = 64) -> int:
     return 0
 
 
+def node_replay() -> int:
+    """The offline and the online draft over the same held-out sequences (the gate's replay:
+    gate.replay_sequences, on gate.device, at gate.num_steps), into replay-compare.json."""
+    from tasks.config import load_config
+    from tasks.draft.target_heads import load_target_heads
+    from tasks.gate.stage import materialize_draft, replay_draft
+    from tasks.runfolder import RunFolder
+
+    out: dict[str, Any] = {}
+    for name, root in (("offline", NODE / "run"), ("online", NODE / "run-online")):
+        cfg = load_config(NODE / "params.yaml", [f"run_root={root}", *EXTRA_SETS])
+        run = RunFolder(cfg.run_root)
+        embed, _ = load_target_heads(cfg.target.model_path)
+        began = time.perf_counter()
+        result = replay_draft(run, cfg, embed, materialize_draft(run, NODE / f"replay-{name}"), cfg.gate.num_steps)
+        out[name] = {**result.to_dict(), "seconds": time.perf_counter() - began}
+    (NODE / "replay-compare.json").write_text(json.dumps(out, indent=1, default=str))
+    print(json.dumps({k: v["overall"] for k, v in out.items()}, default=str))
+    return 0
+
+
 def node_scaling(fractions: str | None) -> int:
     """The scaling drafts of these fractions (comma-separated; default: all of the profile's).
     The index it writes lists only these; the train stage after it writes the whole one."""
@@ -805,10 +979,11 @@ def node_plain(stage: str, overrides: list[str]) -> int:
         _shards_one_at_a_time(ExtractStage(cfg, run, tok))
     elif stage == "train":
         from tasks.draft.export import export_run_draft
+        from tasks.draft.online import OnlineTarget
         from tasks.draft.scaling_drafts import train_scaling_drafts
         from tasks.draft.trainer import train_draft
 
-        train_draft(run, cfg.train, cfg.target.model_path)
+        train_draft(run, cfg.train, cfg.target.model_path, online=OnlineTarget.from_config(cfg))
         if cfg.train.scaling_fractions:
             train_scaling_drafts(run, cfg.train, cfg.target.model_path)
         print(export_run_draft(run, cfg.target.model_path))  # what the train flow exports
@@ -844,11 +1019,13 @@ def main() -> int:
     c.add_argument("--earlier", action="append", default=[],
                    help="an earlier run's results folder, kept beside it under earlier_runs (repeatable, newest first)")
     n = sub.add_parser("node", help="on the H200 node")
-    n.add_argument("what", choices=["receive", "start", "wait", "pipeline", "reference", "agreement", "scaling", "plain"])
+    n.add_argument("what", choices=["receive", "start", "wait", "pipeline", "reference", "agreement", "scaling", "replay",
+                                    "plain"])  # fmt: skip
     n.add_argument("arg", nargs="?")
     n.add_argument("--timeout", type=float, default=540.0)
     n.add_argument("--budget", type=float, help="start: the device seconds the pipeline has (bounds SpecForge)")
     n.add_argument("--set", dest="overrides", action="append", default=[])
+    n.add_argument("--plan", default="full", choices=sorted(PLANS), help="start: what the pipeline runs (see PLANS)")
     n.add_argument("--skip", action="append", default=[], choices=sorted(SKIPPABLE),
                    help="start: leave this part out of the run (repeatable): " + ", ".join(sorted(SKIPPABLE)))
     args = parser.parse_args()
@@ -861,12 +1038,15 @@ def main() -> int:
     if what == "receive":
         return node_receive(int(args.arg))
     if what == "start":
-        return node_start(args.budget, args.skip)
+        return node_start(args.budget, args.skip, args.plan)
     if what == "wait":
         return node_wait(args.timeout)
     if what == "pipeline":
-        Pipeline().pipeline()
+        pipeline = Pipeline()
+        pipeline.online_incumbent() if pipeline.plan == "online-incumbent" else pipeline.pipeline()
         return 0
+    if what == "replay":
+        return node_replay()
     if what == "reference":
         return node_reference()
     if what == "agreement":

@@ -64,10 +64,11 @@ def test_skip_leaves_the_scaling_drafts_out_of_every_stage_and_the_helpers(
     monkeypatch.setattr(h200_run, "NODE", tmp_path)
     monkeypatch.setattr(h200_run, "EXTRA_SETS", [])
     plain = h200_run.Pipeline()
-    assert plain.skip == [] and plain.sets == []
+    registry = f"gate.registry_url={tmp_path / 'registry'}"  # every stage promotes into the node's registry
+    assert plain.skip == [] and plain.sets == [registry]
     (tmp_path / "options.json").write_text(json.dumps({"skip": ["scaling", "anchor"]}))
     pipeline = h200_run.Pipeline()
-    assert pipeline.sets == ["train.scaling_fractions=[]"]
+    assert pipeline.sets == ["train.scaling_fractions=[]", registry]
     pipeline.write_params()
     params = yaml.safe_load((tmp_path / "params.yaml").read_text())
     assert params["train"]["scaling_fractions"] == []
@@ -91,7 +92,33 @@ def test_skip_sweep_leaves_the_gate_num_steps_3_alone_and_the_profile_still_load
     monkeypatch.setattr(h200_run, "EXTRA_SETS", [])
     (tmp_path / "options.json").write_text(json.dumps({"skip": ["sweep", "anchor"]}))
     pipeline = h200_run.Pipeline()
-    assert sorted(pipeline.sets) == ["gate.num_steps=[3]", "gate.topk_points=[]"]
+    assert sorted(pipeline.sets) == ["gate.num_steps=[3]", f"gate.registry_url={tmp_path / 'registry'}", "gate.topk_points=[]"]
     gate = load_config(h200_run.PROFILE, overrides=pipeline.sets).gate
     assert gate.num_steps == [3] and gate.topk_points == [] and gate.scaling_num_steps == 3
     assert load_config(h200_run.PROFILE).gate.num_steps == [1, 2, 3, 4, 5]  # the profile keeps its own
+
+
+def test_the_online_incumbent_plan_leaves_out_what_it_does_not_measure_and_its_stages_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`node start --plan online-incumbent` (run 8): no scaling drafts, no SpecForge, no sweep;
+    the profile with the overrides its stages add (online hidden states, the 1k-sample run)
+    validates here rather than on the node after generation."""
+    import json
+    import sys
+
+    sys.path.insert(0, str(RUNNER.parents[1]))
+    from benchmarks import h200_run
+    from tasks.config import load_config
+
+    monkeypatch.setattr(h200_run, "NODE", tmp_path)
+    monkeypatch.setattr(h200_run, "EXTRA_SETS", [])
+    (tmp_path / "options.json").write_text(json.dumps({"skip": h200_run.PLANS["online-incumbent"], "plan": "online-incumbent"}))
+    pipeline = h200_run.Pipeline()
+    assert pipeline.plan == "online-incumbent"
+    assert sorted(pipeline.skip) == ["anchor", "scaling", "sweep"]
+    online = load_config(h200_run.PROFILE, overrides=[*pipeline.sets, "train.hidden_states=online"])
+    small = load_config(h200_run.PROFILE, overrides=[*pipeline.sets, f"train.max_train_sequences={h200_run.SMALL_RUN_SEQUENCES}"])
+    assert online.train.hidden_states == "online" and online.train.scaling_fractions == []
+    assert small.train.max_train_sequences == 1004 and small.gate.num_steps == [3]
+    assert online.gate.registry_url == small.gate.registry_url == str(tmp_path / "registry")
