@@ -53,6 +53,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -142,19 +143,33 @@ def run_mode(work: Path, name: str, a: argparse.Namespace, api_url: str, params:
         cmd = [sys.executable, "-m", "flows.cli", "run", "--params", str(params), "--run-root", str(root),
                *[x for s in sets for x in ("--set", s)]]  # fmt: skip
         t0 = time.time()
+        # The box is shared: the 1-minute load average every 5 s says whether the two runs
+        # ran under the same load (our own processes count too: ~1-2 while a run works).
+        loads: list[float] = []
+        done = threading.Event()
+        sampler = threading.Thread(target=_sample_load, args=(loads, done), daemon=True)
+        sampler.start()
         with log_path.open("wb") as log:
             rc = subprocess.run(
                 cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False
             ).returncode
         wall = time.time() - t0
+        done.set()
+        sampler.join()
         sim = [httpx.get(f"{s.url}/_stats", timeout=10).json()["backend"] for s in sims]
     if rc != 0:
         print(log_path.read_text(errors="replace")[-4000:], file=sys.stderr)
     n_problems, problems = problem_lines(log_path)
     return {"rc": rc, "wall": wall, "clocks": stage_clocks(root) if rc == 0 else {}, "log": str(log_path),
-            "problem_lines": n_problems, "problem_examples": problems,
+            "problem_lines": n_problems, "load_mean": sum(loads) / max(1, len(loads)),
+            "load_max": max(loads, default=0.0), "problem_examples": problems,
             "sim_steps": sum(s["steps"] for s in sim), "sim_tokens": sum(s["tokens"] for s in sim),
             "extract": extract_summary(root) if rc == 0 else {}}  # fmt: skip
+
+
+def _sample_load(loads: list[float], done: threading.Event) -> None:
+    while not done.wait(5.0):
+        loads.append(os.getloadavg()[0])
 
 
 def extract_summary(root: Path) -> dict[str, Any]:
@@ -234,7 +249,7 @@ def report(setup: dict[str, Any], runs: dict[str, dict[str, Any]], s: dict[str, 
         print(f"{m}: extracted {e.get('rows', 0):,} sequences ({e.get('tokens', 0):,} tokens, "
               f"{e.get('truncated', 0)} truncated, {e.get('dead', 0)} dead) in {e.get('shards', 0)} shards; "
               f"sim steps {r['sim_steps']:,}, tokens {r['sim_tokens']:,}; warning/error log lines "
-              f"{r['problem_lines']}")  # fmt: skip
+              f"{r['problem_lines']}; load average mean {r['load_mean']:.2f}, max {r['load_max']:.2f}")  # fmt: skip
         for line in r["problem_examples"]:
             print(f"  ! {line}")
     print(f"goal: overlapped {s['span']['overlapped']:.1f} s <= 1.15 x ({s['longest_of_generate_extract']:.1f} "
@@ -266,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         "--extract-batch", type=int, default=16, help="extract.batch_size (kimi-k25: 16)"
     )
     ap.add_argument("--train-steps", type=int, default=20, help="0: no training stage")
+    ap.add_argument("--overlapped-first", action="store_true", help="run the overlapped mode first")
     ap.add_argument("--keep", type=Path, default=None, help="work in this folder and keep it")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     a = ap.parse_args(argv)
@@ -278,13 +294,15 @@ def main(argv: list[str] | None = None) -> int:
     setup = {"prompts": a.prompts, "shards": math.ceil(a.prompts / shard_size), "shard_size": shard_size,
              "parallel_shards": yaml.safe_load(KIMI.read_text())["generate"]["max_parallel_shards"],
              "servers": a.servers, "concurrency": concurrency, "step_ms": a.step_ms,
-             "max_new_tokens": a.max_new_tokens, "words_scale": a.words_scale, "train_steps": a.train_steps, "cpus": os.cpu_count()}  # fmt: skip
+             "max_new_tokens": a.max_new_tokens, "words_scale": a.words_scale, "train_steps": a.train_steps, "overlapped_first": a.overlapped_first, "cpus": os.cpu_count()}  # fmt: skip
     with contextlib.ExitStack() as stack:
         work = a.keep or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="p7o-")))
         work.mkdir(parents=True, exist_ok=True)
         params = write_params(work, a, shard_size, concurrency)
         api_url, _, server_log = stack.enter_context(prefect_server(work, None))
-        runs = {m: run_mode(work, m, a, api_url, params, concurrency, vocab) for m in MODES}
+        order = list(MODES)[::-1] if a.overlapped_first else list(MODES)
+        done = {m: run_mode(work, m, a, api_url, params, concurrency, vocab) for m in order}
+        runs = {m: done[m] for m in MODES}
         server_problems = problem_lines(server_log)
     if any(r["rc"] != 0 for r in runs.values()):
         codes = {m: r["rc"] for m, r in runs.items()}
