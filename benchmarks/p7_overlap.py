@@ -126,7 +126,7 @@ def stage_clocks(run_root: Path) -> Clocks:
 
 
 def run_mode(work: Path, name: str, a: argparse.Namespace, api_url: str, params: Path, concurrency: int,
-             vocab: int) -> dict[str, Any]:  # fmt: skip
+             vocab: int, prefect_pid: int) -> dict[str, Any]:  # fmt: skip
     """One fresh run of the DAG against a fresh simulator pool: wall, stage clocks, sim stats."""
     import httpx
 
@@ -143,33 +143,103 @@ def run_mode(work: Path, name: str, a: argparse.Namespace, api_url: str, params:
         cmd = [sys.executable, "-m", "flows.cli", "run", "--params", str(params), "--run-root", str(root),
                *[x for s in sets for x in ("--set", s)]]  # fmt: skip
         t0 = time.time()
-        # The box is shared: the 1-minute load average every 5 s says whether the two runs
-        # ran under the same load (our own processes count too: ~1-2 while a run works).
-        loads: list[float] = []
-        done = threading.Event()
-        sampler = threading.Thread(target=_sample_load, args=(loads, done), daemon=True)
-        sampler.start()
         with log_path.open("wb") as log:
-            rc = subprocess.run(
-                cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, check=False
-            ).returncode
+            flow = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+            # The box is shared and has two cores: CPU use, ours and the rest, says whether
+            # the stages competed for them (and whether both runs ran under the same load).
+            cpu = CpuSampler(
+                {
+                    "flow": [flow.pid],
+                    "sims": [x.proc.pid for x in sims],
+                    "prefect": descendants(prefect_pid),
+                }
+            )
+            cpu.start()
+            rc = flow.wait()
         wall = time.time() - t0
-        done.set()
-        sampler.join()
+        cpu.done.set()
+        cpu.join()
         sim = [httpx.get(f"{s.url}/_stats", timeout=10).json()["backend"] for s in sims]
     if rc != 0:
         print(log_path.read_text(errors="replace")[-4000:], file=sys.stderr)
     n_problems, problems = problem_lines(log_path)
-    return {"rc": rc, "wall": wall, "clocks": stage_clocks(root) if rc == 0 else {}, "log": str(log_path),
-            "problem_lines": n_problems, "load_mean": sum(loads) / max(1, len(loads)),
-            "load_max": max(loads, default=0.0), "problem_examples": problems,
+    clocks = stage_clocks(root) if rc == 0 else {}
+    return {"rc": rc, "wall": wall, "clocks": clocks, "log": str(log_path),
+            "pace": extraction_pace(root, clocks) if rc == 0 else {},
+            "problem_lines": n_problems, "problem_examples": problems,
+            "load_mean": sum(x["load"] for x in cpu.samples) / max(1, len(cpu.samples)),
+            "load_max": max((x["load"] for x in cpu.samples), default=0.0),
+            "cpu_cores": cpu_in_stages(cpu.samples, clocks),
             "sim_steps": sum(s["steps"] for s in sim), "sim_tokens": sum(s["tokens"] for s in sim),
             "extract": extract_summary(root) if rc == 0 else {}}  # fmt: skip
 
 
-def _sample_load(loads: list[float], done: threading.Event) -> None:
-    while not done.wait(5.0):
-        loads.append(os.getloadavg()[0])
+def _cpu_s(pid: int) -> float:
+    """utime + stime of a process and its waited-for children, 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def descendants(pid: int) -> list[int]:
+    """The process and those below it now (the Prefect server runs its API in a child)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry))
+    todo, out = [pid], []
+    while todo:
+        out.append(todo.pop())
+        todo += children.get(out[-1], [])
+    return out
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy (all cores, /proc/stat)."""
+    first = Path("/proc/stat").read_text().split("\n", 1)[0]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, first.split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuSampler(threading.Thread):
+    """Every `period` s: the load average, the machine's busy CPU seconds, and those of our
+    process groups (the flow process, the simulators, the Prefect server)."""
+
+    def __init__(self, groups: dict[str, list[int]], period: float = 2.0) -> None:
+        super().__init__(daemon=True)
+        self.groups, self.period = groups, period
+        self.samples: list[dict[str, float]] = []
+        self.done = threading.Event()
+
+    def sample(self) -> None:
+        row = {"t": time.time(), "load": os.getloadavg()[0], "machine": _machine_busy_s()}
+        row.update({name: sum(_cpu_s(pid) for pid in pids) for name, pids in self.groups.items()})
+        self.samples.append(row)
+
+    def run(self) -> None:
+        self.sample()
+        while not self.done.wait(self.period):
+            self.sample()
+
+
+def cpu_in_stages(samples: list[dict[str, float]], clocks: Clocks) -> dict[str, dict[str, float]]:
+    """Cores in use during each stage (its CPU seconds over its length), per group: ours, and
+    `other` = the machine's busy time minus ours (other jobs on the box)."""
+    out: dict[str, dict[str, float]] = {}
+    for stage, (start, end) in clocks.items():
+        inside = [x for x in samples if start <= x["t"] <= end]
+        if len(inside) < 2:
+            continue
+        a, b = inside[0], inside[-1]
+        span = b["t"] - a["t"]
+        cores = {k: (b[k] - a[k]) / span for k in a if k not in ("t", "load")}
+        cores["other"] = cores["machine"] - sum(v for k, v in cores.items() if k != "machine")
+        out[stage] = cores
+    return out
 
 
 def extract_summary(root: Path) -> dict[str, Any]:
@@ -179,6 +249,31 @@ def extract_summary(root: Path) -> dict[str, Any]:
     markers = ShardStore(RunFolder(str(root)), "extract").committed().values()
     keys = ("rows", "dead", "tokens", "truncated")
     return {"shards": len(markers), **{k: sum(int(m.get(k) or 0) for m in markers) for k in keys}}
+
+
+def extraction_pace(root: Path, clocks: Clocks) -> dict[str, Any]:
+    """How extraction kept up: wall seconds per extract shard while generation ran and after
+    it ended (from the shard markers' commit times; while extraction keeps up, the first also
+    holds its waits for new markers), the shards left when generation ended, and the median
+    lag of a shard's extraction commit behind its generation commit."""
+    from tasks.runfolder import RunFolder, ShardStore
+
+    run = RunFolder(str(root))
+    gen = ShardStore(run, "generate").committed()
+    ext = sorted(
+        (float(m["committed_at"]), sid) for sid, m in ShardStore(run, "extract").committed().items()
+    )
+    g_end, (e_start, e_end) = clocks["generate"][1], clocks["extract"]
+    during = [t for t, _ in ext if t <= g_end]
+    after = [t for t, _ in ext if t > g_end]
+    lags = sorted(t - float(gen[sid]["committed_at"]) for t, sid in ext)
+    return {
+        "shards_during_generation": len(during),
+        "shards_after_generation": len(after),
+        "s_per_shard_during": (min(g_end, e_end) - e_start) / len(during) if during else None,
+        "s_per_shard_after": (e_end - max(g_end, e_start)) / len(after) if after else None,
+        "median_lag_s": lags[len(lags) // 2] if lags else None,
+    }
 
 
 def summarize(clocks: dict[str, Clocks]) -> dict[str, Any]:
@@ -220,6 +315,10 @@ def summarize(clocks: dict[str, Clocks]) -> dict[str, Any]:
     return out
 
 
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
 def report(setup: dict[str, Any], runs: dict[str, dict[str, Any]], s: dict[str, Any]) -> None:
     print(f"P7 with orchestration.overlap ({setup['cpus']} cpus): {setup['prompts']:,} prompts, "
           f"{setup['shards']} shards of {setup['shard_size']}, {setup['parallel_shards']} parallel, "
@@ -250,6 +349,15 @@ def report(setup: dict[str, Any], runs: dict[str, dict[str, Any]], s: dict[str, 
               f"{e.get('truncated', 0)} truncated, {e.get('dead', 0)} dead) in {e.get('shards', 0)} shards; "
               f"sim steps {r['sim_steps']:,}, tokens {r['sim_tokens']:,}; warning/error log lines "
               f"{r['problem_lines']}; load average mean {r['load_mean']:.2f}, max {r['load_max']:.2f}")  # fmt: skip
+        p = r["pace"]
+        print(f"  extract pace: {p['shards_during_generation']} shards while generation ran "
+              f"({_fmt(p['s_per_shard_during'])} s of wall each), {p['shards_after_generation']} after it "
+              f"({_fmt(p['s_per_shard_after'])} s of wall each); median lag behind generation's commit "
+              f"{_fmt(p['median_lag_s'])} s")  # fmt: skip
+        for stage, c in r["cpu_cores"].items():
+            print(
+                f"  cores busy during {stage:<9}" + ", ".join(f"{k} {v:.2f}" for k, v in c.items())
+            )
         for line in r["problem_examples"]:
             print(f"  ! {line}")
     print(f"goal: overlapped {s['span']['overlapped']:.1f} s <= 1.15 x ({s['longest_of_generate_extract']:.1f} "
@@ -299,9 +407,11 @@ def main(argv: list[str] | None = None) -> int:
         work = a.keep or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="p7o-")))
         work.mkdir(parents=True, exist_ok=True)
         params = write_params(work, a, shard_size, concurrency)
-        api_url, _, server_log = stack.enter_context(prefect_server(work, None))
+        api_url, server, server_log = stack.enter_context(prefect_server(work, None))
         order = list(MODES)[::-1] if a.overlapped_first else list(MODES)
-        done = {m: run_mode(work, m, a, api_url, params, concurrency, vocab) for m in order}
+        done = {
+            m: run_mode(work, m, a, api_url, params, concurrency, vocab, server.pid) for m in order
+        }
         runs = {m: done[m] for m in MODES}
         server_problems = problem_lines(server_log)
     if any(r["rc"] != 0 for r in runs.values()):
