@@ -39,7 +39,8 @@ Goal (issue 12): the overlapped run's stages, first start to last end, <= 1.15 x
 generate and extract in the sequential run + what cannot overlap: discover before them and
 training after its input, as they ran in the overlapped run), against the sequential run's sum.
 
-    .venv/bin/python benchmarks/p7_overlap.py --json /tmp/p7-overlap.json
+    .venv/bin/python benchmarks/p7_overlap.py --step-ms 36   # stages of similar length (~6 min)
+    .venv/bin/python benchmarks/p7_overlap.py --json /tmp/p7-overlap.json   # generation 2.5x longer
     .venv/bin/python benchmarks/p7_overlap.py --prompts 600 --step-ms 40 --train-steps 5  # quick
 """
 
