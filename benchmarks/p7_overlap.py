@@ -3,8 +3,8 @@
 One invocation makes two fresh runs of the real `data-scaling` flow (`eaglescale run`, stages
 discover,generate,extract,train) through one `prefect server start`, on the same synthetic
 prompts: first with the stages one after another, then with `--set orchestration.overlap=true`
-(extraction takes each generation shard as its marker appears, while generation runs). Each run
-gets a fresh pool of simulated SGLang servers. Times are the run folder's stage clocks, as
+(extraction takes each generation shard as its marker appears, while generation runs);
+--overlapped-first swaps the order. Each run gets a fresh pool of simulated SGLang servers. Times are the run folder's stage clocks, as
 `eaglescale status --json` reports them (stages.<name>.started_at / ended_at).
 
 What is real and what is simulated:
