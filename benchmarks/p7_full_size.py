@@ -57,8 +57,11 @@ DOMAINS = {"agentic_coding": ("openai", 100, 800), "reasoning": ("prompt", 15, 1
 ERROR_LINE = re.compile(r"\b(ERROR|CRITICAL|WARNING)\b|Traceback|Service Unavailable|(HTTP|status\w*)\W{1,3}5\d\d\b")
 
 
-def synth_sources(folder: Path, total: int, weights: dict[str, float], holdout: int) -> list[dict]:
-    """One jsonl file per domain: its quota plus the holdout plus 1% spare, every row distinct."""
+def synth_sources(folder: Path, total: int, weights: dict[str, float], holdout: int,
+                  words_scale: float = 1.0) -> list[dict]:
+    """One jsonl file per domain: its quota plus the holdout plus 1% spare, every row distinct.
+    `words_scale` scales each domain's prompt length range (P7 with overlap: shorter prompts,
+    so that extraction on this CPU fits the run)."""
     rng = random.Random(20261129)
     vocab = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9)))
              for _ in range(2000)]
@@ -68,7 +71,8 @@ def synth_sources(folder: Path, total: int, weights: dict[str, float], holdout: 
         path = folder / f"{domain}.jsonl"
         with path.open("w") as f:
             for i in range(n):
-                text = f"{domain} task {i}: " + " ".join(rng.choices(vocab, k=rng.randint(lo, hi)))
+                k = rng.randint(max(1, round(lo * words_scale)), max(1, round(hi * words_scale)))
+                text = f"{domain} task {i}: " + " ".join(rng.choices(vocab, k=k))
                 row = {"openai": {"messages": [{"role": "user", "content": text}]},
                        "prompt": {"prompt": text},
                        "sharegpt": {"conversations": [{"from": "human", "value": text}]}}[fmt]
