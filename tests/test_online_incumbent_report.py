@@ -33,7 +33,7 @@ def test_online_vs_offline_times_come_from_the_stage_clocks(report) -> None:
     assert o["met"] == (o["ratio"] <= 0.6)
     for name, clock in (("offline", tr), ("online", on)):  # the log's phases fall inside the stage's clock
         p = o["train_phases"][name]
-        assert 0 < p["setup_s"] and 0 < p["steps_s"] and p["setup_s"] + p["steps_s"] < clock["ended_at"] - clock["started_at"]
+        assert p["setup_s"] > 0 and p["steps_s"] > 0 and p["setup_s"] + p["steps_s"] < clock["ended_at"] - clock["started_at"]
         assert p["steps"] == o["optimizer_steps"][name]
     assert o["hidden_state_bytes"]["online"] == 0 and o["hidden_state_bytes"]["offline"] > 10**10
     assert o["splits"]["offline"] == o["splits"]["online"]  # the same sequences either way

@@ -73,11 +73,11 @@ def build_index(
 ) -> DataIndex:
     """Index the committed extract shards (lengths and splits per part), cached in train/.
 
-    A shard is decoded (part by part) only when the cache lacks its parts' sha256s;
-    `visit(seq)` sees each decoded ExtractedSequence (the vocab count rides on this pass).
-    `use_cache=False` decodes all.
+    A shard's tokens are read (part by part; its states are neither copied nor dequantized)
+    only when the cache lacks its parts' sha256s; `visit(seq)` sees each SequenceTokens (the
+    vocab count rides on this pass). `use_cache=False` reads all.
     """
-    from tasks.extract.storage import iter_shard
+    from tasks.extract.storage import iter_shard_tokens
 
     store = ShardStore(run, STAGE)
     markers = dict(sorted(store.committed().items()))
@@ -92,7 +92,7 @@ def build_index(
             entry = {"part_sha256": part_shas, "parts": []}
             for data in store.iter_parts(marker):
                 lengths, splits = [], []
-                for seq in iter_shard(data):
+                for seq in iter_shard_tokens(data):
                     lengths.append(int(seq.input_ids.numel()))
                     splits.append(seq.split)
                     if visit is not None:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tasks.draft.data import DataIndex, SeqRef
-from tasks.extract.storage import AUX_LAYERS, ExtractedSequence
+from tasks.extract.storage import AUX_LAYERS, ExtractedSequence, SequenceTokens
 from tasks.extract.writer import storage_round_trip
 from tasks.runfolder import RunFolder, ShardStore
 
@@ -66,15 +66,6 @@ class OnlineTarget:
         return cls(cfg.target.model_path, cfg.target.revision, cfg.target.chat_template,
                    ex.max_length, ex.eval_fraction, ex.seed, ex.dtype, ex.storage_dtype,
                    ex.batch_size)  # fmt: skip
-
-
-@dataclass
-class IndexedSequence:
-    """What the index pass hands `visit` (the vocabulary count): no states."""
-
-    split: str
-    input_ids: torch.Tensor
-    loss_mask: torch.Tensor
 
 
 class OnlineData:
@@ -119,8 +110,8 @@ class OnlineData:
             for i, seq in enumerate(self.shard_sequences(shard_id, marker)):
                 refs.append(SeqRef(shard_id, 0, i, len(seq.input_ids), seq.split))
                 if visit is not None:
-                    visit(IndexedSequence(seq.split, torch.tensor(seq.input_ids),
-                                          torch.tensor(seq.loss_mask, dtype=torch.bool)))  # fmt: skip
+                    visit(SequenceTokens(seq.sequence_id, seq.domain, seq.split, torch.tensor(seq.input_ids),
+                                         torch.tensor(seq.loss_mask, dtype=torch.bool)))  # fmt: skip
         return DataIndex(markers, refs)
 
     @property

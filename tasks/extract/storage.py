@@ -84,6 +84,17 @@ class ExtractedSequence:
     last_hidden: torch.Tensor  # float32 [T, H]
 
 
+@dataclass
+class SequenceTokens:
+    """A sequence without its states: what indexing and the vocabulary count read."""
+
+    sequence_id: str
+    domain: str
+    split: str
+    input_ids: torch.Tensor  # int64 [T]
+    loss_mask: torch.Tensor  # bool [T]
+
+
 def _header(data: Buffer) -> tuple[dict[str, Any], int]:
     try:
         return read_header(data)
@@ -177,6 +188,19 @@ def iter_shard(data: Buffer) -> Iterator[ExtractedSequence]:
             aux_hidden=dequantize_fp8(aux, t["aux_scale"][lo:hi]) if fp8 else aux.float(),
             last_hidden=dequantize_fp8(last, t["last_scale"][lo:hi]) if fp8 else last.float(),
         )
+
+
+def iter_shard_tokens(data: Buffer) -> Iterator[SequenceTokens]:
+    """The shard's sequences without their states, which are neither copied nor dequantized:
+    indexing and the vocabulary count need the tokens only (decoding SmolLM2's states costs
+    70x as much, benchmarks/p3_index_pass.py)."""
+    meta = shard_metadata(data)
+    t = _checked_tensors(data, meta)
+    offsets = t["seq_offsets"].tolist()
+    ids, mask = t["input_ids"].long(), t["loss_mask"].bool()
+    for i, sequence_id in enumerate(meta["sequence_ids"]):
+        lo, hi = offsets[i], offsets[i + 1]
+        yield SequenceTokens(sequence_id, meta["domains"][i], meta["splits"][i], ids[lo:hi], mask[lo:hi])
 
 
 def verify_shard(data: Buffer) -> list[str]:
