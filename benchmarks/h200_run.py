@@ -651,29 +651,11 @@ class Pipeline:
             return float("inf")
         return deadline["ends_at"] - LAST_STEPS_RESERVE_S - time.time()
 
-    def pipeline(self) -> None:
+    def run(self) -> None:
+        """The plan options.json names (`node start --plan`), to its end; status.json says how
+        far it got, and a failure there names the step."""
         try:
-            self.setup()
-            self.write_params()
-            if not self.done_before("generate"):  # a restart skips the server's start-up (~2 min)
-                self.start_server()
-                if not self.measure.get("reference_done"):
-                    self.reference()
-                self.stage("generate", f"engine.endpoints=[http://127.0.0.1:{PORT}]")
-                self.stop_server()
-            if not self.done_before("extract"):
-                # The agreement check (transformers' greedy decoding of 32 prompts: latency-bound,
-                # a sliver of the GPU) runs beside extraction rather than before it.
-                self.note("agreement", "running")
-                agreement = self.py([str(Path(__file__).resolve()), "node", "agreement"], "agreement", wait=False)
-                self.stage("extract")
-                code = agreement.wait()
-                self.note("agreement", "done" if code == 0 else "failed-part", f"exit {code}")
-            self.train()
-            gate = ["gate.engine=emulated"] if REHEARSAL else []
-            if (NODE / "specforge/draft/config.json").is_file():  # SpecForge's draft, beside ours
-                gate.append(f"gate.challengers=[{{name: specforge, path: {NODE}/specforge/draft, num_steps: 3}}]")
-            self.stage("gate", *gate)
+            self.online_incumbent() if self.plan == "online-incumbent" else self.pipeline()
             self.note("finished", "done")
             self.status["state"] = "done"
             (NODE / "status.json").write_text(json.dumps(self.status, indent=1))
@@ -682,6 +664,30 @@ class Pipeline:
             raise
         finally:
             self.stop_server()
+
+    def pipeline(self) -> None:
+        """The "full" plan: the real run (the module's docstring, step 3)."""
+        self.setup()
+        self.write_params()
+        if not self.done_before("generate"):  # a restart skips the server's start-up (~2 min)
+            self.start_server()
+            if not self.measure.get("reference_done"):
+                self.reference()
+            self.stage("generate", f"engine.endpoints=[http://127.0.0.1:{PORT}]")
+            self.stop_server()
+        if not self.done_before("extract"):
+            # The agreement check (transformers' greedy decoding of 32 prompts: latency-bound,
+            # a sliver of the GPU) runs beside extraction rather than before it.
+            self.note("agreement", "running")
+            agreement = self.py([str(Path(__file__).resolve()), "node", "agreement"], "agreement", wait=False)
+            self.stage("extract")
+            code = agreement.wait()
+            self.note("agreement", "done" if code == 0 else "failed-part", f"exit {code}")
+        self.train()
+        gate = ["gate.engine=emulated"] if REHEARSAL else []
+        if (NODE / "specforge/draft/config.json").is_file():  # SpecForge's draft, beside ours
+            gate.append(f"gate.challengers=[{{name: specforge, path: {NODE}/specforge/draft, num_steps: 3}}]")
+        self.stage("gate", *gate)
 
     def online_incumbent(self) -> None:
         """The "online-incumbent" plan (PLANS): one generation, then the offline and the online
@@ -689,53 +695,44 @@ class Pipeline:
         clocks; the 1k-sample run and its promotion by hand; the replay of both full drafts; the
         gate of the offline draft against the baseline and the 1k incumbent."""
         online, small = NODE / "run-online", NODE / "run-1k"
-        try:
-            self.setup()
-            self.write_params()
-            if not self.done_before("generate"):
-                self.start_server()
-                self.stage("generate", f"engine.endpoints=[http://127.0.0.1:{PORT}]")
-                self.stop_server()
-            # The run roots beside the run's share what they read by hard links: committed
-            # files are never rewritten in place (every write is a new file renamed over).
-            _link_run(self.run_root, online, ["prompts", "generate"])
-            if not self.done_before("offline"):  # extract, then train: one `eaglescale run`
-                self.stage("extract,train", label="offline")
-            if not self.done_before("online"):
-                # A failure here costs issue 12's figure, not the gate's run: recorded, and on.
-                self.optional(lambda: self.stage("train", "train.hidden_states=online", label="online", run_root=online),
-                              "online")  # fmt: skip
-            # What is not timed goes side by side: the 1k-sample run trains while both full
-            # drafts are replayed (the replay's figures are accept lengths, not times).
-            import threading
-
-            _link_run(self.run_root, small, ["prompts", "generate", "extract"])
-            small_train = threading.Thread(target=self.optional, args=(lambda: self.stage(
-                "train", f"train.max_train_sequences={SMALL_RUN_SEQUENCES}", label="train-1k", run_root=small), "train-1k"))  # fmt: skip
-            if not self.done_before("train-1k"):
-                small_train.start()
-            if not self.done_before("replay"):
-                self.note("replay", "running")
-                self.optional(lambda: self.py([str(Path(__file__).resolve()), "node", "replay"], "replay"), "replay", mark=True)
-            if small_train.is_alive():
-                small_train.join()
-            if self.done_before("train-1k") and not self.done_before("promote-1k"):
-                self.note("promote-1k", "running")
-                sets = [a for o in self.sets for a in ("--set", o)]
-                self.py(["-m", "flows.cli", "promote", "--params", str(PROFILE), "--run-root", str(small), *sets,
-                         "--reason", SMALL_RUN_REASON], "promote-1k")  # fmt: skip
-                self.note("promote-1k", "done", json.dumps((_read_json(NODE / "registry/promoted.json") or {}).get("draft_id")))
-            self.save_measure("online_incumbent", online_offline_figures(self.run_root, online, small))
-            self.stage("gate", "gate.engine=emulated" if REHEARSAL else "gate.engine=sglang")
-            self.save_measure("online_incumbent", online_offline_figures(self.run_root, online, small))
-            self.note("finished", "done")
-            self.status["state"] = "done"
-            (NODE / "status.json").write_text(json.dumps(self.status, indent=1))
-        except Exception as e:
-            self.note(self.status.get("step", "?"), "failed", f"{type(e).__name__}: {e}")
-            raise
-        finally:
+        self.setup()
+        self.write_params()
+        if not self.done_before("generate"):
+            self.start_server()
+            self.stage("generate", f"engine.endpoints=[http://127.0.0.1:{PORT}]")
             self.stop_server()
+        # The run roots beside the run's share what they read by hard links: committed
+        # files are never rewritten in place (every write is a new file renamed over).
+        _link_run(self.run_root, online, ["prompts", "generate"])
+        if not self.done_before("offline"):  # extract, then train: one `eaglescale run`
+            self.stage("extract,train", label="offline")
+        if not self.done_before("online"):
+            # A failure here costs issue 12's figure, not the gate's run: recorded, and on.
+            self.optional(lambda: self.stage("train", "train.hidden_states=online", label="online", run_root=online),
+                          "online")  # fmt: skip
+        # What is not timed goes side by side: the 1k-sample run trains while both full
+        # drafts are replayed (the replay's figures are accept lengths, not times).
+        import threading
+
+        _link_run(self.run_root, small, ["prompts", "generate", "extract"])
+        small_train = threading.Thread(target=self.optional, args=(lambda: self.stage(
+            "train", f"train.max_train_sequences={SMALL_RUN_SEQUENCES}", label="train-1k", run_root=small), "train-1k"))  # fmt: skip
+        if not self.done_before("train-1k"):
+            small_train.start()
+        if not self.done_before("replay"):
+            self.note("replay", "running")
+            self.optional(lambda: self.py([str(Path(__file__).resolve()), "node", "replay"], "replay"), "replay", mark=True)
+        if small_train.is_alive():
+            small_train.join()
+        if self.done_before("train-1k") and not self.done_before("promote-1k"):
+            self.note("promote-1k", "running")
+            sets = [a for o in self.sets for a in ("--set", o)]
+            self.py(["-m", "flows.cli", "promote", "--params", str(PROFILE), "--run-root", str(small), *sets,
+                     "--reason", SMALL_RUN_REASON], "promote-1k")  # fmt: skip
+            self.note("promote-1k", "done", json.dumps((_read_json(NODE / "registry/promoted.json") or {}).get("draft_id")))
+        self.save_measure("online_incumbent", online_offline_figures(self.run_root, online, small))
+        self.stage("gate", "gate.engine=emulated" if REHEARSAL else "gate.engine=sglang")
+        self.save_measure("online_incumbent", online_offline_figures(self.run_root, online, small))
 
     def optional(self, step: Any, label: str, mark: bool = False) -> None:
         """Run `step` (the step `label`); a failure is recorded in status.json and the plan goes
@@ -1042,8 +1039,7 @@ def main() -> int:
     if what == "wait":
         return node_wait(args.timeout)
     if what == "pipeline":
-        pipeline = Pipeline()
-        pipeline.online_incumbent() if pipeline.plan == "online-incumbent" else pipeline.pipeline()
+        Pipeline().run()
         return 0
     if what == "replay":
         return node_replay()

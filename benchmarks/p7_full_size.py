@@ -179,20 +179,24 @@ def rss_kb(pid: int) -> int:
         return 0
 
 
-def tree_rss_kb(pid: int) -> int:
-    """RSS of a process and its descendants (prefect server runs its services in children)."""
+def descendants(pid: int) -> list[int]:
+    """The process and those below it now (the Prefect server runs its API in a child)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             with contextlib.suppress(OSError):
                 ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
                 children.setdefault(ppid, []).append(int(entry))
-    todo, total = [pid], 0
+    todo, out = [pid], []
     while todo:
-        p = todo.pop()
-        total += rss_kb(p)
-        todo += children.get(p, [])
-    return total
+        out.append(todo.pop())
+        todo += children.get(out[-1], [])
+    return out
+
+
+def tree_rss_kb(pid: int) -> int:
+    """RSS of a process and its descendants (prefect server runs its services in children)."""
+    return sum(rss_kb(p) for p in descendants(pid))
 
 
 class Sampler(threading.Thread):

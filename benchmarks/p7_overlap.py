@@ -64,7 +64,14 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
-from benchmarks.p7_full_size import KIMI, TINY, prefect_server, problem_lines, synth_sources  # noqa: E402
+from benchmarks.p7_full_size import (  # noqa: E402
+    KIMI,
+    TINY,
+    descendants,
+    prefect_server,
+    problem_lines,
+    synth_sources,
+)
 from tasks.standins.server import ServerProcess  # noqa: E402
 
 MODES: dict[str, tuple[str, ...]] = {
@@ -182,21 +189,6 @@ def _cpu_s(pid: int) -> float:
     except OSError:
         return 0.0
     return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-
-
-def descendants(pid: int) -> list[int]:
-    """The process and those below it now (the Prefect server runs its API in a child)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-                children.setdefault(ppid, []).append(int(entry))
-    todo, out = [pid], []
-    while todo:
-        out.append(todo.pop())
-        todo += children.get(out[-1], [])
-    return out
 
 
 def _machine_busy_s() -> float:

@@ -74,17 +74,6 @@ class ExtractFormatError(ValueError):
 
 
 @dataclass
-class ExtractedSequence:
-    sequence_id: str
-    domain: str
-    split: str
-    input_ids: torch.Tensor  # int64 [T]
-    loss_mask: torch.Tensor  # bool [T]
-    aux_hidden: torch.Tensor  # float32 [T, 3H], dequantized
-    last_hidden: torch.Tensor  # float32 [T, H]
-
-
-@dataclass
 class SequenceTokens:
     """A sequence without its states: what indexing and the vocabulary count read."""
 
@@ -93,6 +82,12 @@ class SequenceTokens:
     split: str
     input_ids: torch.Tensor  # int64 [T]
     loss_mask: torch.Tensor  # bool [T]
+
+
+@dataclass
+class ExtractedSequence(SequenceTokens):
+    aux_hidden: torch.Tensor  # float32 [T, 3H], dequantized
+    last_hidden: torch.Tensor  # float32 [T, H]
 
 
 def _header(data: Buffer) -> tuple[dict[str, Any], int]:
