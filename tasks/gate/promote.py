@@ -126,7 +126,7 @@ def promote(
         summary["message"] = f"{decision.outcome}: kept the previous draft ({name}): " + "; ".join(decision.reasons)
         return summary
 
-    record = _publish(run, draft_dir, registry, previous, draft_storage_options,
+    record = publish_record(run, draft_dir, registry, previous, draft_storage_options,
                       evidence=decision.summary(), target=target, replaced=_replaced(decision.incumbent))  # fmt: skip
     where = record["uri"] if registry else f"{draft_dir} (no registry configured: published nowhere else)"
     summary.update(promoted=True, draft_id=record["draft_id"], uri=record["uri"], previous_draft=record["previous"],
@@ -135,7 +135,7 @@ def promote(
     return summary
 
 
-def _publish(
+def publish_record(
     run: RunFolder,
     draft_dir: str,
     registry: RunFolder | None,

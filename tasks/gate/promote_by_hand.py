@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from tasks.gate.contenders import run_target
 from tasks.gate.launch import resolve_spec
-from tasks.gate.promote import POINTER, PromotionError, _publish
+from tasks.gate.promote import POINTER, PromotionError, publish_record
 from tasks.gate.stage import completed_gate
 from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import TRAIN_FINAL
@@ -60,7 +60,7 @@ def promote_by_hand(config: EagleScaleConfig, reason: str) -> dict[str, Any]:
         "gate": decided,
         "best_spec": (decided or {}).get("best_spec"),  # what a later gate benchmarks it at (else the sweep)
     }
-    return _publish(run, run.path(TRAIN_FINAL), registry, registry.read_json(POINTER), config.storage_options,
+    return publish_record(run, run.path(TRAIN_FINAL), registry, registry.read_json(POINTER), config.storage_options,
                     evidence=evidence, target=target, replaced=None)  # fmt: skip
 
 
