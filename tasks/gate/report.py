@@ -114,7 +114,8 @@ def render_markdown(decision: GateDecision, result: BenchResult, cfg: GateConfig
         where = f"fresh launches per config, SGLang {cfg.sglang_version} ({cfg.engine})"
     lines.append(
         f"Reference baseline: `{decision.baseline}`; best speculative config: `{decision.best}`; "
-        f"{len(result.prompts)} held-out prompts x {cfg.repetitions} {where}, concurrency 1, temperature 0."
+        f"{len(result.prompts)} held-out prompts x {cfg.repetitions} {where}, concurrency 1, temperature 0"
+        + (f", frequency penalty {cfg.frequency_penalty:g}." if cfg.frequency_penalty else ".")
     )
     lines += ["", *contenders_markdown(decision, cfg), "## Configs", ""]
     lines.append(f"| config | env | median tok/s | repetition medians | spread | speedup ({cfg.ci_level:.0%} CI) | accept len | exact match | verdict |")

@@ -156,7 +156,7 @@ class Speculation:
         penalized it, the verify's penalty had not counted it yet). None: no deviation. The
         first token comes from prefill, as in the plain launch, and the stop token stays."""
         dist = self.distribution
-        if dist is None:
+        if dist is None or not (self.near_tie_flip_rate or self.wrong_token_from is not None or frequency_penalty > 0):
             return None
         end = len(ids) - 1 if finish == "stop" else len(ids)
         for i in range(1, end):
