@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     if command == "run":
         return _run(rest)
     if command == "status":
-        from tasks.status import status_main
+        from tasks.status.command import status_main
 
         return status_main(rest)
     if command == "export":

@@ -15,7 +15,8 @@ def _module(path: Path) -> str:
 
 
 def _imports() -> dict[str, set[str]]:
-    graph: dict[str, set[str]] = {}
+    """Every module's imports, ours and third parties'."""
+    imports: dict[str, set[str]] = {}
     for path in [*(ROOT / "tasks").rglob("*.py"), *(ROOT / "flows").rglob("*.py")]:
         names: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -23,11 +24,12 @@ def _imports() -> dict[str, set[str]]:
                 names.add(node.module)
             elif isinstance(node, ast.Import):
                 names.update(a.name for a in node.names)
-        graph[_module(path)] = {n for n in names if n.split(".")[0] in ("tasks", "flows")}
-    return graph
+        imports[_module(path)] = names
+    return imports
 
 
-GRAPH = _imports()
+IMPORTS = _imports()
+GRAPH = {m: {n for n in names if n.split(".")[0] in ("tasks", "flows")} for m, names in IMPORTS.items()}
 
 
 def _closure(start: str) -> set[str]:
@@ -54,6 +56,7 @@ def test_the_graph_is_read() -> None:
     assert len(GRAPH) > 100
     assert "tasks.sglang.versions" in GRAPH["tasks.gate.launch"]
     assert any(d.startswith("tasks.runfolder") for d in GRAPH["tasks.generate.stage"])
+    assert "rich.table" in IMPORTS["tasks.status.render"]
 
 
 def test_tasks_never_import_flows() -> None:
@@ -83,3 +86,17 @@ def test_loading_a_config_imports_no_stage_code() -> None:
                                                             "tasks.extract", "tasks.generate", "tasks.discover"))
                         and m != "tasks.gate.config")  # fmt: skip
     assert stage_code == []
+
+
+def test_the_status_view_reads_the_run_folder_alone_and_its_reading_draws_nothing() -> None:
+    # `eaglescale status` works with no Prefect server and on a crashed run: it reads the run
+    # folder through the run folder's own code, with the stage names and a duration format.
+    assert _outside("tasks.status", ("tasks.runfolder", "tasks.notify", "tasks.config")) == {}
+    # A view of the run, not a step of it: no stage imports it.
+    assert {m: d for m, d in GRAPH.items() if m.startswith("tasks") and not m.startswith("tasks.status")
+            and any(i.startswith("tasks.status") for i in d)} == {}  # fmt: skip
+    # Rendering is rich's; reading (what the flows' tests and the benchmarks call) loads none of it.
+    reading = _closure("tasks.status.read") | _closure("tasks.status")
+    assert "tasks.runfolder" in reading
+    drawing = {m: sorted(n for n in IMPORTS[m] if n.split(".")[0] == "rich") for m in reading}
+    assert {m: names for m, names in drawing.items() if names} == {}

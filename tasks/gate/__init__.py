@@ -4,7 +4,8 @@ stage.py       the gate stage, in order: preflight, offline replay, benchmark, p
                decision, report, promotion, the data-scaling curve (`run_gate_stage`)
 preflight.py   checks each draft folder against its launches before any GPU time is spent
 replay.py      offline acceptance of a draft over extracted held-out sequences
-plan.py        held-out prompt set, configs, launch order, the records kept
+plan.py        held-out prompt set, the sweep's points (`sweep_points`), configs, launch order,
+               the records kept
 benchmark.py   the benchmark on servers: fresh launches in waves, warm-up, cost probes, flush,
                repetitions, acceptance floor
 local_benchmark.py  the same benchmark on the in-process speculative engine (CPU boxes, the demo)

@@ -134,9 +134,18 @@ class LeftOut:
     reason: str
 
 
+SweepPoint = tuple[int, int, int | None]  # num_steps, topk, num_draft_tokens (None at topk 1: steps + 1)
+
+
+def sweep_points(cfg: GateConfig) -> list[SweepPoint]:
+    """The speculative configs of the gate's sweep, in order: num_steps at topk 1, then
+    topk_points. The one list for the run's draft, an incumbent measured over the sweep, and a
+    draft promoted by hand (checked where a later gate will measure it)."""
+    return [(s, 1, None) for s in cfg.num_steps] + [(p.num_steps, p.topk, p.num_draft_tokens) for p in cfg.topk_points]
+
+
 def plan_configs(cfg: GateConfig, draft_dir: str, extra: list[ExtraDraft] | None = None) -> list[BenchConfig]:
-    points = [(s, 1, None) for s in cfg.num_steps] + [(p.num_steps, p.topk, p.num_draft_tokens) for p in cfg.topk_points]
-    specs = [resolve_spec(draft_dir, s, k, n) for s, k, n in points]
+    specs = [resolve_spec(draft_dir, s, k, n) for s, k, n in sweep_points(cfg)]
     others = [(d, resolve_spec(d.path, d.num_steps, d.topk, d.num_draft_tokens)) for d in extra or []]
     names = [s.label for s, _ in specs] + [f"{d.name}:{s.label}" for d, (s, _) in others]
     if len(set(names)) != len(names):
