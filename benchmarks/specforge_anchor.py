@@ -102,7 +102,7 @@ def train_specforge(
     from tasks.draft.vocab import VocabMap
     from tasks.extract.storage import extract_metadata
     from tasks.runfolder import RunFolder
-    from tasks.target import read_model_config, resolve_model_dir, text_config
+    from tasks.target.model_dir import read_model_config, resolve_model_dir, text_config
 
     sf = _specforge()
     cfg = load_config(params)

@@ -37,6 +37,7 @@ from pydantic import (
 )
 
 from tasks.gate.config import GateConfig
+from tasks.target.path_kinds import is_template_text, looks_like_hub_id
 
 STAGES = ("discover", "generate", "extract", "train", "gate")
 Stage = Literal["discover", "generate", "extract", "train", "gate"]
@@ -501,13 +502,6 @@ def _format_errors(err: ValidationError, where: str) -> str:
 
 # ---- Paths --------------------------------------------------------------------------------
 
-_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
-
-
-def looks_like_hub_id(value: str) -> bool:
-    """`org/name`: a model_path that tasks/target.py looks up in the local HF cache when no such
-    folder exists. `./x/y` and `.hidden/y` are paths (hub names never start with a dot)."""
-    return bool(_HUB_ID.match(value)) and not value.startswith(".")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _GLOB_CHARS = "*?["
 _RESOLVED = "eaglescale_paths_resolved"  # validation context: load_config resolved the paths
@@ -533,11 +527,6 @@ PATH_KEYS: tuple[PathKey, ...] = (
     PathKey("gate.python", "input", "Python interpreter"),
     PathKey("gate.challengers[].path", "optional", "challenger draft folder"),
 )
-
-
-def is_template_text(chat_template: str) -> bool:
-    """target.chat_template holds a Jinja template itself, not the path of a file holding one."""
-    return "{{" in chat_template or "{%" in chat_template
 
 
 def is_url(value: str) -> bool:
@@ -719,7 +708,7 @@ def _input_problem(origin: PathOrigin) -> str | None:
     value = origin.value
     if origin.hub_id:
         # Only here is transformers imported (tasks.target): a hub id is rare next to a folder.
-        from tasks.target import TargetError, resolve_model_dir
+        from tasks.target.model_dir import TargetError, resolve_model_dir
 
         try:
             resolve_model_dir(value)
@@ -758,7 +747,7 @@ def check_input_paths(config: EagleScaleConfig) -> None:
     stages create (run_root, the registry) need not exist; URLs are left to the stage that
     opens them, except `package://` paths, which are looked up here (cheaply, no import).
     """
-    from tasks.packages import PackagePathError, resolve_package_path
+    from tasks.target.packages import PackagePathError, resolve_package_path
 
     problems = []
     for origin in config.path_origins():

@@ -17,7 +17,7 @@ from tasks.draft.target_heads import TargetHeadsError, load_target_heads
 from tasks.draft.ttt import SoftCrossEntropy, compute_teacher, unroll
 from tasks.draft.ttt_attention import TTTAttention
 from tasks.runfolder import RunFolder
-from tasks.target import read_model_config
+from tasks.target.model_dir import read_model_config
 
 H, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB, DRAFT_VOCAB = 32, 4, 2, 8, 64, 100, 40
 

@@ -32,8 +32,8 @@ from fsspec.utils import infer_compression
 
 from tasks.config import ConfigError, SourceConfig
 from tasks.config import FileFormat as FileFormatName
-from tasks.packages import PackagePathError, is_package_path, resolve_package_path
 from tasks.redaction import redact_url
+from tasks.target.packages import PackagePathError, is_package_path, resolve_package_path
 
 Rows = Iterator[tuple[Any, str | None, str | None]]  # (parsed row, row error, raw text)
 

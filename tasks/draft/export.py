@@ -169,7 +169,7 @@ def sglang_files(
 
 def _is_converted_target(verifier: str) -> bool:
     """A package or GGUF target: what transformers opens is its converted HF folder."""
-    from tasks.packages import is_package_path
+    from tasks.target.packages import is_package_path
 
     return is_package_path(verifier) or verifier.endswith(".gguf")
 
@@ -184,7 +184,7 @@ def verifier_reference(verifier: str) -> str:
     given. A path that does not exist is refused rather than recorded.
     """
     if _is_converted_target(verifier):
-        from tasks.target import resolve_model_dir
+        from tasks.target.model_dir import resolve_model_dir
 
         return str(resolve_model_dir(verifier).resolve())
     if not verifier or "://" in verifier:

@@ -42,7 +42,7 @@ from tasks.draft.ttt import Batch, StepStats, TTTModel, counted_rows, summarize
 from tasks.draft.vocab import VocabMap, build_vocab_map, count_tokens
 from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import TRAIN_BEST, TRAIN_PLOT, TRAIN_RESULT, TRAIN_VOCAB_MAP
-from tasks.target import read_model_config, resolve_model_dir
+from tasks.target.model_dir import read_model_config, resolve_model_dir
 
 
 @dataclass
