@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from tasks.gate.config import GateConfig
+from tasks.config.gate_section import GateConfig
 from tasks.gate.launch import SpecParams, resolve_spec
 from tasks.runfolder import RunFolder
 
