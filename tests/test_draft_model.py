@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from tasks.draft import checkpoint as ckpt
-from tasks.draft.config import DraftConfig
+from tasks.draft.architecture import DraftConfig
 from tasks.draft.model import Eagle3Draft
 from tasks.draft.target_heads import TargetHeadsError, load_target_heads
 from tasks.draft.ttt import SoftCrossEntropy, compute_teacher, unroll

@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tasks.config import TrainConfig
 from tasks.draft import checkpoint as ckpt
-from tasks.draft.config import DraftConfig
+from tasks.draft.architecture import DraftConfig
 from tasks.draft.data import (
     DataIndex,
     SequenceReader,
