@@ -14,13 +14,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import (
-    Field,
-    PrivateAttr,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from tasks.config.gate_section import GateConfig
 from tasks.config.paths import PATHS_RESOLVED, PathOrigin, resolve_paths
@@ -28,7 +22,6 @@ from tasks.config.strict import Strict
 
 STAGES = ("discover", "generate", "extract", "train", "gate")
 Stage = Literal["discover", "generate", "extract", "train", "gate"]
-
 
 ConversationFormat = Literal["auto", "openai", "sharegpt", "alpaca", "prompt"]
 FileFormat = Literal["auto", "jsonl", "json", "parquet", "hf_disk"]
