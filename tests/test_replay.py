@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tasks.draft.config import DraftConfig
+from tasks.draft.architecture import DraftConfig
 from tasks.draft.model import Eagle3Draft
 from tasks.gate.replay import replay, replay_cycles, response_segments
 

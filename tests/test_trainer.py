@@ -14,7 +14,7 @@ from tasks.draft.trainer import TrainCallbacks, TrainError, train_draft
 from tasks.draft.vocab import VocabMap, build_vocab_map, count_tokens
 from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import TRAIN_BEST, TRAIN_RESULT
-from tasks.tiny_target import build_tiny_target
+from tasks.target.tiny import build_tiny_target
 from tests.draft_support import extracted_run
 
 LEARN_STEPS = 300

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from tasks.target import read_model_config, resolve_model_dir, text_config
+from tasks.target.model_dir import read_model_config, resolve_model_dir, text_config
 
 # Known names first, most common first; multimodal targets prefix their language model.
 EMBED_KEYS = (

@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tasks.config import TrainConfig
 from tasks.draft import checkpoint as ckpt
-from tasks.draft.config import DraftConfig
+from tasks.draft.architecture import DraftConfig
 from tasks.draft.data import (
     DataIndex,
     SequenceReader,
@@ -42,7 +42,7 @@ from tasks.draft.ttt import Batch, StepStats, TTTModel, counted_rows, summarize
 from tasks.draft.vocab import VocabMap, build_vocab_map, count_tokens
 from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import TRAIN_BEST, TRAIN_PLOT, TRAIN_RESULT, TRAIN_VOCAB_MAP
-from tasks.target import read_model_config, resolve_model_dir
+from tasks.target.model_dir import read_model_config, resolve_model_dir
 
 
 @dataclass

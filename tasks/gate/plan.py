@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from tasks.gate.config import GateConfig
+from tasks.config.gate_section import GateConfig
 from tasks.gate.launch import SpecParams, resolve_spec
 from tasks.runfolder import RunFolder
 
@@ -61,7 +61,7 @@ def load_bench_prompts(run: RunFolder, n: int, seed: int, encode: Encoder) -> li
 
 def encoder_for_target(model_path: str, chat_template: str | None = None) -> Encoder:
     """Prompt ids as generation rendered them: the target's tokenizer and chat template."""
-    from tasks.target import load_tokenizer, render_prompt_ids
+    from tasks.target.tokenizer import load_tokenizer, render_prompt_ids
 
     tokenizer = load_tokenizer(model_path, chat_template)
     return lambda messages: render_prompt_ids(tokenizer, messages)
