@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from tasks.config.gate_section import GateConfig
+from tasks.draft.acceptance import pooled_accept_length
 from tasks.gate.launch import SpecParams, resolve_spec
 from tasks.runfolder import RunFolder
 
@@ -199,10 +200,11 @@ class RequestRecord:
 
 
 def accept_length(completion_tokens: int, verify_ct: int, requests: int = 1) -> float | None:
-    """Tokens per verify step. The first token of each request comes from prefill, not from a
-    verify step, so it is left out: stuck acceptance reads exactly 1.0 whatever the length
-    (SGLang's own spec_accept_length, completion_tokens / spec_verify_ct, reads (n+1)/n)."""
-    return (completion_tokens - requests) / verify_ct if verify_ct > 0 else None
+    """Tokens per verify step (tasks.draft.acceptance's definition). The first token of each
+    request comes from prefill, not from a verify step, so it is left out: stuck acceptance
+    reads exactly 1.0 whatever the length (SGLang's own per-request spec_accept_length,
+    completion_tokens / spec_verify_ct, reads (n+1)/n)."""
+    return pooled_accept_length(completion_tokens - requests, verify_ct)
 
 
 def pooled_accept_lengths(records: list[RequestRecord]) -> tuple[float | None, dict[str, float]]:
