@@ -56,7 +56,7 @@ def stage_seconds(run_root: str) -> dict[str, tuple[float, float]]:
     """stage -> (start, end), UNIX seconds, from the run folder's stage clocks."""
     sys.path.insert(0, str(ROOT))
     from tasks.runfolder import RunFolder
-    from tasks.status import read_status
+    from tasks.status.read import read_status
 
     return {k: (c["started_at"], c["ended_at"]) for k, c in read_status(RunFolder(run_root))["stages"].items()}
 

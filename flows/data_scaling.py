@@ -36,7 +36,8 @@ from tasks.extract.follow import generation_started_since
 from tasks.fingerprint_fields import run_fingerprint
 from tasks.generate.stage import generation_fingerprint
 from tasks.runfolder import RunFolder, check_fingerprint
-from tasks.target import load_tokenizer, target_identity
+from tasks.target.identity import target_identity
+from tasks.target.tokenizer import load_tokenizer
 
 
 def run_stage(config: EagleScaleConfig, stage: str, subflow: Any, **params: Any) -> Any:

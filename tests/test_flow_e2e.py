@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from tasks.runfolder import RunFolder, ShardStore
-from tasks.status import read_status
+from tasks.status.read import read_status
 from tests.run_support import assert_exactly_once, cli_env, start_cli, write_params
 from tests.slack_support import Receiver
 

@@ -342,3 +342,29 @@ def test_a_draft_promoted_by_hand_is_the_next_gates_incumbent(trained, tmp_path:
     assert json.loads((registry / POINTER).read_text())["draft_id"] == pointer["draft_id"]
     md = (second_root / "gate/report.md").read_text()
     assert "measured over the gate's sweep (its evidence names no best config)." in md
+
+
+def test_a_promotion_by_hand_checks_the_draft_at_every_config_of_the_sweep(trained, tmp_path: Path) -> None:
+    """The topk points too, where a later gate measures an incumbent that names no best config.
+    Checked at the chain configs alone, a sweep of topk points left no config to check the
+    algorithm at, and a topk point SGLang refuses was never resolved: both were published."""
+    from tasks.gate.promote import PromotionError
+    from tasks.gate.promote_by_hand import promote_by_hand
+
+    config, _ = trained
+    root = _copy_run(config, tmp_path / "run")
+    registry = tmp_path / "registry"
+    final = root / "train/final/config.json"
+    exported = json.loads(final.read_text())
+    final.write_text(json.dumps({**exported, "architectures": ["LlamaForCausalLM"]}))
+    topk_only = _with_gate(config, root, engine="emulated", num_steps=[], registry_url=str(registry),
+                           topk_points=[{"num_steps": 3, "topk": 4, "num_draft_tokens": 8}])  # fmt: skip
+    with pytest.raises(PromotionError, match=r"EAGLE3 needs an EAGLE-3 draft, but its architectures are \['LlamaForCausalLM'\]"):
+        promote_by_hand(topk_only, "a rollback")
+
+    final.write_text(json.dumps(exported))
+    no_draft_tokens = _with_gate(config, root, engine="emulated", num_steps=[2], registry_url=str(registry),
+                                 topk_points=[{"num_steps": 3, "topk": 4}])  # fmt: skip
+    with pytest.raises(PromotionError, match="--speculative-num-draft-tokens must be set with --speculative-eagle-topk 4"):
+        promote_by_hand(no_draft_tokens, "a rollback")
+    assert not registry.exists()  # nothing published by a refused promotion

@@ -19,7 +19,7 @@ import pytest
 from tasks.runfolder import RunFolder, ShardStore
 from tasks.runfolder.parts import marker_parts
 from tasks.standins.server import ServerProcess
-from tasks.status import read_status
+from tasks.status.read import read_status
 from tests.extract_support import extracted_ids
 from tests.prefect_support import prefect_server
 from tests.run_support import (

@@ -13,15 +13,9 @@ import pytest
 from rich.console import Console
 
 from tasks.notify import format_duration
-from tasks.status import (
-    EXIT_MISSING,
-    EXIT_OK,
-    EXIT_STALLED,
-    open_run,
-    read_status,
-    render_status,
-    status_main,
-)
+from tasks.status.command import EXIT_MISSING, EXIT_OK, EXIT_STALLED, status_main
+from tasks.status.read import open_run, read_status
+from tasks.status.render import render_status
 
 NOW = 1_700_000_000.0
 ROOT = Path(__file__).resolve().parents[1]

@@ -30,8 +30,8 @@ from tasks.extract.writer import storage_round_trip
 from tasks.gate.stage import replay_draft
 from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import TRAIN_FINAL, TRAIN_RESULT
-from tasks.status import read_status
-from tasks.status_stages import stage_rows
+from tasks.status.read import read_status
+from tasks.status.render import stage_rows
 from tests.draft_support import extracted_run
 from tests.run_support import cli_env, start_cli
 

@@ -4,7 +4,8 @@ stage.py       the gate stage, in order: preflight, offline replay, benchmark, p
                decision, report, promotion, the data-scaling curve (`run_gate_stage`)
 preflight.py   checks each draft folder against its launches before any GPU time is spent
 replay.py      offline acceptance of a draft over extracted held-out sequences
-plan.py        held-out prompt set, configs, launch order, the records kept
+plan.py        held-out prompt set, the sweep's points (`sweep_points`), configs, launch order,
+               the records kept
 benchmark.py   the benchmark on servers: fresh launches in waves, warm-up, cost probes, flush,
                repetitions, acceptance floor
 local_benchmark.py  the same benchmark on the in-process speculative engine (CPU boxes, the demo)
@@ -17,8 +18,7 @@ decision.py    bootstrap CI and the promote/reject rules
 report.py      gate/report.json, gate/report.md, gate/plots/*.png
 promote.py     registry publish + promoted.json
 scaling.py     accept length against training samples, measured and replayed
-config.py      GateConfig: every threshold (the `gate` section of the run's configuration)
 
-Nothing here imports pydantic at import time except config.py, so replay and the cost model
-load on GPU images that lack it.
+The gate's section of the run's configuration (GateConfig: every threshold) is
+tasks/config/gate_section.py.
 """

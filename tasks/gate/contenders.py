@@ -16,7 +16,15 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from tasks.gate.launch import LaunchError, SpecParams, resolve_spec
-from tasks.gate.plan import CHALLENGER, INCUMBENT, ExtraDraft, Incumbent, LeftOut
+from tasks.gate.plan import (
+    CHALLENGER,
+    INCUMBENT,
+    ExtraDraft,
+    Incumbent,
+    LeftOut,
+    SweepPoint,
+    sweep_points,
+)
 from tasks.gate.preflight import PreflightError, preflight_sweep
 from tasks.gate.promote import POINTER
 from tasks.runfolder import RunFolder
@@ -74,7 +82,7 @@ def local_draft(url: str, storage_options: dict[str, Any], dest: Path) -> Path:
     return dest
 
 
-def _checked(name: str, role: str, where: str, points: list[tuple[int, int, int | None]], local: Path,
+def _checked(name: str, role: str, where: str, points: list[SweepPoint], local: Path,
              target_config: dict[str, Any]) -> tuple[list[ExtraDraft], str | None]:  # fmt: skip
     """The ExtraDrafts of one contender, or the reason it is left out: its configs must resolve
     and the folder must pass preflight for every one of them."""
@@ -86,11 +94,6 @@ def _checked(name: str, role: str, where: str, points: list[tuple[int, int, int 
     except (PreflightError, LaunchError) as e:
         return [], f"{where}: {e}"
     return [ExtraDraft(name, str(local), s, k, n, role=role) for s, k, n in points], None
-
-
-def _points(config: EagleScaleConfig) -> list[tuple[int, int, int | None]]:
-    gate = config.gate
-    return [(s, 1, None) for s in gate.num_steps] + [(p.num_steps, p.topk, p.num_draft_tokens) for p in gate.topk_points]
 
 
 def find_incumbent(
@@ -124,7 +127,7 @@ def find_incumbent(
     if gate.incumbent == "evidence" and spec:
         points, source = [(spec["num_steps"], spec["topk"], spec["num_draft_tokens"])], "evidence"
     else:
-        points = _points(config)
+        points = sweep_points(gate)
         source = "sweep" if gate.incumbent == "sweep" else "sweep (its evidence names no best config)"
     try:
         local = local_draft(uri, gate.registry_storage_options, work_dir / "incumbent")

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from tasks.config.gate_section import GateConfig
 from tasks.gate.breakeven import measure_breakeven
-from tasks.gate.config import GateConfig
 from tasks.gate.lossless import LosslessTally
 from tasks.gate.plan import (
     BREAKEVEN,

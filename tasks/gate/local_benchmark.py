@@ -19,8 +19,8 @@ from collections import Counter
 
 import torch
 
+from tasks.config.gate_section import GateConfig
 from tasks.gate.benchmark import check_acceptance, run_protocol
-from tasks.gate.config import GateConfig
 from tasks.gate.lossless import PositionView, ReferenceEvidence, ReferenceOutputs, rescore_summary
 from tasks.gate.plan import (
     BenchConfig,

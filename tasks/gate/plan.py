@@ -12,7 +12,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from tasks.gate.config import GateConfig
+from tasks.config.gate_section import GateConfig
+from tasks.draft.acceptance import pooled_accept_length
 from tasks.gate.launch import SpecParams, resolve_spec
 from tasks.runfolder import RunFolder
 from tasks.sglang.simulated_acceptance import SIMULATE_ACC_LEN
@@ -62,7 +63,7 @@ def load_bench_prompts(run: RunFolder, n: int, seed: int, encode: Encoder) -> li
 
 def encoder_for_target(model_path: str, chat_template: str | None = None) -> Encoder:
     """Prompt ids as generation rendered them: the target's tokenizer and chat template."""
-    from tasks.target import load_tokenizer, render_prompt_ids
+    from tasks.target.tokenizer import load_tokenizer, render_prompt_ids
 
     tokenizer = load_tokenizer(model_path, chat_template)
     return lambda messages: render_prompt_ids(tokenizer, messages)
@@ -138,9 +139,18 @@ class LeftOut:
     reason: str
 
 
+SweepPoint = tuple[int, int, int | None]  # num_steps, topk, num_draft_tokens (None at topk 1: steps + 1)
+
+
+def sweep_points(cfg: GateConfig) -> list[SweepPoint]:
+    """The speculative configs of the gate's sweep, in order: num_steps at topk 1, then
+    topk_points. The one list for the run's draft, an incumbent measured over the sweep, and a
+    draft promoted by hand (checked where a later gate will measure it)."""
+    return [(s, 1, None) for s in cfg.num_steps] + [(p.num_steps, p.topk, p.num_draft_tokens) for p in cfg.topk_points]
+
+
 def plan_configs(cfg: GateConfig, draft_dir: str, extra: list[ExtraDraft] | None = None) -> list[BenchConfig]:
-    points = [(s, 1, None) for s in cfg.num_steps] + [(p.num_steps, p.topk, p.num_draft_tokens) for p in cfg.topk_points]
-    specs = [resolve_spec(draft_dir, s, k, n) for s, k, n in points]
+    specs = [resolve_spec(draft_dir, s, k, n) for s, k, n in sweep_points(cfg)]
     others = [(d, resolve_spec(d.path, d.num_steps, d.topk, d.num_draft_tokens)) for d in extra or []]
     names = [s.label for s, _ in specs] + [f"{d.name}:{s.label}" for d, (s, _) in others]
     if len(set(names)) != len(names):
@@ -209,10 +219,11 @@ class RequestRecord:
 
 
 def accept_length(completion_tokens: int, verify_ct: int, requests: int = 1) -> float | None:
-    """Tokens per verify step. The first token of each request comes from prefill, not from a
-    verify step, so it is left out: stuck acceptance reads exactly 1.0 whatever the length
-    (SGLang's own spec_accept_length, completion_tokens / spec_verify_ct, reads (n+1)/n)."""
-    return (completion_tokens - requests) / verify_ct if verify_ct > 0 else None
+    """Tokens per verify step (tasks.draft.acceptance's definition). The first token of each
+    request comes from prefill, not from a verify step, so it is left out: stuck acceptance
+    reads exactly 1.0 whatever the length (SGLang's own per-request spec_accept_length,
+    completion_tokens / spec_verify_ct, reads (n+1)/n)."""
+    return pooled_accept_length(completion_tokens - requests, verify_ct)
 
 
 def pooled_accept_lengths(records: list[RequestRecord]) -> tuple[float | None, dict[str, float]]:

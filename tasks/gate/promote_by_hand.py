@@ -2,12 +2,13 @@
 
 For the cases the gate's rule cannot serve: a first draft for a target that no draft speeds up
 yet (later gates need an incumbent to beat), or a rollback to an earlier run's draft. The draft
-is checked as the gate checks a contender (preflight at the gate's chain configs against the
-target's shapes and the run's aux layers) and published like a gated one (tasks/gate/promote.py:
-copied, sha256-verified, pointer last). The record says it was promoted by hand and why, and
-carries what the run's own gate decided about this draft when it ran with these settings; a
-later gate benchmarks it as the incumbent like any other (at the best config that decision
-named, else over the sweep).
+is checked as the gate checks its own (preflight at every config of the gate's sweep, topk
+points included, since a later gate measures an incumbent without a best config at each; against
+the target's shapes and the run's aux layers) and published like a gated one
+(tasks/gate/promote.py: copied, sha256-verified, pointer last). The record says it was promoted
+by hand and why, and carries what the run's own gate decided about this draft when it ran with
+these settings; a later gate benchmarks it as the incumbent like any other (at the best config
+that decision named, else over the sweep).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from tasks.gate.contenders import run_target
-from tasks.gate.launch import resolve_spec
+from tasks.gate.launch import LaunchError, resolve_spec
+from tasks.gate.plan import sweep_points
 from tasks.gate.promote import POINTER, PromotionError, publish_record
 from tasks.gate.stage import completed_gate
 from tasks.runfolder import RunFolder
@@ -32,7 +34,7 @@ def promote_by_hand(config: EagleScaleConfig, reason: str) -> dict[str, Any]:
     PromotionError (before anything is copied) names what is missing or wrong."""
     from tasks.draft.data import training_data_metadata
     from tasks.gate.preflight import PreflightError, preflight_sweep
-    from tasks.target import read_model_config, resolve_model_dir, text_config
+    from tasks.target.model_dir import read_model_config, resolve_model_dir, text_config
 
     gate = config.gate
     if not reason.strip():
@@ -46,11 +48,11 @@ def promote_by_hand(config: EagleScaleConfig, reason: str) -> dict[str, Any]:
     if target is None:
         raise PromotionError(f"{run.url}: records no target identity (run.json): no later gate could match the draft to its target")
     target_config = text_config(read_model_config(resolve_model_dir(config.target.model_path)))
-    specs = [resolve_spec(run.path(TRAIN_FINAL), s, 1)[0] for s in gate.num_steps]
     try:
+        specs = [resolve_spec(run.path(TRAIN_FINAL), s, k, n)[0] for s, k, n in sweep_points(gate)]
         preflight_sweep(run.path(TRAIN_FINAL), specs, target_config, training_data_metadata(run)["aux_layer_ids"],
                         storage_options=config.storage_options)  # fmt: skip
-    except PreflightError as e:
+    except (PreflightError, LaunchError) as e:
         raise PromotionError(f"{run.url}/{TRAIN_FINAL} does not pass the gate's preflight: {e}") from e
     registry = RunFolder(gate.registry_url, gate.registry_storage_options)
     decided = completed_gate(config)  # this draft's gate decision with these settings, if it ran

@@ -1,38 +1,42 @@
-"""`eaglescale status RUN_ROOT`: where a run stands, read from its run folder alone.
+"""Where a run stands, read from its run folder alone, as plain JSON-able data (`read_status`).
 
 No Prefect server is needed, so this works on a crashed run too: the markers are the truth
-about committed work, and progress.json's heartbeat tells a live stage from a dead one.
-Exit codes: 0 fine, 2 no such run folder (or unreadable), 3 stalled.
+about committed work, and progress.json's heartbeat tells a live stage from a dead one. The
+stages after generation (extraction, training, the gate) are read from their markers and the
+small JSON files each writes last. Nothing here renders: tasks/status/render.py draws this
+data, tasks/status/command.py is `eaglescale status`.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 import time
 from collections import Counter
 from typing import Any
 
 import fsspec
 import pyarrow.parquet as pq
-import yaml
-from rich.console import Console, Group, RenderableType
-from rich.panel import Panel
-from rich.progress_bar import ProgressBar
-from rich.table import Table
-from rich.text import Text
 
+from tasks.config import STAGES
 from tasks.notify import format_duration
 from tasks.runfolder import LeaseView, RunFolder, ShardStore, holder_label, read_leases
 from tasks.runfolder.fingerprint import flatten
-from tasks.runfolder.layout import DISCOVERY_MARKER, DISCOVERY_REPORT, GENERATE_PROGRESS, SHARD_PLAN
-from tasks.status_stages import clock_row, later_stages, stage_clocks, stage_rows
+from tasks.runfolder.layout import (
+    DISCOVERY_MARKER,
+    DISCOVERY_REPORT,
+    GATE_DONE,
+    GATE_PROGRESS,
+    GENERATE_PROGRESS,
+    PROMOTED,
+    SHARD_PLAN,
+    TRAIN_BEST,
+    TRAIN_DATA,
+    TRAIN_FINAL,
+    TRAIN_RESULT,
+    stage_clock_key,
+)
 
 DEFAULT_STALL_AFTER_S = 900.0
 DEFAULT_LEASE_TTL_S = 120.0  # for lease records that do not carry their holder's TTL
-SHARD_ROWS_SHOWN = 20
-EXIT_OK, EXIT_MISSING, EXIT_STALLED = 0, 2, 3
 
 
 class StatusError(RuntimeError):
@@ -55,6 +59,9 @@ def _parquet_rows(run: RunFolder, rel: str) -> int | None:
         return None
     with run.fs.open(run.path(rel), "rb") as f:
         return pq.ParquetFile(f).metadata.num_rows
+
+
+# ---- discovery and generation ---------------------------------------------------------------
 
 
 def _discover_status(run: RunFolder) -> dict[str, Any]:
@@ -273,6 +280,86 @@ def _generate_status(
     }
 
 
+# ---- the stages after generation ------------------------------------------------------------
+
+
+def extract_status(run: RunFolder, generated: int, lease_ttl_s: float) -> dict[str, Any] | None:
+    store = ShardStore(run, "extract")
+    committed = store.committed()
+    if not committed and not store.is_complete():
+        data = run.read_json(TRAIN_DATA) or {}
+        # An online run's trainer captured its states: the stage never runs, nothing is stored.
+        return {"online": True} if data.get("hidden_states") == "online" else None
+    leased = [f"{v.shard_id}: {v.describe()}" for v in read_leases(run, "extract", lease_ttl_s).values()
+              if v.live and v.shard_id not in committed]  # fmt: skip
+    return {
+        "shards": len(committed),
+        "of": generated,
+        "sequences": sum(int(m.get("rows", 0)) for m in committed.values()),
+        "complete": store.is_complete(),
+        "leased": leased,
+    }
+
+
+def train_status(run: RunFolder) -> dict[str, Any] | None:
+    best, result = run.read_json(TRAIN_BEST), run.read_json(TRAIN_RESULT)
+    if best is None and result is None:
+        return None
+    best = best or {}
+    return {
+        "steps": (result or {}).get("steps"),
+        "best_step": best.get("step"),
+        "best_sim_accept_len": best.get("sim_accept_len"),
+        "exported": run.exists(f"{TRAIN_FINAL}/config.json"),
+    }
+
+
+def gate_status(run: RunFolder) -> dict[str, Any] | None:
+    """The decision (gate/_SUCCESS.json) and, while a gate runs or after one failed, where it
+    is or stopped (gate/progress.json)."""
+    done, progress = run.read_json(GATE_DONE), run.read_json(GATE_PROGRESS)
+    if done is None and progress is None:
+        return None
+    summary = (done or {}).get("summary", {})
+    promoted = run.read_json(PROMOTED)
+    out: dict[str, Any] = {
+        "outcome": summary.get("outcome"),
+        "speedup": summary.get("speedup"),
+        "ci": summary.get("ci"),
+        "accept_length": summary.get("accept_length"),
+        "message": summary.get("message"),
+        "promoted_draft": (promoted or {}).get("draft_id"),
+        "progress": None,
+    }
+    if progress is not None and progress.get("state") != "done":
+        out["progress"] = {k: progress.get(k) for k in ("state", "phase", "launches", "current", "message", "updated_at")}
+    return out
+
+
+def stage_clocks(run: RunFolder) -> dict[str, Any]:
+    """Each stage's clock (stages/<stage>.json, written by the stage flows): state, this
+    attempt's started_at / ended_at (UNIX seconds; ended_at null while it runs), the first
+    attempt's start and the number of attempts. Stages that never started are left out."""
+    out = {}
+    for stage in STAGES:
+        clock = run.read_json(stage_clock_key(stage))
+        if clock is not None:
+            out[stage] = {k: clock.get(k) for k in ("state", "started_at", "ended_at", "first_started_at", "attempts", "error")
+                          if k != "error" or clock.get(k)}  # fmt: skip
+    return out
+
+
+def later_stages(run: RunFolder, generated: int, lease_ttl_s: float) -> dict[str, Any]:
+    return {
+        "extract": extract_status(run, generated, lease_ttl_s),
+        "train": train_status(run),
+        "gate": gate_status(run),
+    }
+
+
+# ---- the whole run --------------------------------------------------------------------------
+
+
 def read_status(
     run: RunFolder, now: float | None = None, stall_after_s: float | None = None
 ) -> dict[str, Any]:
@@ -303,194 +390,6 @@ def read_status(
     }
 
 
-# ---- rendering ------------------------------------------------------------------------------
-
-STATE_STYLE = {"complete": "green", "running": "cyan", "stalled": "bold red", "failed": "bold red"}
-
-
-def _when(ts: float | None, now: float) -> str:
-    if ts is None:
-        return "—"
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
-    delta = now - ts
-    return f"{stamp} ({format_duration(abs(delta))} {'ago' if delta >= 0 else 'from now'})"
-
-
-def _num(value: float | None, fmt: str = ",.1f") -> str:
-    return "—" if value is None else format(value, fmt)
-
-
-def _grid() -> Table:
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold", min_width=11)  # the longest label: the grids line up
-    grid.add_column()
-    return grid
-
-
-def _overview(status: dict[str, Any]) -> Table:
-    now, run, disc, gen = (status[k] for k in ("checked_at", "run", "discover", "generate"))
-    grid = _grid()
-    grid.add_row("run", status["run_root"])
-    fp = run["fingerprint"]
-    target = ", ".join(f"{k[7:]}={v}" for k, v in fp.items() if k.startswith("target."))
-    grid.add_row("target", target or "—")
-    grid.add_row(
-        "fingerprint", f"{run['fingerprint_hash']} (started {_when(run['created_at'], now)})"
-    )
-    if run["fingerprint_overrides"]:
-        note = f"{run['fingerprint_overrides']} fingerprint override(s) recorded"
-        grid.add_row("", Text(note, style="yellow"))
-    prompts = f"{_num(disc['manifest_rows'], ',')} prompts, {_num(disc['holdout_rows'], ',')} "
-    prompts += f"holdout, {_num(disc['quarantine_rows'], ',')} quarantined"
-    grid.add_row("discover", prompts if disc["committed"] else f"not committed ({prompts})")
-    state = gen["state"]
-    grid.add_row("generate", Text(state.upper(), style=STATE_STYLE.get(state, "dim")))
-    if gen["stall_reason"]:
-        grid.add_row("", Text(f"STALLED: {gen['stall_reason']}", style="bold red"))
-    req, shards = gen["requests"], gen["shards"]
-    done = f"{req['done']:,} / {req['total']:,} ({gen['percent']:.1f}%), {req['dead']:,} dead"
-    grid.add_row("requests", done)
-    grid.add_row("", ProgressBar(total=max(req["total"], 1), completed=req["done"], width=60))
-    states = " · ".join(f"{n} {s}" for s, n in sorted(shards["by_state"].items())) or "none"
-    grid.add_row("shards", f"{shards['committed']} / {shards['planned']} committed ({states})")
-    for label, text in stage_rows(status):
-        grid.add_row(label, text)
-    clocks = clock_row(status.get("stages") or {}, now)
-    if clocks:
-        grid.add_row(*clocks)
-    return grid
-
-
-def _sends(sent: int | None, per_request: float | None) -> str:
-    if sent is None or per_request is None:
-        return "—"
-    return f"{sent:,} requests to the engine, {per_request:.3f} per request"
-
-
-def _throughput(prog: dict[str, Any], now: float) -> Table:
-    rate = prog.get("rate") or {}
-    grid = _grid()
-    grid.add_row(
-        "throughput",
-        f"{_num(rate.get('window_tokens_per_s'))} tok/s over the last "
-        f"{_num(rate.get('window_s'), '.0f')} s, {_num(rate.get('lifetime_tokens_per_s'))} tok/s "
-        f"since start, {_num(rate.get('requests_per_s'), '.2f')} req/s",
-    )
-    eta = prog.get("eta_s")
-    grid.add_row(
-        "ETA", "—" if eta is None else f"{format_duration(eta)} → {_when(prog['eta_at'], now)}"
-    )
-    req = prog.get("requests") or {}
-    grid.add_row("sent", _sends(req.get("sent"), req.get("sent_per_request")))
-    grid.add_row("heartbeat", _when(prog["heartbeat_at"], now))
-    grid.add_row("last result", _when(prog.get("last_progress_at"), now))
-    return grid
-
-
-def _finished(gen: dict[str, Any], now: float) -> Table:
-    """A complete generation: its own duration and throughput, not the last process's."""
-    overall, committed = gen["overall"], gen["committed"]
-    grid = _grid()
-    duration = overall["duration_s"]
-    took = "—" if duration is None else format_duration(duration)
-    grid.add_row(
-        "throughput",
-        f"{overall['completion_tokens']:,} tokens in {took}: "
-        f"{_num(overall['tokens_per_s'])} tok/s, {_num(overall['requests_per_s'], '.2f')} req/s "
-        "overall",
-    )
-    grid.add_row("started", _when(overall["started_at"], now))
-    grid.add_row("finished", _when(overall["finished_at"], now))
-    grid.add_row("sent", _sends(committed["requests_sent"], committed["sent_per_request"]))
-    return grid
-
-
-def _servers(servers: list[dict[str, Any]]) -> Table:
-    table = Table(
-        "server", "healthy", "in flight", "completed", "failures", "last error", title="servers"
-    )
-    for s in servers:
-        healthy = Text("yes", style="green") if s["healthy"] else Text("NO", style="bold red")
-        table.add_row(
-            s["url"],
-            healthy,
-            str(s.get("in_flight", 0)),
-            f"{s.get('completed', 0):,}",
-            str(s.get("failures", 0)),
-            (s.get("last_error") or "")[:60],
-        )
-    return table
-
-
-def _run_servers(per_server: dict[str, int], last: list[dict[str, Any]]) -> Table:
-    """Who generated a finished run: committed rows per server over every process, with the
-    failures the last process saw (its in-flight and health are over)."""
-    seen = {s["url"]: s for s in last}
-    table = Table("server", "completed", "failures (last process)", "last error", title="servers")
-    for url, rows in sorted(per_server.items(), key=lambda kv: (-kv[1], kv[0])):
-        s = seen.get(url, {})
-        table.add_row(url, f"{rows:,}", str(s.get("failures", "—")), (s.get("last_error") or "")[:60])
-    return table
-
-
-def _active_shards(items: dict[str, dict[str, Any]]) -> Table | None:
-    """Shards neither committed nor pending; failed and unusual states first, since they are
-    what a reader came to find. Hundreds of running shards collapse into '+N more'."""
-    active = sorted(
-        ((k, v) for k, v in items.items() if v["state"] not in ("committed", "pending")),
-        key=lambda kv: (kv[1]["state"] in ("running", "leased"), kv[0]),
-    )
-    if not active:
-        return None
-    table = Table("shard", "state", "done", "detail", title="active and failed shards")
-    for shard_id, item in active[:SHARD_ROWS_SHOWN]:
-        style = "" if item["state"] in ("running", "leased") else "red"
-        table.add_row(
-            shard_id,
-            Text(item["state"], style=style),
-            f"{item['done']:,} / {_num(item['requests'], ',')}",
-            str(item.get("error") or item.get("lease_detail") or "")[:80],
-        )
-    if len(active) > SHARD_ROWS_SHOWN:
-        table.caption = f"+{len(active) - SHARD_ROWS_SHOWN} more"
-    return table
-
-
-def render_status(status: dict[str, Any]) -> RenderableType:
-    gen = status["generate"]
-    parts: list[RenderableType] = [_overview(status)]
-    prog = gen["progress"]
-    per_server = gen["committed"]["per_server"]
-    if gen.get("overall") is not None:
-        parts.append(_finished(gen, status["checked_at"]))
-        if per_server:
-            parts.append(_run_servers(per_server, (prog or {}).get("servers") or []))
-        elif prog is not None and prog.get("servers"):
-            parts.append(_servers(prog["servers"]))
-    elif prog is not None:
-        parts.append(_throughput(prog, status["checked_at"]))
-        if prog.get("servers"):
-            parts.append(_servers(prog["servers"]))
-    shards = _active_shards(gen["shard_items"])
-    if shards is not None:
-        parts.append(shards)
-    border = {"stalled": "red", "failed": "red", "complete": "green"}.get(gen["state"], "blue")
-    return Panel(Group(*parts), title="eaglescale status", border_style=border)
-
-
-# ---- command line ---------------------------------------------------------------------------
-
-
-def _storage_options(pairs: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key:
-            raise StatusError(f"--storage-option {pair!r}: expected key=value")
-        out[key] = yaml.safe_load(raw) if raw else ""
-    return out
-
-
 def open_run(url: str, storage_options: dict[str, Any] | None = None) -> RunFolder:
     """The run folder at `url`, without creating anything when it does not exist."""
     fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
@@ -502,33 +401,3 @@ def open_run(url: str, storage_options: dict[str, Any] | None = None) -> RunFold
             f"{url} has no run.json: not an eaglescale run folder, or no stage has started"
         )
     return RunFolder(url, storage_options)
-
-
-def status_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="eaglescale status", description="Show where a run stands."
-    )
-    parser.add_argument("run_root", metavar="RUN_ROOT", help="run folder: local path or fsspec URL")
-    parser.add_argument("--json", action="store_true", help="print the status as JSON")
-    parser.add_argument(
-        "--stall-after", type=float, metavar="SECONDS", help="heartbeat age that counts as stalled"
-    )
-    parser.add_argument(
-        "--storage-option",
-        action="append",
-        default=[],
-        metavar="K=V",
-        help="fsspec option (repeatable)",
-    )
-    args = parser.parse_args(argv)
-    try:
-        run = open_run(args.run_root, _storage_options(args.storage_option))
-        status = read_status(run, stall_after_s=args.stall_after)
-    except StatusError as e:
-        print(f"eaglescale status: {e}", file=sys.stderr)
-        return EXIT_MISSING
-    if args.json:
-        print(json.dumps(status, indent=2, sort_keys=True, default=str))
-    else:
-        Console().print(render_status(status))
-    return EXIT_STALLED if status["stalled"] else EXIT_OK
