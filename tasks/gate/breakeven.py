@@ -24,14 +24,10 @@ max_new_tokens, the baseline stops where it stops).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tasks.gate.cost_model import CostModelError, costs_from_launches
 from tasks.gate.plan import BREAKEVEN, BenchConfig, BenchResult, LaunchRecord, pooled_accept_lengths
-
-if TYPE_CHECKING:
-    from tasks.gate.decision import ConfigSummary
 
 
 def decode_tok_s(launch: LaunchRecord, prompts: int) -> list[float]:
@@ -71,10 +67,12 @@ def _statement(k: int, row: dict[str, Any]) -> str:
     return f"{need}; {draft}" + (f"; the cost model predicted {model:.2f}" if model is not None else "")
 
 
-def measure_breakeven(result: BenchResult, summaries: Sequence[ConfigSummary], prompts: int) -> dict[str, Any] | None:
+def measure_breakeven(
+    result: BenchResult, draft: dict[int, tuple[str, float | None]], prompts: int
+) -> dict[str, Any] | None:
     """The measured break-even per num_steps (see the module docstring), or None without
-    break-even launches. `summaries`: the decision's ConfigSummary list (the draft's own accept
-    length at each num_steps)."""
+    break-even launches. `draft`: num_steps -> (config, accept length) of the run's draft as
+    measured (its topk=1 configs in the default environment)."""
     configs = {c.name: c for c in result.configs}
     simulated = [c for c in result.configs if c.role == BREAKEVEN and c.spec is not None]
     if not simulated:
@@ -105,12 +103,11 @@ def measure_breakeven(result: BenchResult, summaries: Sequence[ConfigSummary], p
             if rates and accept is not None:
                 points.append({"config": c.name, "simulated": c.simulated_accept_length, "accept_length": accept,
                                "decode_tok_s": statistics.median(rates), "requests": len(rates)})  # fmt: skip
-        draft = next((s for s in summaries if s.is_candidate_chain() and s.spec and s.spec["num_steps"] == k), None)
+        config, reached = draft.get(k, (None, None))
         model = costs.cycle_cost(k) / costs.baseline_cost() if costs is not None and costs.covers(k) else None
         row: dict[str, Any] = {"points": points, "break_even": None, "side": None, "model_break_even": model,
                                "model_cycle_s": costs.cycle_cost(k) if model is not None and costs else None,
-                               "draft_config": draft.name if draft else None,
-                               "draft_accept_length": draft.accept_length if draft else None}  # fmt: skip
+                               "draft_config": config, "draft_accept_length": reached}  # fmt: skip
         if not points:
             row["statement"] = f"num_steps {k}: no break-even launch gave a measurement"
         else:

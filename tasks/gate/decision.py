@@ -381,7 +381,8 @@ def decide(
     benchmark measured it (its configs have role INCUMBENT); `left_out`: contenders not measured."""
     decision = _decide(result, cfg, incumbent, left_out)
     decision.reasons += baseline_warnings(decision.configs)
-    decision.breakeven = measure_breakeven(result, decision.configs, cfg.breakeven_prompts)
+    draft = {s.spec["num_steps"]: (s.name, s.accept_length) for s in decision.configs if s.spec and s.is_candidate_chain()}
+    decision.breakeven = measure_breakeven(result, draft, cfg.breakeven_prompts)
     return decision
 
 
