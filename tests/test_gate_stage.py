@@ -92,6 +92,12 @@ def test_local_gate_is_lossless_reports_and_keeps_the_previous_draft(trained, tm
     assert set(prediction["per_steps"]) == {"1", "2"}  # the timed ones
     report = json.loads((run_root / "gate/report.json").read_text())
     assert report["summary"]["outcome"] == "reject"
+    # The lossless rule's evidence, as on a server: each baseline pass re-scored every reference
+    # (transformers' logits); its second pass is judged against its first.
+    rescores = [x["rescore"] for x in report["bench"]["launches"] if x["config"] == "baseline"]
+    assert [(r["prompts"], r["errors"]) for r in rescores] == [(GATE["num_prompts"], [])] * GATE["repetitions"]
+    assert rescores[1]["max_abs_delta_vs_first"] == 0.0  # the same forward twice
+    assert outcome.decision.config("baseline").lossless["exact"] == GATE["num_prompts"]
     assert set(report["predictions"]) == {"baseline", "eagle3-s1-k1-n2", "eagle3-s2-k1-n3"}
     md = (run_root / "gate/report.md").read_text()
     assert "# Gate decision: REJECT" in md and "## Offline replay and cost model" in md
