@@ -28,10 +28,10 @@ def _expected_failures() -> tuple[type[BaseException], ...]:
     from tasks.gate.plan import GateStopped
     from tasks.gate.preflight import PreflightError
     from tasks.gate.promote import PromotionError
-    from tasks.gate.server_process import ServerStartError
     from tasks.generate.failures import ShardFailed
     from tasks.packages import PackagePathError
     from tasks.runfolder import FingerprintMismatch
+    from tasks.sglang.server_process import ServerStartError
     from tasks.sglang.versions import LaunchError
     from tasks.target import TargetError
 

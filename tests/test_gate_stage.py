@@ -209,7 +209,7 @@ def test_the_progress_record_keeps_no_credentials(tmp_path: Path) -> None:
 
 
 def _emulate(run_root: Path, accept_probs: list[float]) -> None:
-    """Give the run's exported draft its emulated acceptance (tasks.gate.server_process: a draft's
+    """Give the run's exported draft its emulated acceptance (tasks.sglang.server_process: a draft's
     config.json `eaglescale_emulator`); a new config.json makes it a new draft too."""
     path = run_root / "train/final/config.json"
     data = json.loads(path.read_text())

@@ -27,9 +27,9 @@ from tasks.gate.benchmark import (
     record_generate_answer,
 )
 from tasks.gate.config import GateConfig
-from tasks.gate.launch import LaunchSpec, SpecParams
 from tasks.gate.plan import BenchConfig, BenchPrompt, GateStopped, RequestRecord, plan_configs
-from tasks.gate.server_process import (
+from tasks.sglang.command import LaunchSpec, SpecParams
+from tasks.sglang.server_process import (
     EmulatedLauncher,
     check_server_info,
     fetch_server_info,

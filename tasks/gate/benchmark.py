@@ -30,7 +30,6 @@ import httpx
 
 from tasks.engines.sglang_wire import MalformedResponse, error_message, read_generate_reply
 from tasks.gate.config import GateConfig
-from tasks.gate.launch import LaunchSpec, SpecParams
 from tasks.gate.plan import (
     CANDIDATE,
     BenchConfig,
@@ -43,7 +42,8 @@ from tasks.gate.plan import (
     launch_order,
 )
 from tasks.gate.progress import GateProgress
-from tasks.gate.server_process import (
+from tasks.sglang.command import LaunchSpec, SpecParams
+from tasks.sglang.server_process import (
     LaunchedServer,
     Launcher,
     PortPool,

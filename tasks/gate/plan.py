@@ -13,8 +13,8 @@ from typing import Any
 import pyarrow as pa
 
 from tasks.gate.config import GateConfig
-from tasks.gate.launch import SpecParams, resolve_spec
 from tasks.runfolder import RunFolder
+from tasks.sglang.command import SpecParams, resolve_spec
 
 Encoder = Callable[[list[dict[str, Any]]], list[int]]
 

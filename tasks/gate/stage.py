@@ -187,7 +187,7 @@ def _benchmark_server(
     config: EagleScaleConfig, configs: list[BenchConfig], prompts: list[Any], work_dir: Path, progress: GateProgress
 ) -> BenchResult:
     from tasks.gate.benchmark import GateRunner
-    from tasks.gate.server_process import EmulatedLauncher, Launcher, SGLangLauncher
+    from tasks.sglang.server_process import EmulatedLauncher, Launcher, SGLangLauncher
     from tasks.target import resolve_model_dir
 
     gate = config.gate

@@ -1,6 +1,6 @@
 """What eaglescale knows of each pinned SGLang version's launch interface (DESIGN §5): the
 flag table, the server settings every launch of a run shares, and the checks a config can run
-before anything starts. Below the gate's launch builder (tasks/gate/launch.py), the gate config
+before anything starts. Below the command builder (tasks/sglang/command.py), the gate config
 and the emulator, which all read it; it imports nothing of theirs.
 
 Flag facts, read from SGLang's server_args.py and EAGLE worker, and for 0.5.14 from its recorded
@@ -30,7 +30,7 @@ class LaunchError(ValueError):
 class ServerSettings(BaseModel):
     """Server-wide SGLang settings, applied alike to every launch built from them: the gate's
     baseline and speculative launches (`gate.server`), an operator's launch through
-    `python -m tasks.gate.launch` / infra/sglang/launch_speculative.sh, and the generation server
+    `python -m tasks.sglang.command` / infra/sglang/launch_speculative.sh, and the generation server
     of infra/sglang/launch_target.sh. Unset (None / false) means SGLang's own default: nothing is
     emitted. A set field is emitted only for SGLang versions known to have its flag, and refused
     (naming the flag and the version) for the others.
@@ -264,7 +264,7 @@ def check_extra_args(extra_args: tuple[str, ...] | list[str], flags: FlagSet) ->
             setting = _SETTING_OF_FLAG[name]
             raise LaunchError(
                 f"extra server arg {name} is the server setting {setting}: set it there "
-                f"(gate.server.{setting}, or {name} of python -m tasks.gate.launch), not in extra_server_args"
+                f"(gate.server.{setting}, or {name} of python -m tasks.sglang.command), not in extra_server_args"
             )
         if name in MANAGED_FLAGS:
             raise LaunchError(
