@@ -917,15 +917,12 @@ def node_replay() -> int:
 
 
 def node_scaling(fractions: str | None) -> int:
-    """The scaling drafts of these fractions (comma-separated; default: all of the profile's).
-    The index it writes lists only these; the train stage after it writes the whole one."""
-    from tasks.draft.scaling_drafts import train_scaling_drafts
-    from tasks.runfolder import RunFolder
+    """The scaling drafts of these fractions (comma-separated; default: all of the profile's),
+    as the train stage trains them (tasks/train/stage.py). The index it writes lists only these;
+    the train stage after it writes the whole one."""
+    from tasks.train.stage import train_scaling
 
-    cfg = _config()
-    train = cfg.train if not fractions else cfg.train.model_copy(
-        update={"scaling_fractions": [float(f) for f in fractions.split(",")]})  # fmt: skip
-    train_scaling_drafts(RunFolder(cfg.run_root), train, cfg.target.model_path)
+    train_scaling(_config(), [float(f) for f in fractions.split(",")] if fractions else None)
     return 0
 
 
@@ -950,8 +947,8 @@ def _shards_one_at_a_time(stage: Any) -> None:
 
 
 def node_plain(stage: str, overrides: list[str]) -> int:
-    """A stage through its plain entry points (tasks/), no Prefect: what the flows compose,
-    in order, on the same run folder."""
+    """A stage through its plain entry points (tasks/), no Prefect: the compositions the flows
+    call (the stage opened, trained or gated by the same function), on the same run folder."""
     import tempfile
 
     from tasks.config import load_config
@@ -975,15 +972,9 @@ def node_plain(stage: str, overrides: list[str]) -> int:
 
         _shards_one_at_a_time(ExtractStage(cfg, run, tok))
     elif stage == "train":
-        from tasks.draft.export import export_run_draft
-        from tasks.draft.online import OnlineTarget
-        from tasks.draft.scaling_drafts import train_scaling_drafts
-        from tasks.draft.trainer import train_draft
+        from tasks.train.stage import run_train_stage
 
-        train_draft(run, cfg.train, cfg.target.model_path, online=OnlineTarget.from_config(cfg))
-        if cfg.train.scaling_fractions:
-            train_scaling_drafts(run, cfg.train, cfg.target.model_path)
-        print(export_run_draft(run, cfg.target.model_path))  # what the train flow exports
+        print(run_train_stage(cfg).summary)
     elif stage == "gate":
         from tasks.gate.stage import run_gate_stage
 

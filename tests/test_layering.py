@@ -83,3 +83,21 @@ def test_loading_a_config_imports_no_stage_code() -> None:
                                                             "tasks.extract", "tasks.generate", "tasks.discover"))
                         and m != "tasks.gate.config")  # fmt: skip
     assert stage_code == []
+
+
+def test_the_train_stage_sits_on_the_draft_and_only_the_flows_call_it() -> None:
+    # The train stage composes the draft's training and export on the run folder; the other
+    # stages and the layers below never reach up into it (benchmarks/ sits above, like flows/).
+    below = ("tasks.draft", "tasks.extract", "tasks.runfolder", "tasks.config", "tasks.target")
+    assert _outside("tasks.train", below) == {}
+    assert {m: d for m, d in GRAPH.items() if not m.startswith(("tasks.train", "flows"))
+            and any(i.startswith("tasks.train") for i in d)} == {}  # fmt: skip
+    assert "tasks.train.stage" in GRAPH["flows.train"] and "tasks.train.stage" in GRAPH["tasks.train.main"]
+
+
+def test_sglang_s_processes_stand_alone_in_tasks_sglang() -> None:
+    # The command builder and the server process serve the gate, generation's server script and
+    # the operator's launches alike: they live below all of them and reach up into none.
+    assert {"tasks.sglang.command", "tasks.sglang.server_process"} <= GRAPH.keys()
+    assert "tasks.sglang.server_process" in GRAPH["tasks.gate.benchmark"]
+    assert _outside("tasks.sglang.") == {}
