@@ -949,7 +949,6 @@ def _shards_one_at_a_time(stage: Any) -> None:
 def node_plain(stage: str, overrides: list[str]) -> int:
     """A stage through its plain entry points (tasks/), no Prefect: the compositions the flows
     call (the stage opened, trained or gated by the same function), on the same run folder."""
-    import tempfile
 
     from tasks.config import load_config
     from tasks.runfolder import RunFolder
@@ -959,12 +958,11 @@ def node_plain(stage: str, overrides: list[str]) -> int:
     run = RunFolder(cfg.run_root, cfg.storage_options)
     tok = load_tokenizer(cfg.target.model_path, cfg.target.chat_template)
     if stage == "generate":
-        from tasks.engines.factory import close_engines, get_engine
-        from tasks.generate.stage import GenerateStage, generation_fingerprint
+        from tasks.engines.factory import close_engines
+        from tasks.generate.stage import open_generate_stage
 
-        fp = generation_fingerprint(cfg, run, tok)
         try:
-            _shards_one_at_a_time(GenerateStage(cfg, run, fp, get_engine(cfg), tok))
+            _shards_one_at_a_time(open_generate_stage(cfg, run, tok))
         finally:
             close_engines()
     elif stage == "extract":
@@ -976,10 +974,10 @@ def node_plain(stage: str, overrides: list[str]) -> int:
 
         print(run_train_stage(cfg).summary)
     elif stage == "gate":
-        from tasks.gate.stage import run_gate_stage
+        from tasks.gate.stage import GateOutcome, run_gate_once
 
-        with tempfile.TemporaryDirectory(prefix="eaglescale-gate-") as tmp:
-            print(run_gate_stage(cfg, Path(tmp)).summary)
+        outcome = run_gate_once(cfg)
+        print(outcome.summary if isinstance(outcome, GateOutcome) else {"skipped": "decided already", **outcome})
     else:
         raise SystemExit(f"unknown stage {stage}")
     return 0
