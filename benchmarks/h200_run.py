@@ -918,15 +918,12 @@ def node_replay() -> int:
 
 
 def node_scaling(fractions: str | None) -> int:
-    """The scaling drafts of these fractions (comma-separated; default: all of the profile's).
-    The index it writes lists only these; the train stage after it writes the whole one."""
-    from tasks.draft.scaling_drafts import train_scaling_drafts
-    from tasks.runfolder import RunFolder
+    """The scaling drafts of these fractions (comma-separated; default: all of the profile's),
+    as the train stage trains them (tasks/train/stage.py). The index it writes lists only these;
+    the train stage after it writes the whole one."""
+    from tasks.train.stage import train_scaling
 
-    cfg = _config()
-    train = cfg.train if not fractions else cfg.train.model_copy(
-        update={"scaling_fractions": [float(f) for f in fractions.split(",")]})  # fmt: skip
-    train_scaling_drafts(RunFolder(cfg.run_root), train, cfg.target.model_path)
+    train_scaling(_config(), [float(f) for f in fractions.split(",")] if fractions else None)
     return 0
 
 
@@ -951,9 +948,8 @@ def _shards_one_at_a_time(stage: Any) -> None:
 
 
 def node_plain(stage: str, overrides: list[str]) -> int:
-    """A stage through its plain entry points (tasks/), no Prefect: what the flows compose,
-    in order, on the same run folder."""
-    import tempfile
+    """A stage through its plain entry points (tasks/), no Prefect: the compositions the flows
+    call (the stage opened, trained or gated by the same function), on the same run folder."""
 
     from tasks.config import load_config
     from tasks.runfolder import RunFolder
@@ -963,12 +959,11 @@ def node_plain(stage: str, overrides: list[str]) -> int:
     run = RunFolder(cfg.run_root, cfg.storage_options)
     tok = load_tokenizer(cfg.target.model_path, cfg.target.chat_template)
     if stage == "generate":
-        from tasks.engines.factory import close_engines, get_engine
-        from tasks.generate.stage import GenerateStage, generation_fingerprint
+        from tasks.engines.factory import close_engines
+        from tasks.generate.stage import open_generate_stage
 
-        fp = generation_fingerprint(cfg, run, tok)
         try:
-            _shards_one_at_a_time(GenerateStage(cfg, run, fp, get_engine(cfg), tok))
+            _shards_one_at_a_time(open_generate_stage(cfg, run, tok))
         finally:
             close_engines()
     elif stage == "extract":
@@ -976,20 +971,14 @@ def node_plain(stage: str, overrides: list[str]) -> int:
 
         _shards_one_at_a_time(ExtractStage(cfg, run, tok))
     elif stage == "train":
-        from tasks.draft.export import export_run_draft
-        from tasks.draft.online import OnlineTarget
-        from tasks.draft.scaling_drafts import train_scaling_drafts
-        from tasks.draft.trainer import train_draft
+        from tasks.train.stage import run_train_stage
 
-        train_draft(run, cfg.train, cfg.target.model_path, online=OnlineTarget.from_config(cfg))
-        if cfg.train.scaling_fractions:
-            train_scaling_drafts(run, cfg.train, cfg.target.model_path)
-        print(export_run_draft(run, cfg.target.model_path))  # what the train flow exports
+        print(run_train_stage(cfg).summary)
     elif stage == "gate":
-        from tasks.gate.stage import run_gate_stage
+        from tasks.gate.stage import GateOutcome, run_gate_once
 
-        with tempfile.TemporaryDirectory(prefix="eaglescale-gate-") as tmp:
-            print(run_gate_stage(cfg, Path(tmp)).summary)
+        outcome = run_gate_once(cfg)
+        print(outcome.summary if isinstance(outcome, GateOutcome) else {"skipped": "decided already", **outcome})
     else:
         raise SystemExit(f"unknown stage {stage}")
     return 0

@@ -23,8 +23,8 @@ from tasks.gate.plan import (
     plan_configs,
     select_prompts,
 )
-from tasks.gate.server_process import EmulatedLauncher, ServerStartError
 from tasks.runfolder import RunFolder
+from tasks.sglang.server_process import EmulatedLauncher, ServerStartError
 from tasks.standins.sim import launch_speed_factor
 from tests.gate_support import (
     AUX_IDS,

@@ -15,7 +15,6 @@ import httpx
 import pytest
 
 from tasks.config.gate_section import GateConfig
-from tasks.config.server_settings import ServerSettings
 from tasks.engines.sglang_wire import (
     MalformedResponse,
     error_message,
@@ -28,9 +27,9 @@ from tasks.gate.benchmark import (
     check_acceptance,
     record_generate_answer,
 )
-from tasks.gate.launch import LaunchSpec, SpecParams
 from tasks.gate.plan import BenchConfig, BenchPrompt, GateStopped, RequestRecord, plan_configs
-from tasks.gate.server_process import (
+from tasks.sglang.command import LaunchSpec, SpecParams
+from tasks.sglang.server_process import (
     EmulatedLauncher,
     check_server_info,
     fetch_server_info,
@@ -39,6 +38,7 @@ from tasks.gate.server_process import (
     parse_server_log,
     wait_healthy,
 )
+from tasks.sglang.server_settings import ServerSettings
 from tasks.standins.server import ServerThread, start_server_thread
 
 FIX = Path(__file__).parent / "fixtures/sglang-0.5.14"

@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from tasks.config.server_settings import ServerSettings
 from tasks.config.strict import Strict
+from tasks.sglang.server_settings import ServerSettings
 from tasks.sglang.versions import PINNED_VERSIONS, check_server_config, flag_set
 
 

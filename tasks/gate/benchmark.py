@@ -34,7 +34,6 @@ import httpx
 
 from tasks.config.gate_section import GateConfig
 from tasks.engines.sglang_wire import MalformedResponse, error_message, read_generate_reply
-from tasks.gate.launch import LaunchSpec, SpecParams
 from tasks.gate.lossless import (
     EvidenceError,
     ReferenceEvidence,
@@ -56,7 +55,8 @@ from tasks.gate.plan import (
     launch_order,
 )
 from tasks.gate.progress import GateProgress
-from tasks.gate.server_process import (
+from tasks.sglang.command import LaunchSpec, SpecParams
+from tasks.sglang.server_process import (
     LaunchedServer,
     Launcher,
     PortPool,

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from tasks.gate.launch import LaunchError, SpecParams, resolve_spec
 from tasks.gate.plan import (
     CHALLENGER,
     INCUMBENT,
@@ -29,6 +28,7 @@ from tasks.gate.preflight import PreflightError, preflight_sweep
 from tasks.gate.promote import POINTER
 from tasks.runfolder import RunFolder
 from tasks.runfolder.fingerprint import RUN_JSON
+from tasks.sglang.command import LaunchError, SpecParams, resolve_spec
 
 if TYPE_CHECKING:
     from tasks.config import EagleScaleConfig

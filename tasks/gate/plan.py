@@ -14,8 +14,8 @@ import pyarrow as pa
 
 from tasks.config.gate_section import GateConfig
 from tasks.draft.acceptance import pooled_accept_length
-from tasks.gate.launch import SpecParams, resolve_spec
 from tasks.runfolder import RunFolder
+from tasks.sglang.command import SpecParams, resolve_spec
 from tasks.sglang.simulated_acceptance import SIMULATE_ACC_LEN
 
 Encoder = Callable[[list[dict[str, Any]]], list[int]]
