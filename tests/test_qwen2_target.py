@@ -99,3 +99,26 @@ def test_equal_to_transformers_gguf_loader(gguf: Path, ours: Path, monkeypatch: 
         out_mine = mine.generate(ids, max_new_tokens=24, do_sample=False)
     assert out_mine[0, ids.shape[1] :].tolist() == out_theirs[0, ids.shape[1] :].tolist()
     assert len(set(out_mine[0, ids.shape[1] :].tolist())) > 3  # a real continuation, not one token repeated
+
+
+def test_the_gates_static_forward_and_extractions_capture_on_qwen2(ours: Path) -> None:
+    """The gate's local engine runs the target layer by layer through its own modules; Qwen2's
+    q/k/v biases live in those modules' Linear layers, and its aux layers are Llama's."""
+    from transformers import AutoModelForCausalLM
+
+    from tasks.draft.architecture import DraftConfig
+    from tasks.extract.local_capture import LocalCapture
+    from tasks.gate.spec_engine_graphs import StaticTarget
+
+    model = AutoModelForCausalLM.from_pretrained(str(ours), dtype=torch.float32, local_files_only=True).eval()
+    aux = DraftConfig.from_target(json.loads((ours / "config.json").read_text()), 512).aux_layer_ids
+    assert aux == [1, 3, 4]
+    ids = render_prompt_ids(load_tokenizer(str(ours)), PROMPT)[:40]
+    static = StaticTarget(model, aux, max_len=128)
+    with torch.inference_mode():
+        pieces = [static.forward(torch.tensor(ids[lo:hi]), torch.arange(lo, hi))
+                  for lo, hi in [(0, 30), (30, 33), *[(i, i + 1) for i in range(33, len(ids))]]]  # fmt: skip
+        ref = model(torch.tensor([ids])).logits[0]
+        full = LocalCapture(model, aux).capture([ids])[0]
+    torch.testing.assert_close(torch.cat([p[0] for p in pieces]), ref, atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(torch.cat([p[1] for p in pieces]), full.aux, atol=2e-4, rtol=1e-4)
