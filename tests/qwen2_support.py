@@ -6,13 +6,19 @@ prompts, Qwen's control tokens, `<|im_end|>` as eos and the real file's chat tem
 
 gguf-py cannot quantize to K-quants, so those tensors are random blocks with their scales set
 so that the weights come out O(1/sqrt(fan_in)): valid blocks that every reader decodes alike.
+
+`install_parts` ships such a file the way the real model ships, as `multipart://` parts inside
+packages on sys.path.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tasks.target.tiny import collect_sample_text
 
@@ -26,6 +32,7 @@ QWEN2_SPLIT = (
 CONTROL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 USER_DEFINED = ["<tool_call>", "</tool_call>"]
 QK_K = 256  # a K-quant block holds 256 weights: every K-quant row is a multiple of it
+PARTS = 3  # what install_parts cuts a file into
 
 
 def train_vocab(vocab_size: int) -> tuple[list[str], list[str]]:
@@ -94,6 +101,7 @@ def write_tiny_qwen2_gguf(
     vocab = len(tokens)
     head_dim = hidden // heads
 
+    path.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(str(path), "qwen2")
     writer.add_name("tiny qwen2 (eaglescale tests)")
     writer.add_block_count(layers)
@@ -152,3 +160,24 @@ def write_tiny_qwen2_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def install_parts(gguf: Path, root: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The GGUF as PARTS packages `tiny_part<k>` under root/site (on sys.path), and a spec
+    beside them; returns the `multipart://` path of the spec."""
+    data = gguf.read_bytes()
+    cut = [len(data) * k // PARTS for k in range(PARTS + 1)]
+    site = root / "site"
+    parts = []
+    for k in range(1, PARTS + 1):
+        pkg = site / f"tiny_part{k}"
+        (pkg / "data").mkdir(parents=True)
+        (pkg / "__init__.py").write_text("")
+        (pkg / "data" / f"part{k:02d}.bin").write_bytes(data[cut[k - 1] : cut[k]])
+        parts.append({"path": f"package://tiny_part{k}/data/part{k:02d}.bin",
+                      "bytes": cut[k] - cut[k - 1], "requirement": f"tiny-part{k}==1.0"})  # fmt: skip
+    spec = {"about": "test", "file_name": "tiny-qwen2.gguf", "bytes": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(), "parts": parts}  # fmt: skip
+    (root / "spec.json").write_text(json.dumps(spec))
+    monkeypatch.syspath_prepend(str(site))
+    return f"multipart://{root / 'spec.json'}"

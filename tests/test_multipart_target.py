@@ -27,35 +27,12 @@ from tasks.target.multipart import (
     read_spec,
 )
 from tasks.target.tokenizer import load_tokenizer
-from tests.qwen2_support import write_tiny_qwen2_gguf
-
-PARTS = 3
+from tests.qwen2_support import PARTS, install_parts, write_tiny_qwen2_gguf
 
 
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_qwen2_gguf(tmp_path_factory.mktemp("gguf") / "tiny-qwen2.gguf")
-
-
-def install_parts(gguf: Path, root: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The GGUF as PARTS packages `tiny_part<k>` under root/site (on sys.path), and a spec
-    beside them; returns the `multipart://` path of the spec."""
-    data = gguf.read_bytes()
-    cut = [0, len(data) // 3, 2 * len(data) // 3, len(data)]
-    site = root / "site"
-    parts = []
-    for k in range(1, PARTS + 1):
-        pkg = site / f"tiny_part{k}"
-        (pkg / "data").mkdir(parents=True)
-        (pkg / "__init__.py").write_text("")
-        (pkg / "data" / f"part{k:02d}.bin").write_bytes(data[cut[k - 1] : cut[k]])
-        parts.append({"path": f"package://tiny_part{k}/data/part{k:02d}.bin",
-                      "bytes": cut[k] - cut[k - 1], "requirement": f"tiny-part{k}==1.0"})  # fmt: skip
-    spec = {"about": "test", "file_name": "tiny-qwen2.gguf", "bytes": len(data),
-            "sha256": hashlib.sha256(data).hexdigest(), "parts": parts}  # fmt: skip
-    (root / "spec.json").write_text(json.dumps(spec))
-    monkeypatch.syspath_prepend(str(site))
-    return f"multipart://{root / 'spec.json'}"
 
 
 def cache_files(cache: Path) -> list[str]:
