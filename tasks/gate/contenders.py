@@ -118,7 +118,7 @@ def find_incumbent(
         return out(f"this run records no target identity ({RUN_JSON}): the registry's draft {draft_id} cannot be matched to it")
     if not same_target(record.get("target"), mine):
         recorded = "records no target identity" if not record.get("target") else "was promoted for another target"
-        return out(f"the registry's draft {draft_id} {recorded} (this run's: {mine.get('model_path')}); not an incumbent of this target")
+        return out(f"the registry's draft {draft_id} {recorded} (this run's: {mine.get('model_path') or mine.get('revision')}); not an incumbent of this target")
     if {k: v["sha256"] for k, v in record.get("files", {}).items()} == draft_sha:
         return out(f"the registry already points at this run's draft ({draft_id}, the same files)")
     if gate.engine == "local":

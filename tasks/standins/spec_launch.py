@@ -258,13 +258,22 @@ def _rank(version: str, a: LaunchArgs) -> bool:
     return version != "0.5.14" or a.tp_size > 1
 
 
+def _target_architecture(model_path: str) -> str:
+    """The model class SGLang would load: the folder's config.json says (Llama, Qwen2, ...)."""
+    try:
+        with open(os.path.join(model_path, "config.json"), encoding="utf-8") as f:
+            return str((json.load(f).get("architectures") or ["LlamaForCausalLM"])[0])
+    except (OSError, ValueError):
+        return "LlamaForCausalLM"
+
+
 def startup_log(cfg: EmulatorConfig, a: LaunchArgs) -> None:
     version, rank = cfg.sglang_version, _rank(cfg.sglang_version, a)
     sglang_log(f"server_args=ServerArgs({', '.join(f'{k}={v!r}' for k, v in asdict(a).items())})", rank=False)
     if a.speculative_eagle_topk == 1 and a.speculative_num_draft_tokens != (a.speculative_num_steps or 0) + 1:
         sglang_log("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when speculative_eagle_topk == 1", rank=False)
         a.speculative_num_draft_tokens = (a.speculative_num_steps or 0) + 1
-    models = ["LlamaForCausalLM"] + (["LlamaForCausalLMEagle3"] if a.speculative_algorithm is not None else [])
+    models = [_target_architecture(a.model_path)] + (["LlamaForCausalLMEagle3"] if a.speculative_algorithm is not None else [])
     for model in models:
         sglang_log("Load weight begin. avail mem=79.00 GB", rank)
         if version == "0.5.14":
