@@ -64,7 +64,7 @@ sys.path.insert(0, str(REPO))
 PROFILE = REPO / "deployments/params/smollm2-sharegpt.yaml"
 LOCAL = REPO / ".eaglescale/h200"  # git-ignored
 PAYLOAD = LOCAL / "payload"
-PART_BYTES = 56_000_000  # + the working tree (~4 MB) and its .git (~3.5 MB) stay under the 64 MiB (67.1 MB) a call carries
+PART_BYTES = 50_000_000  # + the working tree (~6 MB) and its .git (~5 MB after `git gc`) stay under the 64 MiB (67.1 MB) a call carries
 NODE = Path(os.environ.get("H200_NODE", "/tmp/h200"))
 # A rehearsal on a CPU box (H200_REHEARSAL=1): the same pipeline with the compatible server
 # (`eaglescale serve-sglang`, transformers) for generation, the gate's SGLang emulator, this
