@@ -30,7 +30,11 @@ from tasks.draft.trainer import TrainCallbacks
 from tasks.runfolder.layout import TRAIN_PLOT
 from tasks.train.stage import run_train_stage
 
-EVAL_COLUMNS = ("step", "loss", "sim_accept", "sim_accept_len", "acc_0", "acc_1", "acc_2", "acc_3")
+# The held-out metrics per eval in the UI's table and the log: pooled_accept_len_3 is the accept
+# length at 3 drafts counted as SGLang counts it (tasks/draft/acceptance.py); the gradient norm and
+# clip rate are the training window's since the eval before.
+EVAL_COLUMNS = ("step", "loss", "sim_accept", "sim_accept_len", "pooled_accept_len_3", "acc_0", "acc_1", "acc_2",
+                "acc_3", "train_grad_norm", "train_clip_rate")  # fmt: skip
 
 
 def _torchrun(config: EagleScaleConfig) -> None:
