@@ -34,10 +34,16 @@ def is_secret_key(key: Any) -> bool:
     return bool(_SECRET_WORDS & set(re.split(r"[^a-z0-9]+", str(key).lower())))
 
 
+def _may_hold_a_secret(value: Any) -> bool:
+    # A number is never a credential: `baseline_token: 27068` in a gate report is a token id (the
+    # H200's run 9 reported its divergences' token ids as [redacted]).
+    return bool(value) and not isinstance(value, bool | int | float)
+
+
 def redact_secret_keys(obj: Any) -> Any:
-    """A copy with the (non-empty) values of secret-looking keys replaced, at any depth."""
+    """A copy with the (non-empty, not numeric) values of secret-looking keys replaced, at any depth."""
     if isinstance(obj, dict):
-        return {k: REDACTED if is_secret_key(k) and v else redact_secret_keys(v) for k, v in obj.items()}
+        return {k: REDACTED if is_secret_key(k) and _may_hold_a_secret(v) else redact_secret_keys(v) for k, v in obj.items()}
     if isinstance(obj, list):
         return [redact_secret_keys(v) for v in obj]
     return obj
