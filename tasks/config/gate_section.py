@@ -129,7 +129,7 @@ class GateConfig(Strict):
     # reference or first leaves it at a near-tie, as judged by the baseline's prefill re-score.
     near_tie_nats: float = Field(
         0.5, gt=0,
-        description="Largest logprob gap between the baseline's top two tokens at a divergence that still counts as "
+        description="How far below the baseline's best logprob at a divergence both tokens may lie for it to count as "
         "a near-tie a bf16 verify may flip: each of the decode, verify and re-score paths may misplace a logit of "
         "magnitude 16-32 by one bf16 ulp (0.125), so one path's gap is within 0.25 of the exact gap and a flip "
         "between two paths is seen by a third within 0.5 (SGLang's own decode-vs-prefill logprob tolerance).",

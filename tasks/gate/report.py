@@ -75,7 +75,7 @@ def lossless_markdown(decision: GateDecision, result: BenchResult, cfg: GateConf
         return []
     lines = ["", "## Lossless check", "",
              f"Each output equals the baseline's reference (its first launch) or first leaves it at a near-tie: the "
-             f"two tokens are the baseline's top two there, within {cfg.near_tie_nats:g} nats, by the baseline's "
+             f"two tokens both lie within {cfg.near_tie_nats:g} nats of the best there, by the baseline's "
              f"prefill re-score (top {cfg.top_logprobs_num})"
              + (f", frequency penalty {cfg.frequency_penalty:g} applied as decode applied it" if cfg.frequency_penalty else "")
              + ". Nothing after the first divergence is compared.", "",
