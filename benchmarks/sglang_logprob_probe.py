@@ -12,7 +12,9 @@ For a few held-out prompts of the run (rendered as the gate renders them), it se
    gate parses (tests/test_sglang_recorded.py reads it exactly);
 3. the same greedy request with frequency_penalty 1.0: `gen-frequency-penalty-base.json`.
 
-Each answer is kept as the server sent it (bytes), with the request beside it under `request`.
+Each answer is kept as the server sent it, parsed and written again (floats round-trip exactly),
+with the request beside it under `request`; tests/fixtures/sglang-0.5.14/ holds them split into
+the answer and `*.request.json`.
 `probe.json` sums up: per prompt, the positions where the decode's token is not the re-score's
 top token, and the largest |decode logprob - re-score logprob| of the same token (how far the
 two kernel paths are apart on this target: what gate.near_tie_nats must cover).

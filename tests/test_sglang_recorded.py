@@ -83,30 +83,45 @@ def test_the_client_reads_the_recorded_answers() -> None:
 
 # Hand-made, not recorded (see the fixtures' README): the gate's re-score of reference [985, 1464, 1]
 # after prompt [5, 6, 7, 8], top 3. Replace with the node's recording and its values.
-LOGPROBS = "HANDMADE-gen-logprobs-base.json"
+LOGPROBS = "gen-logprobs-base.json"  # the gate's re-score on the H200's SmolLM2 server (run 9)
 
 
 def test_the_gate_reads_a_logprob_answer() -> None:
     from tasks.engines.sglang_wire import TokenLogprob
     from tasks.gate.lossless import evidence_from_sglang, rescore_body
 
-    assert rescore_body([5, 6, 7, 8], [985, 1464, 1], 3, "r") == {
-        "input_ids": [5, 6, 7, 8, 985, 1464, 1], "sampling_params": {"temperature": 0.0, "max_new_tokens": 1},
-        "return_logprob": True, "logprob_start_len": 3, "top_logprobs_num": 3, "rid": "r"}  # fmt: skip
+    request = recorded("gen-logprobs-base.request.json")
+    prompt, reference = request["input_ids"][:382], request["input_ids"][382:]
+    assert len(reference) == 24 and request == rescore_body(prompt, reference, 5, request["rid"])
     reply = read_generate_reply(raw(LOGPROBS))
     lp = reply.logprobs
-    assert lp is not None and (reply.finish, reply.output_ids, reply.stop_token) == ("length", [198], None)
-    assert lp.input_token == [TokenLogprob(None, 8), TokenLogprob(-0.0123, 985), TokenLogprob(-0.7031, 1464),
-                              TokenLogprob(-0.0021, 1)]  # fmt: skip
-    assert lp.input_top[0] is None and lp.input_top[2] == [TokenLogprob(-0.6406, 300), TokenLogprob(-0.7031, 1464),
-                                                           TokenLogprob(-3.125, 2)]  # fmt: skip
-    assert lp.output_token == [TokenLogprob(-0.9116, 198)] and lp.output_top[0][1] == TokenLogprob(-1.0366, 2)
-    evidence = evidence_from_sglang(lp, [5, 6, 7, 8], [985, 1464, 1], 3)
-    # Output positions 0..2 from input_top_logprobs[1..3], position 3 (after the EOS) from the output's.
-    assert [(v.token, v.logprob) for v in evidence.positions] == [(985, -0.0123), (1464, -0.7031), (1, -0.0021), (None, None)]
-    assert evidence.positions[1].top == ((300, -0.6406), (1464, -0.7031), (2, -3.125))
-    assert evidence.positions[3].top[0] == (198, -0.9116) and evidence.argmax_flips() == 1
+    assert lp is not None and (reply.finish, reply.output_ids, reply.stop_token) == ("length", [30], None)
+    # Entry 0 is the prompt's last token with a null logprob; entry j the reference's token j - 1.
+    assert len(lp.input_token) == 25 and [e.token_id for e in lp.input_token] == [prompt[-1], *reference]
+    assert lp.input_token[:3] == [TokenLogprob(None, 198), TokenLogprob(-0.7745131254196167, 2068),
+                                  TokenLogprob(-1.4849522113800049, 1363)]  # fmt: skip
+    assert lp.input_top[0] is None and lp.input_top[2][:3] == [
+        TokenLogprob(-1.4849522113800049, 1363), TokenLogprob(-2.109952211380005, 11766),
+        TokenLogprob(-2.109952211380005, 1464)]  # fmt: skip
+    assert lp.output_token == [TokenLogprob(-0.4039669632911682, 30)]
+    assert lp.output_top[0][1] == TokenLogprob(-2.0289669036865234, 284)
+    evidence = evidence_from_sglang(lp, prompt, reference, 5)
+    # Output positions 0..23 from input_top_logprobs[1..24], position 24 (after the reference) from the output's.
+    assert len(evidence.positions) == 25 and evidence.positions[0].token == 2068 and evidence.positions[24].token is None
+    assert evidence.positions[1].top[:2] == ((1363, -1.4849522113800049), (11766, -2.109952211380005))
+    assert evidence.positions[24].top[0] == (30, -0.4039669632911682)
+    # The decode that produced this reference chose the re-score's top token at every position.
+    assert evidence.argmax_flips() == 0
     assert read_generate_reply(raw("gen-base.json")).logprobs is None  # asked for none, got none
+
+
+def test_a_decode_with_logprobs_reads_its_own_tokens() -> None:
+    request = recorded("gen-logprobs-decode-base.request.json")
+    reply = read_generate_reply(raw("gen-logprobs-decode-base.json"))
+    assert reply.logprobs is not None and request["top_logprobs_num"] == 5
+    assert [e.token_id for e in reply.logprobs.output_token] == reply.output_ids and len(reply.output_ids) == 24
+    assert all(top[0].token_id == e.token_id for top, e in zip(reply.logprobs.output_top, reply.logprobs.output_token, strict=True))
+    assert reply.logprobs.input_token == [] or reply.logprobs.input_token[0].logprob is None
 
 
 @pytest.mark.parametrize(("path", "value", "message"), [
@@ -115,7 +130,7 @@ def test_the_gate_reads_a_logprob_answer() -> None:
     (("input_token_logprobs", 2), [None, 1464, None], r"meta_info\.input_token_logprobs\[2\]: logprob is null"),
     (("output_top_logprobs", 0, 0), [-0.9, -3, None], r"meta_info\.output_top_logprobs\[0\]\[0\]: token_id must be"),
     (("input_top_logprobs", 1), [[-4.9, 77, None], [-0.01, 985, None]], r"input_top_logprobs\[1\]: not sorted best first"),
-    (("input_top_logprobs",), [None], r"input_top_logprobs has 1 positions, input_token_logprobs 4"),
+    (("input_top_logprobs",), [None], r"input_top_logprobs has 1 positions, input_token_logprobs 25"),
     (("output_token_logprobs",), None, r"meta_info has input_token_logprobs but no output_token_logprobs"),
 ])  # fmt: skip
 def test_a_malformed_logprob_field_is_refused_by_name(path: tuple, value: Any, message: str) -> None:
@@ -258,7 +273,7 @@ def test_the_emulator_answers_and_logs_like_0_5_14(speculative: bool, tmp_path: 
             assert [key_sets(x) for x in batch] == [key_sets(x) for x in recorded(f"genbatch-{name}.json")]
             overlong = client.post(server.url + "/generate", json=OVERLONG)
             assert overlong.status_code == 400 and overlong.json() == recorded("gen-overlong-base.json")
-            # The lossless rule's re-score: the same fields and shapes as SGLang's (the hand-made answer).
+            # The lossless rule's re-score: the same fields and shapes as SGLang's (the recorded answer).
             from tasks.gate.lossless import evidence_from_sglang, rescore_body
 
             reference = one["output_ids"]

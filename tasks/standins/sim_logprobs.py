@@ -13,7 +13,8 @@ baseline's re-score then reports.
 
 Served as SGLang 0.5.x does (its scheduler and tokenizer manager): with return_logprob,
 `input_token_logprobs` has one [logprob, id, null] per input token from logprob_start_len on
-(the first logprob null), `output_token_logprobs` one per generated token; with
+(the first logprob null), `output_token_logprobs` one per generated token (and their count,
+`output_token_logprobs_length`); with
 top_logprobs_num K > 0 also `input_top_logprobs` (first entry null) and `output_top_logprobs`,
 K entries each, best first. The key of an input position is the input up to
 logprob_start_len + 1, taken as the prompt: what the gate's re-score sends
@@ -90,6 +91,7 @@ def logprob_fields(
     out = {
         "input_token_logprobs": [[None, input_ids[start], None]] + [entry(q - prompt_len, input_ids[q]) for q in rest],
         "output_token_logprobs": [entry(len(input_ids) - prompt_len + j, t) for j, t in enumerate(output_ids)],
+        "output_token_logprobs_length": len(output_ids),  # 0.5.14 sends it beside them (the recorded answers)
     }
     if top_n > 0:
         out["input_top_logprobs"] = [None] + [tops(q - prompt_len, input_ids[q]) for q in rest]
