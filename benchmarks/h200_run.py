@@ -211,7 +211,14 @@ def prepare(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     run_root = src / "run"
+    if args.run_from:  # an earlier session's prompts and regenerated shards (generation.tar)
+        with tarfile.open(args.run_from) as tar:
+            tar.extractall(src, filter="data")  # its members are run/...
+        if not (run_root / "generate/_COMPLETE").is_file():
+            print(f"{args.run_from}: no run/generate/_COMPLETE in it", file=sys.stderr)
+            return 2
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    # Discovery here (a no-op on a carried run folder: its marker matches the profile's discover section).
     _run([str(REPO / ".venv/bin/eaglescale"), "run", "--params", str(PROFILE), "--stages", "discover",
           "--run-root", str(run_root)], env=env)  # fmt: skip
     shutil.rmtree(PAYLOAD, ignore_errors=True)
@@ -685,6 +692,11 @@ class Pipeline:
         self.note("train-parallel", "done" if not any(codes.values()) else "failed-part", json.dumps(codes))
         self.stage("train", env=env)  # trains what failed beside the others, exports, writes the scaling index
 
+    def generated(self) -> bool:
+        """The run folder came with its generation complete (`prepare --run-from`): no server, no
+        regeneration; the generate stage is never run, so its fingerprint is the carried one."""
+        return (self.run_root / "generate/_COMPLETE").is_file()
+
     def done_before(self, step: str) -> bool:
         return self.status["steps"].get(step, {}).get("state") == "done"
 
@@ -713,7 +725,7 @@ class Pipeline:
         """The "full" plan: the real run (the module's docstring, step 3)."""
         self.setup()
         self.write_params()
-        if not self.done_before("generate"):  # a restart skips the server's start-up (~2 min)
+        if not self.done_before("generate") and not self.generated():  # a restart skips the server's start-up (~2 min)
             self.start_server()
             if not self.measure.get("reference_done"):
                 self.reference()
@@ -741,7 +753,7 @@ class Pipeline:
         online, small = NODE / "run-online", NODE / "run-1k"
         self.setup()
         self.write_params()
-        if not self.done_before("generate"):
+        if not self.done_before("generate") and not self.generated():
             self.start_server()
             self.stage("generate", f"engine.endpoints=[http://127.0.0.1:{PORT}]")
             self.stop_server()
@@ -785,7 +797,7 @@ class Pipeline:
         penalty = NODE / "run-penalty"
         self.setup()
         self.write_params()
-        if not self.done_before("generate"):
+        if not self.done_before("generate") and not self.generated():
             self.start_server()
             self.note("probe", "running")
             probe = [str(REPO / "benchmarks/sglang_logprob_probe.py"), "--url", f"http://127.0.0.1:{PORT}",
@@ -1069,6 +1081,8 @@ def main() -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare", help="here: wheels, discovery, payload parts")
     p.add_argument("--bundle", required=True, help="folder with the SGLang bundle's part-* and SHA256")
+    p.add_argument("--run-from", help="an earlier session's generation.tar (what `node wait` brought back): its run "
+                   "folder, generation complete, travels instead of a fresh discovery, and the node does not regenerate")  # fmt: skip
     c = sub.add_parser("collect", help="here: the node's results -> benchmarks/results/real-run.json")
     c.add_argument("results", help="folder holding what `node wait` left in $OUT")
     c.add_argument("--earlier", action="append", default=[],
