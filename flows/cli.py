@@ -31,13 +31,14 @@ def _expected_failures() -> tuple[type[BaseException], ...]:
     from tasks.gate.server_process import ServerStartError
     from tasks.generate.failures import ShardFailed
     from tasks.packages import PackagePathError
-    from tasks.runfolder import FingerprintMismatch
+    from tasks.runfolder import CorruptShard, FingerprintMismatch
     from tasks.sglang.versions import LaunchError
     from tasks.target import TargetError
 
     return (
         ConfigError,  # also discovery's source and mixture errors
         FingerprintMismatch,
+        CorruptShard,  # damaged run-folder files: named, with the fix
         TargetError,
         PackagePathError,
         RunRootBusy,
