@@ -59,6 +59,7 @@ def train_flow(config: EagleScaleConfig) -> dict[str, Any]:
 
 def _train(config: EagleScaleConfig, span: StageRun) -> dict[str, Any]:
     log, run = span.log, span.run
+    before = (run.read_json(TRAIN_RESULT), [d["samples"] for d in scaling_drafts(run)])
     span.started({"nproc": config.train.nproc, "device": config.train.device,
                   "hidden_states": config.train.hidden_states})
     with gpu_slots(config, gpus_needed(config, "train")):
@@ -91,5 +92,14 @@ def _train(config: EagleScaleConfig, span: StageRun) -> dict[str, Any]:
         "final": exported["final"],
         "scaling_drafts": [d["samples"] for d in scaling_drafts(run)],
     }
+    # A resume that found training at its last step and every scaling draft exported trained
+    # nothing: the stage keeps the clock of the run that did.
+    prior = before[0] or {}
+    span.skipped = (
+        result.get("resumed_from") is not None
+        and prior.get("steps") == result.get("steps")
+        and before[1] == summary["scaling_drafts"]
+        and len(before[1]) == len(config.train.scaling_fractions)
+    )
     span.summary = summary
     return summary

@@ -16,6 +16,7 @@ GATE_DONE = "gate/_SUCCESS.json"  # the gate's decision and what it was about
 GATE_PROGRESS = "gate/progress.json"  # where a running gate is (tasks/gate/progress.py)
 PROMOTED = "promoted.json"  # the promoted draft (in the registry and the run folder)
 STAGE_CLOCKS = "stages"  # stages/<stage>.json: when each stage started and ended (flows/common.stage_run)
+CLOCK_HEARTBEAT_S = 30.0  # a running stage rewrites its clock this often (its heartbeat)
 
 
 def stage_clock_key(stage: str) -> str:
