@@ -31,6 +31,7 @@ FORMAT = "%(asctime)s %(levelname)-7s %(process)d %(name)s: %(message)s"
 # their warnings, as before the file existed.
 OWN_LOGGERS = ("tasks", "eaglescale")
 BRIEF_CHARS = 400
+FILE_ONLY = "file_only"  # log(..., extra={FILE_ONLY: True}): the file gets it, the terminal not
 
 _started = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
 
@@ -78,6 +79,7 @@ def run_log(run_root: str) -> Iterator[str]:
         stderr = logging.StreamHandler(sys.stderr)
         stderr.setLevel(logging.WARNING)
         stderr.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        stderr.addFilter(lambda record: not getattr(record, FILE_ONLY, False))
         own.append((logger, logger.level, logger.propagate, stderr))
         logger.setLevel(logging.INFO)
         logger.propagate = False

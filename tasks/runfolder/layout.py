@@ -7,6 +7,7 @@ SHARD_PLAN = "prompts/shards.json"  # shard id -> prompt-id range (written once,
 GENERATE_PROGRESS = "generate/progress.json"  # generation's counts, throughput, heartbeat
 TRAIN_VOCAB_MAP = "train/vocab_map.safetensors"  # d2t / t2d of the draft vocabulary
 TRAIN_PLOT = "train/plots/accuracy.png"  # held-out accuracy per draft position over steps
+TRAIN_CHECKPOINTS = "train/checkpoints"  # step-N/ folders, each valid once its meta.json exists
 TRAIN_BEST = "train/best.json"  # the best evaluated checkpoint
 TRAIN_RESULT = "train/result.json"  # the training run's summary
 TRAIN_DATA = "train/data.json"  # the states trained on: offline/online, hidden size, aux ids, splits
