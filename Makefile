@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -c "import torch, prefect, transformers, flows, tasks, speculators; from transformers import PreTrainedModel"
 	touch $(STAMP)
 
-$(TINY_TARGET)/config.json: $(STAMP) tasks/tiny_target.py $(wildcard tasks/data/sample_prompts/*)
+$(TINY_TARGET)/config.json: $(STAMP) tasks/target/tiny.py $(wildcard tasks/data/sample_prompts/*)
 	$(BIN)/eaglescale tiny-target $(TINY_TARGET) --force
 
 tiny-target: $(TINY_TARGET)/config.json

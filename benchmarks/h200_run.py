@@ -525,7 +525,7 @@ class Pipeline:
 
     def _resolve_target(self) -> None:
         """The target converted from its package, once (the stages find it in the cache)."""
-        code = f"from tasks.target import resolve_model_dir; print(resolve_model_dir({SMOLLM2!r}))"
+        code = f"from tasks.target.model_dir import resolve_model_dir; print(resolve_model_dir({SMOLLM2!r}))"
         out = subprocess.run([sys.executable, "-c", code], env=self.env, cwd=REPO, check=True,
                              capture_output=True, text=True)  # fmt: skip
         self.model_dir = out.stdout.strip().splitlines()[-1]
@@ -827,7 +827,7 @@ def node_reference(n: int = 2048) -> int:
 
     from tasks.discover.commit import read_prompts_table
     from tasks.runfolder import RunFolder
-    from tasks.target import load_tokenizer, render_prompt_ids
+    from tasks.target.tokenizer import load_tokenizer, render_prompt_ids
 
     cfg = _config()
     tok = load_tokenizer(cfg.target.model_path, cfg.target.chat_template)
@@ -859,7 +859,8 @@ def node_agreement(n: int = 32, new_tokens: int = 64) -> int:
 
     from tasks.discover.commit import read_prompts_table
     from tasks.runfolder import RunFolder, ShardStore
-    from tasks.target import load_tokenizer, render_prompt_ids, resolve_model_dir
+    from tasks.target.model_dir import resolve_model_dir
+    from tasks.target.tokenizer import load_tokenizer, render_prompt_ids
 
     cfg = _config()
     run = RunFolder(cfg.run_root)
@@ -956,7 +957,7 @@ def node_plain(stage: str, overrides: list[str]) -> int:
 
     from tasks.config import load_config
     from tasks.runfolder import RunFolder
-    from tasks.target import load_tokenizer
+    from tasks.target.tokenizer import load_tokenizer
 
     cfg = load_config(NODE / "params.yaml", overrides)
     run = RunFolder(cfg.run_root, cfg.storage_options)

@@ -112,7 +112,7 @@ def time_steps(step, warmup: int, steps: int, profile: Path | None = None) -> di
 
 def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     from tasks.config import TrainConfig
-    from tasks.draft.config import DraftConfig
+    from tasks.draft.architecture import DraftConfig
     from tasks.draft.model import Eagle3Draft
     from tasks.draft.trainer import build_optimizer, train_step
     from tasks.draft.ttt import Batch, TTTModel

@@ -34,7 +34,7 @@ import torch
 from p5_measure import compare, print_table
 from p5_target import SHAPES, SuccessorTarget, build_target, successor_agreement
 
-from tasks.draft.config import DraftConfig
+from tasks.draft.architecture import DraftConfig
 from tasks.draft.export import export_sglang, load_exported
 from tasks.draft.model import Eagle3Draft
 from tasks.draft.ttt import Batch, TTTModel, counted_rows, summarize

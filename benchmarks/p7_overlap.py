@@ -10,7 +10,7 @@ prompts: first with the stages one after another, then with `--set orchestration
 What is real and what is simulated:
   real       every stage's code (discover, generate with the sglang client, leases, journals,
              commits; extract with the local transformers capture; train), the Prefect server
-             and its API, the run folder on local disk, the tiny target (tasks/tiny_target.py:
+             and its API, the run folder on local disk, the tiny target (tasks/target/tiny.py:
              8-layer random-weight Llama, hidden 64, vocab 2,048) whose forward passes produce
              the extracted hidden states, and whose tokenizer renders the prompts;
   simulated  the SGLang servers' compute: `eaglescale serve-sglang --simulate` (tasks/standins/

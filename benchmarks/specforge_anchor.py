@@ -47,7 +47,7 @@ def _specforge() -> dict[str, Any]:
 def draft_config_dict(target: dict[str, Any], train: Any, aux_ids: list[int], draft_vocab: int) -> dict[str, Any]:
     """SpecForge's draft config for this target (its LlamaConfig fields), the shape eaglescale's
     own draft has: one layer of the target's width, the target's intermediate size by default."""
-    from tasks.draft.config import rope_of
+    from tasks.draft.architecture import rope_of
 
     theta, scaling = rope_of(target)
     heads = int(target["num_attention_heads"])
@@ -102,7 +102,7 @@ def train_specforge(
     from tasks.draft.vocab import VocabMap
     from tasks.extract.storage import extract_metadata
     from tasks.runfolder import RunFolder
-    from tasks.target import read_model_config, resolve_model_dir, text_config
+    from tasks.target.model_dir import read_model_config, resolve_model_dir, text_config
 
     sf = _specforge()
     cfg = load_config(params)

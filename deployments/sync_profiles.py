@@ -25,7 +25,8 @@ from typing import Any
 
 import yaml
 
-from tasks.config import looks_like_hub_id, resolve_paths
+from tasks.config import resolve_paths
+from tasks.target.path_kinds import looks_like_hub_id
 
 HERE = Path(__file__).resolve().parent
 # Where a deployment's flow run works: the pull steps' folder (the checkout root).

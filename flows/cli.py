@@ -30,10 +30,10 @@ def _expected_failures() -> tuple[type[BaseException], ...]:
     from tasks.gate.promote import PromotionError
     from tasks.gate.server_process import ServerStartError
     from tasks.generate.failures import ShardFailed
-    from tasks.packages import PackagePathError
     from tasks.runfolder import CorruptShard, FingerprintMismatch
     from tasks.sglang.versions import LaunchError
-    from tasks.target import TargetError
+    from tasks.target.model_dir import TargetError
+    from tasks.target.packages import PackagePathError
 
     return (
         ConfigError,  # also discovery's source and mixture errors
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return promote_main(rest)
     if command == "tiny-target":
-        from tasks.tiny_target import tiny_target_main
+        from tasks.target.tiny import tiny_target_main
 
         return tiny_target_main(rest)
     from tasks.standins.server import serve_main

@@ -66,7 +66,7 @@ class StageRun:
 
     @cached_property
     def tokenizer(self) -> Any:
-        from tasks.target import load_tokenizer
+        from tasks.target.tokenizer import load_tokenizer
 
         return load_tokenizer(self.config.target.model_path, self.config.target.chat_template)
 

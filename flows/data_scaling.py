@@ -37,7 +37,8 @@ from tasks.fingerprint_fields import run_fingerprint
 from tasks.generate.stage import generation_fingerprint
 from tasks.runfolder import RunFolder, check_fingerprint
 from tasks.runlog import brief
-from tasks.target import load_tokenizer, target_identity
+from tasks.target.identity import target_identity
+from tasks.target.tokenizer import load_tokenizer
 
 
 def _outcome(result: Any) -> Any:

@@ -20,7 +20,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 @pytest.fixture(scope="session")
 def tiny_target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A freshly built tiny target model folder (seed 0, the shipped sample prompts)."""
-    from tasks.tiny_target import build_tiny_target
+    from tasks.target.tiny import build_tiny_target
 
     return build_tiny_target(tmp_path_factory.mktemp("tiny_target") / "model")
 
@@ -39,7 +39,7 @@ def _eaglescale_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_dir(_eaglescale_cache: Path) -> Path:
     """The real SmolLM2-135M-Instruct target, converted once per session from its package."""
-    from tasks.target import resolve_model_dir
+    from tasks.target.model_dir import resolve_model_dir
 
     return resolve_model_dir(SMOLLM2)
 

@@ -23,7 +23,7 @@ from typing import Any
 from tasks.config import EagleScaleConfig, load_config
 from tasks.extract.storage import shard_metadata
 from tasks.runfolder import RunFolder, ShardStore
-from tasks.target import load_tokenizer
+from tasks.target.tokenizer import load_tokenizer
 from tests.run_support import copy_template_run, generate_all, write_params
 
 TOTAL_PROMPTS = 48

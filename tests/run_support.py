@@ -23,7 +23,7 @@ from tasks.generate.plan import planned_requests
 from tasks.generate.stage import GenerateStage, generation_fingerprint
 from tasks.runfolder import RunFolder, ShardStore
 from tasks.runfolder.parts import marker_paths
-from tasks.target import load_tokenizer
+from tasks.target.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 

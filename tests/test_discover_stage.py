@@ -17,7 +17,7 @@ from tasks.discover.stage import run_discover_stage
 from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import DISCOVERY_MARKER
 from tasks.runfolder.shards import sha256_hex
-from tasks.target import count_prompt_tokens, load_tokenizer, render_prompt_ids
+from tasks.target.tokenizer import count_prompt_tokens, load_tokenizer, render_prompt_ids
 
 LENGTH_WARNING = "Token indices sequence length is longer than the specified maximum"
 

@@ -11,13 +11,13 @@ import torch
 from safetensors.torch import save_file
 
 from tasks.draft import checkpoint as ckpt
-from tasks.draft.config import DraftConfig
+from tasks.draft.architecture import DraftConfig
 from tasks.draft.model import Eagle3Draft
 from tasks.draft.target_heads import TargetHeadsError, load_target_heads
 from tasks.draft.ttt import SoftCrossEntropy, compute_teacher, unroll
 from tasks.draft.ttt_attention import TTTAttention
 from tasks.runfolder import RunFolder
-from tasks.target import read_model_config
+from tasks.target.model_dir import read_model_config
 
 H, HEADS, KV_HEADS, HEAD_DIM, INTER, VOCAB, DRAFT_VOCAB = 32, 4, 2, 8, 64, 100, 40
 

@@ -16,7 +16,7 @@ from tasks.extract.stage import ExtractStage
 from tasks.runfolder import LeaseTable, RunFolder, ShardStore
 from tasks.runfolder.folder import json_bytes
 from tasks.runfolder.schedule import ShardScheduler
-from tasks.target import load_tokenizer
+from tasks.target.tokenizer import load_tokenizer
 from tests.extract_support import extracted_ids, generated_run
 from tests.run_support import ROOT, child_env, committed_ids, unmarked_objects
 

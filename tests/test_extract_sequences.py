@@ -17,7 +17,7 @@ from tasks.extract.sequences import (
     turn_completion,
 )
 from tasks.runfolder import RunFolder, ShardStore
-from tasks.target import load_tokenizer, render_prompt_ids
+from tasks.target.tokenizer import load_tokenizer, render_prompt_ids
 from tests.extract_support import generated_run
 
 VOCAB = 2048

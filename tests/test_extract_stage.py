@@ -14,7 +14,7 @@ from tasks.extract.local_capture import decode_capture
 from tasks.extract.stage import ExtractStage
 from tasks.extract.storage import extract_metadata, iter_extracted
 from tasks.runfolder import CorruptShard, FingerprintMismatch, RunFolder, ShardStore
-from tasks.target import load_tokenizer
+from tasks.target.tokenizer import load_tokenizer
 from tests.extract_support import MAX_NEW_TOKENS, extracted_ids, generated_run
 from tests.run_support import committed_ids, unmarked_objects
 

@@ -13,8 +13,8 @@ import httpx
 import pyarrow as pa
 import pytest
 
+from tasks.config.gate_section import GateConfig, SpecPoint
 from tasks.gate.benchmark import STUCK_DIAGNOSIS, GateRunner
-from tasks.gate.config import GateConfig, SpecPoint
 from tasks.gate.decision import GateDecision, decide
 from tasks.gate.plan import (
     BenchResult,

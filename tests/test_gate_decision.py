@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.gate.config import GateConfig
+from tasks.config.gate_section import GateConfig
 from tasks.gate.decision import bootstrap_speedup, decide, summarize, tok_s_matrix
 from tasks.gate.launch import SpecParams
 from tasks.gate.plan import BenchConfig, BenchPrompt, BenchResult, LaunchRecord, RequestRecord

@@ -12,7 +12,8 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from tasks.gate.config import GateConfig, SpecPoint
+from tasks.config.gate_section import GateConfig, SpecPoint
+from tasks.config.server_settings import ServerSettings
 from tasks.gate.launch import (
     LaunchSpec,
     SpecParams,
@@ -38,7 +39,6 @@ from tasks.sglang.versions import (
     PINNED_VERSIONS,
     SETTING_FLAGS,
     LaunchError,
-    ServerSettings,
     flag_set,
 )
 

@@ -10,7 +10,7 @@ import pytest
 from tasks.engines.local import LocalEngine
 from tasks.generate.stage import GenerateStage, generation_fingerprint
 from tasks.runfolder import CorruptShard, RunFolder, ShardStore
-from tasks.target import load_tokenizer
+from tasks.target.tokenizer import load_tokenizer
 from tests.extract_support import SHARD_SIZE, generated_run
 
 

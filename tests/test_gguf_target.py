@@ -12,15 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from tasks.gguf_target import GGUFTargetError, convert_gguf, converted_dir, unpermute_rotary
-from tasks.packages import PackagePathError, install_hint, resolve_package_path
-from tasks.target import (
-    TargetError,
-    load_tokenizer,
-    render_prompt_ids,
-    resolve_model_dir,
-    target_identity,
-)
+from tasks.target.gguf_convert import GGUFTargetError, convert_gguf, converted_dir, unpermute_rotary
+from tasks.target.identity import target_identity
+from tasks.target.model_dir import TargetError, resolve_model_dir
+from tasks.target.packages import PackagePathError, install_hint, resolve_package_path
+from tasks.target.tokenizer import load_tokenizer, render_prompt_ids
 from tests.conftest import SMOLLM2
 
 HAIKU = [{"role": "user", "content": "Write a haiku about the sea."}]

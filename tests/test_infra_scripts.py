@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tasks.config.server_settings import ServerSettings
 from tasks.gate.launch import LaunchSpec, build_launch_command, resolve_spec
-from tasks.sglang.versions import PINNED_VERSIONS, SETTING_FLAGS, ServerSettings
+from tasks.sglang.versions import PINNED_VERSIONS, SETTING_FLAGS
 from tests.conftest import require_tool
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -57,6 +57,7 @@ def test_the_graph_is_read() -> None:
     assert "tasks.sglang.versions" in GRAPH["tasks.gate.launch"]
     assert any(d.startswith("tasks.runfolder") for d in GRAPH["tasks.generate.stage"])
     assert "rich.table" in IMPORTS["tasks.status.render"]
+    assert "tasks.target.path_kinds" in GRAPH["tasks.config.paths"]
 
 
 def test_tasks_never_import_flows() -> None:
@@ -79,12 +80,11 @@ def test_engines_hold_engines_and_the_stand_ins_sit_beside_them() -> None:
 
 
 def test_loading_a_config_imports_no_stage_code() -> None:
-    # tasks/config.py -> tasks/gate/config.py once reached the launch builder for one validator.
+    # The gate section's validator once reached the launch builder (tasks/gate/) for one check.
     reached = _closure("tasks.config")
-    assert "tasks.gate.config" in reached and "tasks.sglang.versions" in reached
-    stage_code = sorted(m for m in reached if m.startswith(("tasks.gate.", "tasks.engines", "tasks.draft",
-                                                            "tasks.extract", "tasks.generate", "tasks.discover"))
-                        and m != "tasks.gate.config")  # fmt: skip
+    assert "tasks.config.gate_section" in reached and "tasks.sglang.versions" in reached
+    stage_code = sorted(m for m in reached if m.startswith(("tasks.gate", "tasks.engines", "tasks.draft",
+                                                            "tasks.extract", "tasks.generate", "tasks.discover")))  # fmt: skip
     assert stage_code == []
 
 
@@ -100,3 +100,45 @@ def test_the_status_view_reads_the_run_folder_alone_and_its_reading_draws_nothin
     assert "tasks.runfolder" in reading
     drawing = {m: sorted(n for n in IMPORTS[m] if n.split(".")[0] == "rich") for m in reading}
     assert {m: names for m, names in drawing.items() if names} == {}
+
+
+def test_the_configuration_sits_on_sglang_knowledge_and_the_target_alone() -> None:
+    # Its validators run SGLang's launch checks; its path checks read the target's helpers.
+    assert _outside("tasks.config", ("tasks.sglang.", "tasks.target.")) == {}
+
+
+def test_the_target_imports_nothing_above_it() -> None:
+    # `tasks` itself: the tiny target reads its sample prompts from the package's data folder.
+    above = {m: sorted(d for d in deps if d != "tasks" and not d.startswith("tasks.target"))
+             for m, deps in GRAPH.items() if m.startswith("tasks.target")}  # fmt: skip
+    assert {m: d for m, d in above.items() if d} == {}
+    # Importing any target module runs tasks/target/__init__.py first: it imports nothing, so the
+    # configuration's path helpers (path_kinds, packages) do not bring transformers or torch.
+    assert GRAPH["tasks.target"] == set()
+
+
+def test_no_circles_between_modules_or_folders() -> None:
+    # tasks/config.py and tasks/target.py once imported each other for two string helpers.
+    target = [m for m in GRAPH if m.startswith("tasks.target")]
+    assert target and not any(r.startswith("tasks.config") for m in target for r in _closure(m))
+    circular = sorted(m for m, deps in GRAPH.items() if any(m in _closure(d) for d in deps))
+    assert circular == []
+    # Folders (tasks/config/, tasks/target/, tasks/gate/, ...; a top-level module is its own).
+    def folder(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    arrows: dict[str, set[str]] = {}
+    for m, deps in GRAPH.items():
+        arrows.setdefault(folder(m), set()).update(folder(d) for d in deps if folder(d) != folder(m))
+
+    def reached(start: str) -> set[str]:
+        seen: set[str] = set()
+        todo = list(arrows.get(start, ()))
+        while todo:
+            f = todo.pop()
+            if f not in seen:
+                seen.add(f)
+                todo.extend(arrows.get(f, ()))
+        return seen
+
+    assert sorted(f for f in arrows if f in reached(f)) == []

@@ -21,7 +21,7 @@ from tasks.engines.base import (
     SamplingParams,
 )
 from tasks.engines.local import LocalEngine
-from tasks.target import render_prompt_ids
+from tasks.target.tokenizer import render_prompt_ids
 
 PROMPTS = [
     [{"role": "user", "content": "Hi"}],

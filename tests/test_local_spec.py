@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tasks.draft import checkpoint as ckpt
-from tasks.draft.config import DraftConfig
+from tasks.draft.architecture import DraftConfig
 from tasks.draft.export import export_sglang
 from tasks.draft.model import Eagle3Draft
 from tasks.draft.trainer import train_draft

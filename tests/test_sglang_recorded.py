@@ -14,6 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tasks.config.gate_section import GateConfig
+from tasks.config.server_settings import ServerSettings
 from tasks.engines.sglang_wire import (
     MalformedResponse,
     error_message,
@@ -26,7 +28,6 @@ from tasks.gate.benchmark import (
     check_acceptance,
     record_generate_answer,
 )
-from tasks.gate.config import GateConfig
 from tasks.gate.launch import LaunchSpec, SpecParams
 from tasks.gate.plan import BenchConfig, BenchPrompt, GateStopped, RequestRecord, plan_configs
 from tasks.gate.server_process import (
@@ -38,7 +39,6 @@ from tasks.gate.server_process import (
     parse_server_log,
     wait_healthy,
 )
-from tasks.sglang.versions import ServerSettings
 from tasks.standins.server import ServerThread, start_server_thread
 
 FIX = Path(__file__).parent / "fixtures/sglang-0.5.14"

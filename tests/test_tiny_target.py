@@ -9,20 +9,16 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from tasks.target import (
-    TargetError,
-    count_prompt_tokens,
-    load_tokenizer,
-    render_prompt_ids,
-    target_identity,
-)
-from tasks.tiny_target import (
+from tasks.target.identity import target_identity
+from tasks.target.model_dir import TargetError
+from tasks.target.tiny import (
     CHAT_TEMPLATE,
     EOS_TOKEN,
     build_tiny_target,
     collect_sample_text,
     tiny_target_main,
 )
+from tasks.target.tokenizer import count_prompt_tokens, load_tokenizer, render_prompt_ids
 
 TARGET_FILES = {
     "config.json",

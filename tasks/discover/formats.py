@@ -240,7 +240,7 @@ class ConversationFormat:
 
 
 # Every conversation format, in detection order. A new format is one entry here (and its name
-# in tasks/config.py's ConversationFormat, which the check below keeps equal).
+# in tasks/config/sections.py's ConversationFormat, which the check below keeps equal).
 CONVERSATION_FORMATS = (
     ConversationFormat("openai", ("messages",), lambda row, field, _o: _openai(row[field], field)),
     ConversationFormat("sharegpt", ("conversations",), lambda row, field, _o: _sharegpt(row[field], field)),

@@ -32,8 +32,8 @@ from fsspec.utils import infer_compression
 
 from tasks.config import ConfigError, SourceConfig
 from tasks.config import FileFormat as FileFormatName
-from tasks.packages import PackagePathError, is_package_path, resolve_package_path
 from tasks.redaction import redact_url
+from tasks.target.packages import PackagePathError, is_package_path, resolve_package_path
 
 Rows = Iterator[tuple[Any, str | None, str | None]]  # (parsed row, row error, raw text)
 
@@ -61,8 +61,8 @@ def _arrow_stream_rows(f: Any, _name: str, _warnings: list[str]) -> Rows:
             yield row, None, None
 
 
-# Every file format. A new one is one entry here (and its name in tasks/config.py's FileFormat,
-# which the check below keeps equal). hf_disk (a save_to_disk folder) is a layout, not a file
+# Every file format. A new one is one entry here (and its name in tasks/config/sections.py's
+# FileFormat, which the check below keeps equal). hf_disk (a save_to_disk folder) is a layout, not a file
 # format: its files are Arrow streams (HF_ARROW), never picked by extension.
 FILE_FORMATS = (
     FileFormat("jsonl", (".jsonl", ".ndjson"), lambda f, name, _w: _jsonl_rows(f, name)),

@@ -9,7 +9,7 @@ from tasks.config import EagleScaleConfig
 from tasks.discover.commit import check_discovery_config, commit_discovery, discovery_marker
 from tasks.runfolder import RunFolder, content_hash
 from tasks.runfolder.layout import DISCOVERY_REPORT
-from tasks.target import count_prompt_tokens
+from tasks.target.tokenizer import count_prompt_tokens
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from tasks.draft.config import DraftConfig
+from tasks.draft.architecture import DraftConfig
 from tasks.draft.model import Eagle3Draft
 from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import TRAIN_CHECKPOINTS
@@ -205,3 +205,8 @@ def load_training_state(
     scheduler.load_state_dict(opt["scheduler"])
     set_rng_state(torch.load(io.BytesIO(folder.read("rng.pt")), weights_only=True))
     return json.loads(folder.read("trainer_state.json"))
+
+
+def read_trainer_state(run: RunFolder, key: str) -> dict[str, Any]:
+    """The trainer state of a checkpoint alone (verified): what a resume checks first."""
+    return json.loads(_Dir(f"{run.url}/{key}", run.fs, run.path(key)).read("trainer_state.json"))

@@ -42,7 +42,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from tasks.draft.config import DraftConfig
+from tasks.draft.architecture import DraftConfig
 from tasks.draft.export_checks import (
     FLOAT_DTYPES,
     SGLANG_ARCHITECTURE,
@@ -169,7 +169,7 @@ def sglang_files(
 
 def _is_converted_target(verifier: str) -> bool:
     """A package or GGUF target: what transformers opens is its converted HF folder."""
-    from tasks.packages import is_package_path
+    from tasks.target.packages import is_package_path
 
     return is_package_path(verifier) or verifier.endswith(".gguf")
 
@@ -184,7 +184,7 @@ def verifier_reference(verifier: str) -> str:
     given. A path that does not exist is refused rather than recorded.
     """
     if _is_converted_target(verifier):
-        from tasks.target import resolve_model_dir
+        from tasks.target.model_dir import resolve_model_dir
 
         return str(resolve_model_dir(verifier).resolve())
     if not verifier or "://" in verifier:

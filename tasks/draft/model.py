@@ -42,7 +42,7 @@ from transformers.models.llama.modeling_llama import (
     apply_rotary_pos_emb,
 )
 
-from tasks.draft.config import DraftConfig
+from tasks.draft.architecture import DraftConfig
 
 # attend(q [B, heads, S, D], k, v [B, kv_heads, S, D], both rotated) -> [B, heads, S, D]
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]

@@ -76,7 +76,7 @@ class OnlineData:
         from tasks.extract.backends import target_layout
         from tasks.extract.capture import aux_capture_layers
         from tasks.extract.sequences import SequenceBuilder
-        from tasks.target import load_tokenizer
+        from tasks.target.tokenizer import load_tokenizer
 
         self.run, self.target, self.device = run, target, device
         self.layout = target_layout(target.model_path, target.revision)
@@ -121,7 +121,7 @@ class OnlineData:
         with self._load_lock:
             if self._capture is None:
                 from tasks.extract.local_capture import LocalCapture
-                from tasks.target import resolve_model_dir
+                from tasks.target.model_dir import resolve_model_dir
 
                 model_dir = resolve_model_dir(self.target.model_path, self.target.revision)
                 self._capture = LocalCapture.from_pretrained(

@@ -30,7 +30,8 @@ from tasks.engines.base import (
     ServerHealth,
 )
 from tasks.engines.local_decode import BatchDecoder
-from tasks.target import context_length_of, load_tokenizer, read_model_config, resolve_model_dir
+from tasks.target.model_dir import context_length_of, read_model_config, resolve_model_dir
+from tasks.target.tokenizer import load_tokenizer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

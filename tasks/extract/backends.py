@@ -8,7 +8,7 @@ from transformers import PreTrainedModel
 
 from tasks.config import EagleScaleConfig
 from tasks.extract.capture import CaptureBackend
-from tasks.target import read_model_config, resolve_model_dir, text_config
+from tasks.target.model_dir import read_model_config, resolve_model_dir, text_config
 
 
 @dataclass(frozen=True)

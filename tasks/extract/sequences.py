@@ -25,7 +25,9 @@ import pyarrow as pa
 
 from tasks.discover.commit import read_prompts_table
 from tasks.runfolder import RunFolder
-from tasks.target import TargetError, chat_template_hash, render_prompt_ids
+from tasks.target.identity import chat_template_hash
+from tasks.target.model_dir import TargetError
+from tasks.target.tokenizer import render_prompt_ids
 
 _PROBE = [{"role": "user", "content": "ping"}]
 _REPLY_SENTINEL = "EAGLESCALE-REPLY-SENTINEL"

@@ -18,8 +18,7 @@ decision.py    bootstrap CI and the promote/reject rules
 report.py      gate/report.json, gate/report.md, gate/plots/*.png
 promote.py     registry publish + promoted.json
 scaling.py     accept length against training samples, measured and replayed
-config.py      GateConfig: every threshold (the `gate` section of the run's configuration)
 
-Nothing here imports pydantic at import time except config.py, so replay and the cost model
-load on GPU images that lack it.
+The gate's section of the run's configuration (GateConfig: every threshold) is
+tasks/config/gate_section.py.
 """

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import httpx
 
+from tasks.config.gate_section import GateConfig
 from tasks.engines.sglang_wire import MalformedResponse, error_message, read_generate_reply
-from tasks.gate.config import GateConfig
 from tasks.gate.launch import LaunchSpec, SpecParams
 from tasks.gate.plan import (
     CANDIDATE,

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.gate.config import GateConfig
+from tasks.config.gate_section import GateConfig
 from tasks.gate.plan import (
     CANDIDATE,
     CHALLENGER,

@@ -20,12 +20,12 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 
+from tasks.config.server_settings import ServerSettings
 from tasks.sglang.versions import (
     GRPC_PORT_OFFSET,
     PINNED_VERSIONS,
     SETTING_FLAGS,
     LaunchError,
-    ServerSettings,
     check_extra_args,
     flag_set,
     settings_args,
@@ -137,7 +137,7 @@ def build_server_args(spec: LaunchSpec, version: str) -> list[str]:
     args += ["--tp-size", str(spec.tp_size)]
     if spec.mem_fraction_static is not None:
         args += ["--mem-fraction-static", str(spec.mem_fraction_static)]
-    args += settings_args(spec.server, flags)
+    args += settings_args(spec.server.model_dump(), flags)
     if spec.disable_cuda_graph:
         args += [f for f in flags.disable_cuda_graph if f not in args]
     elif spec.cuda_graph_max_bs is not None:

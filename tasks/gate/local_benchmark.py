@@ -14,8 +14,8 @@ import hashlib
 import json
 from collections import Counter
 
+from tasks.config.gate_section import GateConfig
 from tasks.gate.benchmark import BaselineOutputs, check_acceptance, run_protocol
-from tasks.gate.config import GateConfig
 from tasks.gate.plan import (
     BenchConfig,
     BenchPrompt,

@@ -12,7 +12,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from tasks.gate.config import GateConfig
+from tasks.config.gate_section import GateConfig
+from tasks.draft.acceptance import pooled_accept_length
 from tasks.gate.launch import SpecParams, resolve_spec
 from tasks.runfolder import RunFolder
 
@@ -61,7 +62,7 @@ def load_bench_prompts(run: RunFolder, n: int, seed: int, encode: Encoder) -> li
 
 def encoder_for_target(model_path: str, chat_template: str | None = None) -> Encoder:
     """Prompt ids as generation rendered them: the target's tokenizer and chat template."""
-    from tasks.target import load_tokenizer, render_prompt_ids
+    from tasks.target.tokenizer import load_tokenizer, render_prompt_ids
 
     tokenizer = load_tokenizer(model_path, chat_template)
     return lambda messages: render_prompt_ids(tokenizer, messages)
@@ -199,10 +200,11 @@ class RequestRecord:
 
 
 def accept_length(completion_tokens: int, verify_ct: int, requests: int = 1) -> float | None:
-    """Tokens per verify step. The first token of each request comes from prefill, not from a
-    verify step, so it is left out: stuck acceptance reads exactly 1.0 whatever the length
-    (SGLang's own spec_accept_length, completion_tokens / spec_verify_ct, reads (n+1)/n)."""
-    return (completion_tokens - requests) / verify_ct if verify_ct > 0 else None
+    """Tokens per verify step (tasks.draft.acceptance's definition). The first token of each
+    request comes from prefill, not from a verify step, so it is left out: stuck acceptance
+    reads exactly 1.0 whatever the length (SGLang's own per-request spec_accept_length,
+    completion_tokens / spec_verify_ct, reads (n+1)/n)."""
+    return pooled_accept_length(completion_tokens - requests, verify_ct)
 
 
 def pooled_accept_lengths(records: list[RequestRecord]) -> tuple[float | None, dict[str, float]]:

@@ -16,7 +16,7 @@ import fsspec
 
 from tasks.extract.capture import aux_capture_layers
 from tasks.gate.launch import SpecParams
-from tasks.target import text_config
+from tasks.target.model_dir import text_config
 
 CONFIG = "config.json"
 WEIGHTS = "model.safetensors"

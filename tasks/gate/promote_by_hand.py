@@ -34,7 +34,7 @@ def promote_by_hand(config: EagleScaleConfig, reason: str) -> dict[str, Any]:
     PromotionError (before anything is copied) names what is missing or wrong."""
     from tasks.draft.data import training_data_metadata
     from tasks.gate.preflight import PreflightError, preflight_sweep
-    from tasks.target import read_model_config, resolve_model_dir, text_config
+    from tasks.target.model_dir import read_model_config, resolve_model_dir, text_config
 
     gate = config.gate
     if not reason.strip():

@@ -7,7 +7,7 @@ import json
 import time
 from typing import Any
 
-from tasks.gate.config import GateConfig
+from tasks.config.gate_section import GateConfig
 from tasks.gate.decision import ConfigSummary, GateDecision
 from tasks.gate.plan import BenchResult
 from tasks.redaction import redact_secret_keys

@@ -127,7 +127,7 @@ class SpecEngine:
         """Target from any `target.model_path` (a folder, a GGUF, a package path); draft from an
         export (SGLang or speculators format), given the target's embedding."""
         from tasks.draft.export import load_exported
-        from tasks.target import resolve_model_dir
+        from tasks.target.model_dir import resolve_model_dir
 
         model_dir = resolve_model_dir(model_path)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, local_files_only=True)

@@ -188,7 +188,7 @@ def _benchmark_server(
 ) -> BenchResult:
     from tasks.gate.benchmark import GateRunner
     from tasks.gate.server_process import EmulatedLauncher, Launcher, SGLangLauncher
-    from tasks.target import resolve_model_dir
+    from tasks.target.model_dir import resolve_model_dir
 
     gate = config.gate
     launcher: Launcher
@@ -376,7 +376,7 @@ def run_gate_stage(config: EagleScaleConfig, work_dir: Path, logger: Logger | No
 def _gate(config: EagleScaleConfig, run: RunFolder, work_dir: Path, progress: GateProgress) -> GateOutcome:
     from tasks.draft.data import training_data_metadata
     from tasks.draft.target_heads import load_target_heads
-    from tasks.target import read_model_config, resolve_model_dir, text_config
+    from tasks.target.model_dir import read_model_config, resolve_model_dir, text_config
 
     gate = config.gate
     progress.phase("preflight")

@@ -19,7 +19,7 @@ from tasks.generate.shard import STAGE, ShardOutcome, run_shard
 from tasks.runfolder import Lease, LeaseLost, LeaseTable, LeaseView, RunFolder, ShardStore
 from tasks.runfolder.layout import GENERATE_PROGRESS
 from tasks.runfolder.schedule import run_under_lease
-from tasks.target import render_prompt_ids
+from tasks.target.tokenizer import render_prompt_ids
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ def generation_fingerprint(cfg: EagleScaleConfig, run: RunFolder, tokenizer: Any
     raises naming the differing fields, unless allow_fingerprint_change)."""
     from tasks.fingerprint_fields import run_fingerprint
     from tasks.runfolder import ensure_fingerprint
-    from tasks.target import target_identity
+    from tasks.target.identity import target_identity
 
     marker = discovery_marker(run)
     if marker is None:

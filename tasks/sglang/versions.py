@@ -1,7 +1,8 @@
 """What eaglescale knows of each pinned SGLang version's launch interface (DESIGN §5): the
-flag table, the server settings every launch of a run shares, and the checks a config can run
-before anything starts. Below the gate's launch builder (tasks/gate/launch.py), the gate config
-and the emulator, which all read it; it imports nothing of theirs.
+flag table, the flag of each server setting, and the checks a config can run before anything
+starts. Below the gate's launch builder (tasks/gate/launch.py), the configuration (whose gate
+section runs the checks when it is loaded) and the emulator, which all read it; it imports
+nothing of theirs.
 
 Flag facts, read from SGLang's server_args.py and EAGLE worker, and for 0.5.14 from its recorded
 `--help` (tests/fixtures/sglang-0.5.14/help.txt, shipped as tasks/data/sglang/flags-0.5.14.json):
@@ -10,15 +11,15 @@ Flag facts, read from SGLang's server_args.py and EAGLE worker, and for 0.5.14 f
   (its `--cuda-graph-max-bs` and `--disable-cuda-graph` are deprecated aliases, never emitted and
   refused in extra args); 0.5.23 has `--cuda-graph-max-bs-decode` and
   `--disable-decode-cuda-graph` and rejects the old max-bs flag.
-- server settings (`ServerSettings`): each is emitted only for a version known to have its flag.
+- server settings (the configuration's `ServerSettings`, tasks/config/server_settings.py): each
+  is emitted only for a version known to have its flag.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.sglang.recorded_flags import RecordedFlags, recorded_flags
 
@@ -27,48 +28,7 @@ class LaunchError(ValueError):
     """A launch that SGLang would refuse or silently change; the message names the flag."""
 
 
-class ServerSettings(BaseModel):
-    """Server-wide SGLang settings, applied alike to every launch built from them: the gate's
-    baseline and speculative launches (`gate.server`), an operator's launch through
-    `python -m tasks.gate.launch` / infra/sglang/launch_speculative.sh, and the generation server
-    of infra/sglang/launch_target.sh. Unset (None / false) means SGLang's own default: nothing is
-    emitted. A set field is emitted only for SGLang versions known to have its flag, and refused
-    (naming the flag and the version) for the others.
-
-    What the H200 node's SGLang 0.5.14 bundle needs (/work/shared/h200/README.md):
-    attention_backend triton (no FA3 kernels; FA3 is Hopper's default), sampling_backend pytorch,
-    grammar_backend none, skip_tokenizer_init, dtype bfloat16, disable_prefill_cuda_graph.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    attention_backend: str | None = Field(
-        None, description="--attention-backend, e.g. triton (the H200 bundle has no FA3 kernels)."
-    )
-    sampling_backend: str | None = Field(
-        None, description="--sampling-backend, e.g. pytorch (flashinfer's kernels are not needed)."
-    )
-    grammar_backend: str | None = Field(
-        None, description="--grammar-backend, e.g. none (no constrained decoding is used)."
-    )
-    skip_tokenizer_init: bool = Field(
-        False,
-        description="--skip-tokenizer-init: the server loads no tokenizer; requests must send "
-        "input_ids (ours do) and answers carry no \"text\".",
-    )
-    dtype: str | None = Field(None, description="--dtype, e.g. bfloat16.")
-    disable_prefill_cuda_graph: bool = Field(
-        False,
-        description="--disable-prefill-cuda-graph: no prefill graph capture (36 s of a server's "
-        "start-up on the H200); decode speed, what the gate measures, does not depend on it.",
-    )
-    sleep_on_idle: bool = Field(False, description="--sleep-on-idle: no busy polling while idle.")
-    max_total_tokens: int | None = Field(None, ge=1, description="--max-total-tokens (KV pool size).")
-    max_running_requests: int | None = Field(None, ge=1, description="--max-running-requests.")
-    random_seed: int | None = Field(None, ge=0, description="--random-seed.")
-
-
-# Each setting's SGLang flag (the flag is its field name, dashed; kept explicit so a rename of
+# Each server setting's SGLang flag (the flag is the setting's name, dashed; kept explicit so a rename of
 # either side is a visible change).
 SETTING_FLAGS: dict[str, str] = {
     "attention_backend": "--attention-backend",
@@ -215,12 +175,21 @@ def _check_choice(flag: str, value: str, flags: FlagSet, where: str) -> None:
         raise LaunchError(f"{where}: {flag} {value!r} is not one of SGLang {flags.version}'s choices {list(allowed)}")
 
 
-def settings_args(settings: ServerSettings, flags: FlagSet) -> list[str]:
-    """The flags of the set server settings, in declaration order; refuses a setting whose flag
+# The server settings reach this module as a mapping of setting name (a SETTING_FLAGS key) to
+# value, e.g. `ServerSettings.model_dump()`: the settings model is a configuration section
+# (tasks/config/server_settings.py), and SGLang's launch interface imports nothing above it.
+SettingValues = Mapping[str, object]
+
+
+def settings_args(settings: SettingValues, flags: FlagSet) -> list[str]:
+    """The flags of the set server settings, in SETTING_FLAGS order; refuses a setting whose flag
     this version does not have, and (where the --help is recorded) a value outside its choices."""
+    unknown = sorted(set(settings) - set(SETTING_FLAGS))
+    if unknown:
+        raise LaunchError(f"server settings {unknown} have no SGLang flag here (SETTING_FLAGS)")
     args: list[str] = []
     for name, flag in SETTING_FLAGS.items():
-        value = getattr(settings, name)
+        value = settings.get(name)
         if value is None or value is False:
             continue
         if flag not in flags.known:
@@ -278,7 +247,7 @@ def check_extra_args(extra_args: tuple[str, ...] | list[str], flags: FlagSet) ->
             _check_choice(name, value, flags, "extra server arg")
 
 
-def check_server_config(settings: ServerSettings, extra_args: tuple[str, ...] | list[str], version: str) -> FlagSet:
+def check_server_config(settings: SettingValues, extra_args: tuple[str, ...] | list[str], version: str) -> FlagSet:
     """Everything about a run's launches that can be checked before one starts (the gate config
     calls this when it is loaded)."""
     flags = flag_set(version)

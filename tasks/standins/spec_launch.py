@@ -121,7 +121,7 @@ class LaunchArgs:
 
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
-# The server settings the emulator reads (tasks/sglang/versions.py's ServerSettings; the gate's builder emits them).
+# The server settings the emulator reads (tasks/config/server_settings.py's ServerSettings; the gate's builder emits them).
 _SETTING_VALUES = ("--attention-backend", "--sampling-backend", "--grammar-backend", "--dtype")
 _SETTING_SWITCHES = ("--skip-tokenizer-init", "--sleep-on-idle")
 

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from tasks.extract.capture import aux_capture_layers
-from tasks.target import text_config
+from tasks.target.model_dir import text_config
 
 
 def rope_of(config: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from tasks.sglang.versions import PINNED_VERSIONS, ServerSettings, check_server_config, flag_set
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+from tasks.config.server_settings import ServerSettings
+from tasks.config.strict import Strict
+from tasks.sglang.versions import PINNED_VERSIONS, check_server_config, flag_set
 
 
-class SpecPoint(_Strict):
+class SpecPoint(Strict):
     """One speculative configuration beyond the topk=1 num_steps sweep."""
 
     num_steps: int = Field(ge=1)
@@ -22,7 +20,7 @@ class SpecPoint(_Strict):
     num_draft_tokens: int | None = Field(None, ge=2, description="Required when topk > 1.")
 
 
-class Challenger(_Strict):
+class Challenger(Strict):
     """A draft from elsewhere (e.g. a public trainer's, on the same target) benchmarked beside
     the run's own under the same protocol: reported with its speedup, CI and margin, never
     promoted. One that fails preflight (or is missing) is reported with the reason and left out."""
@@ -37,7 +35,7 @@ class Challenger(_Strict):
     num_draft_tokens: int | None = Field(None, ge=2, description="Required when topk > 1.")
 
 
-class GateConfig(_Strict):
+class GateConfig(Strict):
     engine: Literal["local", "sglang", "emulated"] = Field(
         "local",
         description="local: the in-process speculative engine (transformers target + the draft); "
@@ -157,7 +155,7 @@ class GateConfig(_Strict):
         if self.engine == "local" and not self.num_steps:
             raise ValueError("the local engine drafts chains (topk=1) only: num_steps is empty")
         # Settings the version lacks, unknown or deprecated extra flags: refused at load time.
-        check_server_config(self.server, self.extra_server_args, self.sglang_version)
+        check_server_config(self.server.model_dump(), self.extra_server_args, self.sglang_version)
         if not self.nccl_env_sweep:
             raise ValueError("nccl_env_sweep must have at least one entry ({} for the plain env)")
         if self.concurrent_servers > 1 and self.engine == "sglang" and (

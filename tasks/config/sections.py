@@ -1,50 +1,27 @@
-"""The one configuration model: the parent flow's parameter, loadable from YAML.
+"""The sections of the run's configuration and the one model that holds them, `EagleScaleConfig`:
+the parent flow's parameter, loadable from YAML (tasks/config/loading.py).
 
 Every model forbids unknown keys, so a typo in a params file or in the Prefect UI form is an
 error naming the key, never a silent default. Settings that contradict each other (servers for
 the local engine, a topk sweep for an engine that drafts chains only) are refused the same way,
 naming both keys, instead of one of them being ignored.
-
-Paths (PATH_KEYS) never depend on where a command starts: relative paths in a params file
-resolve against the params file's folder, those given with `--set`/`--run-root` against the
-working directory, and those that reach the model directly (a deployment's parameters, the
-Prefect UI form, Python) against the working directory of the process that validates them
-(for a deployment, the checkout its pull step moves to). URLs (`s3://`, `package://`, any
-`scheme://`) and absolute paths are kept as written.
 """
 
 from __future__ import annotations
 
 import copy
-import glob
-import os
 import re
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
-from tasks.gate.config import GateConfig
+from tasks.config.gate_section import GateConfig
+from tasks.config.paths import PATHS_RESOLVED, PathOrigin, resolve_paths
+from tasks.config.strict import Strict
 
 STAGES = ("discover", "generate", "extract", "train", "gate")
 Stage = Literal["discover", "generate", "extract", "train", "gate"]
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
 
 ConversationFormat = Literal["auto", "openai", "sharegpt", "alpaca", "prompt"]
 FileFormat = Literal["auto", "jsonl", "json", "parquet", "hf_disk"]
@@ -286,7 +263,7 @@ class TrainConfig(Strict):
     weight_decay: float = Field(0.0, ge=0.0)
     warmup_steps: int = Field(20, ge=0)
     max_steps: int | None = Field(None, ge=1, description="Default: `epochs` over the data.")
-    epochs: int = Field(1, ge=1)
+    epochs: int = Field(1, ge=1, description="Passes over the training split (when max_steps is not set).")
     max_train_sequences: int | None = Field(
         None,
         ge=1,
@@ -323,6 +300,57 @@ class TrainConfig(Strict):
         if any(not 0.0 < f < 1.0 for f in v) or len(set(v)) != len(v):
             raise ValueError(f"scaling_fractions must be distinct fractions in (0, 1), got {v}")
         return sorted(v)
+
+    # The training recipe (issue 27): each choice a setting, today's behaviour the default. A
+    # checkpoint records them and is not resumed with others (tasks/draft/recipe.py).
+    adam_betas: tuple[float, float] = Field(
+        (0.9, 0.95),
+        description="AdamW's (beta1, beta2). SpecForge trains with torch's default (0.9, 0.999).",
+    )
+    loss_normalization: Literal["batch", "token"] = Field(
+        "batch",
+        description="batch: unroll step k's loss is decay**k times the mean over that batch's counted "
+        "response tokens, so a token in a batch with few of them weighs more. token: every counted "
+        "token weighs decay**k / batch_tokens, a fixed denominator, so each weighs the same in every "
+        "batch and on every process; the gradient then scales with the batch's response share of its "
+        "token budget (lower gradient norms than batch's, so max_grad_norm clips less often).",
+    )
+    init_lm_head_from_target: bool = Field(
+        False,
+        description="Start the draft's lm_head from the target's lm_head rows for the draft vocabulary "
+        "(its embedding rows when the target ties them), as vLLM's speculators does. Default: random.",
+    )
+    freeze_lm_head: bool = Field(
+        False,
+        description="Keep the lm_head fixed (no gradient, not in the optimizer); needs "
+        "init_lm_head_from_target.",
+    )
+    init_norm_from_target: bool = Field(
+        False,
+        description="Start the draft's final norm (applied before its lm_head) from the target's final "
+        "norm weight instead of ones; it stays trainable.",
+    )
+    aux_state_noise: float = Field(
+        0.0,
+        ge=0.0,
+        description="Standard deviation of Gaussian noise added to the target's aux hidden states in "
+        "training steps (never in evaluation), absolute, in the states' own units as speculators' "
+        "AddGaussianNoise (its default 0.05); seeded by train.seed and the step. 0: none.",
+    )
+
+    @field_validator("adam_betas")
+    @classmethod
+    def _betas(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in v):
+            raise ValueError(f"adam_betas must both be in [0, 1), got {list(v)}")
+        return v
+
+    @model_validator(mode="after")
+    def _frozen_head_starts_from_the_target(self) -> TrainConfig:
+        if self.freeze_lm_head and not self.init_lm_head_from_target:
+            raise ValueError("train.freeze_lm_head needs train.init_lm_head_from_target: a frozen head "
+                             "would keep its random initialisation")
+        return self
 
 
 class SlackConfig(Strict):
@@ -390,7 +418,7 @@ class EagleScaleConfig(Strict):
         # else (a deployment's parameters, the UI form, Python) is relative to this process's
         # working directory, made explicit here so that it never changes meaning later (a
         # child deployment, a torchrun worker, a `cd`).
-        if not isinstance(data, dict) or (info.context or {}).get(_RESOLVED):
+        if not isinstance(data, dict) or (info.context or {}).get(PATHS_RESOLVED):
             return data
         data = copy.deepcopy(data)
         base = Path.cwd()
@@ -477,303 +505,3 @@ def contradictions(cfg: EagleScaleConfig) -> list[str]:
             "gate.engine: local"
         )
     return problems
-
-
-class ConfigError(ValueError):
-    """A params file or override that does not fit the model; the message names key and file."""
-
-
-def _format_errors(err: ValidationError, where: str) -> str:
-    lines = []
-    for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"])
-        if e["type"] == "extra_forbidden":
-            lines.append(f"{where}: unknown key '{key}'")
-        elif not key:
-            # A whole-config rule (contradictions): its message names the keys; the input would
-            # be the entire config.
-            message = e["msg"].removeprefix("Value error, ")
-            lines += [f"{where}: {line}" for line in message.splitlines()]
-        else:
-            lines.append(f"{where}: key '{key}': {e['msg']} (got {e.get('input')!r})")
-    return "\n".join(lines)
-
-
-# ---- Paths --------------------------------------------------------------------------------
-
-_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
-
-
-def looks_like_hub_id(value: str) -> bool:
-    """`org/name`: a model_path that tasks/target.py looks up in the local HF cache when no such
-    folder exists. `./x/y` and `.hidden/y` are paths (hub names never start with a dot)."""
-    return bool(_HUB_ID.match(value)) and not value.startswith(".")
-_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-_GLOB_CHARS = "*?["
-_RESOLVED = "eaglescale_paths_resolved"  # validation context: load_config resolved the paths
-
-
-@dataclass(frozen=True)
-class PathKey:
-    key: str  # dotted; `name[]` walks the items of a list
-    # input: must exist before the run; output: a stage makes it; optional: resolved, and a
-    # missing one is the stage's to report (a challenger that is not there is left out, not fatal)
-    role: Literal["input", "output", "optional"]
-    what: str  # for messages
-
-
-# Every config key that names a local file or folder: the one list path resolution, the
-# pre-run existence check and deployments/sync_profiles.py's rebasing read.
-PATH_KEYS: tuple[PathKey, ...] = (
-    PathKey("run_root", "output", "run folder"),
-    PathKey("target.model_path", "input", "model folder"),
-    PathKey("target.chat_template", "input", "chat template file"),
-    PathKey("discover.sources[].path", "input", "source file, glob or folder"),
-    PathKey("gate.registry_url", "output", "registry folder"),
-    PathKey("gate.python", "input", "Python interpreter"),
-    PathKey("gate.challengers[].path", "optional", "challenger draft folder"),
-)
-
-
-def is_template_text(chat_template: str) -> bool:
-    """target.chat_template holds a Jinja template itself, not the path of a file holding one."""
-    return "{{" in chat_template or "{%" in chat_template
-
-
-def is_url(value: str) -> bool:
-    """`s3://...`, `package://...`, any `scheme://`: never rebased."""
-    return bool(_SCHEME.match(value))
-
-
-@dataclass(frozen=True)
-class PathOrigin:
-    """One path value as resolved: where it was written and what it was relative to."""
-
-    key: str  # concrete key, e.g. discover.sources[1].path
-    role: Literal["input", "output", "optional"]
-    what: str
-    value: str  # as resolved (absolute)
-    given: str  # as written
-    base: Path | None  # the folder a relative value was joined to (None: absolute as written)
-    base_name: str  # e.g. "the folder of the params file x.yaml", "the working directory"
-    hub_id: bool = False  # target.model_path kept as a hub id: no such folder under base
-
-
-def _slots(data: Any, key: str) -> Iterator[tuple[str, dict[str, Any], str]]:
-    """(concrete key, the mapping that holds it, its name there) for each place `key` names."""
-    parts = key.split(".")
-
-    def walk(node: Any, i: int, prefix: str) -> Iterator[tuple[str, dict[str, Any], str]]:
-        name = parts[i].removesuffix("[]")
-        if not isinstance(node, dict) or name not in node:
-            return
-        here = f"{prefix}{name}"
-        if i == len(parts) - 1:
-            yield here, node, name
-        elif parts[i].endswith("[]"):
-            for j, item in enumerate(node[name] if isinstance(node[name], list) else []):
-                yield from walk(item, i + 1, f"{here}[{j}].")
-        else:
-            yield from walk(node[name], i + 1, f"{here}.")
-
-    yield from walk(data, 0, "")
-
-
-def _is_local_path(spec: PathKey, value: str) -> bool:
-    """Whether `value` of this key names a local path (else it is kept exactly as written)."""
-    if not value or is_url(value):
-        return False
-    if spec.key == "target.chat_template" and is_template_text(value):
-        return False
-    # A bare command name is looked up on PATH.
-    return not (spec.key == "gate.python" and "/" not in value)
-
-
-def _is_hub_id(spec: PathKey, value: str, base: Path) -> bool:
-    """`org/name` as target.model_path is a hub id unless such a folder exists under base."""
-    return spec.key == "target.model_path" and looks_like_hub_id(value) and not (base / value).exists()
-
-
-def resolve_paths(
-    data: dict[str, Any], base_of: Callable[[str], tuple[Path, str]]
-) -> list[PathOrigin]:
-    """Make every relative local path in `data` (raw config, changed in place) absolute.
-
-    `base_of(concrete key)` gives the folder a relative value of that key is relative to, and
-    how to name it in messages. Returns where each local path value came from.
-    """
-    origins = []
-    for spec in PATH_KEYS:
-        for key, node, name in list(_slots(data, spec.key)):
-            given = node[name]
-            if not isinstance(given, str):
-                continue  # pydantic names the wrong type
-            base, base_name = base_of(key)
-            if not _is_local_path(spec, given):
-                continue
-            if _is_hub_id(spec, given, base):
-                origins.append(PathOrigin(key, spec.role, spec.what, given, given, base, base_name, True))
-                continue
-            expanded = os.path.expanduser(given)
-            if os.path.isabs(expanded):
-                origins.append(PathOrigin(key, spec.role, spec.what, expanded, given, None, base_name))
-                continue
-            value = os.path.normpath(base / expanded)
-            node[name] = value
-            origins.append(PathOrigin(key, spec.role, spec.what, value, given, base, base_name))
-    return origins
-
-
-def _covers(override: list[str], key: str) -> bool:
-    """Whether an override of the dotted path `override` set (part of) the value at `key`."""
-    parts = re.sub(r"\[\d+\]", "", key).split(".")
-    n = min(len(parts), len(override))
-    return parts[:n] == override[:n]
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """`a.b.c=value` -> (["a", "b", "c"], value); the value is parsed as YAML (1, true, [x])."""
-    if "=" not in text:
-        raise ConfigError(f"--set {text!r}: expected key=value")
-    key, raw = text.split("=", 1)
-    if not key.strip():
-        raise ConfigError(f"--set {text!r}: empty key")
-    return key.strip().split("."), yaml.safe_load(raw) if raw else ""
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    for text in overrides:
-        path, value = parse_override(text)
-        node = data
-        for part in path[:-1]:
-            nxt = node.get(part)
-            if nxt is None:
-                nxt = node[part] = {}
-            if not isinstance(nxt, dict):
-                raise ConfigError(f"--set {text!r}: '{part}' is not a section")
-            node = nxt
-        node[path[-1]] = value
-    return data
-
-
-def load_config(
-    path: str | Path | None = None,
-    overrides: list[str] | None = None,
-    run_root: str | None = None,
-) -> EagleScaleConfig:
-    """Load a params YAML, apply `--set` overrides and an optional run root, validate.
-
-    Relative paths (PATH_KEYS) from the file resolve against the file's folder; those from an
-    override or `run_root` against the working directory. The result holds absolute paths,
-    so it means the same from any working directory, and `path_origins()` says how each
-    was resolved (check_input_paths names both in its messages).
-    """
-    data: dict[str, Any] = {}
-    where = "<overrides>"
-    cwd = Path.cwd()
-    file_base = cwd
-    if path is not None:
-        where = str(path)
-        try:
-            loaded = yaml.safe_load(Path(path).read_text())
-        except FileNotFoundError as e:
-            raise ConfigError(f"{where}: params file not found ({os.path.abspath(path)})") from e
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{where}: not valid YAML: {e}") from e
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{where}: expected a mapping at the top level")
-        data = loaded
-        file_base = Path(os.path.abspath(path)).parent
-    set_keys = [parse_override(text)[0] for text in overrides or []]
-    if overrides:
-        data = apply_overrides(data, overrides)
-        where = f"{where} (with --set {' '.join(overrides)})"
-    if run_root is not None:
-        data["run_root"] = run_root
-        set_keys.append(["run_root"])
-
-    def base_of(key: str) -> tuple[Path, str]:
-        if any(_covers(keys, key) for keys in set_keys):
-            return cwd, "the working directory (a --set or --run-root value)"
-        if path is None:
-            return cwd, "the working directory"
-        return file_base, f"the folder of the params file {path}"
-
-    origins = resolve_paths(data, base_of)
-    try:
-        config = EagleScaleConfig.model_validate(data, context={_RESOLVED: True})
-    except ValidationError as e:
-        raise ConfigError(_format_errors(e, where)) from None
-    config._path_origins = origins
-    return config
-
-
-def _describe(origin: PathOrigin) -> str:
-    if origin.base is None:
-        return f"{origin.given!r} as written"
-    return f"{origin.given!r} relative to {origin.base_name}, {origin.base}"
-
-
-def _input_problem(origin: PathOrigin) -> str | None:
-    """Why an input path cannot be used, or None."""
-    value = origin.value
-    if origin.hub_id:
-        # Only here is transformers imported (tasks.target): a hub id is rare next to a folder.
-        from tasks.target import TargetError, resolve_model_dir
-
-        try:
-            resolve_model_dir(value)
-        except TargetError:
-            return (
-                f"no model folder at {origin.base / value if origin.base else value}, and "
-                f"{value!r} is no hub id in the local Hugging Face cache either"
-            )
-        return None
-    if origin.key == "target.model_path":  # a folder
-        return None if os.path.isdir(value) else f"no {origin.what} at {value}"
-    if origin.key.startswith("discover.sources"):
-        if any(ch in value for ch in _GLOB_CHARS):
-            return None if glob.glob(value) else f"no file matches {value}"
-        return None if os.path.exists(value) else f"no file or folder at {value}"
-    if os.path.isfile(value):
-        return None
-    return f"no {origin.what} at {value}"
-
-
-def _needs_locally(config: EagleScaleConfig, key: str) -> bool:
-    """Whether the stages this process runs read the input at `key` (others run elsewhere)."""
-    if key.startswith("discover.sources"):
-        return "discover" in config.stages
-    if key.startswith("gate."):
-        gate_here = "gate" in config.stages and "gate" not in config.orchestration.stage_deployments
-        # The interpreter launches SGLang servers (the only gate input checked before the run).
-        return gate_here and (key != "gate.python" or config.gate.engine == "sglang")
-    return True  # the target: the parent reads its tokenizer for the fingerprint, every stage uses it
-
-
-def check_input_paths(config: EagleScaleConfig) -> None:
-    """Refuse, before anything starts, input paths this process needs that do not exist.
-
-    Names each missing path in its absolute form and what it was relative to. Paths the
-    stages create (run_root, the registry) need not exist; URLs are left to the stage that
-    opens them, except `package://` paths, which are looked up here (cheaply, no import).
-    """
-    from tasks.packages import PackagePathError, resolve_package_path
-
-    problems = []
-    for origin in config.path_origins():
-        if origin.role != "input" or not _needs_locally(config, origin.key):
-            continue
-        problem = _input_problem(origin)
-        if problem is not None:
-            problems.append(f"{origin.key}: {problem} ({_describe(origin)})")
-    for spec in (s for s in PATH_KEYS if s.role == "input"):
-        for key, node, name in _slots(config.model_dump(), spec.key):
-            value = node[name]
-            if isinstance(value, str) and value.startswith("package://") and _needs_locally(config, key):
-                try:
-                    resolve_package_path(value)
-                except PackagePathError as e:
-                    problems.append(f"{key}: {e}")
-    if problems:
-        raise ConfigError("missing input paths:\n  - " + "\n  - ".join(problems))

@@ -1,0 +1,85 @@
+"""The check before anything starts: every input path the stages of this process will read
+exists (the model folder, the chat template file, the sources, the gate's interpreter), named in
+its absolute form and with what it was relative to."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+from tasks.config.loading import ConfigError
+from tasks.config.paths import PATH_KEYS, PathOrigin, path_slots
+from tasks.config.sections import EagleScaleConfig
+from tasks.target.packages import PackagePathError, resolve_package_path
+
+_GLOB_CHARS = "*?["
+
+
+def _describe(origin: PathOrigin) -> str:
+    if origin.base is None:
+        return f"{origin.given!r} as written"
+    return f"{origin.given!r} relative to {origin.base_name}, {origin.base}"
+
+
+def _input_problem(origin: PathOrigin) -> str | None:
+    """Why an input path cannot be used, or None."""
+    value = origin.value
+    if origin.hub_id:
+        # Only here is the model-folder resolver imported (with it the GGUF converter and numpy):
+        # a hub id is rare next to a folder.
+        from tasks.target.model_dir import TargetError, resolve_model_dir
+
+        try:
+            resolve_model_dir(value)
+        except TargetError:
+            return (
+                f"no model folder at {origin.base / value if origin.base else value}, and "
+                f"{value!r} is no hub id in the local Hugging Face cache either"
+            )
+        return None
+    if origin.key == "target.model_path":  # a folder
+        return None if os.path.isdir(value) else f"no {origin.what} at {value}"
+    if origin.key.startswith("discover.sources"):
+        if any(ch in value for ch in _GLOB_CHARS):
+            return None if glob.glob(value) else f"no file matches {value}"
+        return None if os.path.exists(value) else f"no file or folder at {value}"
+    if os.path.isfile(value):
+        return None
+    return f"no {origin.what} at {value}"
+
+
+def _needs_locally(config: EagleScaleConfig, key: str) -> bool:
+    """Whether the stages this process runs read the input at `key` (others run elsewhere)."""
+    if key.startswith("discover.sources"):
+        return "discover" in config.stages
+    if key.startswith("gate."):
+        gate_here = "gate" in config.stages and "gate" not in config.orchestration.stage_deployments
+        # The interpreter launches SGLang servers (the only gate input checked before the run).
+        return gate_here and (key != "gate.python" or config.gate.engine == "sglang")
+    return True  # the target: the parent reads its tokenizer for the fingerprint, every stage uses it
+
+
+def check_input_paths(config: EagleScaleConfig) -> None:
+    """Refuse, before anything starts, input paths this process needs that do not exist.
+
+    Names each missing path in its absolute form and what it was relative to. Paths the
+    stages create (run_root, the registry) need not exist; URLs are left to the stage that
+    opens them, except `package://` paths, which are looked up here (cheaply, no import).
+    """
+    problems = []
+    for origin in config.path_origins():
+        if origin.role != "input" or not _needs_locally(config, origin.key):
+            continue
+        problem = _input_problem(origin)
+        if problem is not None:
+            problems.append(f"{origin.key}: {problem} ({_describe(origin)})")
+    for spec in (s for s in PATH_KEYS if s.role == "input"):
+        for key, node, name in path_slots(config.model_dump(), spec.key):
+            value = node[name]
+            if isinstance(value, str) and value.startswith("package://") and _needs_locally(config, key):
+                try:
+                    resolve_package_path(value)
+                except PackagePathError as e:
+                    problems.append(f"{key}: {e}")
+    if problems:
+        raise ConfigError("missing input paths:\n  - " + "\n  - ".join(problems))
