@@ -67,7 +67,7 @@ def test_missing_path_is_named_absolute_with_its_base_before_prefect_starts(tmp_
     elsewhere.mkdir()
     done, elapsed = _run(["--params", "../conf/p.yaml", "--run-root", str(tmp_path / "run")], elsewhere, tmp_path)
     _refused_before_prefect(done, elapsed)
-    assert f"no model folder at {tmp_path / 'models/tiny-target'}" in done.stderr
+    assert f"no model folder or .gguf file at {tmp_path / 'models/tiny-target'}" in done.stderr
     assert f"relative to the folder of the params file ../conf/p.yaml, {conf}" in done.stderr
     # The copied profile's sample prompts point at conf/../../tasks/..., which does not exist.
     assert f"discover.sources[0].path: no file or folder at {tmp_path.parent / 'tasks/data/sample_prompts/general_chat.jsonl'}" in done.stderr
