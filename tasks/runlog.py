@@ -28,7 +28,7 @@ from tasks.redaction import redact_text, redact_url
 LOG_DIR = "logs"
 FORMAT = "%(asctime)s %(levelname)-7s %(process)d %(name)s: %(message)s"
 # Loggers of our own code: their INFO lines go to the file; the terminal keeps showing only
-# their warnings, as before the file existed.
+# their warnings, as before the file existed (unless a user configured them otherwise).
 OWN_LOGGERS = ("tasks", "eaglescale")
 BRIEF_CHARS = 400
 FILE_ONLY = "file_only"  # log(..., extra={FILE_ONLY: True}): the file gets it, the terminal not
@@ -72,33 +72,40 @@ def run_log(run_root: str) -> Iterator[str]:
     handler.setFormatter(logging.Formatter(FORMAT))
     handler.addFilter(_Redacting())
     handler.setLevel(logging.INFO)
-    # Our loggers' INFO lines reach the file only: their own handlers, warnings to stderr.
-    own: list[tuple[logging.Logger, int, bool, logging.Handler]] = []
-    for name in OWN_LOGGERS:
-        logger = logging.getLogger(name)
-        stderr = logging.StreamHandler(sys.stderr)
-        stderr.setLevel(logging.WARNING)
-        stderr.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-        stderr.addFilter(lambda record: not getattr(record, FILE_ONLY, False))
-        own.append((logger, logger.level, logger.propagate, stderr))
+    # Our loggers' INFO lines, which the root's WARNING level drops, are let through for the
+    # file; the terminal's handlers keep showing only their warnings, as before. Loggers a
+    # user set up (PREFECT_LOGGING_EXTRA_LOGGERS, a DEBUG root) are left as they are.
+    raised = [logging.getLogger(n) for n in OWN_LOGGERS if logging.getLogger(n).getEffectiveLevel() > logging.INFO]
+    for logger in raised:
         logger.setLevel(logging.INFO)
-        logger.propagate = False
-        logger.addHandler(handler)
-        logger.addHandler(stderr)
-    # The root keeps its level: libraries' warnings reach the file, their INFO chatter (an
-    # HTTP line per API call) does not; Prefect's run loggers set their own level (INFO).
+    terminal = _WarningsOnlyFrom(tuple(lg.name for lg in raised))
+    others = list(root.handlers)
+    for h in others:
+        h.addFilter(terminal)
     root.addHandler(handler)
     logging.getLogger("eaglescale").info("log file of this process: %s", path)
     try:
         yield path
     finally:
         root.removeHandler(handler)
-        for logger, level, propagate, stderr in own:
-            logger.removeHandler(handler)
-            logger.removeHandler(stderr)
-            logger.setLevel(level)
-            logger.propagate = propagate
+        for h in others:
+            h.removeFilter(terminal)
+        for logger in raised:
+            logger.setLevel(logging.NOTSET)
         handler.close()
+
+
+class _WarningsOnlyFrom(logging.Filter):
+    """On a terminal's handler: drops the INFO lines of loggers raised to INFO for the file."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        super().__init__()
+        self.names = names
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, FILE_ONLY, False):
+            return False
+        return record.levelno >= logging.WARNING or not record.name.startswith(self.names)
 
 
 def quiet_terminal() -> None:
