@@ -29,7 +29,7 @@ def _expected_failures() -> tuple[type[BaseException], ...]:
     from tasks.gate.preflight import PreflightError
     from tasks.gate.promote import PromotionError
     from tasks.generate.failures import ShardFailed
-    from tasks.runfolder import FingerprintMismatch
+    from tasks.runfolder import CorruptShard, FingerprintMismatch
     from tasks.sglang.server_process import ServerStartError
     from tasks.sglang.versions import LaunchError
     from tasks.target.model_dir import TargetError
@@ -38,6 +38,7 @@ def _expected_failures() -> tuple[type[BaseException], ...]:
     return (
         ConfigError,  # also discovery's source and mixture errors
         FingerprintMismatch,
+        CorruptShard,  # damaged run-folder files: named, with the fix
         TargetError,
         PackagePathError,
         RunRootBusy,
@@ -93,6 +94,10 @@ def _run(argv: list[str]) -> int:
     parser.add_argument("--run-root", help="override run_root (local path or s3://bucket/prefix)")
     parser.add_argument("--stages", help="comma-separated subset, e.g. discover,generate,extract,train")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument(
+        "--dry-run", action="store_true",
+        help="print the plan (stages, shards, servers, disk forecast) and start nothing",
+    )  # fmt: skip
     args = parser.parse_args(argv)
 
     from tasks.config import ConfigError, check_input_paths, load_config
@@ -108,6 +113,14 @@ def _run(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"eaglescale: {e}", file=sys.stderr)
         return EXIT_CONFIG
+    if args.dry_run:  # before anything of Prefect is imported or started
+        from tasks.dryrun import plan_run, render_plan
+
+        print(render_plan(plan_run(config)))
+        return 0
+    from tasks.runlog import FILE_ONLY, quiet_terminal, run_log
+
+    quiet_terminal()  # before transformers is imported: no weight-loading progress bars
     if not os.environ.get("PREFECT_API_URL"):
         print("eaglescale: PREFECT_API_URL is not set; using Prefect's ephemeral API", file=sys.stderr)
         # Prefect gives its ephemeral server 20 s to start; a loaded 2-core box (or a GPU node
@@ -117,17 +130,19 @@ def _run(argv: list[str]) -> int:
     from tasks.engines.factory import close_engines
 
     _quiet_expected_tracebacks()
-    try:
-        data_scaling(config)
-    except Exception as e:  # the flow run's state and logs hold the details
-        if is_expected(e):
-            print(f"eaglescale: {type(e).__name__}: {e}", file=sys.stderr)
-            return EXIT_CONFIG if isinstance(e, ConfigError) else EXIT_FAILED
-        traceback.print_exception(e)
-        print(f"eaglescale: run failed: {type(e).__name__}: {e}", file=sys.stderr)
-        return EXIT_FAILED
-    finally:
-        close_engines()
+    with run_log(config.run_root) as log_path:
+        try:
+            data_scaling(config)
+        except Exception as e:  # the flow run's state and logs hold the details
+            logging.getLogger("eaglescale").error("run failed", exc_info=e, extra={FILE_ONLY: True})
+            if is_expected(e):
+                print(f"eaglescale: {type(e).__name__}: {e}\n(log: {log_path})", file=sys.stderr)
+                return EXIT_CONFIG if isinstance(e, ConfigError) else EXIT_FAILED
+            traceback.print_exception(e)
+            print(f"eaglescale: run failed: {type(e).__name__}: {e}\n(log: {log_path})", file=sys.stderr)
+            return EXIT_FAILED
+        finally:
+            close_engines()
     return 0
 
 
@@ -136,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     commands = {
         "run": "run the data-scaling DAG (ephemeral Prefect API unless PREFECT_API_URL is set)",
         "status": "show a run folder's progress (reads only the run folder)",
+        "verify": "check every file a run folder vouches for (sizes, sha256s), naming the fix",
+        "export-data": "write a run's regenerated dataset as JSONL conversations (SpecForge, speculators)",
         "tiny-target": "build the tiny local target model",
         "export": "export a draft checkpoint (SGLang EAGLE3 or vLLM speculators format)",
         "promote": "promote a run's exported draft to the registry by hand (recorded as such, with the reason)",
@@ -153,6 +170,14 @@ def main(argv: list[str] | None = None) -> int:
         from tasks.status.command import status_main
 
         return status_main(rest)
+    if command == "verify":
+        from tasks.runfolder.verify import verify_main
+
+        return verify_main(rest)
+    if command == "export-data":
+        from tasks.generate.dataset_export import export_data_main
+
+        return export_data_main(rest)
     if command == "export":
         from tasks.draft.export import export_main
 

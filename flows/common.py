@@ -4,6 +4,7 @@ start/finish skeleton of a stage (`stage_run`)."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +18,8 @@ from tasks.config import EagleScaleConfig, SlackConfig
 from tasks.notify import Notifier
 from tasks.redaction import redact_text, redact_url
 from tasks.runfolder import RunFolder
-from tasks.runfolder.layout import stage_clock_key
+from tasks.runfolder.layout import CLOCK_HEARTBEAT_S, stage_clock_key
+from tasks.runlog import brief, quiet_terminal, run_log
 
 
 def run_logger() -> logging.Logger | logging.LoggerAdapter:
@@ -59,6 +61,8 @@ class StageRun:
         self.began = time.time()
         self.summary: dict[str, Any] | None = None
         self.skipped = False  # the stage found its work already done (its clock keeps the run that did it)
+        self._clock_lock = threading.Lock()
+        self._beating = threading.Event()
 
     @cached_property
     def tokenizer(self) -> Any:
@@ -76,32 +80,64 @@ class StageRun:
     def clock(self, state: str, prior: dict[str, Any] | None, error: str | None = None) -> None:
         """stages/<name>.json: this attempt's start (and end), the first attempt's start, and
         how many attempts there were; `eaglescale status --json` shows it as stages.<name>."""
+        now = time.time()
         record = {
             "stage": self.name, "state": state, "started_at": self.began,
-            "ended_at": None if state == "running" else time.time(),
+            "ended_at": None if state == "running" else now,
             "first_started_at": (prior or {}).get("first_started_at", self.began),
             "attempts": int((prior or {}).get("attempts", 0)) + 1,
+            # While running, rewritten every heartbeat_s: a stage whose process is gone reads
+            # as stopped in `eaglescale status`, not as running forever.
+            "heartbeat_at": now, "heartbeat_s": CLOCK_HEARTBEAT_S,
         }  # fmt: skip
         if error:  # free text from an exception: a URL's credentials or a known secret never land here
             record["error"] = redact_url(redact_text(error))
-        self.run.write_json_atomic(stage_clock_key(self.name), record)
+        with self._clock_lock:
+            self.run.write_json_atomic(stage_clock_key(self.name), record)
+
+    def beat(self, prior: dict[str, Any] | None) -> threading.Thread:
+        """Keep the running clock's heartbeat fresh until `stop_beating`."""
+
+        def loop() -> None:
+            while not self._beating.wait(CLOCK_HEARTBEAT_S):
+                try:
+                    self.clock("running", prior)
+                except Exception as e:  # a store hiccup: the next beat tries again
+                    self.log.warning("%s: stage clock heartbeat failed: %s", self.name, brief(e, 200))
+
+        thread = threading.Thread(target=loop, daemon=True, name=f"{self.name}-clock")
+        thread.start()
+        return thread
 
 
 @contextmanager
 def stage_run(config: EagleScaleConfig, name: str) -> Iterator[StageRun]:
-    stage = StageRun(config, name)
-    prior = stage.run.read_json(stage_clock_key(name))
-    stage.clock("running", prior)
-    try:
-        yield stage
-    except BaseException as e:
-        stage.clock("failed", prior, f"{type(e).__name__}: {e}"[:500])
-        raise
-    skipped = stage.skipped or bool((stage.summary or {}).get("skipped"))
-    if skipped and prior and prior.get("state") == "completed":
-        # A stage that found its work done keeps the times of the run that did it.
-        stage.run.write_json_atomic(stage_clock_key(name), prior)
-    else:
+    quiet_terminal()
+    with run_log(config.run_root):
+        stage = StageRun(config, name)
+        # Temp files a killed write left (a write that failed removes its own).
+        stray = stage.run.remove_stray_temps()
+        if stray:
+            stage.log.info("%s: removed %d temp files left by interrupted writes: %s", name, len(stray), brief(stray, 200))
+        prior = stage.run.read_json(stage_clock_key(name))
+        stage.clock("running", prior)
+        heart = stage.beat(prior)
+        try:
+            yield stage
+        except BaseException as e:
+            stage._beating.set()
+            heart.join()
+            stage.clock("failed", prior, f"{type(e).__name__}: {e}"[:500])
+            raise
+        stage._beating.set()
+        heart.join()
+        skipped = stage.skipped or bool((stage.summary or {}).get("skipped"))
+        if skipped and prior and prior.get("state") == "completed":
+            # A stage that found its work done keeps the times of the run that did it, and
+            # announces nothing: it completed in the run that did it.
+            stage.run.write_json_atomic(stage_clock_key(name), prior)
+            stage.log.info("%s: already done in an earlier run; nothing to do", name)
+            return
         stage.clock("completed", prior)
-    if stage.summary is not None:
-        stage.notifier.stage_completed(name, stage.summary, stage.elapsed_s)
+        if stage.summary is not None:
+            stage.notifier.stage_completed(name, stage.summary, stage.elapsed_s)

@@ -36,8 +36,19 @@ from tasks.extract.follow import generation_started_since
 from tasks.fingerprint_fields import run_fingerprint
 from tasks.generate.stage import generation_fingerprint
 from tasks.runfolder import RunFolder, check_fingerprint
+from tasks.runlog import brief
 from tasks.target.identity import target_identity
 from tasks.target.tokenizer import load_tokenizer
+
+
+def _outcome(result: Any) -> Any:
+    """A stage's result in a word or two, for the run's last log line."""
+    if not isinstance(result, dict):
+        return result
+    if result.get("skipped"):
+        return "skipped"
+    keys = ("shards_committed", "rows", "sequences", "steps", "outcome", "speedup", "state")
+    return {k: result[k] for k in keys if k in result} or "done"
 
 
 def run_stage(config: EagleScaleConfig, stage: str, subflow: Any, **params: Any) -> Any:
@@ -116,12 +127,12 @@ def data_scaling(config: EagleScaleConfig) -> dict[str, Any]:
     if "extract" in config.stages and online:
         # The trainer captures the states itself: nothing to extract, nothing stored.
         results["extract"] = skip_online(config, run)
-        log.info("extract: skipped, %s", results["extract"]["forecast"])
+        log.info("extract: skipped, %s", brief(results["extract"]["forecast"]))
     elif "extract" in config.stages and not overlap:
         results["extract"] = run_stage(config, "extract", extract_flow)
     if "train" in config.stages:
         results["train"] = run_stage(config, "train", train_flow)
     if "gate" in config.stages:
         results["gate"] = run_stage(config, "gate", gate_flow)
-    log.info("data-scaling finished: %s", results)
+    log.info("data-scaling finished: %s", brief({k: _outcome(v) for k, v in results.items()}))
     return results

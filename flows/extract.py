@@ -28,6 +28,7 @@ from tasks.extract.forecast import online_forecast
 from tasks.extract.stage import ExtractStage
 from tasks.runfolder import RunFolder
 from tasks.runfolder.schedule import ShardScheduler, run_one_at_a_time
+from tasks.runlog import brief
 
 _active: dict[str, ExtractStage] = {}
 # Set by the parent flow when its in-process generation subflow has returned or raised, also
@@ -84,7 +85,7 @@ def extract_flow(config: EagleScaleConfig, follow_since: float | None = None) ->
             following = {"following_generation": True} if follow_since is not None else {}
             span.started({"shards_to_run": len(pending), **following, **stage.forecast})
             span.log.info("extract: %d shards to run%s; forecast %s", len(pending),
-                          " so far, following generation" if following else "", stage.forecast)  # fmt: skip
+                          " so far, following generation" if following else "", brief(stage.forecast))  # fmt: skip
             outcomes: list[dict[str, Any]] = []
 
             def run_one(shard_id: str) -> dict[str, Any]:
@@ -123,5 +124,7 @@ def extract_flow(config: EagleScaleConfig, follow_since: float | None = None) ->
         if summary["shards_pending"]:
             shown = [f"{k}: {v}" for k, v in sorted(failures.items())][:3]
             raise RuntimeError(f"extract: {summary['shards_pending']} shard(s) not extracted: {shown}")
+        # Nothing extracted here and nothing left: an earlier run did the stage.
+        span.skipped = summary["complete"] and not any(o.get("status") == "committed" for o in outcomes)
         span.summary = summary
     return summary

@@ -24,6 +24,7 @@ from flows.common import notifier_for, run_logger, slack_on_failure, stage_run
 from tasks.config import EagleScaleConfig
 from tasks.generate.failures import ShardFailed
 from tasks.generate.stage import GenerateStage, open_generate_stage
+from tasks.runfolder import CorruptShard
 from tasks.runfolder.schedule import ShardScheduler, drive_shards
 
 # Shard tasks run in this process's thread pool and share one stage (engine, progress).
@@ -50,8 +51,9 @@ def generate_shard(config: EagleScaleConfig, shard_id: str) -> dict[str, Any]:
 
 def _worth_retrying(_task: Any, _run: Any, state: Any) -> bool:
     """A shard over its dead-letter bound would fail again: a retry replays the same journaled
-    dead letters. Anything else (an engine that was unavailable, a store hiccup) may pass."""
-    return not isinstance(getattr(state, "data", None), ShardFailed)
+    dead letters; so would a damaged shard its journal cannot rebuild. Anything else (an
+    engine that was unavailable, a store hiccup) may pass."""
+    return not isinstance(getattr(state, "data", None), ShardFailed | CorruptShard)
 
 
 def _run_shards(
@@ -125,6 +127,7 @@ def generate_flow(config: EagleScaleConfig) -> dict[str, Any]:
         missing = summary["shards_total"] - summary["shards_committed"]
         if missing:
             raise stage.failure(failures or {"?": f"{missing} shard(s) ended without a marker"})
+        span.skipped = not pending  # every shard was committed, and whole, before this run
         span.summary = summary
     emit_event("eaglescale.generate.finished", resource=_resource(config), payload=summary)
     return summary

@@ -26,8 +26,9 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from flows.common import StageRun, slack_on_failure, stage_run
 from flows.concurrency import gpu_slots, gpus_needed
 from tasks.config import EagleScaleConfig
+from tasks.draft.scaling_drafts import scaling_drafts
 from tasks.draft.trainer import TrainCallbacks
-from tasks.runfolder.layout import TRAIN_PLOT
+from tasks.runfolder.layout import TRAIN_PLOT, TRAIN_RESULT
 from tasks.train.stage import run_train_stage
 
 # The held-out metrics per eval in the UI's table and the log: pooled_accept_len_3 is the accept
@@ -64,6 +65,7 @@ def train_flow(config: EagleScaleConfig) -> dict[str, Any]:
 
 def _train(config: EagleScaleConfig, span: StageRun) -> dict[str, Any]:
     log, run = span.log, span.run
+    before = (run.read_json(TRAIN_RESULT), [d["samples"] for d in scaling_drafts(run)])
     span.started({"nproc": config.train.nproc, "device": config.train.device,
                   "hidden_states": config.train.hidden_states})
     callbacks = TrainCallbacks(on_eval=lambda e: log.info("eval: %s", {k: e.get(k) for k in EVAL_COLUMNS}))
@@ -79,5 +81,14 @@ def _train(config: EagleScaleConfig, span: StageRun) -> dict[str, Any]:
             key="train-accuracy",
             description="Held-out per-position accuracy over training",
         )
+    # A resume that found training at its last step and every scaling draft exported trained
+    # nothing: the stage keeps the clock of the run that did.
+    prior = before[0] or {}
+    span.skipped = (
+        outcome.result.get("resumed_from") is not None
+        and prior.get("steps") == outcome.result.get("steps")
+        and before[1] == outcome.summary["scaling_drafts"]
+        and len(before[1]) == len(config.train.scaling_fractions)
+    )
     span.summary = outcome.summary
     return outcome.summary

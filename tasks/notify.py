@@ -18,6 +18,7 @@ from slack_sdk.webhook import WebhookClient
 
 from tasks.config import SlackConfig
 from tasks.redaction import REDACTED, redact_text, register_secret
+from tasks.runlog import brief
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +202,8 @@ class Notifier:
         """Post one message; True when Slack accepted it. Unconfigured: log it at INFO."""
         fallback, blocks = build_message(self.run_label, text, fields or {}, level)
         if self.credentials is None:
-            self.logger.info("notify: %s", fallback)
+            # One line, not a page: a stage's key numbers can run to kilobytes.
+            self.logger.info("notify: %s", brief(fallback))
             return False
         try:
             self._post(fallback, blocks)

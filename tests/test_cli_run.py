@@ -67,7 +67,7 @@ def test_missing_path_is_named_absolute_with_its_base_before_prefect_starts(tmp_
     elsewhere.mkdir()
     done, elapsed = _run(["--params", "../conf/p.yaml", "--run-root", str(tmp_path / "run")], elsewhere, tmp_path)
     _refused_before_prefect(done, elapsed)
-    assert f"no model folder at {tmp_path / 'models/tiny-target'}" in done.stderr
+    assert f"no model folder or .gguf file at {tmp_path / 'models/tiny-target'}" in done.stderr
     assert f"relative to the folder of the params file ../conf/p.yaml, {conf}" in done.stderr
     # The copied profile's sample prompts point at conf/../../tasks/..., which does not exist.
     assert f"discover.sources[0].path: no file or folder at {tmp_path.parent / 'tasks/data/sample_prompts/general_chat.jsonl'}" in done.stderr
@@ -91,3 +91,23 @@ def test_params_file_not_found_names_its_absolute_path(tmp_path):
     done, elapsed = _run(["--params", "nope/p.yaml"], tmp_path, tmp_path)
     _refused_before_prefect(done, elapsed)
     assert f"nope/p.yaml: params file not found ({tmp_path / 'nope/p.yaml'})" in done.stderr
+
+
+def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path, tiny_target_dir):
+    run_root = tmp_path / "run"
+    done, elapsed = _run(
+        ["--params", str(SMOKE), "--run-root", str(run_root), "--dry-run",
+         "--set", f"target.model_path={tiny_target_dir}", "--set", "discover.total_prompts=120"],
+        tmp_path, tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert elapsed < REFUSAL_BOUND_S and "PREFECT_API_URL is not set" not in done.stderr
+    out = done.stdout
+    assert "nothing is started" in out and "(a new run folder)" in out
+    assert "stages:  discover (not started), generate (not started), extract (not started)" in out
+    assert "prompts: 120 × 1 sample(s) (discover.total_prompts (at most))" in out
+    assert "shards:  3 of 40 prompts, 0 committed, up to 2 at once per worker" in out
+    assert "servers: generation in-process transformers on cpu; gate engine local" in out
+    # 120 sequences of at most 512 tokens (extract.max_length) x (8 x 64 + 5) bytes (bf16, hidden 64).
+    assert f"disk:    extraction at most 31.8 MB ({120 * 512:,} tokens × 517 B/token, bf16, hidden size 64)" in out
+    assert not run_root.exists()

@@ -61,6 +61,14 @@ def test_overrides_apply_and_are_validated(tmp_path):
         load_config(p, ["engine.endpiont=x"])
     with pytest.raises(ConfigError, match="expected key=value"):
         load_config(p, ["engine.kind"])
+    # A --set value is YAML, but '#' would start a comment there and drop the value silently:
+    # text YAML reads as nothing (or cuts at a '#') is the text itself; null is only null.
+    assert load_config(p, ["slack.channel=#ops-alerts"]).slack.channel == "#ops-alerts"
+    assert load_config(p, ["slack.channel=  #x  "]).slack.channel == "#x"
+    assert load_config(p, ["slack.channel=ops #alerts"]).slack.channel == "ops #alerts"
+    assert load_config(p, ["slack.channel='#quoted'"]).slack.channel == "#quoted"
+    assert load_config(p, ["slack.channel=#x", "slack.channel=null"]).slack.channel is None
+    assert load_config(p, ["slack.channel=~"]).slack.channel is None
 
 
 # ---- contradictions: one key silently ignored because of another ---------------------------
@@ -250,7 +258,7 @@ def test_missing_input_paths_name_the_absolute_path_and_the_base(tmp_path, monke
     with pytest.raises(ConfigError) as err:
         check_input_paths(load_config(params, ["discover.sources=[{name: b, path: nope.jsonl, domain: d}]"]))
     message = str(err.value)
-    assert f"target.model_path: no model folder at {tmp_path / 'models/tiny'}" in message
+    assert f"target.model_path: no model folder or .gguf file at {tmp_path / 'models/tiny'}" in message
     assert f"'../models/tiny' relative to the folder of the params file {params}, {conf}" in message
     assert f"target.chat_template: no chat template file at {conf / 't.jinja'}" in message
     assert f"discover.sources[0].path: no file or folder at {tmp_path / 'nope.jsonl'}" in message
@@ -258,6 +266,25 @@ def test_missing_input_paths_name_the_absolute_path_and_the_base(tmp_path, monke
     assert "run_root" not in message and "registry" not in message
     with pytest.raises(ConfigError, match=r"discover.sources\[0\].path: no file matches .*conf/data/\*.jsonl"):
         check_input_paths(load_config(params, [f"target.model_path={tmp_path}", "target.chat_template=null"]))
+
+
+def test_an_empty_source_and_a_local_gguf_target(tmp_path):
+    """An empty prompt file is refused before anything starts (its domain would vanish); a
+    .gguf file is a target like a folder (converted when first loaded)."""
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    params = _params(
+        tmp_path,
+        run_root="run",
+        target={"model_path": "model.gguf"},
+        discover={"sources": [{"name": "a", "path": "empty.jsonl", "domain": "chat"}]},
+    )
+    with pytest.raises(ConfigError) as err:
+        check_input_paths(load_config(params))
+    assert f"discover.sources[0].path: {tmp_path / 'empty.jsonl'} is empty (0 bytes)" in str(err.value)
+    assert "target.model_path" not in str(err.value)
+    (tmp_path / "empty.jsonl").write_text('{"prompt": "hi"}\n')
+    check_input_paths(load_config(params))
 
 
 def test_missing_package_path_is_named(tmp_path):

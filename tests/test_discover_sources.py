@@ -165,6 +165,9 @@ def test_folder_of_data_files_skips_other_files(tmp_path: Path) -> None:
             "cannot read: ValueError: invalid JSON in row 1 of the array: Expecting value",
         ),
         (lambda d: str(d), "folder holds no .jsonl, .json or .parquet files"),
+        # No rows at all: the source's domain would vanish from the mixture without a word.
+        (lambda d: (d / "blank.jsonl").write_text("\n  \n") and str(d / "blank.jsonl"), "holds no rows"),
+        (lambda d: (d / "none.json").write_text("[]") and str(d / "none.json"), "holds no rows"),
     ],
 )
 def test_unreadable_source_names_source_and_path(tmp_path: Path, make, message: str) -> None:

@@ -13,7 +13,7 @@ from tasks.extract.forecast import DiskForecastError, forecast_extract, human_by
 from tasks.extract.local_capture import decode_capture
 from tasks.extract.stage import ExtractStage
 from tasks.extract.storage import extract_metadata, iter_extracted
-from tasks.runfolder import FingerprintMismatch, RunFolder, ShardStore
+from tasks.runfolder import CorruptShard, FingerprintMismatch, RunFolder, ShardStore
 from tasks.target.tokenizer import load_tokenizer
 from tests.extract_support import MAX_NEW_TOKENS, extracted_ids, generated_run
 from tests.run_support import committed_ids, unmarked_objects
@@ -85,6 +85,25 @@ def test_every_generated_row_is_extracted_once_and_matches_decode_time_capture(
     again = ExtractStage(cfg, run, load_tokenizer(cfg.target.model_path))
     assert again.prepare() == []
     assert again.run_shard(sorted(generated)[0]).status == "skipped"
+    # A resume checks what it skips: a part cut short is extracted again, once.
+    first, second = sorted(generated)[:2]
+    torn = ShardStore(run, "extract").committed()[first]
+    part = tmp_path / "run" / torn["parts"][0]["path"]
+    part.write_bytes(part.read_bytes()[:-100])
+    again = ExtractStage(cfg, run, load_tokenizer(cfg.target.model_path))
+    assert again.prepare() == [first]
+    assert again.run_shard(first).status == "committed"
+    assert ShardStore(run, "extract").committed()[first]["attempt"] != torn["attempt"]
+    assert ExtractStage(cfg, run, load_tokenizer(cfg.target.model_path)).prepare() == []
+    assert [s.sequence_id for s in iter_extracted(run)] == rows
+    # Damage only a sha256 sees is named where the bytes are read, with the fix.
+    source = tmp_path / "run" / generated[second]["data"]
+    flipped = bytearray(source.read_bytes())
+    flipped[len(flipped) // 2] ^= 0xFF
+    source.write_bytes(bytes(flipped))
+    (tmp_path / "run" / f"extract/_SUCCESS/{second}.json").unlink()
+    with pytest.raises(CorruptShard, match=rf"{generated[second]['data']}: sha256 does not match .* delete generate/_SUCCESS/{second}\.json and resume"):
+        again.run_shard(second)
 
     # What extraction stored (bf16, after the storage round trip) is, position by position,
     # what greedy decoding with a KV cache feeds the draft. Stated tolerance: bf16 rounding

@@ -27,13 +27,15 @@ def _run(args: list[str], env: dict[str, str], log) -> int:
     return start_cli(args, env, log).wait(timeout=600)
 
 
-def test_smoke_run_resume_and_refused_fingerprint(tmp_path, tiny_target_dir):
+def test_smoke_run_resume_and_refused_fingerprint(tmp_path, tiny_target_dir, capsys):
     run_dir = tmp_path / "run"
     params = write_params(tmp_path, tiny_target_dir, str(run_dir), sampling={"max_new_tokens": 16})
     log = tmp_path / "cli.log"
     with Receiver() as slack:
-        env = cli_env(tmp_path, SLACK_WEBHOOK_URL=f"{slack.url}/services/T000/B000/XXXSECRET")
+        # INFO: the run's log file gets the flow runs' lines too (the terminal shows them anyway).
+        env = cli_env(tmp_path, SLACK_WEBHOOK_URL=f"{slack.url}/services/T000/B000/XXXSECRET", PREFECT_LOGGING_LEVEL="INFO")
         assert _run(["run", "--params", str(params)], env, log) == 0, log.read_text()[-3000:]
+        assert "Loading weights" not in log.read_text()  # no progress bar per model load
 
         run = RunFolder(str(run_dir))
         rows, dead = assert_exactly_once(run)
@@ -55,10 +57,10 @@ def test_smoke_run_resume_and_refused_fingerprint(tmp_path, tiny_target_dir):
         # Resume on the same run root: discovery is skipped, no shard is run again.
         assert _run(["run", "--params", str(params)], env, log) == 0, log.read_text()[-3000:]
         assert {s: m["attempt"] for s, m in store.committed().items()} == before
-        again = read_status(run)["stages"]
-        assert again["discover"] == clocks["discover"]  # skipped: the times of the run that did it
-        gen = again["generate"]
-        assert gen["attempts"] == 2 and gen["first_started_at"] == clocks["generate"]["started_at"] < gen["started_at"]
+        # Every stage found its work done: each keeps the times of the run that did it, and
+        # none announces a completion.
+        assert read_status(run)["stages"] == clocks
+        assert not any("completed" in t for t in _texts(slack)[len(texts):])
         # Generation's own start message says it has nothing to run (extraction's "shards_to_run: 0"
         # must not pass for it).
         resumed = [t for t in _texts(slack) if "generate started" in t]
@@ -70,6 +72,59 @@ def test_smoke_run_resume_and_refused_fingerprint(tmp_path, tiny_target_dir):
         assert "sampling.max_new_tokens: 16 -> 8" in log.read_text()
         assert {s: m["attempt"] for s, m in store.committed().items()} == before
         assert "XXXSECRET" not in log.read_text()
+
+    # The run folder's log files: one per process, each with the run's own lines, none a page long.
+    files = sorted((run_dir / "logs").iterdir())
+    assert len(files) == 3, files
+    first_log = files[0].read_text()
+    assert "Created subflow run" in first_log or "Finished in state Completed" in first_log
+    assert "generate: 7 shards planned, 7 to run" in first_log and "already done" in files[1].read_text()
+    assert "sampling.max_new_tokens: 16 -> 8" in files[2].read_text()
+    assert max(len(line) for f in files for line in f.read_text().splitlines() if "Traceback" not in line) < 1000
+    assert not any("XXXSECRET" in f.read_text() for f in files)
+
+    _exported_and_verified(tmp_path, run_dir, capsys)
+
+
+def _exported_and_verified(tmp_path: Path, run_dir: Path, capsys) -> None:
+    """The finished run as other tools take it: its dataset as JSONL conversations, and a
+    verify that passes, then names each damaged file with its fix."""
+    from tasks.generate.dataset_export import export_data_main
+    from tasks.runfolder.verify import verify_main
+    from tests.run_support import rows_by_request
+
+    out = tmp_path / "regenerated.jsonl"
+    assert export_data_main([str(run_dir), str(out)]) == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    rows = rows_by_request(RunFolder(str(run_dir)))
+    assert len(lines) == len(rows) == 276
+    for line in lines:
+        turns = line["conversations"]
+        assert turns[-1] == {"role": "assistant", "content": rows[line["id"]]["text"]}
+        assert turns[0]["role"] in ("system", "user") and all(set(t) == {"role", "content"} for t in turns)
+
+    assert verify_main([str(run_dir)]) == 0
+    store = ShardStore(RunFolder(str(run_dir)), "generate")
+    shard = sorted(store.committed().values(), key=lambda m: m["shard_id"])[0]
+    data = run_dir / shard["data"]
+    flipped = bytearray(data.read_bytes())
+    flipped[len(flipped) // 2] ^= 1
+    data.write_bytes(bytes(flipped))
+    part = run_dir / ShardStore(RunFolder(str(run_dir)), "extract").committed()[shard["shard_id"]]["parts"][0]["path"]
+    part.write_bytes(part.read_bytes()[:-64])
+    final = run_dir / "train/final/model.safetensors"
+    final.write_bytes(final.read_bytes()[:-64])
+    (run_dir / "prompts/shards.json").write_text('{"shards": [')
+    capsys.readouterr()
+    assert verify_main([str(run_dir)]) == 1
+    report = capsys.readouterr().out
+    for rel, fix in (
+        (shard["data"], f"delete generate/_SUCCESS/{shard['shard_id']}.json and resume"),
+        (str(part.relative_to(run_dir)), f"delete extract/_SUCCESS/{shard['shard_id']}.json and resume"),
+        ("train/final/model.safetensors", "resume with the train stage"),
+        ("prompts/shards.json", "not valid JSON"),
+    ):
+        assert rel in report and fix in report, (rel, report)
 
 
 def test_failed_stage_exits_nonzero_and_reaches_slack(tmp_path, tiny_target_dir):

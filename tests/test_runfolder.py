@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import threading
+import time
 
 import pyarrow as pa
 import pytest
@@ -11,6 +14,7 @@ import pytest
 from tasks.runfolder import (
     CommitConflict,
     CommitError,
+    CorruptShard,
     FingerprintMismatch,
     JournalWriter,
     RunFolder,
@@ -288,3 +292,61 @@ def test_committed_reads_each_marker_once_until_it_is_rewritten(tmp_path):
     )
     assert store.committed()["s0"]["attempt"] == "t2"
     assert reads[2:] == ["generate/_SUCCESS/s0.json"]
+
+
+# -- damage found on resume, temp files left by a failed write ------------------------------
+
+
+def test_damaged_shards_are_found_by_size_and_sha_and_a_torn_marker_is_named(tmp_path):
+    run = RunFolder(str(tmp_path))
+    gen, ext = ShardStore(run, "generate"), ShardStore(run, "extract")
+    for shard in ("s0", "s1", "s2", "s3"):
+        gen.commit(shard, _rows(["a", "b"]), _dead(["c"]), {"a", "b", "c"}, "t1", "fp")
+    ext.commit_parts(_write_parts(ext, "s0", "t1", [["a"], ["b"]]), ["a", "b"], _dead([]), {"a", "b"}, "fp")
+    assert gen.damaged(gen.committed(), hash_data=True) == {} and ext.damaged(ext.committed()) == {}
+    markers = gen.committed()
+    data = tmp_path / markers["s1"]["data"]
+    flipped = bytearray(data.read_bytes())
+    flipped[len(flipped) // 2] ^= 0xFF  # same size: only a sha256 sees it
+    data.write_bytes(bytes(flipped))
+    (tmp_path / markers["s2"]["data"]).write_bytes(data.read_bytes()[:-5])  # torn
+    (tmp_path / markers["s3"]["dead_path"]).unlink()
+    by_size = gen.damaged(markers)
+    assert set(by_size) == {"s2", "s3"}
+    assert "bytes, its marker records" in by_size["s2"] and by_size["s3"].endswith("is missing")
+    assert set(gen.damaged(markers, hash_data=True)) == {"s1", "s2", "s3"}
+    with pytest.raises(CorruptShard, match=r"s1\.t1\.parquet: sha256 does not match .*delete generate/_SUCCESS/s1\.json and resume"):
+        gen.read_rows(markers["s1"])
+    part = tmp_path / ext.committed()["s0"]["parts"][1]["path"]
+    part.write_bytes(b"bb")
+    assert "p0001.bin has 2 bytes, its marker records 1" in ext.damaged(ext.committed())["s0"]
+    # A marker is linked into place whole, so a torn one is damage: named, with the fix.
+    (tmp_path / "generate/_SUCCESS/s0.json").write_text('{"shard_id": "s0", "rows"')
+    with pytest.raises(CorruptShard, match=r"generate/_SUCCESS/s0\.json: the commit marker is not valid JSON.*delete"):
+        ShardStore(run, "generate").committed()
+
+
+def test_a_failed_write_leaves_no_temp_and_old_temps_are_swept(tmp_path, monkeypatch):
+    run = RunFolder(str(tmp_path))
+    run.write_bytes_atomic("generate/progress.json", b"{}")
+
+    def disk_full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "fsync", disk_full)
+        with pytest.raises(OSError, match="No space left"):
+            run.write_bytes_atomic("generate/progress.json", b'{"a": 1}')
+        with pytest.raises(OSError, match="No space left"):
+            run.create_exclusive("generate/_SUCCESS/s0.json", b"{}")
+    assert [p.name for p in tmp_path.rglob(".tmp-*")] == []
+    # What a kill -9 mid-write leaves, anywhere in the run folder: swept once nothing writes it.
+    old = time.time() - 3600
+    for rel in ("stages/.tmp-1a2b-generate.json", "prompts/.tmp-3c4d-manifest.parquet", "train/.tmp-5e6f-final/config.json"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"x")
+    for rel in ("stages/.tmp-1a2b-generate.json", "prompts/.tmp-3c4d-manifest.parquet", "train/.tmp-5e6f-final"):
+        os.utime(tmp_path / rel, (old, old))
+    (tmp_path / "generate/.tmp-7a8b-progress.json").write_bytes(b"{")  # a write in flight
+    assert run.remove_stray_temps() == ["prompts/.tmp-3c4d-manifest.parquet", "stages/.tmp-1a2b-generate.json", "train/.tmp-5e6f-final"]
+    assert (tmp_path / "generate/.tmp-7a8b-progress.json").exists() and not (tmp_path / "train/.tmp-5e6f-final").exists()

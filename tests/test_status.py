@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -370,9 +371,16 @@ def test_stage_clocks_show_when_each_stage_ran(tmp_path: Path) -> None:
     from tasks.config import load_config
 
     root = make_run(tmp_path / "run")
+    stray = root / "prompts/.tmp-0a1b2c-manifest.parquet"  # a write killed mid-way, long ago
+    stray.write_bytes(b"PAR1")
+    os.utime(stray, (NOW, NOW))
     cfg = load_config(ROOT / "deployments/params/smoke.yaml", run_root=str(root))
     with stage_run(cfg, "discover"):
         pass
+    assert not stray.exists()
+    # The stage's log lines, in the run folder's log file of this process.
+    (log_file,) = (root / "logs").iterdir()
+    assert "discover: removed 1 temp files left by interrupted writes" in log_file.read_text()
     with pytest.raises(RuntimeError), stage_run(cfg, "generate"):
         raise RuntimeError("no server at http://user:pw@127.0.0.1:9")
     run = open_run(str(root))
@@ -390,3 +398,25 @@ def test_stage_clocks_show_when_each_stage_ran(tmp_path: Path) -> None:
         console.print(render_status(read_status(run)))
         assert "stages       discover 0s · generate running" in console.export_text()
     assert read_status(run)["stages"]["generate"]["state"] == "completed"
+
+
+def test_a_stopped_run_reads_as_stopped_with_whole_urls_at_80_columns(tmp_path: Path) -> None:
+    """The generating process was killed 10 minutes ago: its stage clock still says running,
+    but its heartbeat is old, so the stage and the run read as stopped (exit 3), not running.
+    Server URLs are copied from this view: at 80 columns each is still whole."""
+    root = make_run(tmp_path / "run", heartbeat_age=600.0)
+    progress = json.loads((root / "generate/progress.json").read_text())
+    urls = ["http://sglang-gen-node-017.cluster.internal:30000", "https://10.200.31.7:30000/v1/sglang-generation-pool-a"]
+    progress["servers"] = [{**progress["servers"][0], "url": u, "last_error": "ReadTimeout " * 8} for u in urls]
+    _write(root, "generate/progress.json", progress)
+    _write(root, "stages/generate.json", {"stage": "generate", "state": "running", "started_at": NOW - 2000,
+                                          "ended_at": None, "first_started_at": NOW - 2000, "attempts": 1,
+                                          "heartbeat_at": NOW - 600, "heartbeat_s": 30.0})  # fmt: skip
+    status = read_status(open_run(str(root)), now=NOW)
+    assert status["stages"]["generate"]["state"] == "stopped"
+    assert status["generate"]["state"] == "stopped" and status["stalled"]
+    console = Console(width=80, record=True, color_system=None)
+    console.print(render_status(status))
+    text = console.export_text()
+    assert all(u in text for u in urls), text
+    assert "STOPPED" in text and "generate STOPPED after 23m" in text.replace("\n", " ")

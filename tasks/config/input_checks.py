@@ -34,15 +34,20 @@ def _input_problem(origin: PathOrigin) -> str | None:
             resolve_model_dir(value)
         except TargetError:
             return (
-                f"no model folder at {origin.base / value if origin.base else value}, and "
+                f"no {origin.what} at {origin.base / value if origin.base else value}, and "
                 f"{value!r} is no hub id in the local Hugging Face cache either"
             )
         return None
-    if origin.key == "target.model_path":  # a folder
-        return None if os.path.isdir(value) else f"no {origin.what} at {value}"
+    if origin.key == "target.model_path":  # a folder, or a GGUF file (converted on first load)
+        if os.path.isdir(value) or (os.path.isfile(value) and value.endswith(".gguf")):
+            return None
+        return f"no {origin.what} at {value}"
     if origin.key.startswith("discover.sources"):
         if any(ch in value for ch in _GLOB_CHARS):
             return None if glob.glob(value) else f"no file matches {value}"
+        if os.path.isfile(value) and os.path.getsize(value) == 0:
+            # Its domain would vanish from the mixture, and only the report would say so.
+            return f"{value} is empty (0 bytes): fill it, or remove the source"
         return None if os.path.exists(value) else f"no file or folder at {value}"
     if os.path.isfile(value):
         return None

@@ -42,14 +42,31 @@ def _covers(override: list[str], key: str) -> bool:
     return parts[:n] == override[:n]
 
 
+_YAML_NULLS = ("null", "Null", "NULL", "~")
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """`a.b.c=value` -> (["a", "b", "c"], value); the value is parsed as YAML (1, true, [x])."""
+    """`a.b.c=value` -> (["a", "b", "c"], value); the value is parsed as YAML (1, true, [x]).
+
+    Except where YAML would drop what was typed: `#` starts a YAML comment, so `#ops` reads as
+    null and `ops #1` as `ops`. A value YAML reads as null (unless it is spelled null or ~),
+    or as a string that a `#` cut short, is the text itself, stripped: `slack.channel=#ops`
+    is the channel `#ops`. `key=` is the empty string."""
     if "=" not in text:
         raise ConfigError(f"--set {text!r}: expected key=value")
     key, raw = text.split("=", 1)
     if not key.strip():
         raise ConfigError(f"--set {text!r}: empty key")
-    return key.strip().split("."), yaml.safe_load(raw) if raw else ""
+    if not raw:
+        return key.strip().split("."), ""
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {text!r}: the value is not valid YAML ({e})") from None
+    literal = raw.strip()
+    read_as_nothing = value is None and literal not in _YAML_NULLS
+    cut_at_hash = isinstance(value, str) and "#" in literal and "#" not in value
+    return key.strip().split("."), literal if read_as_nothing or cut_at_hash else value
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

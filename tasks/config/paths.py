@@ -37,7 +37,7 @@ class PathKey:
 # pre-run existence check and deployments/sync_profiles.py's rebasing read.
 PATH_KEYS: tuple[PathKey, ...] = (
     PathKey("run_root", "output", "run folder"),
-    PathKey("target.model_path", "input", "model folder"),
+    PathKey("target.model_path", "input", "model folder or .gguf file"),
     PathKey("target.chat_template", "input", "chat template file"),
     PathKey("discover.sources[].path", "input", "source file, glob or folder"),
     PathKey("gate.registry_url", "output", "registry folder"),

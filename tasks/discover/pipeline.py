@@ -188,6 +188,9 @@ class _Discovery:
                     duplicate_of=winner.prompt_id,
                 )
         self.warnings += [f"source {src.name!r}: {w}" for w in reader.warnings]
+        if not self.rows_read[src.name]:
+            # Its domain would vanish from the mixture with nothing but a count of 0 to show.
+            raise reader.fail("holds no rows (an empty file?); fill it, or remove the source")
 
     def passes_script(self, src: SourceConfig, p: _Prompt) -> bool:
         if src.min_latin_fraction is None:

@@ -30,8 +30,9 @@ from safetensors.torch import save as st_save
 from tasks.draft.architecture import DraftConfig
 from tasks.draft.model import Eagle3Draft
 from tasks.runfolder import RunFolder
+from tasks.runfolder.layout import TRAIN_CHECKPOINTS
 
-CKPT_ROOT = "train/checkpoints"
+CKPT_ROOT = TRAIN_CHECKPOINTS
 FILES = ("model.safetensors", "draft_config.json", "optimizer.pt", "rng.pt", "trainer_state.json")
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 

@@ -93,6 +93,7 @@ class ExtractStage:
         ex = cfg.extract
         self.leases = LeaseTable(run, STAGE, ex.lease_ttl_s, ex.lease_heartbeat_s)
         self._sources: dict[str, dict[str, Any]] = {}  # generation markers, as last observed
+        self._damaged: dict[str, Any] = {}  # shard -> the attempt whose files prepare() found damaged
         recorded = run.read_json("run.json")
         if recorded is None:
             raise FileNotFoundError(f"{run.url}/run.json is missing: run the generate stage first")
@@ -128,6 +129,7 @@ class ExtractStage:
         return (
             marker.get("source_sha256") != source["sha256"]
             or marker["fingerprint"] != self.settings_hash
+            or self._damaged.get(marker["shard_id"]) == marker.get("attempt")
         )
 
     def _check_settings(self) -> None:
@@ -155,6 +157,14 @@ class ExtractStage:
         """Clean up after crashes, refuse changed settings or a forecast that does not fit,
         and return the shards to run (some may be leased by other workers right now)."""
         self.store.cleanup(protected=self.leases.live_shards)
+        committed = self.store.committed()
+        # Sizes only: one LIST, where hashing would read every stored byte (terabytes at
+        # production scale) on each resume; the trainer and the gate verify each part's sha256
+        # as they read it, naming the fix. A part missing or of another size is re-extracted.
+        damaged = self.store.damaged(committed)
+        for shard_id, problem in sorted(damaged.items()):
+            log.warning("extract shard %s is damaged (%s): extracting it again", shard_id, problem)
+        self._damaged = {s: committed[s].get("attempt") for s in damaged}
         self._check_settings()
         self.check_forecast()
         return self.pending_shards()

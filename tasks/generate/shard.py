@@ -24,7 +24,15 @@ from tasks.engines.base import (
 from tasks.generate.failures import ShardFailed, dead_fraction_failure
 from tasks.generate.plan import PlannedRequest
 from tasks.generate.rows import DEAD_SCHEMA, ROW_SCHEMA, quality_flags, to_table
-from tasks.runfolder import JournalWriter, Lease, ShardStore, new_attempt_id, read_journal
+from tasks.runfolder import (
+    CorruptShard,
+    JournalWriter,
+    Lease,
+    ShardStore,
+    new_attempt_id,
+    read_journal,
+)
+from tasks.runfolder.shards import redo_hint
 
 log = logging.getLogger(__name__)
 STAGE = "generate"
@@ -83,6 +91,21 @@ def replay_outcomes(
     return r.ok, r.dead, r.torn
 
 
+def _check_rebuildable(
+    store: ShardStore, shard_id: str, planned: list[PlannedRequest], damage: str
+) -> None:
+    full = replay_journal(store, shard_id, retry_dead=False)
+    missing = [p for p in planned if p.request_id not in full.ok and p.request_id not in full.dead]
+    if missing:
+        raise CorruptShard(
+            f"shard {shard_id}: {damage}, and its journal holds {len(planned) - len(missing)} of "
+            f"{len(planned)} outcomes, so it cannot be rebuilt without sending {len(missing)} "
+            f"requests again; nothing was sent. Fix: restore the file, or "
+            f"{redo_hint(store.marker_key(shard_id))} (those requests are generated again)"
+        )
+    log.warning("shard %s: %s; rebuilding it from its journal", shard_id, damage)
+
+
 def run_shard(
     store: ShardStore,
     shard_id: str,
@@ -98,17 +121,24 @@ def run_shard(
     on_replay: Callable[[dict[str, dict], dict[str, dict], int], None] | None = None,
     lease: Lease | None = None,
     detokenize: Callable[[list[int]], str] | None = None,
+    damage: str | None = None,
 ) -> ShardOutcome:
     """Generate the requests of one shard that no journal or marker already holds.
 
     `detokenize` gives the text of a result that came back as ids only (an SGLang server
     started with --skip-tokenizer-init), so rows and quality flags read the real text.
 
+    `damage` (what is wrong with the committed shard's files) rebuilds a marked shard from its
+    journals and commits it again; one whose journals lack outcomes is refused (CorruptShard,
+    naming the fix) before anything is sent, since it was generated once already.
+
     With a `lease`, the attempt stops (LeaseLost) as soon as a takeover is seen: at the next
     outcome, and for certain right before the commit."""
     marker = store.marker(shard_id)
     committed_rows: dict[str, dict] = {}
-    if marker is not None:
+    if marker is not None and damage is not None:
+        _check_rebuildable(store, shard_id, planned, damage)
+    elif marker is not None:
         if not (retry_dead and marker.get("dead", 0) > 0):
             sent = marker.get("requests_sent", marker["rows"] + marker["dead"])
             return ShardOutcome(

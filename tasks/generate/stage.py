@@ -80,6 +80,7 @@ class GenerateStage:
         self._sampling = sampling_params(self.cfg)
         self._render_lock = threading.Lock()
         self._prepared_attempts: dict[str, str | None] = {}
+        self._damaged: dict[str, str] = {}  # shard -> what prepare() found wrong with its files
         k = self.cfg.sampling.samples_per_prompt
         try:
             previous = self.run.read_json(GENERATE_PROGRESS)
@@ -100,11 +101,19 @@ class GenerateStage:
         self.store.cleanup(protected=self.leases.live_shards)
         committed = self.store.committed()
         self._prepared_attempts = {s: m.get("attempt") for s, m in committed.items()}
+        # What a resume skips is checked first, whole: generation's shards hold text and ids
+        # only (about 1 GB for the kimi-k25 profile's 83k rows, seconds to read and hash even
+        # from S3, against a 40-hour run), and a flipped byte would otherwise pass as done
+        # and fail extraction and training hours later. A damaged shard is rebuilt from its
+        # journal (run_shard with rebuild).
+        self._damaged = self.store.damaged(committed, hash_data=True)
+        for shard_id, problem in sorted(self._damaged.items()):
+            log.warning("shard %s is damaged (%s): rebuilding it from its journal", shard_id, problem)
         retry_dead = self.cfg.generate.retry_dead
         pending = []
         for shard in self.shards:
             marker = committed.get(shard.shard_id)
-            if marker is None or (retry_dead and marker["dead"] > 0):
+            if marker is None or shard.shard_id in self._damaged or (retry_dead and marker["dead"] > 0):
                 pending.append(shard.shard_id)
                 self.progress.shard_state(shard.shard_id, "pending")
             else:
@@ -138,8 +147,10 @@ class GenerateStage:
         self.leases.release(shard_id)
 
     def marker_done(self, shard_id: str, marker: dict[str, Any]) -> bool:
-        """retry-dead reruns marked shards: only a newer marker than the one prepare() saw
-        finishes such a shard."""
+        """retry-dead and damaged shards are rerun though marked: only a newer marker than the
+        one prepare() saw finishes such a shard."""
+        if shard_id in self._damaged:
+            return marker.get("attempt") != self._prepared_attempts.get(shard_id)
         if not self.cfg.generate.retry_dead or marker.get("dead", 0) == 0:
             return True
         return marker.get("attempt") != self._prepared_attempts.get(shard_id)
@@ -203,6 +214,7 @@ class GenerateStage:
                 on_replay,
                 lease,
                 self._detokenize,
+                self._damaged.get(shard_id),
             )
         except LeaseLost:
             raise
@@ -245,8 +257,13 @@ class GenerateStage:
         return self.progress.maybe_write()
 
     def summary(self) -> dict[str, Any]:
-        """Key numbers over every committed shard (not just this process's)."""
-        committed = self.store.committed()
+        """Key numbers over every committed shard (not just this process's); a damaged shard
+        not rebuilt is not committed."""
+        committed = {
+            s: m
+            for s, m in self.store.committed().items()
+            if s not in self._damaged or self.marker_done(s, m)
+        }
         quality: Counter[str] = Counter()
         dead_classes: Counter[str] = Counter()
         for m in committed.values():

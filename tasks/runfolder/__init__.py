@@ -19,12 +19,19 @@ from tasks.runfolder.leases import (
     read_leases,
 )
 from tasks.runfolder.parts import PartWriter, marker_parts
-from tasks.runfolder.shards import CommitConflict, CommitError, CommitResult, ShardStore
+from tasks.runfolder.shards import (
+    CommitConflict,
+    CommitError,
+    CommitResult,
+    CorruptShard,
+    ShardStore,
+)
 
 __all__ = [
     "CommitConflict",
     "CommitError",
     "CommitResult",
+    "CorruptShard",
     "FingerprintMismatch",
     "JournalReplay",
     "JournalWriter",

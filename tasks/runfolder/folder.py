@@ -10,12 +10,18 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
+import time
 from typing import Any
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 TMP_PREFIX = ".tmp-"
+# A temp file untouched this long belongs to no live write: a writer rewrites its temp's mtime
+# with every chunk and renames it right after one fsync, which a minute covers on a slow disk.
+# Younger ones may be another worker's write in flight on a shared folder, and are spared.
+STRAY_TEMP_AGE_S = 60.0
 
 
 def tmp_name(base: str) -> str:
@@ -104,6 +110,29 @@ class RunFolder:
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm(self.path(rel), recursive=recursive)
 
+    def remove_stray_temps(self, min_age_s: float = STRAY_TEMP_AGE_S) -> list[str]:
+        """Remove the temp files and folders (`.tmp-*`) anywhere under a local run root that
+        no write is using any more (a kill -9 mid-write); returns their keys. An object store
+        gets no temps (one PUT per object), so there is nothing to remove there."""
+        if not self.is_local:
+            return []
+        removed, cutoff = [], time.time() - min_age_s
+        for folder, dirs, files in os.walk(self.root):
+            for name in [n for n in (*dirs, *files) if n.startswith(TMP_PREFIX)]:
+                path = os.path.join(folder, name)
+                try:
+                    if os.lstat(path).st_mtime > cutoff:
+                        continue
+                    if os.path.isdir(path) and not os.path.islink(path):
+                        shutil.rmtree(path)
+                    else:
+                        os.unlink(path)
+                except FileNotFoundError:  # renamed into place or removed meanwhile
+                    continue
+                removed.append(os.path.relpath(path, self.root))
+            dirs[:] = [d for d in dirs if not d.startswith(TMP_PREFIX)]
+        return sorted(removed)
+
 
 def json_bytes(obj: Any) -> bytes:
     return (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode()
@@ -115,8 +144,13 @@ def _durable_temp(target: str, data: bytes) -> str:
     parent, base = os.path.split(target)
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, tmp_name(base))
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:  # a full disk, a kill: no half-written temp stays behind
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return tmp

@@ -34,6 +34,18 @@ class CommitError(RuntimeError):
     """A shard failed verification before commit; nothing of it is left written."""
 
 
+class CorruptShard(CommitError):
+    """Committed bytes differ from what their marker records (size or sha256), a file it names
+    is gone, or a marker is not valid JSON. The message names the file and the fix."""
+
+
+def redo_hint(marker_key: str) -> str:
+    """The fix for a damaged committed shard, whatever the stage: without its marker the shard
+    is not committed, and the next run of the stage does it again (generation from its
+    journal, sending only what no journal holds; extraction from the generation shard)."""
+    return f"delete {marker_key} and resume: the stage runs that shard again"
+
+
 class CommitConflict(RuntimeError):
     """The shard's data vanished under its fresh marker (a concurrent cleanup): commit again."""
 
@@ -85,7 +97,16 @@ class ShardStore:
         return f"{self.stage}/_SUCCESS/{shard_id}.json"
 
     def marker(self, shard_id: str) -> dict[str, Any] | None:
-        return self.run.read_json(self.marker_key(shard_id))
+        return self._read_marker(self.marker_key(shard_id))
+
+    def _read_marker(self, rel: str) -> dict[str, Any] | None:
+        try:
+            return self.run.read_json(rel)
+        except ValueError as e:  # markers are linked into place whole: only damage tears one
+            raise CorruptShard(
+                f"{self.run.url}/{rel}: the commit marker is not valid JSON ({e}); "
+                f"fix: {redo_hint(rel)}"
+            ) from None
 
     def committed(self) -> dict[str, dict[str, Any]]:
         """shard_id -> marker for every marked shard (the markers are trusted as written last)."""
@@ -105,7 +126,7 @@ class ShardStore:
             if stamp is not None and cached is not None and cached[:2] == (entry.get("size"), stamp):
                 out[name.removesuffix(".json")] = cached[2]
                 continue
-            marker = self.run.read_json(f"{self.stage}/_SUCCESS/{name}")
+            marker = self._read_marker(f"{self.stage}/_SUCCESS/{name}")
             if marker is not None:
                 out[name.removesuffix(".json")] = marker
                 if stamp is not None:
@@ -160,7 +181,7 @@ class ShardStore:
         data_key = f"{self.stage}/data/{shard_id}.{attempt}.{suffix}"
         self.run.write_bytes_atomic(data_key, data)
         failpoint("commit.after_data")
-        fields = {"data": data_key, "sha256": sha256_hex(data)}
+        fields = {"data": data_key, "sha256": sha256_hex(data), "bytes": len(data)}
         return self._mark(
             shard_id, fields, len(row_keys), dead, attempt, fingerprint_hash, extra, replace
         )
@@ -226,6 +247,7 @@ class ShardStore:
             "rows": rows,
             "dead_path": dead_key,
             "dead_sha256": sha256_hex(dead_data),
+            "dead_bytes": len(dead_data),
             "dead": dead.num_rows,
             "fingerprint": fingerprint_hash,
             "attempt": attempt,
@@ -265,6 +287,52 @@ class ShardStore:
         except FileNotFoundError:
             return False
 
+    def damaged(
+        self, markers: dict[str, dict[str, Any]], hash_data: bool = False
+    ) -> dict[str, str]:
+        """shard_id -> what is wrong, for the given markers whose files are missing, of
+        another size than recorded, or (`hash_data`) of another sha256. Dead letters are
+        always hashed (a few KB each).
+
+        Sizes cost one LIST per folder (a page per 1,000 objects on S3), not a request per
+        object, so a resume can check every committed object of a 40-hour run each time.
+        A sha256 needs every byte read: worth it where the data is small (generation's
+        text) or where the bytes are read anyway (every reader verifies them)."""
+        sizes: dict[str, int] = {}
+        for sub in ("data", "dead"):
+            full = self.run.path(f"{self.stage}/{sub}")
+            self.run.fs.invalidate_cache(full)
+            try:
+                entries = self.run.fs.ls(full, detail=True)
+            except FileNotFoundError:
+                continue
+            for entry in entries:
+                name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
+                sizes[f"{self.stage}/{sub}/{name}"] = int(entry.get("size") or 0)
+        out = {}
+        for shard_id, marker in markers.items():
+            problem = self._damage(marker, sizes, hash_data)
+            if problem:
+                out[shard_id] = problem
+        return out
+
+    def _damage(self, marker: dict[str, Any], sizes: dict[str, int], hash_data: bool) -> str | None:
+        dead = {"path": marker["dead_path"], "sha256": marker["dead_sha256"], "bytes": marker.get("dead_bytes")}
+        for entry, hashed in [*((p, hash_data) for p in marker_parts(marker)), (dead, True)]:
+            rel, want = entry["path"], entry.get("bytes")
+            if rel not in sizes:
+                return f"{self.run.url}/{rel} is missing"
+            if want is not None and sizes[rel] != int(want):
+                return f"{self.run.url}/{rel} has {sizes[rel]:,} bytes, its marker records {int(want):,}"
+            if hashed:
+                try:
+                    data = self.run.read_bytes(rel)
+                except FileNotFoundError:
+                    return f"{self.run.url}/{rel} is missing"
+                if sha256_hex(data) != entry["sha256"]:
+                    return f"{self.run.url}/{rel}: sha256 differs from its marker's"
+        return None
+
     def _remove_files(self, marker: dict[str, Any]) -> None:
         for path in marker_paths(marker):
             self.run.remove(path)
@@ -280,7 +348,7 @@ class ShardStore:
                 f"{self.run.url}/{self.marker_key(marker['shard_id'])}: the shard has "
                 f"{len(marker['parts'])} data parts; read them with read_part/iter_parts"
             )
-        return self._verified_bytes(marker["data"], marker["sha256"])
+        return self._verified_bytes(marker["data"], marker["sha256"], marker["shard_id"])
 
     def read_part(self, marker: dict[str, Any], index: int) -> bytes:
         """Data part `index` of a committed shard (a single-object shard is part 0),
@@ -291,7 +359,7 @@ class ShardStore:
                 f"{self.run.url}/{self.marker_key(marker['shard_id'])}: part {index} of "
                 f"{len(parts)}"
             )
-        return self._verified_bytes(parts[index]["path"], parts[index]["sha256"])
+        return self._verified_bytes(parts[index]["path"], parts[index]["sha256"], marker["shard_id"])
 
     def iter_parts(self, marker: dict[str, Any]) -> Iterator[bytes]:
         """The shard's data parts in order, each read and verified only when reached."""
@@ -299,13 +367,21 @@ class ShardStore:
             yield self.read_part(marker, index)
 
     def read_dead(self, marker: dict[str, Any]) -> pa.Table:
-        return pq.read_table(io.BytesIO(self._verified_bytes(marker["dead_path"], marker["dead_sha256"])))
+        dead = self._verified_bytes(marker["dead_path"], marker["dead_sha256"], marker["shard_id"])
+        return pq.read_table(io.BytesIO(dead))
 
-    def _verified_bytes(self, rel: str, sha: str) -> bytes:
-        data = self.run.read_bytes(rel)
-        if sha256_hex(data) != sha:
-            raise CommitError(f"{self.run.url}/{rel}: sha256 does not match its marker")
-        return data
+    def _verified_bytes(self, rel: str, sha: str, shard_id: str) -> bytes:
+        try:
+            data = self.run.read_bytes(rel)
+        except FileNotFoundError:
+            problem = "the file is missing"
+        else:
+            if sha256_hex(data) == sha:
+                return data
+            problem = "sha256 does not match its marker (damaged since its commit)"
+        raise CorruptShard(
+            f"{self.run.url}/{rel}: {problem}; fix: {redo_hint(self.marker_key(shard_id))}"
+        )
 
     def cleanup(
         self, min_age_s: float = 0.0, protected: Callable[[], Collection[str]] | None = None

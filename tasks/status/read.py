@@ -21,6 +21,7 @@ from tasks.notify import format_duration
 from tasks.runfolder import LeaseView, RunFolder, ShardStore, holder_label, read_leases
 from tasks.runfolder.fingerprint import flatten
 from tasks.runfolder.layout import (
+    CLOCK_HEARTBEAT_S,
     DISCOVERY_MARKER,
     DISCOVERY_REPORT,
     GATE_DONE,
@@ -36,7 +37,8 @@ from tasks.runfolder.layout import (
 )
 
 DEFAULT_STALL_AFTER_S = 900.0
-DEFAULT_LEASE_TTL_S = 120.0  # for lease records that do not carry their holder's TTL
+DEFAULT_LEASE_TTL_S = 120.0
+STOPPED_AFTER_BEATS = 4  # missed clock heartbeats after which a running stage reads as stopped  # for lease records that do not carry their holder's TTL
 
 
 class StatusError(RuntimeError):
@@ -336,16 +338,26 @@ def gate_status(run: RunFolder) -> dict[str, Any] | None:
     return out
 
 
-def stage_clocks(run: RunFolder) -> dict[str, Any]:
+def stage_clocks(run: RunFolder, now: float | None = None) -> dict[str, Any]:
     """Each stage's clock (stages/<stage>.json, written by the stage flows): state, this
     attempt's started_at / ended_at (UNIX seconds; ended_at null while it runs), the first
-    attempt's start and the number of attempts. Stages that never started are left out."""
+    attempt's start and the number of attempts. Stages that never started are left out. A
+    clock that says running but whose heartbeat is older than STOPPED_AFTER_BEATS beats is
+    "stopped": its process is gone (killed, or the machine lost), and nothing runs it."""
+    now = time.time() if now is None else now
     out = {}
     for stage in STAGES:
-        clock = run.read_json(stage_clock_key(stage))
-        if clock is not None:
-            out[stage] = {k: clock.get(k) for k in ("state", "started_at", "ended_at", "first_started_at", "attempts", "error")
-                          if k != "error" or clock.get(k)}  # fmt: skip
+        clock = _json(run, stage_clock_key(stage))
+        if clock is None:
+            continue
+        view = {k: clock.get(k) for k in ("state", "started_at", "ended_at", "first_started_at", "attempts", "error")
+                if k != "error" or clock.get(k)}  # fmt: skip
+        beat = clock.get("heartbeat_at")
+        if clock.get("state") == "running" and beat is not None:
+            age = now - float(beat)
+            if age > STOPPED_AFTER_BEATS * float(clock.get("heartbeat_s") or CLOCK_HEARTBEAT_S):
+                view.update(state="stopped", heartbeat_age_s=age)
+        out[stage] = view
     return out
 
 
@@ -373,6 +385,13 @@ def read_status(
     fingerprint = run_json.get("fingerprint", {})
     discover = _discover_status(run)
     generate = _generate_status(run, fingerprint, now, stall_after_s, discover["committed_at"])
+    clocks = stage_clocks(run, now)
+    gen_clock = clocks.get("generate") or {}
+    if generate["state"] in ("running", "stalled") and gen_clock.get("state") == "stopped":
+        # Its process is gone: nothing will move until a resume (still exit 3, like a stall).
+        generate.update(state="stopped", stalled=True, stall_reason=(
+            f"stopped: no heartbeat from the generate stage for "
+            f"{format_duration(gen_clock['heartbeat_age_s'])}; resume the run to go on"))
     return {
         "run_root": run.url,
         "checked_at": now,
@@ -385,7 +404,7 @@ def read_status(
         "discover": discover,
         "generate": generate,
         **later_stages(run, generate["shards"]["committed"], DEFAULT_LEASE_TTL_S),
-        "stages": stage_clocks(run),
+        "stages": clocks,
         "stalled": generate["stalled"],
     }
 

@@ -15,7 +15,8 @@ from rich.text import Text
 from tasks.notify import format_duration
 
 SHARD_ROWS_SHOWN = 20
-STATE_STYLE = {"complete": "green", "running": "cyan", "stalled": "bold red", "failed": "bold red"}
+STATE_STYLE = {"complete": "green", "running": "cyan", "stalled": "bold red", "failed": "bold red",
+               "stopped": "bold red"}
 
 
 def _when(ts: float | None, now: float) -> str:
@@ -43,9 +44,14 @@ def clock_row(clocks: dict[str, Any], now: float) -> tuple[str, str] | None:
         return None
     parts = []
     for stage, c in clocks.items():
-        end = c["ended_at"] if c["ended_at"] is not None else now
+        end = c["ended_at"] if c["ended_at"] is not None else now - c.get("heartbeat_age_s", 0.0)
         took = format_duration(max(0.0, end - c["started_at"]))
-        parts.append(f"{stage} {took}" if c["state"] == "completed" else f"{stage} {c['state']} {took}")
+        if c["state"] == "completed":
+            parts.append(f"{stage} {took}")
+        elif c["state"] == "stopped":  # the time it ran until its process went away
+            parts.append(f"{stage} STOPPED after {took} (no heartbeat for {format_duration(c['heartbeat_age_s'])})")
+        else:
+            parts.append(f"{stage} {c['state']} {took}")
     return ("stages", " · ".join(parts))
 
 
@@ -162,9 +168,7 @@ def _finished(gen: dict[str, Any], now: float) -> Table:
 
 
 def _servers(servers: list[dict[str, Any]]) -> Table:
-    table = Table(
-        "server", "healthy", "in flight", "completed", "failures", "last error", title="servers"
-    )
+    table = _server_table([s["url"] for s in servers], "healthy", "in flight", "completed", "failures", "last error")
     for s in servers:
         healthy = Text("yes", style="green") if s["healthy"] else Text("NO", style="bold red")
         table.add_row(
@@ -178,11 +182,21 @@ def _servers(servers: list[dict[str, Any]]) -> Table:
     return table
 
 
+def _server_table(urls: list[str], *headers: str) -> Table:
+    """A servers table whose first column, the URL, is never wrapped or cut (it is copied from
+    here into a curl or a browser): the other columns give way on a narrow terminal."""
+    table = Table(title="servers")
+    table.add_column("server", no_wrap=True, min_width=max((len(u) for u in urls), default=6))
+    for header in headers:
+        table.add_column(header, overflow="ellipsis")
+    return table
+
+
 def _run_servers(per_server: dict[str, int], last: list[dict[str, Any]]) -> Table:
     """Who generated a finished run: committed rows per server over every process, with the
     failures the last process saw (its in-flight and health are over)."""
     seen = {s["url"]: s for s in last}
-    table = Table("server", "completed", "failures (last process)", "last error", title="servers")
+    table = _server_table(list(per_server), "completed", "failures (last process)", "last error")
     for url, rows in sorted(per_server.items(), key=lambda kv: (-kv[1], kv[0])):
         s = seen.get(url, {})
         table.add_row(url, f"{rows:,}", str(s.get("failures", "—")), (s.get("last_error") or "")[:60])
