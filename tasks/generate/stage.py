@@ -71,6 +71,7 @@ class GenerateStage:
             )
         )
         self._sorted_ids = sorted(self._messages)
+        self._prompt_tokens = tuple(sorted(manifest.column("n_tokens").to_pylist()))
         marker = discovery_marker(self.run) or {}
         self.shards = load_or_plan_shards(
             self.run, marker["manifest_hash"], self._sorted_ids, self.cfg.generate.shard_size
@@ -117,6 +118,24 @@ class GenerateStage:
                 )
         self.progress.write()
         return pending
+
+    def check_servers(self) -> list[str]:
+        """Before any shard: every generation server that answers must serve the target (else
+        WrongModel, naming it and what differs), and one must answer (else ServersUnreachable);
+        from then on every answer's ids must lie in the target's vocabulary. Returns notes."""
+        from tasks.engines.served import TargetNeeds
+        from tasks.target.model_dir import read_model_config, resolve_model_dir, text_config
+
+        t = self.cfg.target
+        model_config = text_config(read_model_config(resolve_model_dir(t.model_path, t.revision)))
+        needs = TargetNeeds(
+            model_path=t.model_path,
+            vocab_size=int(model_config["vocab_size"]),
+            max_new_tokens=self.cfg.sampling.max_new_tokens,
+            prompt_tokens=self._prompt_tokens,
+            max_dead_fraction=self.cfg.generate.max_dead_fraction,
+        )
+        return self.engine.check_servers(needs)
 
     def _detokenize(self, output_ids: list[int]) -> str:
         # What SGLang's detokenizer returns by default (skip_special_tokens): the reply's text.
