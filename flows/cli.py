@@ -21,7 +21,7 @@ def _expected_failures() -> tuple[type[BaseException], ...]:
     from tasks.config import ConfigError
     from tasks.draft.target_heads import TargetHeadsError
     from tasks.draft.trainer import TrainError
-    from tasks.engines.base import EngineUnavailable
+    from tasks.engines.base import EngineUnavailable, ServersUnreachable, WrongModel
     from tasks.extract.capture import LayerIdError
     from tasks.extract.forecast import DiskForecastError
     from tasks.extract.sequences import ChatTemplateMismatch
@@ -30,7 +30,7 @@ def _expected_failures() -> tuple[type[BaseException], ...]:
     from tasks.gate.promote import PromotionError
     from tasks.gate.server_process import ServerStartError
     from tasks.generate.failures import ShardFailed
-    from tasks.runfolder import FingerprintMismatch
+    from tasks.runfolder import FingerprintMismatch, RunRootUnwritable
     from tasks.sglang.versions import LaunchError
     from tasks.target.model_dir import TargetError
     from tasks.target.packages import PackagePathError
@@ -44,6 +44,9 @@ def _expected_failures() -> tuple[type[BaseException], ...]:
         GpuLimitError,
         ShardFailed,
         EngineUnavailable,
+        WrongModel,
+        ServersUnreachable,
+        RunRootUnwritable,
         DiskForecastError,
         ChatTemplateMismatch,
         LayerIdError,
@@ -59,13 +62,15 @@ def _expected_failures() -> tuple[type[BaseException], ...]:
 
 def is_expected(exc: BaseException) -> bool:
     """Whether `exc` is a failure the user fixes from its message (see _expected_failures).
-    Generation's summary of failed shards is, when every shard failed that way."""
+    Generation's summary of failed shards is, when every shard failed that way; so is a write
+    the run root refuses (read-only, full: the message names it)."""
     from tasks.generate.failures import GenerateFailed
+    from tasks.runfolder import unwritable
 
     if isinstance(exc, GenerateFailed):
         causes = list(exc.causes.values())
         return bool(causes) and all(isinstance(c, BaseException) and is_expected(c) for c in causes)
-    return isinstance(exc, _expected_failures())
+    return isinstance(exc, _expected_failures()) or unwritable(exc)
 
 
 class _NoTracebackWhenExpected(logging.Filter):
@@ -96,6 +101,7 @@ def _run(argv: list[str]) -> int:
     args = parser.parse_args(argv)
 
     from tasks.config import ConfigError, check_input_paths, load_config
+    from tasks.runfolder import RunRootUnwritable, check_writable
 
     overrides = list(args.overrides)
     if args.stages:
@@ -108,6 +114,11 @@ def _run(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"eaglescale: {e}", file=sys.stderr)
         return EXIT_CONFIG
+    try:  # a read-only or full run root is named now, not after Prefect's start and retries
+        check_writable(config.run_root, config.storage_options)
+    except RunRootUnwritable as e:
+        print(f"eaglescale: RunRootUnwritable: {e}", file=sys.stderr)
+        return EXIT_FAILED
     if not os.environ.get("PREFECT_API_URL"):
         print("eaglescale: PREFECT_API_URL is not set; using Prefect's ephemeral API", file=sys.stderr)
         # Prefect gives its ephemeral server 20 s to start; a loaded 2-core box (or a GPU node

@@ -23,7 +23,7 @@ from prefect.events import emit_event
 from flows.common import notifier_for, run_logger, slack_on_failure, stage_run
 from tasks.config import EagleScaleConfig
 from tasks.engines.factory import get_engine
-from tasks.generate.failures import ShardFailed
+from tasks.generate.failures import ShardFailed, cannot_heal, lasting_failure
 from tasks.generate.stage import GenerateStage, generation_fingerprint
 from tasks.runfolder.schedule import ShardScheduler, drive_shards
 
@@ -51,8 +51,11 @@ def generate_shard(config: EagleScaleConfig, shard_id: str) -> dict[str, Any]:
 
 def _worth_retrying(_task: Any, _run: Any, state: Any) -> bool:
     """A shard over its dead-letter bound would fail again: a retry replays the same journaled
-    dead letters. Anything else (an engine that was unavailable, a store hiccup) may pass."""
-    return not isinstance(getattr(state, "data", None), ShardFailed)
+    dead letters; so would one failing for a reason no retry heals (another model served, a
+    run root refusing writes). Anything else (an engine that was unavailable for a while, a
+    store hiccup) may pass."""
+    error = getattr(state, "data", None)
+    return not isinstance(error, ShardFailed) and not (isinstance(error, BaseException) and cannot_heal(error))
 
 
 def _run_shards(
@@ -96,6 +99,7 @@ def _run_shards(
         lambda waiting: log.info("generate: waiting on shards leased elsewhere: %s", waiting),
         on_poll,
         collect=_result_of,
+        fatal=cannot_heal,
     )
 
 
@@ -107,6 +111,9 @@ def generate_flow(config: EagleScaleConfig) -> dict[str, Any]:
         _active[config.run_root] = stage
         try:
             pending = stage.prepare()
+            if pending:  # before any shard: the servers serve the target, or the run stops here
+                for note in stage.check_servers():
+                    span.log.info("generate: %s", note)
             span.started({"shards": len(stage.shards), "to_run": len(pending), "engine": config.engine.kind})
             span.log.info("generate: %d shards planned, %d to run", len(stage.shards), len(pending))
             # Opens the server-side stall automation's window before the first shard commits.
@@ -125,6 +132,8 @@ def generate_flow(config: EagleScaleConfig) -> dict[str, Any]:
             _active.pop(config.run_root, None)
         # The run folder decides: a shard without its marker is not done, whatever Prefect says.
         missing = summary["shards_total"] - summary["shards_committed"]
+        if missing and (lasting := lasting_failure(failures, config.run_root)) is not None:
+            raise lasting  # one message: the other shards were not started for it
         if missing:
             raise stage.failure(failures or {"?": f"{missing} shard(s) ended without a marker"})
         span.summary = summary
