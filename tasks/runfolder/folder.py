@@ -71,6 +71,7 @@ class RunFolder:
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None):
         self.url = url.rstrip("/")
+        self.storage_options = dict(storage_options or {})
         self.fs, self.root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
         self.root = self.root.rstrip("/")
         self.is_local = isinstance(self.fs, LocalFileSystem)
