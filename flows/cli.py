@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import traceback
+from typing import Any
 
 EXIT_FAILED, EXIT_CONFIG = 1, 2
 
@@ -64,9 +65,12 @@ def is_expected(exc: BaseException) -> bool:
     """Whether `exc` is a failure the user fixes from its message (see _expected_failures).
     Generation's summary of failed shards is, when every shard failed that way; so is a write
     the run root refuses (read-only, full: the message names it)."""
+    from flows.stopping import is_stop
     from tasks.generate.failures import GenerateFailed
     from tasks.runfolder import unwritable
 
+    if is_stop(exc):  # a signal: one line says so and how to resume
+        return True
     if isinstance(exc, GenerateFailed):
         causes = list(exc.causes.values())
         return bool(causes) and all(isinstance(c, BaseException) and is_expected(c) for c in causes)
@@ -119,18 +123,57 @@ def _run(argv: list[str]) -> int:
     except RunRootUnwritable as e:
         print(f"eaglescale: RunRootUnwritable: {e}", file=sys.stderr)
         return EXIT_FAILED
-    if not os.environ.get("PREFECT_API_URL"):
-        print("eaglescale: PREFECT_API_URL is not set; using Prefect's ephemeral API", file=sys.stderr)
-        # Prefect gives its ephemeral server 20 s to start; a loaded 2-core box (or a GPU node
-        # starting a dozen SGLang servers) can need more, and then the whole run fails at once.
-        os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    from flows import stopping
+
+    # From here a signal stops the run cleanly: within seconds, leases released, children gone,
+    # one line naming the resume command (flows/stopping.py).
+    stopping.install()
+    resume = ["eaglescale", "run", "--params", args.params, "--run-root", config.run_root]
+    resume += (["--stages", args.stages] if args.stages else []) + [f"--set={o}" for o in args.overrides]
+    api = None
+    try:
+        if not os.environ.get("PREFECT_API_URL"):
+            from flows import temporary_api
+
+            # Prefect's own default is 20 s; a loaded 2-core box (or a GPU node starting a dozen
+            # SGLang servers) can need more, and then the whole run fails at once.
+            timeout = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS") or 120)
+            try:
+                api = temporary_api.start(timeout)
+            except temporary_api.TemporaryApiError as e:
+                print(f"eaglescale: {e}", file=sys.stderr)
+                return EXIT_FAILED
+            # Set before Prefect is imported: its settings are read once, at import.
+            os.environ["PREFECT_API_URL"] = api.url
+            print(
+                f"eaglescale: PREFECT_API_URL is not set; a temporary Prefect API at {api.url} "
+                "serves this run and stops with it",
+                file=sys.stderr,
+            )
+        return _run_flow(config)
+    except BaseException as e:
+        if (signum := stopping.stop_signal(e)) is None:
+            raise
+        print(stopping.stopped_message(signum, resume), file=sys.stderr)
+        return stopping.exit_code(signum)
+    finally:
+        if api is not None:
+            api.stop()
+        stopping.end_children()
+
+
+def _run_flow(config: Any) -> int:
     from flows.data_scaling import data_scaling
+    from flows.stopping import is_stop
+    from tasks.config import ConfigError
     from tasks.engines.factory import close_engines
 
     _quiet_expected_tracebacks()
     try:
         data_scaling(config)
     except Exception as e:  # the flow run's state and logs hold the details
+        if is_stop(e):  # a failure a signal caused: the stop is what to report
+            raise
         if is_expected(e):
             print(f"eaglescale: {type(e).__name__}: {e}", file=sys.stderr)
             return EXIT_CONFIG if isinstance(e, ConfigError) else EXIT_FAILED

@@ -8,6 +8,7 @@ and every worker keeps going until all shards are committed, by it or by the oth
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 from typing import Any
 
@@ -23,12 +24,15 @@ from prefect.events import emit_event
 from flows.common import notifier_for, run_logger, slack_on_failure, stage_run
 from tasks.config import EagleScaleConfig
 from tasks.engines.factory import get_engine
-from tasks.generate.failures import ShardFailed, cannot_heal, lasting_failure
+from tasks.generate.failures import ShardFailed, ShardStopped, cannot_heal, lasting_failure
 from tasks.generate.stage import GenerateStage, generation_fingerprint
 from tasks.runfolder.schedule import ShardScheduler, drive_shards
 
 # Shard tasks run in this process's thread pool and share one stage (engine, progress).
 _active: dict[str, GenerateStage] = {}
+# How long a stop waits for the running shards to journal what they have and end: they drop
+# their requests at once, so this bounds only a stuck one (its lease is then left to expire).
+STOP_WAIT_S = 10.0
 
 
 def _resource(config: EagleScaleConfig, shard_id: str = "") -> dict[str, str]:
@@ -55,7 +59,9 @@ def _worth_retrying(_task: Any, _run: Any, state: Any) -> bool:
     run root refusing writes). Anything else (an engine that was unavailable for a while, a
     store hiccup) may pass."""
     error = getattr(state, "data", None)
-    return not isinstance(error, ShardFailed) and not (isinstance(error, BaseException) and cannot_heal(error))
+    if isinstance(error, ShardFailed | ShardStopped):
+        return False
+    return not (isinstance(error, BaseException) and cannot_heal(error))
 
 
 def _run_shards(
@@ -74,8 +80,12 @@ def _run_shards(
     log = run_logger()
     stalled_alerted = False
 
+    futures: list[Any] = []
+
     def start(shard_id: str, report: Any) -> None:
-        shard_task.submit(config, shard_id).add_done_callback(report)
+        future = shard_task.submit(config, shard_id)
+        futures.append(future)
+        future.add_done_callback(report)
 
     def on_poll() -> None:
         nonlocal stalled_alerted
@@ -91,16 +101,25 @@ def _run_shards(
             stalled_alerted = False
 
     scheduler = ShardScheduler(stage, pending, g.max_parallel_shards)
-    return drive_shards(
-        scheduler,
-        start,
-        # Polls fast enough to take over an expired lease within about one heartbeat.
-        min(5.0, g.progress_interval_s, g.lease_heartbeat_s),
-        lambda waiting: log.info("generate: waiting on shards leased elsewhere: %s", waiting),
-        on_poll,
-        collect=_result_of,
-        fatal=cannot_heal,
-    )
+    try:
+        return drive_shards(
+            scheduler,
+            start,
+            # Polls fast enough to take over an expired lease within about one heartbeat.
+            min(5.0, g.progress_interval_s, g.lease_heartbeat_s),
+            lambda waiting: log.info("generate: waiting on shards leased elsewhere: %s", waiting),
+            on_poll,
+            collect=_result_of,
+            fatal=cannot_heal,
+        )
+    except BaseException:
+        # A signal (or a failure of this loop): the running shards end now, each journaling
+        # what it has, before the leases are released (generate_flow's finally).
+        stage.stop()
+        deadline = time.monotonic() + STOP_WAIT_S
+        for future in futures:
+            future.wait(max(deadline - time.monotonic(), 0.0))
+        raise
 
 
 @flow(name="generate", on_failure=[slack_on_failure], on_crashed=[slack_on_failure])

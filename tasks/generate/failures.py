@@ -73,6 +73,11 @@ def lasting_failure(causes: Mapping[str, BaseException | str], run_url: str) -> 
     return None
 
 
+class ShardStopped(RuntimeError):
+    """A shard ended because the run is stopping (a signal): its results so far are journaled,
+    and it is not retried."""
+
+
 class ShardFailed(RuntimeError):
     """A shard whose dead letters exceed the configured fraction: loud, not committed. Keeps
     the dead letters' count per error class and one example message of each."""

@@ -12,7 +12,7 @@ from typing import Any
 from tasks.config import EagleScaleConfig
 from tasks.discover.commit import discovery_marker, read_prompts_table
 from tasks.engines.base import Engine, GenerationResult, Outcome, SamplingParams
-from tasks.generate.failures import GenerateFailed, generate_failed
+from tasks.generate.failures import GenerateFailed, ShardStopped, generate_failed
 from tasks.generate.plan import ShardPlan, load_or_plan_shards, planned_requests, shard_prompt_ids
 from tasks.generate.progress import ProgressTracker, first_started_at
 from tasks.generate.shard import STAGE, ShardOutcome, run_shard
@@ -79,6 +79,7 @@ class GenerateStage:
         self._by_id = {s.shard_id: s for s in self.shards}
         self._sampling = sampling_params(self.cfg)
         self._render_lock = threading.Lock()
+        self.stopping = False
         self._prepared_attempts: dict[str, str | None] = {}
         k = self.cfg.sampling.samples_per_prompt
         try:
@@ -225,6 +226,9 @@ class GenerateStage:
         except LeaseLost:
             raise
         except Exception as e:
+            if self.stopping:
+                self.progress.shard_state(shard_id, "stopped")
+                raise ShardStopped(f"shard {shard_id}: stopped; its results so far are journaled") from e
             self.progress.shard_state(shard_id, "failed", error=str(e)[:500])
             raise
         self.progress.shard_state(shard_id, "committed", rows=outcome.rows, dead=outcome.dead)
@@ -298,6 +302,15 @@ class GenerateStage:
             "generate.max_dead_fraction": c.generate.max_dead_fraction,
         }
         return generate_failed(causes, len(self.shards), c.generate.max_dead_fraction, settings)
+
+    def stop(self) -> None:
+        """The run is stopping: end the running shards now, not at their end. The engine drops
+        its requests (in flight and queued); every shard journals the outcomes it has and ends
+        with ShardStopped. Leases are released by `close`, once the shards have ended."""
+        self.stopping = True
+        self.engine.close()
+        self.progress.set_state("stopped")
+        self.progress.write()
 
     def close(self) -> None:
         """Stop heartbeating and release this process's leases (idempotent)."""
