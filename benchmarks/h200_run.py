@@ -64,7 +64,7 @@ sys.path.insert(0, str(REPO))
 PROFILE = REPO / "deployments/params/smollm2-sharegpt.yaml"
 LOCAL = REPO / ".eaglescale/h200"  # git-ignored
 PAYLOAD = LOCAL / "payload"
-PART_BYTES = 56_000_000  # + the working tree (~4 MB) and its .git (~3.5 MB) stay under the 64 MiB (67.1 MB) a call carries
+PART_BYTES = 50_000_000  # + the working tree (~6 MB) and its .git (~5 MB after `git gc`) stay under the 64 MiB (67.1 MB) a call carries
 NODE = Path(os.environ.get("H200_NODE", "/tmp/h200"))
 # A rehearsal on a CPU box (H200_REHEARSAL=1): the same pipeline with the compatible server
 # (`eaglescale serve-sglang`, transformers) for generation, the gate's SGLang emulator, this
@@ -140,7 +140,18 @@ SKIPPABLE: dict[str, dict[tuple[str, str], Any]] = {
 # full drafts replayed over the same held-out sequences; then the gate of the offline draft
 # with that 1k draft as the incumbent. It leaves out what the full plan measured (the scaling
 # drafts, SpecForge's, the sweep, the reference request and the agreement check).
-PLANS = {"full": [], "online-incumbent": ["scaling", "anchor", "sweep"]}
+# "lossless": what issue 26 measures on the real parts, on one generation: the logprob probe on the
+# generation server (benchmarks/sglang_logprob_probe.py: the recorded answers the parsers' tests
+# read, and how far decode and prefill logprobs are apart), the full draft trained online, the
+# gate with the lossless rule over num_steps 1, 3 and 5 with the server's break-even measured at
+# each (SGLANG_SIMULATE_ACC_LEN), then the same gate with a frequency penalty in its requests on a
+# run root sharing the draft (num_steps 3): the penalty SGLang applies relaxed under speculation
+# must be refused as not lossless.
+PLANS = {"full": [], "online-incumbent": ["scaling", "anchor", "sweep"], "lossless": ["scaling", "anchor"]}
+LOSSLESS_GATE = ("gate.num_steps=[1, 3, 5]", "gate.topk_points=[]", "gate.breakeven_accept_lengths=[1.5, 2.5, 3.5]",
+                 "gate.breakeven_prompts=8")  # fmt: skip
+PENALTY_GATE = ("gate.num_steps=[3]", "gate.topk_points=[]", "gate.breakeven_accept_lengths=[]",
+                "gate.frequency_penalty=1.0")  # fmt: skip
 SMALL_RUN_SEQUENCES = int(os.environ.get("H200_SMALL_RUN", "1004"))  # a rehearsal's few prompts need fewer
 SMALL_RUN_REASON = (f"the {SMALL_RUN_SEQUENCES}-sample draft, promoted by hand as the incumbent to beat: "
                     "on SmolLM2-135M no draft beats the baseline (real runs 4-7), so no gate promotes one")  # fmt: skip
@@ -352,7 +363,14 @@ RESULT_FILES = (
     "gate/report.json", "gate/report.md", "gate/progress.json", "gate/replay.json", "gate/costs.json",
     "gate/prediction.json", "gate/scaling/replay.json", "gate/scaling/report.json", "gate/scaling/curve.png",
     "gate/plots/tok_s.png", "gate/plots/acceptance.png", "gate/plots/predicted_vs_measured.png", "promoted.json",
+    "gate/plots/breakeven.png",
 )  # fmt: skip
+# The run's prompts and regenerated shards, brought back whole once generation is complete, so a
+# later session's run on a fresh node starts from them instead of regenerating (`node receive`
+# carries them in as part of the payload's run folder): in parts of at most this many bytes, and
+# only when all of them fit beside the results in what one call brings back (64 MiB).
+GENERATION_PART_BYTES = 15_000_000
+GENERATION_MAX_BYTES = 45_000_000
 
 
 def _add_tail(tar: tarfile.TarFile, path: Path, name: str, limit: int) -> None:
@@ -382,14 +400,16 @@ def collect_node_results(out: Path) -> None:
             tar.add(path, f"run/{path.relative_to(run)}")
         for path in sorted(run.glob("stages/*.json")):  # each stage's clock
             tar.add(path, f"run/{path.relative_to(run)}")
-        # The "online-incumbent" plan's run roots beside the run, its replay and its registry.
-        for name in ("run-online", "run-1k"):
-            for rel in ("run.json", "train/result.json", "train/best.json", "train/data.json", "promoted.json"):
+        # The "online-incumbent" and "lossless" plans' run roots beside the run, the replay, the
+        # registry and the probe's recorded answers.
+        for name in ("run-online", "run-1k", "run-penalty"):
+            for rel in ("run.json", "train/result.json", "train/best.json", "train/data.json", "promoted.json",
+                        "gate/report.json", "gate/report.md", "gate/progress.json"):  # fmt: skip
                 if (NODE / name / rel).is_file():
                     tar.add(NODE / name / rel, f"{name}/{rel}")
             for path in sorted((NODE / name).glob("stages/*.json")):
                 tar.add(path, f"{name}/{path.relative_to(NODE / name)}")
-        for path in [NODE / "replay-compare.json", *sorted(NODE.glob("registry/*.json")),
+        for path in [NODE / "replay-compare.json", *sorted(NODE.glob("recorded/*.json")), *sorted(NODE.glob("registry/*.json")),
                      *sorted(NODE.glob("registry/history/*.json"))]:  # fmt: skip
             if path.is_file():
                 tar.add(path, str(path.relative_to(NODE)))
@@ -401,6 +421,30 @@ def collect_node_results(out: Path) -> None:
             if path.is_file():
                 tar.add(path, f"specforge/{path.name}")
     partial.replace(out / "results.tar.gz")
+    _collect_generation(out)
+
+
+def _collect_generation(out: Path) -> None:
+    """generation.tar.part-NN in `out` (run.json, prompts/, generate/ minus the journals and
+    leases), once generate/_COMPLETE exists and when it fits (GENERATION_MAX_BYTES)."""
+    run, packed = NODE / "run", NODE / "generation.tar"
+    if not (run / "generate/_COMPLETE").is_file():
+        return
+    if not packed.is_file():
+        partial = packed.with_suffix(".partial")
+        with tarfile.open(partial, "w") as tar:
+            tar.add(run / "run.json", "run/run.json")
+            tar.add(run / "prompts", "run/prompts")
+            tar.add(run / "generate", "run/generate",
+                    filter=lambda t: None if "/journal" in t.name or "/leases" in t.name else t)  # fmt: skip
+        partial.replace(packed)
+    size = packed.stat().st_size
+    if size > GENERATION_MAX_BYTES:
+        (out / "generation.txt").write_text(f"generation.tar is {size} bytes: more than one call brings back\n")
+        return
+    with packed.open("rb") as f:
+        for k in range(-(-size // GENERATION_PART_BYTES)):
+            (out / f"generation.tar.part-{k:02d}").write_bytes(f.read(GENERATION_PART_BYTES))
 
 
 # ---- 3. the pipeline (a daemon on the node) -----------------------------------------------------
@@ -655,7 +699,7 @@ class Pipeline:
         """The plan options.json names (`node start --plan`), to its end; status.json says how
         far it got, and a failure there names the step."""
         try:
-            self.online_incumbent() if self.plan == "online-incumbent" else self.pipeline()
+            {"online-incumbent": self.online_incumbent, "lossless": self.lossless}.get(self.plan, self.pipeline)()
             self.note("finished", "done")
             self.status["state"] = "done"
             (NODE / "status.json").write_text(json.dumps(self.status, indent=1))
@@ -733,6 +777,30 @@ class Pipeline:
         self.save_measure("online_incumbent", online_offline_figures(self.run_root, online, small))
         self.stage("gate", "gate.engine=emulated" if REHEARSAL else "gate.engine=sglang")
         self.save_measure("online_incumbent", online_offline_figures(self.run_root, online, small))
+
+    def lossless(self) -> None:
+        """The "lossless" plan (PLANS): the probe while the generation server is up, generation,
+        the full draft trained online, the gate with the lossless rule and the measured
+        break-even, and the gate again with a frequency penalty on a run root sharing the draft."""
+        penalty = NODE / "run-penalty"
+        self.setup()
+        self.write_params()
+        if not self.done_before("generate"):
+            self.start_server()
+            self.note("probe", "running")
+            probe = [str(REPO / "benchmarks/sglang_logprob_probe.py"), "--url", f"http://127.0.0.1:{PORT}",
+                     "--params", str(NODE / "params.yaml"), "--out", str(NODE / "recorded")]  # fmt: skip
+            self.optional(lambda: self.py(probe, "probe"), "probe", mark=True)
+            self.stage("generate", f"engine.endpoints=[http://127.0.0.1:{PORT}]")
+            self.stop_server()
+        if not self.done_before("train"):
+            self.stage("train", "train.hidden_states=online")
+        emulated = ("gate.engine=emulated",) if REHEARSAL else ()
+        if not self.done_before("gate"):
+            self.stage("gate", *LOSSLESS_GATE, *emulated)
+        _link_run(self.run_root, penalty, ["prompts", "generate", "train"])
+        self.optional(lambda: self.stage("gate", *PENALTY_GATE, *emulated, label="gate-penalty", run_root=penalty),
+                      "gate-penalty")  # fmt: skip
 
     def optional(self, step: Any, label: str, mark: bool = False) -> None:
         """Run `step` (the step `label`); a failure is recorded in status.json and the plan goes
@@ -918,15 +986,12 @@ def node_replay() -> int:
 
 
 def node_scaling(fractions: str | None) -> int:
-    """The scaling drafts of these fractions (comma-separated; default: all of the profile's).
-    The index it writes lists only these; the train stage after it writes the whole one."""
-    from tasks.draft.scaling_drafts import train_scaling_drafts
-    from tasks.runfolder import RunFolder
+    """The scaling drafts of these fractions (comma-separated; default: all of the profile's),
+    as the train stage trains them (tasks/train/stage.py). The index it writes lists only these;
+    the train stage after it writes the whole one."""
+    from tasks.train.stage import train_scaling
 
-    cfg = _config()
-    train = cfg.train if not fractions else cfg.train.model_copy(
-        update={"scaling_fractions": [float(f) for f in fractions.split(",")]})  # fmt: skip
-    train_scaling_drafts(RunFolder(cfg.run_root), train, cfg.target.model_path)
+    train_scaling(_config(), [float(f) for f in fractions.split(",")] if fractions else None)
     return 0
 
 
@@ -951,9 +1016,8 @@ def _shards_one_at_a_time(stage: Any) -> None:
 
 
 def node_plain(stage: str, overrides: list[str]) -> int:
-    """A stage through its plain entry points (tasks/), no Prefect: what the flows compose,
-    in order, on the same run folder."""
-    import tempfile
+    """A stage through its plain entry points (tasks/), no Prefect: the compositions the flows
+    call (the stage opened, trained or gated by the same function), on the same run folder."""
 
     from tasks.config import load_config
     from tasks.runfolder import RunFolder
@@ -963,12 +1027,11 @@ def node_plain(stage: str, overrides: list[str]) -> int:
     run = RunFolder(cfg.run_root, cfg.storage_options)
     tok = load_tokenizer(cfg.target.model_path, cfg.target.chat_template)
     if stage == "generate":
-        from tasks.engines.factory import close_engines, get_engine
-        from tasks.generate.stage import GenerateStage, generation_fingerprint
+        from tasks.engines.factory import close_engines
+        from tasks.generate.stage import open_generate_stage
 
-        fp = generation_fingerprint(cfg, run, tok)
         try:
-            _shards_one_at_a_time(GenerateStage(cfg, run, fp, get_engine(cfg), tok))
+            _shards_one_at_a_time(open_generate_stage(cfg, run, tok))
         finally:
             close_engines()
     elif stage == "extract":
@@ -976,20 +1039,14 @@ def node_plain(stage: str, overrides: list[str]) -> int:
 
         _shards_one_at_a_time(ExtractStage(cfg, run, tok))
     elif stage == "train":
-        from tasks.draft.export import export_run_draft
-        from tasks.draft.online import OnlineTarget
-        from tasks.draft.scaling_drafts import train_scaling_drafts
-        from tasks.draft.trainer import train_draft
+        from tasks.train.stage import run_train_stage
 
-        train_draft(run, cfg.train, cfg.target.model_path, online=OnlineTarget.from_config(cfg))
-        if cfg.train.scaling_fractions:
-            train_scaling_drafts(run, cfg.train, cfg.target.model_path)
-        print(export_run_draft(run, cfg.target.model_path))  # what the train flow exports
+        print(run_train_stage(cfg).summary)
     elif stage == "gate":
-        from tasks.gate.stage import run_gate_stage
+        from tasks.gate.stage import GateOutcome, run_gate_once
 
-        with tempfile.TemporaryDirectory(prefix="eaglescale-gate-") as tmp:
-            print(run_gate_stage(cfg, Path(tmp)).summary)
+        outcome = run_gate_once(cfg)
+        print(outcome.summary if isinstance(outcome, GateOutcome) else {"skipped": "decided already", **outcome})
     else:
         raise SystemExit(f"unknown stage {stage}")
     return 0

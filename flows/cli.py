@@ -29,9 +29,9 @@ def _expected_failures() -> tuple[type[BaseException], ...]:
     from tasks.gate.plan import GateStopped
     from tasks.gate.preflight import PreflightError
     from tasks.gate.promote import PromotionError
-    from tasks.gate.server_process import ServerStartError
     from tasks.generate.failures import ShardFailed
     from tasks.runfolder import FingerprintMismatch, RunRootUnwritable
+    from tasks.sglang.server_process import ServerStartError
     from tasks.sglang.versions import LaunchError
     from tasks.target.model_dir import TargetError
     from tasks.target.packages import PackagePathError

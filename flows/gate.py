@@ -1,6 +1,7 @@
 """Stage flow `gate`: does the trained draft make decoding faster? Promote it only if it does.
 
-The work is tasks.gate.stage.run_gate_stage; this flow shows it: the report (with its plots)
+The work is tasks.gate.stage.run_gate_once (run_gate_stage, unless this draft was decided
+already); this flow shows it: the report (with its plots)
 and a table of configs as artifacts, an `eaglescale.gate.<outcome>` event, and the decision
 with its key numbers on Slack.
 """
@@ -8,8 +9,6 @@ with its key numbers on Slack.
 from __future__ import annotations
 
 import base64
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from prefect import flow
@@ -20,7 +19,7 @@ from flows.common import StageRun, slack_on_failure, stage_run
 from flows.concurrency import gpu_slots, gpus_needed
 from tasks.config import EagleScaleConfig
 from tasks.gate.report import REPORT_MD
-from tasks.gate.stage import GateOutcome, completed_gate, run_gate_stage
+from tasks.gate.stage import GateOutcome, run_gate_once
 from tasks.notify import format_duration
 from tasks.runfolder import RunFolder
 
@@ -92,14 +91,14 @@ def gate_flow(config: EagleScaleConfig) -> dict[str, Any]:
 
 
 def _gate(config: EagleScaleConfig, span: StageRun) -> dict[str, Any]:
-    done = completed_gate(config)
-    if done is not None:
-        span.log.info("gate: this draft was already decided with these settings: %s", done["message"])
+    outcome = run_gate_once(  # its progress lines show in the UI
+        config, span.log, hold=gpu_slots(config, gpus_needed(config, "gate")),
+        on_start=lambda: span.started({"engine": config.gate.engine, "num_steps": config.gate.num_steps}),
+    )  # fmt: skip
+    if not isinstance(outcome, GateOutcome):
+        span.log.info("gate: this draft was already decided with these settings: %s", outcome["message"])
         span.skipped = True
-        return {k: done.get(k) for k in SUMMARY_KEYS} | {"skipped": True}
-    span.started({"engine": config.gate.engine, "num_steps": config.gate.num_steps})
-    with gpu_slots(config, gpus_needed(config, "gate")), tempfile.TemporaryDirectory(prefix="eaglescale-gate-") as tmp:
-        outcome = run_gate_stage(config, Path(tmp), span.log)  # its progress lines show in the UI
+        return {k: outcome.get(k) for k in SUMMARY_KEYS} | {"skipped": True}
     summary = outcome.summary
     span.log.info("gate: %s", summary["message"])
     create_markdown_artifact(_report_markdown(span.run, outcome), key="gate-report", description="Gate decision")

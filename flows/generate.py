@@ -23,9 +23,8 @@ from prefect.events import emit_event
 
 from flows.common import notifier_for, run_logger, slack_on_failure, stage_run
 from tasks.config import EagleScaleConfig
-from tasks.engines.factory import get_engine
 from tasks.generate.failures import ShardFailed, ShardStopped, cannot_heal, lasting_failure
-from tasks.generate.stage import GenerateStage, generation_fingerprint
+from tasks.generate.stage import GenerateStage, open_generate_stage
 from tasks.runfolder.schedule import ShardScheduler, drive_shards
 
 # Shard tasks run in this process's thread pool and share one stage (engine, progress).
@@ -125,8 +124,7 @@ def _run_shards(
 @flow(name="generate", on_failure=[slack_on_failure], on_crashed=[slack_on_failure])
 def generate_flow(config: EagleScaleConfig) -> dict[str, Any]:
     with stage_run(config, "generate") as span:
-        fp_hash = generation_fingerprint(config, span.run, span.tokenizer)
-        stage = GenerateStage(config, span.run, fp_hash, get_engine(config), span.tokenizer)
+        stage = open_generate_stage(config, span.run, span.tokenizer)
         _active[config.run_root] = stage
         try:
             pending = stage.prepare()

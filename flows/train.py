@@ -1,10 +1,13 @@
 """Stage flow `train`: the EAGLE-3 draft on the extracted hidden states, then its export.
 
-One process by default; with `train.nproc > 1` the same trainer runs under torchrun (DDP), and
-this flow waits for it. Either way the run folder holds the checkpoints, train/best.json and
-train/result.json, and the best checkpoint is exported to train/final (SGLang's EAGLE3 format)
-and train/final-speculators (vLLM's speculators format). With `train.scaling_fractions` the same
-training then runs on those fractions of the data (train/scaling/, for the gate's curve).
+The work is tasks.train.stage.run_train_stage; this flow holds the GPU slots while it trains,
+logs each evaluation, and shows the held-out metrics and the accuracy plot as artifacts.
+One process by default; with `train.nproc > 1` the same training runs under torchrun (DDP,
+`python -m tasks.train.main` per rank), and the stage exports once it has returned. Either way
+the run folder holds the checkpoints, train/best.json and train/result.json, and the best
+checkpoint is exported to train/final (SGLang's EAGLE3 format) and train/final-speculators
+(vLLM's speculators format). With `train.scaling_fractions` the same training then runs on those
+fractions of the data (train/scaling/, for the gate's curve).
 """
 
 from __future__ import annotations
@@ -23,13 +26,15 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from flows.common import StageRun, slack_on_failure, stage_run
 from flows.concurrency import gpu_slots, gpus_needed
 from tasks.config import EagleScaleConfig
-from tasks.draft.export import export_run_draft
-from tasks.draft.online import OnlineTarget
-from tasks.draft.scaling_drafts import scaling_drafts, train_scaling_drafts
-from tasks.draft.trainer import TrainCallbacks, train_draft
-from tasks.runfolder.layout import TRAIN_PLOT, TRAIN_RESULT
+from tasks.draft.trainer import TrainCallbacks
+from tasks.runfolder.layout import TRAIN_PLOT
+from tasks.train.stage import run_train_stage
 
-EVAL_COLUMNS = ("step", "loss", "sim_accept", "sim_accept_len", "acc_0", "acc_1", "acc_2", "acc_3")
+# The held-out metrics per eval in the UI's table and the log: pooled_accept_len_3 is the accept
+# length at 3 drafts counted as SGLang counts it (tasks/draft/acceptance.py); the gradient norm and
+# clip rate are the training window's since the eval before.
+EVAL_COLUMNS = ("step", "loss", "sim_accept", "sim_accept_len", "pooled_accept_len_3", "acc_0", "acc_1", "acc_2",
+                "acc_3", "train_grad_norm", "train_clip_rate")  # fmt: skip
 
 
 def _torchrun(config: EagleScaleConfig) -> None:
@@ -39,7 +44,7 @@ def _torchrun(config: EagleScaleConfig) -> None:
         params.write_text(yaml.safe_dump(config.model_dump(mode="json")))
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc_per_node", str(config.train.nproc), "-m", "tasks.draft.train_main",
+            "--nproc_per_node", str(config.train.nproc), "-m", "tasks.train.main",
             "--params", str(params),
         ]
         done = subprocess.run(cmd, capture_output=True, text=True)
@@ -61,19 +66,10 @@ def _train(config: EagleScaleConfig, span: StageRun) -> dict[str, Any]:
     log, run = span.log, span.run
     span.started({"nproc": config.train.nproc, "device": config.train.device,
                   "hidden_states": config.train.hidden_states})
-    with gpu_slots(config, gpus_needed(config, "train")):
-        if config.train.nproc > 1:
-            _torchrun(config)
-        else:
-            callbacks = TrainCallbacks(on_eval=lambda e: log.info("eval: %s", {k: e.get(k) for k in EVAL_COLUMNS}))
-            online = OnlineTarget.from_config(config)  # None unless train.hidden_states is online
-            train_draft(run, config.train, config.target.model_path, callbacks=callbacks, online=online)
-            if config.train.scaling_fractions:  # the data-scaling drafts the gate measures
-                train_scaling_drafts(run, config.train, config.target.model_path, callbacks=callbacks,
-                                     online=online)
-    result = run.read_json(TRAIN_RESULT) or {}
-    exported = export_run_draft(run, config.target.model_path)
-    evals = result.get("evals", [])
+    callbacks = TrainCallbacks(on_eval=lambda e: log.info("eval: %s", {k: e.get(k) for k in EVAL_COLUMNS}))
+    outcome = run_train_stage(config, callbacks, train=_torchrun if config.train.nproc > 1 else None,
+                              hold=gpu_slots(config, gpus_needed(config, "train")))  # fmt: skip
+    evals = outcome.result.get("evals", [])
     if evals:
         create_table_artifact(_eval_table(evals), key="train-evals", description="Held-out metrics per eval")
     if run.exists(TRAIN_PLOT):
@@ -83,13 +79,5 @@ def _train(config: EagleScaleConfig, span: StageRun) -> dict[str, Any]:
             key="train-accuracy",
             description="Held-out per-position accuracy over training",
         )
-    best = exported["best"]
-    summary = {
-        "steps": result.get("steps"),
-        "best_step": best.get("step"),
-        "best_sim_accept_len": best.get("sim_accept_len"),
-        "final": exported["final"],
-        "scaling_drafts": [d["samples"] for d in scaling_drafts(run)],
-    }
-    span.summary = summary
-    return summary
+    span.summary = outcome.summary
+    return outcome.summary

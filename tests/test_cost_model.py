@@ -11,7 +11,7 @@ from tasks.gate.cost_model import (
     costs_from_step_records,
     predict,
 )
-from tasks.gate.launch import resolve_spec
+from tasks.sglang.command import resolve_spec
 
 COSTS = {
     "baseline_step_s": 0.010,

@@ -7,11 +7,31 @@ import pytest
 
 from tasks.config.gate_section import GateConfig
 from tasks.gate.decision import bootstrap_speedup, decide, summarize, tok_s_matrix
-from tasks.gate.launch import SpecParams
+from tasks.gate.lossless import NEAR_TIE, NOT_LOSSLESS, PositionView, ReferenceEvidence, classify
 from tasks.gate.plan import BenchConfig, BenchPrompt, BenchResult, LaunchRecord, RequestRecord
+from tasks.sglang.command import SpecParams
 
 PROMPTS = [BenchPrompt(i, f"p{i}", "chat" if i % 2 else "code", (4, 5, 6)) for i in range(6)]
 CFG = GateConfig(repetitions=3, n_bootstrap=1000, acceptance_floor=1.3)
+REFERENCE = list(range(20, 40))  # every prompt's reference output in these hand-built results
+
+
+def evidence(at: int, top: list[tuple[int, float]]) -> ReferenceEvidence:
+    """A re-score of REFERENCE: confident everywhere, `top` (best first) at position `at`."""
+    views = [PositionView(t, -0.01, ((t, -0.01), (7, -6.0), (8, -7.0), (9, -8.0), (10, -9.0))) for t in REFERENCE]
+    views[at] = PositionView(REFERENCE[at], dict(top).get(REFERENCE[at]), tuple(top))
+    return ReferenceEvidence((*views, PositionView(None, None, ((2, -0.1), (7, -3.0)))), k=len(top))
+
+
+def diverging(at: int, token: int, top: list[tuple[int, float]], threshold: float = 0.5) -> dict:
+    """The divergence record of an output that emits `token` at `at` (then anything)."""
+    ids = REFERENCE[:at] + [token] + [99] * (len(REFERENCE) - at - 1)
+    d = classify(REFERENCE, ids, None, None, evidence(at, top), threshold)
+    assert d is not None
+    return d.to_dict()
+
+
+NOT_LOSSLESS_AT_7 = diverging(7, 11, [(27, -0.02), (11, -4.5), (12, -5.0), (13, -5.5), (14, -6.0)])
 
 
 def spec_config(steps: int, env: str = "default") -> BenchConfig:
@@ -20,8 +40,11 @@ def spec_config(steps: int, env: str = "default") -> BenchConfig:
 
 
 def add_launches(result: BenchResult, config: BenchConfig, rep_tok_s: list[float], *, accept: float = 2.5,
-                 exact: bool = True, errors: int = 0, graph_problems: list[str] | None = None) -> None:  # fmt: skip
-    """One launch per repetition; request tok/s = the repetition's value x a per-prompt factor."""
+                 exact: bool = True, errors: int = 0, graph_problems: list[str] | None = None,
+                 divergence: dict | None = None) -> None:  # fmt: skip
+    """One launch per repetition; request tok/s = the repetition's value x a per-prompt factor.
+    exact=False: every speculative request (every baseline one after the first launch, the
+    reference) diverges as `divergence` says (default: not lossless at token 7)."""
     for rep, level in enumerate(rep_tok_s):
         launch = LaunchRecord(config.name, config.env_name, rep, "http://x", "x.log",
                               graph_problems=list(graph_problems or []))  # fmt: skip
@@ -33,9 +56,11 @@ def add_launches(result: BenchResult, config: BenchConfig, rep_tok_s: list[float
             if not config.is_baseline:
                 r.spec_verify_ct = round((tokens - 1) / accept)
                 r.correct_drafts_histogram = [2, 3, 5, 14]
-                r.exact_match, r.first_mismatch = (True, None) if exact else (False, 7)
-            else:
-                r.exact_match = True
+            r.reference = config.is_baseline and rep == 0
+            r.exact_match = exact or r.reference
+            if not r.exact_match:
+                r.divergence = divergence or NOT_LOSSLESS_AT_7
+                r.first_mismatch = r.divergence["position"]
             if p.index < errors:
                 r.error, r.tok_s = "HTTP 500: boom", None
             launch.requests.append(r)
@@ -90,7 +115,7 @@ def test_a_faster_config_is_promoted_and_the_best_is_chosen() -> None:
     summary = d.summary()
     assert set(summary) == {"outcome", "best_config", "baseline_config", "baseline_median_tok_s", "best_median_tok_s",
                             "speedup", "ci", "ci_level", "accept_length", "exact_match_fraction", "reasons",
-                            "best_spec", "incumbent", "contenders", "left_out"}  # fmt: skip
+                            "best_spec", "incumbent", "contenders", "left_out", "lossless"}  # fmt: skip
     assert summary["ci"] == [d.ci_low, d.ci_high]
     # What a later gate measures this draft at when it is the incumbent (gate.incumbent: evidence).
     assert summary["best_spec"] == {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}
@@ -120,7 +145,8 @@ def test_inside_the_noise_slower_and_disagreeing_are_rejected() -> None:
     assert (d.outcome, d.best) == ("reject", None)
     assert d.reasons[:2] == [
         "no speculative config is eligible",
-        f"{spec.name}: outputs disagree with the baseline: 0/18 exact (first mismatch at token 7; need 95%)",
+        f"{spec.name}: not lossless: request 0 (prompt p0, repetition 0), position 7: baseline token 27 (logprob -0.020) "
+        "vs speculative 11 (logprob -4.500), gap 4.480 nats > 0.5 (and 17 more requests not lossless)",
     ]
     # ... and how fast it was: fast but wrong reads differently from slow and wrong.
     assert d.reasons[2].startswith(f"fastest measured (not eligible): faster than the baseline beyond the spread: {spec.name}")
@@ -260,3 +286,62 @@ def test_the_new_draft_must_beat_the_incumbent_beyond_the_spread() -> None:
     d = decide(result, CFG, inc)
     assert d.outcome == "promote" and d.incumbent["not_measured"].startswith("incumbent:eagle3-s3-k1-n4: 6 of 18 requests failed")
     assert d.reasons[1].startswith("the incumbent run-a-0123456789ab gave no valid measurement")
+
+
+def test_a_divergence_is_judged_by_the_baselines_view_at_its_first_position() -> None:
+    near = [(27, -0.70), (11, -0.92), (12, -3.0), (13, -4.0), (14, -5.0)]
+    d = diverging(7, 11, near)
+    assert (d["cls"], d["position"], d["baseline_token"], d["speculative_token"]) == (NEAR_TIE, 7, 27, 11)
+    assert (d["baseline_logprob"], d["speculative_logprob"], d["gap"]) == (-0.70, -0.92, pytest.approx(0.22))
+    assert d["top"] == [[t, lp] for t, lp in near] and d["threshold"] == 0.5
+    # The re-score (a third path) may rank the speculative token first: still the top two.
+    assert diverging(7, 11, [(11, -0.6), (27, -0.8), (12, -3.0), (13, -4.0), (14, -5.0)])["cls"] == NEAR_TIE
+    # Beyond the threshold; within it but not the top two; outside the top K (gap bounded by the K-th).
+    assert diverging(7, 11, near, threshold=0.2)["why"] == "gap 0.220 nats > 0.2"
+    third = diverging(7, 12, [(27, -0.70), (11, -0.75), (12, -0.80), (13, -4.0), (14, -5.0)])
+    assert (third["cls"], third["why"]) == (NOT_LOSSLESS, "not the baseline's top two (ranks 1 and 3)")
+    outside = diverging(7, 99, near)
+    assert (outside["cls"], outside["speculative_logprob"], outside["speculative_below"]) == (NOT_LOSSLESS, None, -5.0)
+    assert outside["gap"] == pytest.approx(4.3)
+    # Nothing after the first divergence counts, and an equal output has none.
+    assert classify(REFERENCE, list(REFERENCE), None, None, evidence(7, near), 0.5) is None
+    # One output a strict prefix of the other: the shorter side's stop token is its token there.
+    stopped = classify(REFERENCE, REFERENCE[:5], None, 27, evidence(5, [(25, -0.7), (27, -0.9)]), 0.5)
+    assert stopped is not None and (stopped.cls, stopped.prefix, stopped.speculative_token) == (NEAR_TIE, "speculative stopped", 27)
+    no_stop = classify(REFERENCE, REFERENCE[:5], None, None, evidence(7, near), 0.5)
+    assert no_stop is not None and no_stop.cls == NOT_LOSSLESS and "without a stop token" in no_stop.why
+    after = classify(REFERENCE, [*REFERENCE, 2], None, None, evidence(7, near), 0.5)  # the reference ended first
+    assert after is not None and (after.position, after.baseline_token) == (len(REFERENCE), None) and after.cls == NOT_LOSSLESS
+    # No re-score: not evidence of a near-tie.
+    blind = classify(REFERENCE, REFERENCE[:7] + [11], None, None, "re-score of prompt 0 failed: HTTP 500", 0.5)
+    assert blind is not None and blind.cls == "no_evidence" and blind.why.endswith("HTTP 500")
+    # A frequency penalty moves both tokens as decode moved them: token 21 was emitted once before position 7.
+    penalized = classify(REFERENCE, REFERENCE[:7] + [21], None, None, evidence(7, [(27, -0.7), (21, -0.6), (12, -3.0)]), 0.5, 1.0)
+    assert penalized is not None and penalized.speculative_logprob == pytest.approx(-1.6) and penalized.cls == NOT_LOSSLESS
+
+
+def test_near_ties_keep_a_faster_config_promotable_and_baseline_noise_is_reported_loudly() -> None:
+    spec = spec_config(3)
+    near = diverging(7, 11, [(27, -0.70), (11, -0.92), (12, -3.0), (13, -4.0), (14, -5.0)])
+    result = result_with(BASE, spec)
+    add_launches(result, BASE, [100, 103, 97])
+    add_launches(result, spec, [180, 177, 183], exact=False, divergence=near)
+    d = decide(result, CFG)
+    assert (d.outcome, d.best) == ("promote", spec.name)
+    assert d.reasons[0].endswith("outputs lossless: 0 of 18 exact, 18 first leaving the baseline's at a near-tie")
+    s = d.config(spec.name)
+    assert s.lossless == {"exact": 0, "near_tie": 18, "not_lossless": 0, "no_evidence": 0, "compared": 18}
+    assert d.config("baseline").lossless["compared"] == 12  # its first launch is the reference, not a comparison
+
+    noisy = result_with(BASE, spec)
+    add_launches(noisy, BASE, [100, 103, 97], exact=False)  # its second and third launches leave the first
+    add_launches(noisy, spec, [180, 177, 183])
+    d = decide(noisy, CFG)
+    assert d.outcome == "promote"  # the speculative outputs are exact; the noise is reported
+    assert d.reasons[-1].startswith("WARNING: baseline-vs-baseline is not lossless (baseline: 12 of 12 requests): the "
+                                    "threshold (gate.near_tie_nats) or the server is off; first: not lossless: request 0")  # fmt: skip
+    from tasks.gate.report import render_markdown
+
+    md = render_markdown(d, noisy, CFG)
+    assert "| baseline (vs its first launch) | 12 | 0 | 0 | 12 | 0 |" in md
+    assert "**Baseline-vs-baseline is not lossless (baseline): the threshold or the server is off.**" in md

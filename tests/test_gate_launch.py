@@ -13,16 +13,16 @@ import pytest
 from pydantic import ValidationError
 
 from tasks.config.gate_section import GateConfig, SpecPoint
-from tasks.config.server_settings import ServerSettings
-from tasks.gate.launch import (
+from tasks.gate.plan import plan_configs
+from tasks.sglang.command import (
     LaunchSpec,
     SpecParams,
     build_launch_command,
     build_server_args,
     resolve_spec,
 )
-from tasks.gate.plan import plan_configs
-from tasks.gate.server_process import (
+from tasks.sglang.recorded_flags import extract_help_flags, recorded_flags
+from tasks.sglang.server_process import (
     EmulatedLauncher,
     PortPool,
     ServerStartError,
@@ -33,7 +33,7 @@ from tasks.gate.server_process import (
     parse_server_log,
     wait_healthy,
 )
-from tasks.sglang.recorded_flags import extract_help_flags, recorded_flags
+from tasks.sglang.server_settings import ServerSettings
 from tasks.sglang.versions import (
     GRPC_PORT_OFFSET,
     PINNED_VERSIONS,
@@ -404,7 +404,7 @@ def test_server_log_parsing_in_both_wordings() -> None:
 
 
 def test_a_key_the_server_info_omits_is_unverified_not_a_mismatch() -> None:
-    from tasks.gate.server_process import unreported_server_info
+    from tasks.sglang.server_process import unreported_server_info
 
     spec = LaunchSpec("/m", 30000, spec=SpecParams("/drafts/d1", 3, 1, 4))
     info = {"speculative_algorithm": "EAGLE3", "speculative_num_steps": 3}

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.gate.launch import SpecParams
 from tasks.gate.preflight import PreflightError, draft_tensor_shapes, preflight, preflight_sweep
+from tasks.sglang.command import SpecParams
 from tests.gate_support import AUX_IDS, TARGET_CONFIG, draft_config, write_draft
 
 GOOD = SpecParams("unused", num_steps=3, topk=1, num_draft_tokens=4)

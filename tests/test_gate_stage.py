@@ -17,7 +17,14 @@ from tasks.draft.scaling_drafts import train_scaling_drafts
 from tasks.draft.trainer import train_draft
 from tasks.extract.storage import extract_metadata
 from tasks.gate.promote import POINTER
-from tasks.gate.stage import COSTS_KEY, PREDICTION_KEY, REPLAY_KEY, completed_gate, run_gate_stage
+from tasks.gate.stage import (
+    COSTS_KEY,
+    PREDICTION_KEY,
+    REPLAY_KEY,
+    completed_gate,
+    run_gate_once,
+    run_gate_stage,
+)
 from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import TRAIN_BEST
 from tests.draft_support import extracted_run
@@ -92,6 +99,12 @@ def test_local_gate_is_lossless_reports_and_keeps_the_previous_draft(trained, tm
     assert set(prediction["per_steps"]) == {"1", "2"}  # the timed ones
     report = json.loads((run_root / "gate/report.json").read_text())
     assert report["summary"]["outcome"] == "reject"
+    # The lossless rule's evidence, as on a server: each baseline pass re-scored every reference
+    # (transformers' logits); its second pass is judged against its first.
+    rescores = [x["rescore"] for x in report["bench"]["launches"] if x["config"] == "baseline"]
+    assert [(r["prompts"], r["errors"]) for r in rescores] == [(GATE["num_prompts"], [])] * GATE["repetitions"]
+    assert rescores[1]["max_abs_delta_vs_first"] == 0.0  # the same forward twice
+    assert outcome.decision.config("baseline").lossless["exact"] == GATE["num_prompts"]
     assert set(report["predictions"]) == {"baseline", "eagle3-s1-k1-n2", "eagle3-s2-k1-n3"}
     md = (run_root / "gate/report.md").read_text()
     assert "# Gate decision: REJECT" in md and "## Offline replay and cost model" in md
@@ -111,6 +124,10 @@ def test_local_gate_is_lossless_reports_and_keeps_the_previous_draft(trained, tm
     # A resumed run finds this draft decided with these settings; other settings decide anew.
     assert completed_gate(cfg) == outcome.summary
     assert completed_gate(_with_gate(config, run_root, min_speedup=50.0, registry_url=str(registry))) is None
+    # Every runner goes through run_gate_once (the flow, the H200 runner's plain fallback): the
+    # decided draft is not benchmarked again, nor is the start announced.
+    started: list[str] = []
+    assert run_gate_once(cfg, on_start=lambda: started.append("started")) == outcome.summary and started == []
 
 
 def test_a_gate_that_fails_records_where_and_why(trained, tmp_path: Path) -> None:
@@ -209,7 +226,7 @@ def test_the_progress_record_keeps_no_credentials(tmp_path: Path) -> None:
 
 
 def _emulate(run_root: Path, accept_probs: list[float]) -> None:
-    """Give the run's exported draft its emulated acceptance (tasks.gate.server_process: a draft's
+    """Give the run's exported draft its emulated acceptance (tasks.sglang.server_process: a draft's
     config.json `eaglescale_emulator`); a new config.json makes it a new draft too."""
     path = run_root / "train/final/config.json"
     data = json.loads(path.read_text())

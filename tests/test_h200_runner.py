@@ -2,7 +2,11 @@
 pydantic (only the processes it starts get the bundle's site folder): the fourth real run died
 when the pipeline itself loaded the profile through tasks.config. Its code imports nothing of
 eaglescale's or pydantic's, read from the source, except under `if EXTRA_SETS:` (a CPU
-rehearsal, which runs in the project's venv)."""
+rehearsal, which runs in the project's venv).
+
+Its helper processes train as the train stage does (tasks/train/stage.py): the plain fallback
+once dropped the online target for the scaling drafts, and `node scaling` the run's
+storage_options; both are run here on the tiny target."""
 
 from __future__ import annotations
 
@@ -122,3 +126,62 @@ def test_the_online_incumbent_plan_leaves_out_what_it_does_not_measure_and_its_s
     assert online.train.hidden_states == "online" and online.train.scaling_fractions == []
     assert small.train.max_train_sequences == 1004 and small.gate.num_steps == [3]
     assert online.gate.registry_url == small.gate.registry_url == str(tmp_path / "registry")
+
+
+def _runner(monkeypatch: pytest.MonkeyPatch, node: Path):  # noqa: ANN202 - the benchmark module
+    import sys
+
+    sys.path.insert(0, str(RUNNER.parents[1]))
+    from benchmarks import h200_run
+
+    monkeypatch.setattr(h200_run, "NODE", node)  # its helpers read NODE/params.yaml
+    return h200_run
+
+
+SMALL_TRAIN = {"max_steps": 4, "eval_every": 4, "save_every": 4, "scaling_fractions": [0.5]}
+
+
+def test_the_plain_train_fallback_trains_the_scaling_drafts_online_too(
+    tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`node plain train` on an online run (nothing extracted): the draft, its scaling draft
+    and the export, every one of them on states the trainer makes itself."""
+    from tasks.draft.scaling_drafts import scaling_drafts
+    from tasks.runfolder import RunFolder
+    from tasks.runfolder.layout import TRAIN_FINAL
+    from tests.draft_support import extracted_run
+
+    cfg, _ = extracted_run(tmp_path_factory.getbasetemp(), tiny_target_dir, tmp_path,
+                           hidden_states="online", **SMALL_TRAIN)  # fmt: skip
+    run = RunFolder(cfg.run_root)
+    run.remove("extract", recursive=True)  # the copied template holds extract shards: online must not need them
+    assert _runner(monkeypatch, tmp_path).node_plain("train", []) == 0
+    assert not run.exists("extract")
+    (draft,) = scaling_drafts(run)
+    assert run.read_json(f"train/scaling/frac-{draft['samples']}/data.json")["hidden_states"] == "online"
+    assert run.exists(f"{draft['final']}/config.json") and run.exists(f"{TRAIN_FINAL}/config.json")
+
+
+def test_node_scaling_trains_on_the_run_s_own_store(
+    tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`node scaling` on a run root in S3 (moto): the scaling draft reaches the store through the
+    run's storage_options (its endpoint), like every other stage's writes."""
+    import yaml
+
+    from tasks.draft.scaling_drafts import scaling_drafts
+    from tasks.runfolder import RunFolder
+    from tests.draft_support import extracted_run
+    from tests.s3_support import moto_s3
+
+    cfg, params = extracted_run(tmp_path_factory.getbasetemp(), tiny_target_dir, tmp_path, **SMALL_TRAIN)
+    with moto_s3(monkeypatch) as s3:
+        url = f"s3://{s3['bucket']}/runs/scaling"
+        run = RunFolder(url, s3["storage_options"])
+        run.fs.put(cfg.run_root + "/", run.path(""), recursive=True)
+        data = yaml.safe_load(params.read_text())
+        params.write_text(yaml.safe_dump({**data, "run_root": url, "storage_options": s3["storage_options"]}))
+        assert _runner(monkeypatch, tmp_path).node_scaling("0.5") == 0
+        (draft,) = scaling_drafts(run)
+        assert draft["fraction"] == 0.5 and run.exists(f"{draft['final']}/config.json")
+    assert not (tmp_path / "run/train/scaling").exists()  # trained in the store, not beside the params

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.config.server_settings import ServerSettings
-from tasks.gate.launch import LaunchSpec, build_launch_command, resolve_spec
+from tasks.sglang.command import LaunchSpec, build_launch_command, resolve_spec
+from tasks.sglang.server_settings import ServerSettings
 from tasks.sglang.versions import PINNED_VERSIONS, SETTING_FLAGS
 from tests.conftest import require_tool
 
@@ -103,7 +103,7 @@ def test_nccl_options_export_the_seed_settings():
     assert env == {"NCCL_PROTO": "Simple", "NCCL_ALGO": "Tree"}
 
 
-# --- launch_speculative.sh: the gate's builder through `python -m tasks.gate.launch` ------------
+# --- launch_speculative.sh: the gate's builder through `python -m tasks.sglang.command` ------------
 
 
 def test_speculative_help_lists_script_nccl_and_builder_options():

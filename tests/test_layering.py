@@ -54,7 +54,7 @@ def _outside(prefix: str, allowed: tuple[str, ...] = ()) -> dict[str, list[str]]
 def test_the_graph_is_read() -> None:
     # The reader must see real arrows, or every check below passes vacuously.
     assert len(GRAPH) > 100
-    assert "tasks.sglang.versions" in GRAPH["tasks.gate.launch"]
+    assert "tasks.sglang.versions" in GRAPH["tasks.sglang.command"]
     assert any(d.startswith("tasks.runfolder") for d in GRAPH["tasks.generate.stage"])
     assert "rich.table" in IMPORTS["tasks.status.render"]
     assert "tasks.target.path_kinds" in GRAPH["tasks.config.paths"]
@@ -142,3 +142,21 @@ def test_no_circles_between_modules_or_folders() -> None:
         return seen
 
     assert sorted(f for f in arrows if f in reached(f)) == []
+
+
+def test_the_train_stage_sits_on_the_draft_and_only_the_flows_call_it() -> None:
+    # The train stage composes the draft's training and export on the run folder; the other
+    # stages and the layers below never reach up into it (benchmarks/ sits above, like flows/).
+    below = ("tasks.draft", "tasks.extract", "tasks.runfolder", "tasks.config", "tasks.target")
+    assert _outside("tasks.train", below) == {}
+    assert {m: d for m, d in GRAPH.items() if not m.startswith(("tasks.train", "flows"))
+            and any(i.startswith("tasks.train") for i in d)} == {}  # fmt: skip
+    assert "tasks.train.stage" in GRAPH["flows.train"] and "tasks.train.stage" in GRAPH["tasks.train.main"]
+
+
+def test_sglang_s_processes_stand_alone_in_tasks_sglang() -> None:
+    # The command builder and the server process serve the gate, generation's server script and
+    # the operator's launches alike: they live below all of them and reach up into none.
+    assert {"tasks.sglang.command", "tasks.sglang.server_process"} <= GRAPH.keys()
+    assert "tasks.sglang.server_process" in GRAPH["tasks.gate.benchmark"]
+    assert _outside("tasks.sglang.") == {}

@@ -127,6 +127,35 @@ def test_baseline_is_the_local_engines_greedy_decoding(target):
     assert all(r.verify_steps == 0 and r.accept_length is None for r in ours)
 
 
+def test_the_local_gate_gives_the_lossless_rule_the_re_score_sglang_gives(target):
+    """tasks.gate.local_benchmark.rescore: the target's own distribution at each position of a
+    reference output, the fields SGLang's re-score fills, judged by the same rule."""
+    from tasks.gate.local_benchmark import rescore
+    from tasks.gate.lossless import NEAR_TIE, NOT_LOSSLESS, classify
+
+    model, _ = target
+    prompt = random_prompts(1, 11)[0]
+    reference = SpecEngine(model, None, max_len=128).greedy(prompt, 12).output_ids
+    evidence = rescore(model, prompt, reference, 4)
+    with torch.inference_mode():
+        logprobs = model(torch.tensor([prompt + reference])).logits[0, len(prompt) - 1 :].float().log_softmax(-1)
+    assert len(evidence.positions) == len(reference) + 1 and evidence.k == 4
+    for j, view in enumerate(evidence.positions):
+        best = logprobs[j].topk(4)
+        assert [t for t, _ in view.top] == best.indices.tolist()
+        assert [lp for _, lp in view.top] == pytest.approx(best.values.tolist(), abs=1e-5)
+        if j < len(reference):
+            assert view.token == reference[j] and view.logprob == pytest.approx(float(logprobs[j, reference[j]]), abs=1e-5)
+    assert evidence.positions[-1].token is None and evidence.argmax_flips() == 0  # float32: decode is the argmax
+    # A speculative output that emits the runner-up at position 3, judged on this evidence.
+    (_, top1), (second, top2) = evidence.positions[3].top[:2]
+    output = reference[:3] + [second]
+    near = classify(reference, output, None, None, evidence, top1 - top2 + 0.01)
+    assert near is not None and (near.cls, near.position, near.speculative_token) == (NEAR_TIE, 3, second)
+    assert near.gap == pytest.approx(top1 - top2) and near.baseline_logprob == pytest.approx(top1)
+    assert classify(reference, output, None, None, evidence, top1 - top2 - 0.01).cls == NOT_LOSSLESS
+
+
 def test_untrained_draft_is_lossless_and_matches_replay(target):
     model, config = target
     eos = config["eos_token_id"]

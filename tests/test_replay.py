@@ -8,9 +8,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tasks.draft.acceptance import replay_cycles, response_segments
 from tasks.draft.architecture import DraftConfig
 from tasks.draft.model import Eagle3Draft
-from tasks.gate.replay import replay, replay_cycles, response_segments
+from tasks.gate.replay import replay
 
 Z = 42  # the token the draft always proposes
 TARGET = {"model_type": "llama", "hidden_size": 16, "num_hidden_layers": 8, "vocab_size": 64,

@@ -15,7 +15,6 @@ import httpx
 import pytest
 
 from tasks.config.gate_section import GateConfig
-from tasks.config.server_settings import ServerSettings
 from tasks.engines.sglang_wire import (
     MalformedResponse,
     error_message,
@@ -28,9 +27,9 @@ from tasks.gate.benchmark import (
     check_acceptance,
     record_generate_answer,
 )
-from tasks.gate.launch import LaunchSpec, SpecParams
 from tasks.gate.plan import BenchConfig, BenchPrompt, GateStopped, RequestRecord, plan_configs
-from tasks.gate.server_process import (
+from tasks.sglang.command import LaunchSpec, SpecParams
+from tasks.sglang.server_process import (
     EmulatedLauncher,
     check_server_info,
     fetch_server_info,
@@ -39,6 +38,7 @@ from tasks.gate.server_process import (
     parse_server_log,
     wait_healthy,
 )
+from tasks.sglang.server_settings import ServerSettings
 from tasks.standins.server import ServerThread, start_server_thread
 
 FIX = Path(__file__).parent / "fixtures/sglang-0.5.14"
@@ -79,6 +79,57 @@ def test_the_client_reads_the_recorded_answers() -> None:
     message = error_message(raw("gen-overlong-base.json"))
     assert message.startswith("Requested token count exceeds the model's maximum context length of 2048 tokens.")
     assert "context length" in message  # what the client's dead-letter classification keys on
+
+
+# Hand-made, not recorded (see the fixtures' README): the gate's re-score of reference [985, 1464, 1]
+# after prompt [5, 6, 7, 8], top 3. Replace with the node's recording and its values.
+LOGPROBS = "HANDMADE-gen-logprobs-base.json"
+
+
+def test_the_gate_reads_a_logprob_answer() -> None:
+    from tasks.engines.sglang_wire import TokenLogprob
+    from tasks.gate.lossless import evidence_from_sglang, rescore_body
+
+    assert rescore_body([5, 6, 7, 8], [985, 1464, 1], 3, "r") == {
+        "input_ids": [5, 6, 7, 8, 985, 1464, 1], "sampling_params": {"temperature": 0.0, "max_new_tokens": 1},
+        "return_logprob": True, "logprob_start_len": 3, "top_logprobs_num": 3, "rid": "r"}  # fmt: skip
+    reply = read_generate_reply(raw(LOGPROBS))
+    lp = reply.logprobs
+    assert lp is not None and (reply.finish, reply.output_ids, reply.stop_token) == ("length", [198], None)
+    assert lp.input_token == [TokenLogprob(None, 8), TokenLogprob(-0.0123, 985), TokenLogprob(-0.7031, 1464),
+                              TokenLogprob(-0.0021, 1)]  # fmt: skip
+    assert lp.input_top[0] is None and lp.input_top[2] == [TokenLogprob(-0.6406, 300), TokenLogprob(-0.7031, 1464),
+                                                           TokenLogprob(-3.125, 2)]  # fmt: skip
+    assert lp.output_token == [TokenLogprob(-0.9116, 198)] and lp.output_top[0][1] == TokenLogprob(-1.0366, 2)
+    evidence = evidence_from_sglang(lp, [5, 6, 7, 8], [985, 1464, 1], 3)
+    # Output positions 0..2 from input_top_logprobs[1..3], position 3 (after the EOS) from the output's.
+    assert [(v.token, v.logprob) for v in evidence.positions] == [(985, -0.0123), (1464, -0.7031), (1, -0.0021), (None, None)]
+    assert evidence.positions[1].top == ((300, -0.6406), (1464, -0.7031), (2, -3.125))
+    assert evidence.positions[3].top[0] == (198, -0.9116) and evidence.argmax_flips() == 1
+    assert read_generate_reply(raw("gen-base.json")).logprobs is None  # asked for none, got none
+
+
+@pytest.mark.parametrize(("path", "value", "message"), [
+    (("input_top_logprobs", 2, 1), ["-0.7", 1464, None], r"meta_info\.input_top_logprobs\[2\]\[1\]: logprob must be a number <= 0"),
+    (("input_token_logprobs", 1), [-0.01, 985], r"meta_info\.input_token_logprobs\[1\] must be \[logprob, token_id, text\]"),
+    (("input_token_logprobs", 2), [None, 1464, None], r"meta_info\.input_token_logprobs\[2\]: logprob is null"),
+    (("output_top_logprobs", 0, 0), [-0.9, -3, None], r"meta_info\.output_top_logprobs\[0\]\[0\]: token_id must be"),
+    (("input_top_logprobs", 1), [[-4.9, 77, None], [-0.01, 985, None]], r"input_top_logprobs\[1\]: not sorted best first"),
+    (("input_top_logprobs",), [None], r"input_top_logprobs has 1 positions, input_token_logprobs 4"),
+    (("output_token_logprobs",), None, r"meta_info has input_token_logprobs but no output_token_logprobs"),
+])  # fmt: skip
+def test_a_malformed_logprob_field_is_refused_by_name(path: tuple, value: Any, message: str) -> None:
+    body = recorded(LOGPROBS)
+    *parents, last = path
+    node = body["meta_info"]
+    for key in parents:
+        node = node[key]
+    if value is None:
+        del node[last]
+    else:
+        node[last] = value
+    with pytest.raises(MalformedResponse, match=message):
+        read_generate_reply(json.dumps(body).encode())
 
 
 def _record() -> RequestRecord:
@@ -207,6 +258,16 @@ def test_the_emulator_answers_and_logs_like_0_5_14(speculative: bool, tmp_path: 
             assert [key_sets(x) for x in batch] == [key_sets(x) for x in recorded(f"genbatch-{name}.json")]
             overlong = client.post(server.url + "/generate", json=OVERLONG)
             assert overlong.status_code == 400 and overlong.json() == recorded("gen-overlong-base.json")
+            # The lossless rule's re-score: the same fields and shapes as SGLang's (the hand-made answer).
+            from tasks.gate.lossless import evidence_from_sglang, rescore_body
+
+            reference = one["output_ids"]
+            rescored = client.post(server.url + "/generate", json=rescore_body(list(range(5, 13)), reference, 3, "rs"))
+            spec_keys = set(recorded(f"gen-{name}.json")["meta_info"]) - set(recorded("gen-base.json")["meta_info"])
+            top, meta = key_sets(recorded(LOGPROBS))
+            assert key_sets(rescored.json()) == (top, meta | spec_keys)
+            evidence = evidence_from_sglang(read_generate_reply(rescored.content).logprobs, list(range(5, 13)), reference, 3)
+            assert [v.token for v in evidence.positions] == [*reference, None] and evidence.argmax_flips() == 0
     finally:
         server.stop()
     if speculative:

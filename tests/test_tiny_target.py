@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -191,14 +192,8 @@ def test_the_tokenizer_is_read_once_per_process_and_each_caller_gets_its_own(
 
 def test_target_identity(tiny_target_dir: Path, tokenizer, tmp_path: Path) -> None:
     identity = target_identity(str(tiny_target_dir), None, tokenizer)
-    assert set(identity) == {
-        "model_path",
-        "revision",
-        "tokenizer_hash",
-        "chat_template_hash",
-        "context_length",
-    }
-    assert identity["model_path"] == str(tiny_target_dir)
+    # Content only: a local folder's path is no part of it (the next node has it elsewhere).
+    assert set(identity) == {"revision", "tokenizer_hash", "chat_template_hash", "context_length"}
     assert identity["revision"].startswith("sha256:")
     assert (
         identity["tokenizer_hash"]
@@ -207,12 +202,16 @@ def test_target_identity(tiny_target_dir: Path, tokenizer, tmp_path: Path) -> No
     assert identity["chat_template_hash"] == hashlib.sha256(CHAT_TEMPLATE.encode()).hexdigest()
     assert identity["context_length"] == 2048
     assert target_identity(str(tiny_target_dir), None, tokenizer) == identity
-    assert target_identity(str(tiny_target_dir), "v7", tokenizer)["revision"] == "v7"
+    moved = shutil.copytree(tiny_target_dir, tmp_path / "elsewhere" / "model")
+    assert target_identity(str(moved), None, load_tokenizer(str(moved))) == identity
+    # A named revision stands for the weights: then where they were read from counts too.
+    named = target_identity(str(tiny_target_dir), "v7", tokenizer)
+    assert named["revision"] == "v7" and named["model_path"] == str(tiny_target_dir)
 
     # Same shapes, other weights: the revision digest still tells them apart.
     other = build_tiny_target(tmp_path / "seed1", seed=1)
     other_identity = target_identity(str(other), None, load_tokenizer(str(other)))
-    assert {k for k in identity if identity[k] != other_identity[k]} == {"model_path", "revision"}
+    assert {k for k in identity if identity[k] != other_identity[k]} == {"revision"}
 
     overridden = load_tokenizer(str(tiny_target_dir), chat_template="{{ messages[0]['content'] }}")
     changed = target_identity(str(tiny_target_dir), None, overridden)

@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from tasks.draft import checkpoint as ckpt
+from tasks.draft.target_heads import load_target_heads
 from tasks.draft.trainer import TrainCallbacks, TrainError, train_draft
 from tasks.draft.vocab import VocabMap, build_vocab_map, count_tokens
+from tasks.gate.replay import replay_run
 from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import TRAIN_BEST, TRAIN_RESULT
 from tasks.target.tiny import build_tiny_target
@@ -59,6 +61,14 @@ def test_learning_is_real_and_more_data_beats_less(make_run):
     assert best["checkpoint"] == ckpt.checkpoint_key(best["step"])
     assert ckpt.is_complete(run.path(best["checkpoint"]))
     assert best["sim_accept"] == max(e["sim_accept"] for e in full.evals[1:])
+    # The held-out pooled accept length is the gate's offline replay of the same draft over the
+    # same sequences: one definition (tasks.draft.acceptance), batched or one sequence at a time.
+    embed, _ = load_target_heads(cfg.target.model_path)
+    at_best = next(e for e in full.evals if e["step"] == best["step"])
+    replayed = replay_run(run, ckpt.load_checkpoint_model(run.path(best["checkpoint"]), embed), [1, 2, 3])
+    for k in (1, 2, 3):
+        assert at_best[f"pooled_accept_len_{k}"] == pytest.approx(replayed.overall[k]["accept_length"], rel=1e-12)
+    assert at_best["pooled_accept_len_3"] > 1.1
     assert run.read_bytes("train/plots/accuracy.png")[:8] == b"\x89PNG\r\n\x1a\n"
     assert run.read_json(TRAIN_RESULT)["steps"] == LEARN_STEPS
     vocab = VocabMap.load(run)

@@ -39,7 +39,7 @@ def test_torchrun_two_processes_gloo(tmp_path_factory: pytest.TempPathFactory,
     env = child_env(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         "-m", "tasks.draft.train_main", "--params", str(params)],
+         "-m", "tasks.train.main", "--params", str(params)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     output = proc.stdout + proc.stderr

@@ -103,7 +103,7 @@ def test_kill_9_during_online_training_resumes_to_the_uninterrupted_curve(tmp_pa
 
     cfg2, params2, run2 = _run(tmp_path_factory, tiny_target_dir, tmp_path / "killed", online=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    cmd = [sys.executable, "-m", "tasks.draft.train_main", "--params", str(params2)]
+    cmd = [sys.executable, "-m", "tasks.train.main", "--params", str(params2)]
     first_save = run2.path(f"{ckpt.checkpoint_key(4)}/meta.json")
     child = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
@@ -165,7 +165,7 @@ def test_online_under_torchrun_two_processes(tmp_path_factory, tiny_target_dir, 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         "-m", "tasks.draft.train_main", "--params", str(params), "--set", "train.max_steps=4"],
+         "-m", "tasks.train.main", "--params", str(params), "--set", "train.max_steps=4"],
         cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     output = proc.stdout + proc.stderr

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Launch the speculative SGLang server: the target plus an exported EAGLE3 draft, with exactly
-# the flags the gate benchmarked (the command comes from `python -m tasks.gate.launch`, the
-# gate's own builder, so this script and the gate cannot drift apart).
+# the flags the gate benchmarked (the command comes from `python -m tasks.sglang.command`, the
+# builder the gate's launches come from, so this script and the gate cannot drift apart).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -18,7 +18,7 @@ usage: launch_speculative.sh --model PATH (--draft PATH --num-steps N | --baseli
 Starts \`python -m sglang.launch_server\` for the target with the EAGLE3 draft (or, with
 --baseline, the same launch without speculation: the gate's comparison point). The flags are
 built per pinned SGLang version (--sglang-version 0.5.4, 0.5.14 or 0.5.23; CUDA-graph flags
-differ between them) by tasks/gate/launch.py, which refuses EAGLE instead of EAGLE3, topk=1 with
+differ between them) by tasks/sglang/command.py, which refuses EAGLE instead of EAGLE3, topk=1 with
 draft tokens != steps + 1, and extra args that the builder owns or the version does not have
 (for 0.5.14: anything not in its recorded --help, and its deprecated aliases).
 Use the numbers and the server settings of the promoted config (promoted.json / gate/report.md).
@@ -27,7 +27,7 @@ Script options:
   --python PY           interpreter with sglang and eaglescale (default \$EAGLESCALE_PYTHON or python)
   --dry-run             print the NCCL environment and the command instead of running it
 $NCCL_USAGE
-Builder options (python -m tasks.gate.launch; defaults: --tp 8, --port 30000, --host 0.0.0.0,
+Builder options (python -m tasks.sglang.command; defaults: --tp 8, --port 30000, --host 0.0.0.0,
 --mem-fraction 0.88, --cuda-graph-max-bs 8, --topk 1, --sglang-version 0.5.23):
   --model PATH --draft PATH --baseline --sglang-version V --num-steps N --topk K
   --num-draft-tokens N --correct-draft-tokens --tp N --host H --port P --mem-fraction F
@@ -60,11 +60,11 @@ while [ $# -gt 0 ]; do
 done
 
 # The builder runs from this checkout when there is one (an installed eaglescale otherwise).
-if [ -f "$repo/tasks/gate/launch.py" ]; then
+if [ -f "$repo/tasks/sglang/command.py" ]; then
   export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 fi
 # The builder's own errors (exit 2) name the bad flag; set -e passes its status on.
-built="$("$py" -m tasks.gate.launch --python "$py" --lines "${args[@]}")"
+built="$("$py" -m tasks.sglang.command --python "$py" --lines "${args[@]}")"
 mapfile -t cmd <<<"$built"
 
 if [ "$dry" = 1 ]; then

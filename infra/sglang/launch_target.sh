@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Launch one SGLang server for the generation stage (the target, no speculation) on a GPU node.
 # The generate stage reaches it through engine.endpoints (or an sglang-router URL in front of several).
-# The command comes from `python -m tasks.gate.launch --baseline`, the gate's own builder, so the
+# The command comes from `python -m tasks.sglang.command --baseline`, the builder the gate's launches come from, so the
 # server settings (attention backend, ...) and the version's flag checks are the gate's.
 set -euo pipefail
 
@@ -18,7 +18,7 @@ usage: launch_target.sh --model PATH [--tp N] [--port PORT] [--host HOST] [--con
                         [--python PY] [--dry-run] [-- EXTRA_SGLANG_ARGS...]
 
 Starts \`python -m sglang.launch_server\` for the target model with tensor parallelism (default 8)
-and --trust-remote-code. Flags are built per pinned SGLang version by tasks/gate/launch.py, which
+and --trust-remote-code. Flags are built per pinned SGLang version by tasks/sglang/command.py, which
 refuses flags the version does not have (for 0.5.14: any flag not in its recorded --help).
   --model PATH          HF model folder of the target (required)
   --tp N                tensor-parallel size (default 8)
@@ -62,7 +62,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-if [ -f "$repo/tasks/gate/launch.py" ]; then
+if [ -f "$repo/tasks/sglang/command.py" ]; then
   export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 fi
 sglang_extra=(--trust-remote-code)
@@ -70,7 +70,7 @@ sglang_extra=(--trust-remote-code)
 sglang_extra+=("${extra[@]}")
 # A generation server batches widely: SGLang's own CUDA-graph sizes unless --cuda-graph-max-bs
 # (given later on the builder's command line, it wins). The builder's errors (exit 2) name the flag.
-built="$("$py" -m tasks.gate.launch --baseline --cuda-graph-max-bs default --python "$py" --lines \
+built="$("$py" -m tasks.sglang.command --baseline --cuda-graph-max-bs default --python "$py" --lines \
          "${args[@]}" -- "${sglang_extra[@]}")"
 mapfile -t cmd <<<"$built"
 

@@ -4,15 +4,15 @@ strict.py           the base of every model: unknown keys are errors
 sections.py         the sections (target, discover, sampling, engine, generate, extract, train,
                     slack, orchestration), `EagleScaleConfig` and the `contradictions` it refuses
 gate_section.py     the `gate` section: `GateConfig`, `SpecPoint`, `Challenger`
-server_settings.py  `ServerSettings` (`gate.server`): the SGLang settings every launch shares
 paths.py            the keys that name local paths (`PATH_KEYS`) and how each is made absolute
 loading.py          `load_config`: a params file, `--set` overrides, a run root; `ConfigError`
 input_checks.py     `check_input_paths`: the inputs the run reads exist, before anything starts
 
 Below the stages: loading a configuration imports no stage code, only the SGLang launch checks
 the gate section runs (tasks/sglang/) and the target's path helpers (tasks/target/path_kinds.py,
-packages.py). The names below are the package's interface; the gate section and the server
-settings are imported from their own modules.
+packages.py). The gate section's `server` is SGLang's own settings model
+(tasks/sglang/server_settings.py), which the command builder below takes too. The names below are
+the package's interface; the gate section is imported from its own module.
 """
 
 from tasks.config.input_checks import check_input_paths

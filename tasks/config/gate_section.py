@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from tasks.config.server_settings import ServerSettings
 from tasks.config.strict import Strict
+from tasks.sglang.server_settings import ServerSettings
 from tasks.sglang.versions import PINNED_VERSIONS, check_server_config, flag_set
 
 
@@ -117,9 +117,6 @@ class GateConfig(Strict):
     ci_level: float = Field(0.95, gt=0.5, lt=1.0)
     n_bootstrap: int = Field(2000, ge=100)
     bootstrap_seed: int = 0
-    min_exact_match: float = Field(
-        0.95, ge=0.0, le=1.0, description="Fraction of outputs equal to the baseline's, token for token."
-    )
     require_cuda_graphs: bool = Field(
         True, description="SGLang engines: graph capture and decode on graphs are required."
     )
@@ -128,12 +125,54 @@ class GateConfig(Strict):
     request_timeout_s: float = Field(600.0, gt=0)
     registry_url: str | None = Field(None, description="Where promoted drafts go: a path or s3:// URL.")
     registry_storage_options: dict[str, Any] = Field(default_factory=dict)
+    # The lossless rule (tasks/gate/lossless.py): each speculative output equals the baseline's
+    # reference or first leaves it at a near-tie, as judged by the baseline's prefill re-score.
+    near_tie_nats: float = Field(
+        0.5, gt=0,
+        description="Largest logprob gap between the baseline's top two tokens at a divergence that still counts as "
+        "a near-tie a bf16 verify may flip: each of the decode, verify and re-score paths may misplace a logit of "
+        "magnitude 16-32 by one bf16 ulp (0.125), so one path's gap is within 0.25 of the exact gap and a flip "
+        "between two paths is seen by a third within 0.5 (SGLang's own decode-vs-prefill logprob tolerance).",
+    )  # fmt: skip
+    top_logprobs_num: int = Field(
+        5, ge=2, description="Top tokens per position in the baseline's re-score (SGLang's top_logprobs_num): a "
+        "speculative token outside them is refused with the gap bounded by the K-th's logprob.",
+    )  # fmt: skip
+    frequency_penalty: float = Field(
+        0.0, ge=-2.0, le=2.0,
+        description="Sent in every benchmark request's sampling params (SGLang server engines). SGLang applies "
+        "penalties in a relaxed way under speculative decoding: a gate run with one shows that change of output "
+        "refused as not lossless.",
+    )  # fmt: skip
+    # Break-even measured on the server (tasks/gate/breakeven.py).
+    breakeven_accept_lengths: list[float] = Field(
+        default_factory=list,
+        description="SGLang server engines: per num_steps of the sweep, one launch per accept length with "
+        "SGLANG_SIMULATE_ACC_LEN set (the real verify pipeline, acceptance forced to that mean), whose tok/s "
+        "against the baseline's gives the server's own break-even accept length. Never promoted. Empty: off.",
+    )
+    breakeven_prompts: int = Field(8, ge=1, description="Benchmark prompts sent to each break-even launch.")
+
+    @model_validator(mode="after")
+    def _lossless_settings(self) -> GateConfig:
+        if any(not x >= 1.0 for x in self.breakeven_accept_lengths):
+            raise ValueError(f"gate.breakeven_accept_lengths must be tokens per verify >= 1, got {self.breakeven_accept_lengths}")
+        if self.engine == "local" and self.breakeven_accept_lengths:
+            raise ValueError("gate.breakeven_accept_lengths needs an SGLang server (gate.engine sglang or emulated): "
+                             "the local engine has no simulated acceptance")  # fmt: skip
+        if self.engine == "local" and self.frequency_penalty:
+            raise ValueError("gate.frequency_penalty needs an SGLang server (gate.engine sglang or emulated): "
+                             "the local engine decodes without penalties")  # fmt: skip
+        return self
 
     @model_validator(mode="before")
     @classmethod
     def _renamed(cls, data: Any) -> Any:
         if isinstance(data, dict) and "reference_drafts" in data:
             raise ValueError("gate.reference_drafts is now gate.challengers (the same fields: name, path, num_steps, ...)")
+        if isinstance(data, dict) and "min_exact_match" in data:
+            raise ValueError("gate.min_exact_match is gone: outputs must be lossless (equal to the baseline's, or first "
+                             "leaving it at a near-tie within gate.near_tie_nats), see tasks/gate/lossless.py")  # fmt: skip
         return data
 
     @field_validator("sglang_version")

@@ -10,6 +10,7 @@ import os
 from tasks.config.loading import ConfigError
 from tasks.config.paths import PATH_KEYS, PathOrigin, path_slots
 from tasks.config.sections import EagleScaleConfig
+from tasks.target.multipart import is_multipart_path, parts_problem
 from tasks.target.packages import PackagePathError, resolve_package_path
 
 _GLOB_CHARS = "*?["
@@ -64,7 +65,9 @@ def check_input_paths(config: EagleScaleConfig) -> None:
 
     Names each missing path in its absolute form and what it was relative to. Paths the
     stages create (run_root, the registry) need not exist; URLs are left to the stage that
-    opens them, except `package://` paths, which are looked up here (cheaply, no import).
+    opens them, except `package://` paths, which are looked up here (cheaply, no import), and
+    a `multipart://` target, whose parts are (each installed and of its size, unless the file
+    is assembled already).
     """
     problems = []
     for origin in config.path_origins():
@@ -81,5 +84,9 @@ def check_input_paths(config: EagleScaleConfig) -> None:
                     resolve_package_path(value)
                 except PackagePathError as e:
                     problems.append(f"{key}: {e}")
+            elif isinstance(value, str) and is_multipart_path(value) and _needs_locally(config, key):
+                problem = parts_problem(value)
+                if problem is not None:
+                    problems.append(f"{key}: {problem}")
     if problems:
         raise ConfigError("missing input paths:\n  - " + "\n  - ".join(problems))

@@ -263,7 +263,7 @@ class TrainConfig(Strict):
     weight_decay: float = Field(0.0, ge=0.0)
     warmup_steps: int = Field(20, ge=0)
     max_steps: int | None = Field(None, ge=1, description="Default: `epochs` over the data.")
-    epochs: int = Field(1, ge=1)
+    epochs: int = Field(1, ge=1, description="Passes over the training split (when max_steps is not set).")
     max_train_sequences: int | None = Field(
         None,
         ge=1,
@@ -300,6 +300,57 @@ class TrainConfig(Strict):
         if any(not 0.0 < f < 1.0 for f in v) or len(set(v)) != len(v):
             raise ValueError(f"scaling_fractions must be distinct fractions in (0, 1), got {v}")
         return sorted(v)
+
+    # The training recipe (issue 27): each choice a setting, today's behaviour the default. A
+    # checkpoint records them and is not resumed with others (tasks/draft/recipe.py).
+    adam_betas: tuple[float, float] = Field(
+        (0.9, 0.95),
+        description="AdamW's (beta1, beta2). SpecForge trains with torch's default (0.9, 0.999).",
+    )
+    loss_normalization: Literal["batch", "token"] = Field(
+        "batch",
+        description="batch: unroll step k's loss is decay**k times the mean over that batch's counted "
+        "response tokens, so a token in a batch with few of them weighs more. token: every counted "
+        "token weighs decay**k / batch_tokens, a fixed denominator, so each weighs the same in every "
+        "batch and on every process; the gradient then scales with the batch's response share of its "
+        "token budget (lower gradient norms than batch's, so max_grad_norm clips less often).",
+    )
+    init_lm_head_from_target: bool = Field(
+        False,
+        description="Start the draft's lm_head from the target's lm_head rows for the draft vocabulary "
+        "(its embedding rows when the target ties them), as vLLM's speculators does. Default: random.",
+    )
+    freeze_lm_head: bool = Field(
+        False,
+        description="Keep the lm_head fixed (no gradient, not in the optimizer); needs "
+        "init_lm_head_from_target.",
+    )
+    init_norm_from_target: bool = Field(
+        False,
+        description="Start the draft's final norm (applied before its lm_head) from the target's final "
+        "norm weight instead of ones; it stays trainable.",
+    )
+    aux_state_noise: float = Field(
+        0.0,
+        ge=0.0,
+        description="Standard deviation of Gaussian noise added to the target's aux hidden states in "
+        "training steps (never in evaluation), absolute, in the states' own units as speculators' "
+        "AddGaussianNoise (its default 0.05); seeded by train.seed and the step. 0: none.",
+    )
+
+    @field_validator("adam_betas")
+    @classmethod
+    def _betas(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in v):
+            raise ValueError(f"adam_betas must both be in [0, 1), got {list(v)}")
+        return v
+
+    @model_validator(mode="after")
+    def _frozen_head_starts_from_the_target(self) -> TrainConfig:
+        if self.freeze_lm_head and not self.init_lm_head_from_target:
+            raise ValueError("train.freeze_lm_head needs train.init_lm_head_from_target: a frozen head "
+                             "would keep its random initialisation")
+        return self
 
 
 class SlackConfig(Strict):

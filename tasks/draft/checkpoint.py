@@ -204,3 +204,8 @@ def load_training_state(
     scheduler.load_state_dict(opt["scheduler"])
     set_rng_state(torch.load(io.BytesIO(folder.read("rng.pt")), weights_only=True))
     return json.loads(folder.read("trainer_state.json"))
+
+
+def read_trainer_state(run: RunFolder, key: str) -> dict[str, Any]:
+    """The trainer state of a checkpoint alone (verified): what a resume checks first."""
+    return json.loads(_Dir(f"{run.url}/{key}", run.fs, run.path(key)).read("trainer_state.json"))

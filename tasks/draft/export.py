@@ -168,10 +168,11 @@ def sglang_files(
 
 
 def _is_converted_target(verifier: str) -> bool:
-    """A package or GGUF target: what transformers opens is its converted HF folder."""
+    """A package, multi-part or GGUF target: what transformers opens is its converted HF folder."""
+    from tasks.target.multipart import is_multipart_path
     from tasks.target.packages import is_package_path
 
-    return is_package_path(verifier) or verifier.endswith(".gguf")
+    return is_package_path(verifier) or is_multipart_path(verifier) or verifier.endswith(".gguf")
 
 
 def verifier_reference(verifier: str) -> str:
@@ -180,7 +181,7 @@ def verifier_reference(verifier: str) -> str:
     speculators (and vLLM) open `verifier.name_or_path` with transformers from whatever
     directory they run in, so a local folder is recorded as its absolute path; a package or GGUF
     target (`package://...`, `*.gguf`) as the absolute path of its converted HF folder, which is
-    what transformers can open; a hub id (`org/name`, or a bare name) and a URL are recorded as
+    what transformers can open (a `multipart://` one likewise); a hub id (`org/name`, or a bare name) and a URL are recorded as
     given. A path that does not exist is refused rather than recorded.
     """
     if _is_converted_target(verifier):

@@ -36,8 +36,8 @@ if TYPE_CHECKING:
 
 
 class OnlineDataError(ValueError):
-    """The generation data changed under an online training run (train_main reports a
-    ValueError as a one-line error)."""
+    """The generation data changed under an online training run (the train entry point,
+    tasks/train/main.py, reports a ValueError as a one-line error)."""
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 The draft shares the target's embedding and its teacher needs the target's lm_head; nothing
 else of a terabyte-sized target is read (safe_open reads the named tensors only). Sharded
 checkpoints are found through their `*.safetensors.index.json`; a target with tied
-embeddings uses its embedding as the head.
+embeddings uses its embedding as the head. The final norm's weight is read the same way when
+the draft's norm starts from it (train.init_norm_from_target).
 """
 
 from __future__ import annotations
@@ -28,6 +29,13 @@ HEAD_KEYS = (
     "language_model.lm_head.weight",
     "model.language_model.lm_head.weight",
 )
+NORM_KEYS = (
+    "model.norm.weight",
+    "language_model.model.norm.weight",
+    "model.language_model.norm.weight",
+)
+# Norms that scale by (1 + weight): their stored weight is not the draft's RMSNorm weight.
+OFFSET_NORM_TYPES = ("gemma",)
 
 
 class TargetHeadsError(ValueError):
@@ -99,3 +107,24 @@ def load_target_heads(model_path: str) -> tuple[torch.Tensor, torch.Tensor]:
                 f"{model_path}: {name} has {tensor.shape[0]} rows, config vocab_size is {vocab}"
             )
     return embed, head
+
+
+def load_target_norm(model_path: str) -> torch.Tensor:
+    """The target's final norm weight [hidden] (applied before its lm_head), checkpoint dtype."""
+    model_dir = resolve_model_dir(model_path)
+    config = text_config(read_model_config(model_dir))
+    model_type = str(config.get("model_type", ""))
+    if model_type.startswith(OFFSET_NORM_TYPES):
+        raise TargetHeadsError(
+            f"{model_path}: a {model_type} target's norm scales by 1 + weight, the draft's RMSNorm by "
+            "its weight; train.init_norm_from_target does not convert it"
+        )
+    weight_map = _weight_map(model_dir)
+    key = _pick(weight_map, NORM_KEYS, "model.norm.weight")
+    if key is None:
+        raise TargetHeadsError(f"{model_path}: no final norm weight (model.norm.weight) among its tensors")
+    norm = _read(weight_map, key)
+    hidden = config.get("hidden_size")
+    if norm.dim() != 1 or norm.shape[0] != hidden:
+        raise TargetHeadsError(f"{model_path}: {key} is {list(norm.shape)}, expected [{hidden}]")
+    return norm

@@ -3,9 +3,15 @@ the extract stage's shards (`train.hidden_states: offline`), or captured from th
 batch as it trains (`online`, tasks/draft/online.py; nothing stored).
 
 Read top to bottom: set up (target heads, draft shape, data index, vocab map), build the
-model and optimizer, resume from the newest complete checkpoint, then loop: one
-training-time-test step per batch, evaluate on the held-out split, checkpoint, keep the best.
-Runs as one process or under torchrun (DDP; gloo on CPU, nccl on GPU); only rank 0 writes.
+model and optimizer (the recipe's choices: tasks/draft/recipe.py), resume from the newest
+complete checkpoint, then loop: one training-time-test step per batch, evaluate on the
+held-out split, checkpoint, keep the best. Runs as one process or under torchrun (DDP; gloo on
+CPU, nccl on GPU); only rank 0 writes.
+
+Curves: every step records its gradient norm before clipping and whether it was clipped;
+every evaluation records the held-out metrics, and the mean and largest gradient norm and the
+fraction of steps clipped since the previous evaluation (`train_grad_norm`,
+`train_grad_norm_max`, `train_clip_rate`); train/result.json keeps both, the plot draws both.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tasks.config import TrainConfig
 from tasks.draft import checkpoint as ckpt
+from tasks.draft.acceptance import chain_totals, pooled_accept_length
 from tasks.draft.architecture import DraftConfig
 from tasks.draft.data import (
     DataIndex,
@@ -37,8 +44,22 @@ from tasks.draft.data import (
 from tasks.draft.model import Eagle3Draft
 from tasks.draft.online import OnlineData, OnlineTarget
 from tasks.draft.plots import accuracy_plot_png
-from tasks.draft.target_heads import load_target_heads
-from tasks.draft.ttt import Batch, StepStats, TTTModel, counted_rows, summarize
+from tasks.draft.recipe import (
+    loss_denominator,
+    recipe_differences,
+    recipe_record,
+    start_from_target,
+    with_aux_noise,
+)
+from tasks.draft.target_heads import load_target_heads, load_target_norm
+from tasks.draft.ttt import (
+    Batch,
+    StepStats,
+    TTTModel,
+    counted_rows,
+    stored_token_matches,
+    summarize,
+)
 from tasks.draft.vocab import VocabMap, build_vocab_map, count_tokens
 from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import TRAIN_BEST, TRAIN_PLOT, TRAIN_RESULT, TRAIN_VOCAB_MAP
@@ -61,6 +82,10 @@ class TrainResult:
     last_checkpoint: str | None
     resumed_from: str | None
     vocab_stats: dict[str, Any] = field(default_factory=dict)
+
+
+# Per-step fields train/result.json keeps (checkpoints keep every field of every step).
+HISTORY_COLUMNS = ("step", "lr", "loss", "grad_norm", "clipped", "batch_tokens", "tok_per_s", "sim_accept_len")
 
 
 class TrainError(RuntimeError):
@@ -154,15 +179,19 @@ def train_step(
     params: list[torch.Tensor],
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
+    step: int = 0,
+    rank: int = 0,
 ) -> tuple[StepStats, torch.Tensor]:
-    """One optimizer step on a host batch: unroll, backward, clip, AdamW, schedule.
-    (benchmarks/p4_train_step.py times exactly this.)"""
+    """One optimizer step on a host batch: unroll, backward, clip, AdamW, schedule; `step`
+    (the optimizer steps before this one) and `rank` seed the aux-state noise.
+    (benchmarks/p4_train_step.py times exactly this.) Returns the gradient norm before clipping."""
     rows = counted_rows(batch.loss_mask, cfg.ttt_steps, device)
     autocast = torch.autocast(device.type, dtype=compute_dtype,
                               enabled=compute_dtype != torch.float32)
+    on_device = with_aux_noise(batch.to(device, compute_dtype), cfg.aux_state_noise, cfg.seed, step, rank)
     with autocast:
-        loss, stats = stepper(batch.to(device, compute_dtype), rows, cfg.ttt_steps,
-                              cfg.ttt_decay, cfg.logits_chunk)
+        loss, stats = stepper(on_device, rows, cfg.ttt_steps, cfg.ttt_decay, cfg.logits_chunk,
+                              loss_denominator=loss_denominator(cfg))
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm, foreach=True)
     optimizer.step()
@@ -176,7 +205,7 @@ def build_optimizer(
 ) -> tuple[torch.optim.Optimizer, Any]:
     """AdamW over the fp32 master weights (fused on CUDA) and the warm-up + cosine schedule."""
     optimizer = torch.optim.AdamW(
-        params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, betas=(0.9, 0.95),
+        params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, betas=tuple(cfg.adam_betas),
         fused=device.type == "cuda",
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -264,6 +293,8 @@ def train_draft(
     head_dtype = compute_dtype if device.type == "cuda" else torch.float32
     draft = Eagle3Draft(draft_cfg, embed.to(head_dtype))
     draft.set_vocab(vocab.d2t, vocab.t2d)
+    start_from_target(draft, lm_head, vocab.draft_ids,
+                      load_target_norm(target_model_path) if cfg.init_norm_from_target else None, cfg)
     if compile_kernels is None:
         compile_kernels = device.type == "cuda"
     model = TTTModel(draft, lm_head.to(head_dtype), vocab.draft_ids, compile_kernels).to(device)
@@ -275,8 +306,11 @@ def train_draft(
     # -- resume --------------------------------------------------------------------------
     state: dict[str, Any] = {"step": 0, "history": [], "evals": [], "best": None}
     resumed_from = ckpt.latest_checkpoint(run)
+    recipe = recipe_record(cfg, total_steps)
     if resumed_from is not None:
-        state = ckpt.load_training_state(run, resumed_from, draft, optimizer, scheduler)
+        # Checked before the weights and optimizer load: a frozen head, say, changes the
+        # optimizer's parameter groups, and loading would fail without naming why.
+        state = ckpt.read_trainer_state(run, resumed_from)
         recorded_mode = state.get("hidden_states", "offline")  # checkpoints before the key: offline
         if recorded_mode != cfg.hidden_states:
             raise TrainError(
@@ -291,6 +325,13 @@ def train_draft(
                 f"{len(index.split('train'))} (train.max_train_sequences or the data changed); resume "
                 "with the same data, or remove train/checkpoints to start over"
             )
+        differences = recipe_differences(state.get("recipe"), recipe)
+        if differences:
+            raise TrainError(
+                f"{run.url}/{resumed_from}: trained with another recipe: " + "; ".join(differences)
+                + "; resume with the checkpoint's settings, or remove train/checkpoints to start over"
+            )
+        state = ckpt.load_training_state(run, resumed_from, draft, optimizer, scheduler)
         if not torch.equal(draft.d2t.cpu(), vocab.d2t):
             raise TrainError(f"{run.url}/{resumed_from}: trained with another vocab map than "
                              f"{TRAIN_VOCAB_MAP}; remove one of them")
@@ -307,22 +348,34 @@ def train_draft(
         model.eval()
         totals = StepStats(*(torch.zeros(cfg.ttt_steps, dtype=torch.float64, device=device)
                              for _ in range(3)))
+        ks = range(1, cfg.ttt_steps + 1)
+        # Greedy chains over the held-out sequences with k drafts per cycle: tokens and
+        # verify cycles, pooled over every cycle as SGLang counts (tasks.draft.acceptance).
+        chains = torch.zeros(2, cfg.ttt_steps, dtype=torch.float64)
         with torch.no_grad(), autocast:
             for batch in eval_cache:
                 rows = counted_rows(batch.loss_mask, cfg.ttt_steps, device)
-                _, stats = model(batch.to(device, compute_dtype), rows, cfg.ttt_steps,
-                                 cfg.ttt_decay, cfg.logits_chunk, full_vocab=True)
+                _, stats, predicted = model.unrolled(batch.to(device, compute_dtype), rows, cfg.ttt_steps,
+                                                     cfg.ttt_decay, cfg.logits_chunk, full_vocab=True)
                 totals = totals.merged(stats)
+                matches = stored_token_matches(predicted, rows, batch.input_ids, cfg.ttt_steps)
+                for k, (tokens, cycles) in chain_totals(matches.numpy(), batch.loss_mask.numpy(), ks).items():
+                    chains[0, k - 1] += tokens
+                    chains[1, k - 1] += cycles
         model.train()
         for t in (totals.loss_sum, totals.correct, totals.count):
             rank.sum_(t)
-        return {"step": step, "acc_basis": "full_vocab", **summarize(totals, cfg.ttt_decay)}
+        chains = rank.sum_(chains.to(device)).cpu()
+        pooled = {f"pooled_accept_len_{k}": pooled_accept_length(chains[0, k - 1].item(), chains[1, k - 1].item())
+                  for k in ks}  # fmt: skip
+        return {"step": step, "acc_basis": "full_vocab", **summarize(totals, cfg.ttt_decay), **pooled}
 
     def save(best_changed: bool) -> None:
         nonlocal last_saved
         last_saved = ckpt.checkpoint_key(step)
         if rank.rank == 0:
             trainer_state = {**state, "hidden_states": cfg.hidden_states, "train_sequences": len(index.split("train")),
+                             "recipe": recipe,
                              "step": step, "epoch": step // steps_per_epoch,
                              "batch_in_epoch": step % steps_per_epoch,
                              "steps_per_epoch": steps_per_epoch, "total_steps": total_steps}
@@ -335,8 +388,18 @@ def train_draft(
                 callbacks.on_checkpoint(last_saved)
         rank.barrier()
 
+    def training_window() -> dict[str, Any]:
+        """Gradient norms and clipping over the training steps since the previous evaluation."""
+        since = state["evals"][-1]["step"] if state["evals"] else 0
+        norms = [h["grad_norm"] for h in state["history"] if since < h["step"] <= step]
+        if not norms:
+            return {}
+        clipped = sum(1 for n in norms if n > cfg.max_grad_norm)
+        return {"train_steps": len(norms), "train_grad_norm": sum(norms) / len(norms),
+                "train_grad_norm_max": max(norms), "train_clip_rate": clipped / len(norms)}
+
     def record_eval() -> bool:
-        result = evaluate()
+        result = {**evaluate(), **training_window()}
         if device.type == "cuda":  # what sizing batch_tokens (or sharing the GPU) needs to know
             result.update(cuda_peak_allocated_gib=torch.cuda.max_memory_allocated(device) / 2**30,
                           cuda_peak_reserved_gib=torch.cuda.max_memory_reserved(device) / 2**30)  # fmt: skip
@@ -346,7 +409,8 @@ def train_draft(
             state["best"] = {"step": step, "sim_accept": result["sim_accept"],
                              "sim_accept_len": result["sim_accept_len"]}
         if rank.rank == 0:
-            run.write_bytes_atomic(TRAIN_PLOT, accuracy_plot_png(state["evals"]))
+            run.write_bytes_atomic(TRAIN_PLOT, accuracy_plot_png(state["evals"], state["history"],
+                                                                 cfg.max_grad_norm))
             if callbacks.on_eval:
                 callbacks.on_eval(result)
         return better
@@ -365,7 +429,7 @@ def train_draft(
             began = time.perf_counter()
             lr = scheduler.get_last_lr()[0]
             stats, grad_norm = train_step(stepper, batch, cfg, device, compute_dtype, params,
-                                          optimizer, scheduler)
+                                          optimizer, scheduler, step, rank.rank)
             step += 1
             for t in (stats.loss_sum, stats.correct, stats.count):
                 rank.sum_(t)
@@ -373,7 +437,10 @@ def train_draft(
             elapsed = time.perf_counter() - began
             # Training accuracies use the teacher's argmax within the draft vocabulary (no
             # full-vocabulary matmul per step); evaluations use the full vocabulary.
-            record = {"step": step, "lr": lr, "grad_norm": float(grad_norm), "batch_tokens": tokens,
+            # The norm before clipping (clip_grad_norm_'s return), of this rank's gradient after
+            # DDP's all-reduce: the same on every rank.
+            record = {"step": step, "lr": lr, "grad_norm": float(grad_norm),
+                      "clipped": float(grad_norm) > cfg.max_grad_norm, "batch_tokens": tokens,
                       "tok_per_s": tokens / elapsed, "acc_basis": "draft_vocab",
                       **summarize(stats, cfg.ttt_decay)}
             state["history"].append(record)
@@ -391,7 +458,9 @@ def train_draft(
     result = TrainResult(step, state["history"], state["evals"], state["best"], last_saved,
                          resumed_from, vocab.stats)
     if rank.rank == 0:
+        history = [{k: h[k] for k in HISTORY_COLUMNS if k in h} for h in state["history"]]
         run.write_json_atomic(TRAIN_RESULT, {"steps": step, "best": state["best"],
                                            "last_checkpoint": last_saved, "resumed_from": resumed_from,
-                                           "evals": state["evals"], "vocab": vocab.stats})
+                                           "recipe": recipe, "evals": state["evals"], "history": history,
+                                           "vocab": vocab.stats})
     return result

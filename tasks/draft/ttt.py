@@ -15,9 +15,16 @@ target's argmax over the FULL target vocabulary, so a token outside the draft vo
 a miss; in training steps (`full_vocab=False`) the teacher's argmax within the draft
 vocabulary stands in for it, which saves the full-vocabulary matmul.
 
+Loss normalisation: step k's counted positions weigh decay**k / n_k (n_k of them in this batch:
+the per-batch mean, `loss_denominator=None`) or decay**k / D for a fixed D (train.batch_tokens:
+every token weighs the same whatever its batch's fill).
+
 Simulated acceptance: `sim_accept` = sum_k prod_{j<=k} acc_j counts accepted DRAFT tokens per
 cycle; SGLang's "accept length" also counts the target's bonus token, i.e. 1 + sim_accept,
-reported as `sim_accept_len`.
+reported as `sim_accept_len`. It treats every position as a cycle's start and the steps'
+accuracies as independent. What a server counts instead, tokens per verify cycle pooled over
+every cycle of every sequence (tasks.draft.acceptance), comes from `stored_token_matches`:
+the trainer's evaluation walks the greedy chains over them (`pooled_accept_len_k`).
 """
 
 from __future__ import annotations
@@ -189,6 +196,25 @@ def summarize(stats: StepStats, decay: float) -> dict[str, float]:
     return out
 
 
+def stored_token_matches(
+    predicted: torch.Tensor, rows: list[tuple], input_ids: torch.Tensor, steps: int
+) -> torch.Tensor:
+    """bool [steps, B, T] on the CPU: [k, b, t] = the draft's step-k token at index t (target
+    id; `predicted` as TTTModel.unrolled returns it, counted rows of every step in order) equals
+    the stored token at t+2+k. False where step k does not count t. The layout
+    tasks.draft.acceptance walks, as tasks.gate.replay.draft_matches gives it per sequence."""
+    b, t = input_ids.shape
+    ids = input_ids.flatten().cpu()
+    out = torch.zeros(steps, b * t, dtype=torch.bool)
+    predicted = predicted.cpu()
+    start = 0
+    for k, (flat, _, n) in enumerate(rows):
+        flat = flat.cpu()
+        out[k, flat] = predicted[start : start + n] == ids[flat + 2 + k]
+        start += n
+    return out.view(steps, b, t)
+
+
 def shift_left(x: torch.Tensor, by: int, fill: int | bool = 0) -> torch.Tensor:
     """x[:, t + by] at t, `fill` past the end."""
     if by == 0:
@@ -251,8 +277,26 @@ class TTTModel(nn.Module):
         decay: float,
         logits_chunk: int,
         full_vocab: bool = False,
+        loss_denominator: float | None = None,
     ) -> tuple[torch.Tensor, StepStats]:
-        """`rows` = counted_rows(cpu loss mask, steps, device)."""
+        """`rows` = counted_rows(cpu loss mask, steps, device); `loss_denominator` None: each
+        step's mean over its counted positions, else the fixed denominator (module docstring)."""
+        loss, stats, _ = self.unrolled(batch, rows, steps, decay, logits_chunk, full_vocab,
+                                       loss_denominator)
+        return loss, stats
+
+    def unrolled(
+        self,
+        batch: Batch,
+        rows: list[tuple],
+        steps: int,
+        decay: float,
+        logits_chunk: int,
+        full_vocab: bool = False,
+        loss_denominator: float | None = None,
+    ) -> tuple[torch.Tensor, StepStats, torch.Tensor]:
+        """forward's loss and statistics, and the draft's token (target id) at every counted
+        row of every step in order, for stored_token_matches."""
         draft = self.draft
         teacher = compute_teacher(
             batch.last_hidden, self.target_lm_head, self.draft_ids, logits_chunk, full_vocab
@@ -271,8 +315,12 @@ class TTTModel(nn.Module):
             # DDP's gradient buckets) still see all of them.
             zero = draft.logits(hidden[:1, 0]).float().sum() * 0.0
             nothing = torch.zeros(steps, dtype=torch.float64, device=device)
-            return zero, StepStats(nothing, nothing.clone(), count.to(device))
-        weights = torch.cat([torch.full((n,), decay**k / max(n, 1)) for k, n in enumerate(sizes)])
+            none_predicted = torch.zeros(0, dtype=torch.int64, device=device)
+            return zero, StepStats(nothing, nothing.clone(), count.to(device)), none_predicted
+        if loss_denominator is None:  # today's per-batch mean, the expression kept bit for bit
+            weights = torch.cat([torch.full((n,), decay**k / max(n, 1)) for k, n in enumerate(sizes)])
+        else:
+            weights = torch.cat([torch.full((n,), decay**k / loss_denominator) for k, n in enumerate(sizes)])
         segment = torch.repeat_interleave(torch.arange(steps), torch.tensor(sizes))
         teacher_at = torch.cat([t for _, t, _ in rows])
         logits = draft.logits(torch.cat(selected))
@@ -289,4 +337,4 @@ class TTTModel(nn.Module):
             correct = torch.zeros(steps, dtype=torch.float64, device=device).index_add_(
                 0, segment, hit
             )
-        return loss, StepStats(loss_sum, correct, count.to(device))
+        return loss, StepStats(loss_sum, correct, count.to(device)), predicted

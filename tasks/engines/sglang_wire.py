@@ -36,6 +36,100 @@ class MalformedResponse(ValueError):
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One `[logprob, token_id, text]` entry of SGLang's logprob fields (text is null unless the
+    request asks for return_text_in_logprobs; it is not kept)."""
+
+    logprob: float | None
+    token_id: int
+
+
+@dataclass(frozen=True)
+class ReplyLogprobs:
+    """The logprob fields of a /generate answer to a request with return_logprob, as SGLang's
+    scheduler and tokenizer manager fill them (0.5.x):
+
+    - `input_token`: one entry per input token from logprob_start_len on; entry j is the token at
+      input position start + j with its logprob given the input before it, except entry 0, whose
+      logprob is null (SGLang computes the distributions at positions start..end-1, each for the
+      token after it, and pads the first entry);
+    - `input_top`: the same positions' top_logprobs_num best tokens, best first (entry 0 null);
+      empty when the request asked for no top logprobs (SGLang then omits the field);
+    - `output_token`, `output_top`: the same for each generated token.
+    """
+
+    input_token: list[TokenLogprob]
+    input_top: list[list[TokenLogprob] | None]
+    output_token: list[TokenLogprob]
+    output_top: list[list[TokenLogprob] | None]
+
+
+LOGPROB_FIELDS = ("input_token_logprobs", "output_token_logprobs", "input_top_logprobs", "output_top_logprobs")
+
+
+def _entry(v: Any, where: str, null_logprob: bool) -> TokenLogprob:
+    if not isinstance(v, list | tuple) or len(v) != 3:
+        raise MalformedResponse(f"{where} must be [logprob, token_id, text], got {v!r}")
+    logprob, token, text = v
+    if logprob is None and not null_logprob:
+        raise MalformedResponse(f"{where}: logprob is null")
+    if logprob is not None and (isinstance(logprob, bool) or not isinstance(logprob, int | float) or logprob > 1e-6):
+        raise MalformedResponse(f"{where}: logprob must be a number <= 0, got {logprob!r}")
+    if not is_int(token) or token < 0:
+        raise MalformedResponse(f"{where}: token_id must be an integer >= 0, got {token!r}")
+    if text is not None and not isinstance(text, str):
+        raise MalformedResponse(f"{where}: text must be a string or null, got {text!r}")
+    return TokenLogprob(None if logprob is None else float(logprob), token)
+
+
+def _entries(v: Any, where: str, first_null: bool) -> list[TokenLogprob]:
+    if not isinstance(v, list):
+        raise MalformedResponse(f"{where} must be a list, got {type(v).__name__}")
+    return [_entry(x, f"{where}[{i}]", first_null and i == 0) for i, x in enumerate(v)]
+
+
+def _tops(v: Any, where: str, first_null: bool) -> list[list[TokenLogprob] | None]:
+    if not isinstance(v, list):
+        raise MalformedResponse(f"{where} must be a list, got {type(v).__name__}")
+    out: list[list[TokenLogprob] | None] = []
+    for i, x in enumerate(v):
+        if x is None and first_null and i == 0:
+            out.append(None)
+            continue
+        top = _entries(x, f"{where}[{i}]", False)
+        if any(a.logprob < b.logprob for a, b in zip(top, top[1:], strict=False)):  # type: ignore[operator]
+            raise MalformedResponse(f"{where}[{i}]: not sorted best first: {x!r}")
+        out.append(top)
+    return out
+
+
+def read_logprobs(meta: dict[str, Any]) -> ReplyLogprobs | None:
+    """The logprob fields of a meta_info, strictly: None when the answer has none; a field of
+    the wrong shape is a MalformedResponse naming it and the entry."""
+    if "input_token_logprobs" not in meta and "output_token_logprobs" not in meta:
+        return None
+    for have, lack in (LOGPROB_FIELDS[:2], LOGPROB_FIELDS[1::-1]):
+        if lack not in meta:
+            raise MalformedResponse(f"meta_info has {have} but no {lack}")
+    has_top = "input_top_logprobs" in meta or "output_top_logprobs" in meta
+    if has_top and not ("input_top_logprobs" in meta and "output_top_logprobs" in meta):
+        raise MalformedResponse("meta_info has one of input_top_logprobs and output_top_logprobs without the other")
+    logprobs = ReplyLogprobs(
+        input_token=_entries(meta["input_token_logprobs"], "meta_info.input_token_logprobs", True),
+        input_top=_tops(meta["input_top_logprobs"], "meta_info.input_top_logprobs", True) if has_top else [],
+        output_token=_entries(meta["output_token_logprobs"], "meta_info.output_token_logprobs", False),
+        output_top=_tops(meta["output_top_logprobs"], "meta_info.output_top_logprobs", False) if has_top else [],
+    )
+    if has_top and len(logprobs.input_top) != len(logprobs.input_token):
+        raise MalformedResponse(f"meta_info.input_top_logprobs has {len(logprobs.input_top)} positions, "
+                                f"input_token_logprobs {len(logprobs.input_token)}")
+    if has_top and len(logprobs.output_top) != len(logprobs.output_token):
+        raise MalformedResponse(f"meta_info.output_top_logprobs has {len(logprobs.output_top)} positions, "
+                                f"output_token_logprobs {len(logprobs.output_token)}")
+    return logprobs
+
+
+@dataclass(frozen=True)
 class GenerateReply:
     """One /generate response item as the client reads it."""
 
@@ -48,8 +142,10 @@ class GenerateReply:
     e2e_latency: float | None
     abort_message: str = ""
     abort_status: int | None = None
+    stop_token: int | None = None  # the token id a "stop" finish matched (SGLang's finish_reason.matched)
     # The whole meta_info, for fields only some readers need (a speculative server's spec_*).
     meta: dict[str, Any] = field(default_factory=dict)
+    logprobs: ReplyLogprobs | None = None  # with return_logprob (read_logprobs)
 
 
 def _reply_item(data: Any, body: bytes) -> GenerateReply:
@@ -69,6 +165,7 @@ def _reply_item(data: Any, body: bytes) -> GenerateReply:
             completion_tokens=int(meta["completion_tokens"]) if "completion_tokens" in meta else None,
             cached_tokens=int(meta.get("cached_tokens") or 0),
             e2e_latency=float(e2e) if isinstance(e2e, int | float) else None,
+            stop_token=reason.get("matched") if isinstance(reason, dict) and is_int(reason.get("matched")) else None,
             meta=dict(meta),
         )
     except (ValueError, KeyError, TypeError, IndexError) as e:
@@ -80,7 +177,8 @@ def _reply_item(data: Any, body: bytes) -> GenerateReply:
                                 "abort_status": status if is_int(status) else None})
     if finish not in ("stop", "length"):
         raise MalformedResponse(f"unexpected finish_reason {reason!r}")
-    return reply
+    logprobs = read_logprobs(reply.meta)
+    return reply if logprobs is None else GenerateReply(**{**reply.__dict__, "logprobs": logprobs})
 
 
 def _load(body: bytes) -> Any:

@@ -7,12 +7,10 @@ replay.py      offline acceptance of a draft over extracted held-out sequences
 plan.py        held-out prompt set, the sweep's points (`sweep_points`), configs, launch order,
                the records kept
 benchmark.py   the benchmark on servers: fresh launches in waves, warm-up, cost probes, flush,
-               repetitions, acceptance floor
+               repetitions, acceptance floor (servers start through tasks/sglang/: the
+               command builder and server_process)
 local_benchmark.py  the same benchmark on the in-process speculative engine (CPU boxes, the demo)
 progress.py    gate/progress.json and a log line per phase and launch while it runs
-server_process.py  a launched server's life: start, health wait, server-info check, log
-               parsing (CUDA graphs, decode lines), stop
-launch.py      SGLang command lines per pinned version (the flag table: tasks/sglang/versions.py)
 cost_model.py  step costs and the tok/s a replayed accept length predicts
 decision.py    bootstrap CI and the promote/reject rules
 report.py      gate/report.json, gate/report.md, gate/plots/*.png

@@ -10,7 +10,11 @@
   seeded held-out prompts one at a time (concurrency 1) at temperature 0;
 - per request: completion tokens, latency, tok/s, spec_verify_ct, accept length, the
   correct-drafts histogram when the server gives one, finish reason, agreement with the
-  baseline's output (exact, or the first mismatching token);
+  baseline's output (exact, or the first divergence classified by tasks/gate/lossless.py);
+- after a baseline launch's measured requests, untimed: the prefill re-score of each prompt's
+  reference output, the lossless rule's evidence;
+- break-even launches (gate.breakeven_accept_lengths): gate.breakeven_prompts prompts, each run
+  to max_new_tokens (ignore_eos: under simulated acceptance the output is filler);
 - a speculative launch whose accept length after warm-up is below the floor stops the gate
   with a diagnosis (acceptance stuck at 1.0 is the EAGLE-vs-EAGLE3 symptom).
 """
@@ -30,8 +34,16 @@ import httpx
 
 from tasks.config.gate_section import GateConfig
 from tasks.engines.sglang_wire import MalformedResponse, error_message, read_generate_reply
-from tasks.gate.launch import LaunchSpec, SpecParams
+from tasks.gate.lossless import (
+    EvidenceError,
+    ReferenceEvidence,
+    ReferenceOutputs,
+    evidence_from_sglang,
+    rescore_body,
+    rescore_summary,
+)
 from tasks.gate.plan import (
+    BREAKEVEN,
     CANDIDATE,
     BenchConfig,
     BenchPrompt,
@@ -43,7 +55,8 @@ from tasks.gate.plan import (
     launch_order,
 )
 from tasks.gate.progress import GateProgress
-from tasks.gate.server_process import (
+from tasks.sglang.command import LaunchSpec, SpecParams
+from tasks.sglang.server_process import (
     LaunchedServer,
     Launcher,
     PortPool,
@@ -58,16 +71,6 @@ from tasks.gate.server_process import (
 
 PROBE_REPETITION = -2  # cost-probe requests: neither warm-up (-1) nor measured (>= 0)
 STUCK_DIAGNOSIS = "acceptance stuck at 1.0: check --speculative-algorithm EAGLE3 and the aux hidden states"
-
-
-def agreement(reference: list[int], ids: list[int]) -> tuple[bool, int | None]:
-    """(exact, index of the first differing token or None)."""
-    for i, (a, b) in enumerate(zip(reference, ids, strict=False)):
-        if a != b:
-            return False, i
-    if len(reference) != len(ids):
-        return False, min(len(reference), len(ids))
-    return True, None
 
 
 def diagnose_acceptance(accept: float, floor: float, config: str, when: str = "after warm-up") -> str:
@@ -115,23 +118,6 @@ def check_acceptance(floor: float, config: BenchConfig, records: list[RequestRec
     return accept
 
 
-class BaselineOutputs:
-    """The baseline's output per environment and prompt (its first measured repetition), which
-    every later request of that environment is compared with, token for token."""
-
-    def __init__(self) -> None:
-        self._ids: dict[str, dict[int, list[int]]] = {}
-
-    def compare(self, rec: RequestRecord, config: BenchConfig, prompt: BenchPrompt, ids: list[int]) -> None:
-        if rec.repetition < 0:  # warm-up
-            return
-        ref = self._ids.setdefault(config.env_name, {})
-        if config.is_baseline and prompt.index not in ref:
-            ref[prompt.index] = ids
-        if prompt.index in ref:
-            rec.exact_match, rec.first_mismatch = agreement(ref[prompt.index], ids)
-
-
 @dataclass
 class _Started:
     """A launch of the current wave: serving (server set), or failed to start (error set)."""
@@ -167,7 +153,7 @@ class GateRunner:
         self.cfg, self.launcher, self.model_path = cfg, launcher, model_path
         self.progress = progress
         self.configs, self.prompts, self.work_dir = configs, prompts, Path(work_dir)
-        self.reference = BaselineOutputs()
+        self.reference = ReferenceOutputs(cfg.near_tie_nats, cfg.frequency_penalty)
         self._rids = itertools.count()
         self._order = launch_order(configs, cfg.repetitions)
         self._next = 0  # index into _order of the next launch run_protocol asks for
@@ -274,9 +260,37 @@ class GateRunner:
         self._probe_costs(client, url, config, record)
         client.post(url + "/flush_cache", timeout=60.0).raise_for_status()
         record.measured_at = time.time()
-        record.requests = [self._request(client, url, config, rep, p) for p in self.prompts]
+        prompts = self.prompts[: cfg.breakeven_prompts] if config.role == BREAKEVEN else self.prompts
+        record.requests = [self._request(client, url, config, rep, p) for p in prompts]
+        if config.is_baseline:
+            self._rescore(client, url, config, record)
         if config.spec is not None:
             check_acceptance(floor, config, record.requests, "over the measured requests")
+
+    def _rescore(self, client: httpx.Client, url: str, config: BenchConfig, record: LaunchRecord) -> None:
+        """The evidence of the lossless rule, untimed: the baseline's distribution at every
+        position of each prompt's reference output (tasks/gate/lossless.py)."""
+        got: list[ReferenceEvidence | str] = []
+        first: list[ReferenceEvidence | str | None] = []
+        for prompt in self.prompts:
+            reference = self.reference.reference(config.env_name, prompt.index)
+            if reference is None:  # its reference request failed
+                continue
+            ids = list(prompt.input_ids)
+            rid = f"gate-rescore-{config.name}-p{prompt.index}-{next(self._rids)}"
+            body = rescore_body(ids, reference, self.cfg.top_logprobs_num, rid)
+            evidence: ReferenceEvidence | str
+            try:
+                r = client.post(url + "/generate", json=body)
+                if r.status_code != 200:
+                    raise EvidenceError(f"HTTP {r.status_code}: {error_message(r.content)[:300]}")
+                evidence = evidence_from_sglang(read_generate_reply(r.content).logprobs, ids, reference, self.cfg.top_logprobs_num)
+            except (httpx.HTTPError, MalformedResponse, EvidenceError) as e:
+                evidence = f"re-score of prompt {prompt.index} failed: {type(e).__name__}: {e}"
+            first.append(self.reference.evidence(config.env_name, prompt.index))
+            self.reference.add_evidence(config.env_name, prompt.index, evidence)
+            got.append(evidence)
+        record.rescore = rescore_summary(got, first)
 
     def _probe_costs(self, client: httpx.Client, url: str, config: BenchConfig, record: LaunchRecord) -> None:
         """Per warm-up prompt, on an empty cache: the prefill alone (max_new_tokens 1), then the
@@ -303,11 +317,13 @@ class GateRunner:
         max_new_tokens: int | None = None,
     ) -> RequestRecord:  # fmt: skip
         rec = RequestRecord(config.name, config.env_name, rep, prompt.index, prompt.prompt_id, prompt.domain)
-        body = {
-            "input_ids": list(prompt.input_ids),
-            "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens or self.cfg.max_new_tokens},
-            "rid": f"gate-{config.name}-r{rep}-p{prompt.index}-{next(self._rids)}",
-        }
+        sampling: dict[str, object] = {"temperature": 0.0, "max_new_tokens": max_new_tokens or self.cfg.max_new_tokens}
+        if self.cfg.frequency_penalty:
+            sampling["frequency_penalty"] = self.cfg.frequency_penalty
+        if config.role == BREAKEVEN:
+            sampling["ignore_eos"] = True
+        body = {"input_ids": list(prompt.input_ids), "sampling_params": sampling,
+                "rid": f"gate-{config.name}-r{rep}-p{prompt.index}-{next(self._rids)}"}  # fmt: skip
         t0 = time.perf_counter()
         try:
             r = client.post(url + "/generate", json=body)
@@ -318,7 +334,7 @@ class GateRunner:
         rec.latency_s = time.perf_counter() - t0
         ids = record_generate_answer(rec, r.status_code, r.content, config.spec)
         if ids is not None:
-            self.reference.compare(rec, config, prompt, ids)
+            self.reference.compare(rec, config, prompt, ids, rec.stop_token)
         return rec
 
 
@@ -336,7 +352,7 @@ def record_generate_answer(rec: RequestRecord, status: int, body: bytes, spec: S
     except MalformedResponse as e:
         rec.error = f"{type(e).__name__}: {e}"
         return None
-    rec.finish = reply.finish
+    rec.finish, rec.stop_token = reply.finish, reply.stop_token
     if reply.finish == "abort":
         rec.error = f"aborted: {reply.abort_message}"
         return None

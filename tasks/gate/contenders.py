@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from tasks.gate.launch import LaunchError, SpecParams, resolve_spec
 from tasks.gate.plan import (
     CHALLENGER,
     INCUMBENT,
@@ -29,6 +28,7 @@ from tasks.gate.preflight import PreflightError, preflight_sweep
 from tasks.gate.promote import POINTER
 from tasks.runfolder import RunFolder
 from tasks.runfolder.fingerprint import RUN_JSON
+from tasks.sglang.command import LaunchError, SpecParams, resolve_spec
 
 if TYPE_CHECKING:
     from tasks.config import EagleScaleConfig
@@ -118,7 +118,7 @@ def find_incumbent(
         return out(f"this run records no target identity ({RUN_JSON}): the registry's draft {draft_id} cannot be matched to it")
     if not same_target(record.get("target"), mine):
         recorded = "records no target identity" if not record.get("target") else "was promoted for another target"
-        return out(f"the registry's draft {draft_id} {recorded} (this run's: {mine.get('model_path')}); not an incumbent of this target")
+        return out(f"the registry's draft {draft_id} {recorded} (this run's: {mine.get('model_path') or mine.get('revision')}); not an incumbent of this target")
     if {k: v["sha256"] for k, v in record.get("files", {}).items()} == draft_sha:
         return out(f"the registry already points at this run's draft ({draft_id}, the same files)")
     if gate.engine == "local":

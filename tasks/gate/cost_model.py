@@ -41,7 +41,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks.gate.launch import SpecParams
+from tasks.sglang.command import SpecParams
 
 
 class CostModelError(ValueError):

@@ -6,11 +6,15 @@ spread, i.e. the bootstrap CI of the speedup lies above 1.0, the point speedup r
 `min_speedup`, and its outputs agree with the baseline's; and, when the registry holds a
 promoted draft for the same target (the incumbent, benchmarked beside it), its median beats
 the incumbent's best eligible config beyond the spread too (the CI of the ratio of the two
-medians lies above 1.0). Eligible: no failed request, outputs equal to the baseline's for at
-least `min_exact_match` of the requests, accept length at or above the floor, CUDA graphs
+medians lies above 1.0). Eligible: no failed request, every output lossless (equal to the
+baseline's reference, or first leaving it at a near-tie of the target's distribution within
+`near_tie_nats`: tasks/gate/lossless.py), accept length at or above the floor, CUDA graphs
 captured and used (when required), server info echoing the launch. An incumbent that gives no
 valid measurement leaves the baseline rule alone, and the decision says so. Challengers are
-measured and compared, never promoted: one faster than the run's draft is reported.
+measured and compared, never promoted: one faster than the run's draft is reported; break-even
+launches (simulated acceptance) measure the server's cost only (tasks/gate/breakeven.py). The
+baseline's second launch is classified against its first the same way: a not-lossless divergence
+there is reported loudly (the threshold or the server is off).
 
 Bootstrap: each resample draws prompts with replacement (the same prompts for both sides:
 the comparison is paired by prompt) and, independently for each side, repetitions (fresh
@@ -26,7 +30,10 @@ from typing import Any
 import numpy as np
 
 from tasks.config.gate_section import GateConfig
+from tasks.gate.breakeven import measure_breakeven
+from tasks.gate.lossless import LosslessTally
 from tasks.gate.plan import (
+    BREAKEVEN,
     CANDIDATE,
     CHALLENGER,
     INCUMBENT,
@@ -70,6 +77,10 @@ class ConfigSummary:
     ci_high: float | None = None
     eligible: bool = False
     reasons: list[str] = field(default_factory=list)
+    # The lossless rule's tally over the compared requests (a baseline's own reference launch
+    # left out): exact, near_tie, not_lossless, no_evidence, compared; and a sentence per failure.
+    lossless: dict[str, int] = field(default_factory=dict)
+    refusals: list[str] = field(default_factory=list)
 
     def is_candidate_chain(self) -> bool:
         """Our draft at topk 1 in the default environment (what replay predicts and the curve plots)."""
@@ -116,6 +127,7 @@ class GateDecision:
     # that margin is beyond the spread; "not_measured" says why when it gave no valid number.
     incumbent: dict[str, Any] | None = None
     left_out: list[dict[str, str]] = field(default_factory=list)  # LeftOut records
+    breakeven: dict[str, Any] | None = None  # the server's measured break-even (tasks.gate.breakeven)
 
     @property
     def promote(self) -> bool:
@@ -141,6 +153,7 @@ class GateDecision:
             "ci_level": self.ci_level,
             "accept_length": best.accept_length if best else None,
             "exact_match_fraction": best.exact_match_fraction if best else None,
+            "lossless": dict(best.lossless) if best else None,
             # What a later gate benchmarks this draft at when it is the incumbent (gate.incumbent: evidence).
             "best_spec": {k: best.spec[k] for k in ("num_steps", "topk", "num_draft_tokens")} if best and best.spec else None,
             "incumbent": self.incumbent,
@@ -218,6 +231,10 @@ def summarize(config: BenchConfig, result: BenchResult) -> ConfigSummary:
         s.exact_match_fraction = sum(1 for r in compared if r.exact_match) / len(compared)
         mismatches = [r.first_mismatch for r in compared if r.first_mismatch is not None]
         s.first_mismatch_min = min(mismatches) if mismatches else None
+    tally = LosslessTally.of(ok)
+    s.lossless = {"exact": tally.exact, "near_tie": tally.near_tie, "not_lossless": tally.not_lossless,
+                  "no_evidence": tally.no_evidence, "compared": tally.compared}  # fmt: skip
+    s.refusals = tally.refusals
     return s
 
 
@@ -230,13 +247,14 @@ def _eligibility(s: ConfigSummary, cfg: GateConfig) -> list[str]:
     if cfg.require_cuda_graphs:
         reasons += s.graph_problems
     reasons += s.info_problems
+    if s.role == BREAKEVEN:  # its outputs are filler by construction: it measures cost, never promoted
+        return reasons + [f"simulated acceptance ({s.notes[0] if s.notes else 'SGLANG_SIMULATE_ACC_LEN'})"]
     if not s.baseline:
-        if s.exact_match_fraction is None or s.exact_match_fraction < cfg.min_exact_match:
-            exact = round((s.exact_match_fraction or 0.0) * s.n_compared)
-            reasons.append(
-                f"outputs disagree with the baseline: {exact}/{s.n_compared} exact "
-                f"(first mismatch at token {s.first_mismatch_min}; need {cfg.min_exact_match:.0%})"
-            )
+        if s.refusals:
+            more = len(s.refusals) - 1
+            reasons.append(s.refusals[0] + (f" (and {more} more request{'s' * (more > 1)} not lossless)" if more else ""))
+        elif not s.lossless.get("compared"):
+            reasons.append("no output was compared with the baseline's")
         if s.accept_length is None or s.accept_length < cfg.acceptance_floor:
             reasons.append(f"accept length {s.accept_length} below the floor {cfg.acceptance_floor:g}")
     return reasons
@@ -285,7 +303,7 @@ def _contenders(summaries: list[ConfigSummary], result: BenchResult, cfg: GateCo
     inc = _best_of(summaries, INCUMBENT)
     out = []
     for name in names:
-        mine = [s for s in summaries if s.draft == name and not s.baseline]
+        mine = [s for s in summaries if s.draft == name and not s.baseline and s.role != BREAKEVEN]
         measured = [s for s in mine if s.median_tok_s is not None]
         best = _best_of(summaries, name) or (max(measured, key=lambda s: s.median_tok_s or 0.0) if measured else None)
         c = Contender(name, mine[0].role, best.name if best else None)
@@ -348,15 +366,31 @@ def _challengers_faster(summaries: list[ConfigSummary], result: BenchResult, cfg
     return lines
 
 
+def baseline_warnings(summaries: list[ConfigSummary]) -> list[str]:
+    """Loud sentences for baselines whose later launches are not lossless against their first:
+    the speculative configs are then judged against noise beyond the threshold."""
+    return [f"WARNING: baseline-vs-baseline is not lossless ({s.name}: {s.lossless['not_lossless'] + s.lossless['no_evidence']} "
+            f"of {s.lossless['compared']} requests): the threshold (gate.near_tie_nats) or the server is off; "
+            f"first: {s.refusals[0]}" for s in summaries if s.baseline and s.refusals]  # fmt: skip
+
+
 def decide(
     result: BenchResult, cfg: GateConfig, incumbent: Incumbent | None = None, left_out: Sequence[LeftOut] = ()
 ) -> GateDecision:
     """The decision over a benchmark. `incumbent`: the registry's draft for this target when the
     benchmark measured it (its configs have role INCUMBENT); `left_out`: contenders not measured."""
+    decision = _decide(result, cfg, incumbent, left_out)
+    decision.reasons += baseline_warnings(decision.configs)
+    draft = {s.spec["num_steps"]: (s.name, s.accept_length) for s in decision.configs if s.spec and s.is_candidate_chain()}
+    decision.breakeven = measure_breakeven(result, draft, cfg.breakeven_prompts)
+    return decision
+
+
+def _decide(result: BenchResult, cfg: GateConfig, incumbent: Incumbent | None, left_out: Sequence[LeftOut]) -> GateDecision:
     summaries = [summarize(c, result) for c in result.configs]
     thresholds = {k: getattr(cfg, k) for k in ("min_speedup", "ci_level", "n_bootstrap", "bootstrap_seed",
-                                              "acceptance_floor", "min_exact_match", "require_cuda_graphs",
-                                              "repetitions")}  # fmt: skip
+                                              "acceptance_floor", "near_tie_nats", "top_logprobs_num",
+                                              "frequency_penalty", "require_cuda_graphs", "repetitions")}  # fmt: skip
     decision = GateDecision("reject", None, None, None, None, None, cfg.ci_level, [], summaries, thresholds)
     decision.left_out = [asdict(x) for x in left_out]
     for s in summaries:
@@ -402,7 +436,9 @@ def decide(
     wins, reason = _speed_verdict(best, cfg, versus)
     if wins:
         decision.outcome = "promote"
-        reason += f"; accept length {best.accept_length:.2f}; outputs exact for {best.exact_match_fraction:.0%} of requests"
+        n = best.lossless
+        reason += (f"; accept length {best.accept_length:.2f}; outputs lossless: {n['exact']} of {n['compared']} exact, "
+                   f"{n['near_tie']} first leaving the baseline's at a near-tie")  # fmt: skip
     decision.reasons = [reason]
     if incumbent is not None and (line := _against_incumbent(decision, summaries, cfg, incumbent, best, wins)):
         decision.reasons.append(line)

@@ -5,7 +5,10 @@ per-request records, agreement with the baseline and acceptance floor as the SGL
 what differs: one engine stays loaded for the whole benchmark (a "launch" is one pass over the
 prompts: a fresh process would only capture the same graphs again), and tok/s is decode speed,
 tokens after the first over the decode loop's seconds, the quantity the cost model predicts.
-The records feed the same decision, report and promotion.
+The records feed the same decision, report and promotion. The lossless rule's evidence is the
+same too (tasks/gate/lossless.py): after each baseline pass, the target's distribution at every
+position of each prompt's reference output, from one transformers forward over prompt + reference
+(SGLang's prefill re-score, locally).
 """
 
 from __future__ import annotations
@@ -14,8 +17,11 @@ import hashlib
 import json
 from collections import Counter
 
+import torch
+
 from tasks.config.gate_section import GateConfig
-from tasks.gate.benchmark import BaselineOutputs, check_acceptance, run_protocol
+from tasks.gate.benchmark import check_acceptance, run_protocol
+from tasks.gate.lossless import PositionView, ReferenceEvidence, ReferenceOutputs, rescore_summary
 from tasks.gate.plan import (
     BenchConfig,
     BenchPrompt,
@@ -40,6 +46,23 @@ def drafts_histogram(result: DecodeResult) -> list[int]:
     return [counts.get(j, 0) for j in range(result.num_steps + 1)]
 
 
+@torch.inference_mode()
+def rescore(model: torch.nn.Module, prompt_ids: list[int], reference: list[int], k: int) -> ReferenceEvidence:
+    """The target's distribution at each position of `reference` after `prompt_ids`, and after
+    the whole of it: transformers' logits of one forward over both (float32 log-softmax)."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([[*prompt_ids, *reference]], dtype=torch.long, device=device)
+    logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt_ids) - 1 :].float()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    top = logprobs.topk(k, dim=-1)
+    views = []
+    for j, (tokens, values) in enumerate(zip(top.indices.tolist(), top.values.tolist(), strict=True)):
+        token = reference[j] if j < len(reference) else None
+        own = float(logprobs[j, token]) if token is not None else None
+        views.append(PositionView(token, own, tuple(zip(tokens, values, strict=True))))
+    return ReferenceEvidence(tuple(views), k)
+
+
 class LocalGateRunner:
     """Runs `configs` on `engine` in protocol order; `run()` returns everything measured."""
 
@@ -50,7 +73,7 @@ class LocalGateRunner:
             raise GateStopped("no benchmark prompts")
         self.cfg, self.engine, self.prompts = cfg, engine, prompts
         self.configs = local_configs(configs)
-        self.reference = BaselineOutputs()
+        self.reference = ReferenceOutputs(cfg.near_tie_nats)
 
     def run(self) -> BenchResult:
         return run_protocol(self.configs, self.prompts, self.cfg.repetitions, self._launch)
@@ -62,8 +85,23 @@ class LocalGateRunner:
         if config.spec is not None:
             record.warmup_accept_length = check_acceptance(self.cfg.acceptance_floor, config, warm, "after warm-up")
         record.requests = [self._request(config, rep, p) for p in self.prompts]
+        if config.is_baseline:
+            self._rescore(config, record)
         if config.spec is not None:
             check_acceptance(self.cfg.acceptance_floor, config, record.requests, "over the measured requests")
+
+    def _rescore(self, config: BenchConfig, record: LaunchRecord) -> None:
+        got: list[ReferenceEvidence | str] = []
+        first: list[ReferenceEvidence | str | None] = []
+        for prompt in self.prompts:
+            reference = self.reference.reference(config.env_name, prompt.index)
+            if reference is None:
+                continue
+            evidence = rescore(self.engine.model, list(prompt.input_ids), reference, self.cfg.top_logprobs_num)
+            first.append(self.reference.evidence(config.env_name, prompt.index))
+            self.reference.add_evidence(config.env_name, prompt.index, evidence)
+            got.append(evidence)
+        record.rescore = rescore_summary(got, first)
 
     def _request(self, config: BenchConfig, rep: int, prompt: BenchPrompt) -> RequestRecord:
         rec = RequestRecord(config.name, config.env_name, rep, prompt.index, prompt.prompt_id, prompt.domain)
@@ -80,10 +118,12 @@ class LocalGateRunner:
         rec.latency_s = out.prefill_s + out.decode_s
         rec.tok_s = out.decode_tokens / out.decode_s if out.decode_s > 0 and out.decode_tokens > 0 else None
         rec.finish = out.finish_reason
+        if out.finish_reason == "stop":  # the local engine keeps the stop token in the output
+            rec.stop_token = out.output_ids[-1]
         if config.spec is not None:
             rec.spec_verify_ct = out.verify_steps
             rec.accept_length = accept_length(rec.completion_tokens, out.verify_steps)
             rec.correct_drafts_histogram = drafts_histogram(out)
         rec.output_sha = hashlib.sha256(json.dumps(out.output_ids).encode()).hexdigest()[:16]
-        self.reference.compare(rec, config, prompt, out.output_ids)
+        self.reference.compare(rec, config, prompt, out.output_ids, rec.stop_token)
         return rec

@@ -13,8 +13,10 @@ from typing import Any
 import pyarrow as pa
 
 from tasks.config.gate_section import GateConfig
-from tasks.gate.launch import SpecParams, resolve_spec
+from tasks.draft.acceptance import pooled_accept_length
 from tasks.runfolder import RunFolder
+from tasks.sglang.command import SpecParams, resolve_spec
+from tasks.sglang.simulated_acceptance import SIMULATE_ACC_LEN
 
 Encoder = Callable[[list[dict[str, Any]]], list[int]]
 
@@ -70,8 +72,10 @@ def encoder_for_target(model_path: str, chat_template: str | None = None) -> Enc
 # What a speculative config benchmarks: the run's own draft (the only one that can be promoted),
 # the registry's promoted draft for the same target (which the run's must beat), a draft from
 # elsewhere measured beside it (e.g. a public trainer's), or one of the train stage's
-# data-scaling drafts (measured once, for the curve).
+# data-scaling drafts (measured once, for the curve); or the run's draft with its acceptance forced
+# by SGLANG_SIMULATE_ACC_LEN (once per accept length: the server's own break-even, never promoted).
 CANDIDATE, INCUMBENT, CHALLENGER, SCALING = "candidate", "incumbent", "challenger", "scaling"
+BREAKEVEN = "breakeven"
 NEW_DRAFT = "new draft"  # the contender name of the run's own draft in reports
 DEFAULT_ENV = "default"  # the environment name when gate.nccl_env_sweep has one entry
 
@@ -93,6 +97,7 @@ class BenchConfig:
     repetitions: int | None = None  # launches of this config; None: the gate's repetitions
     samples: int | None = None  # scaling drafts: training sequences
     draft: str = NEW_DRAFT  # the contender whose draft it runs (an ExtraDraft's name)
+    simulated_accept_length: float | None = None  # BREAKEVEN: the SGLANG_SIMULATE_ACC_LEN it runs with
 
     @property
     def is_baseline(self) -> bool:
@@ -161,7 +166,19 @@ def plan_configs(cfg: GateConfig, draft_dir: str, extra: list[ExtraDraft] | None
                         repetitions=1 if d.role == SCALING else None, samples=d.samples, draft=d.name)
             for d, (s, n) in others
         ]  # fmt: skip
-    return configs
+    return configs + breakeven_configs(cfg, [s for s, _ in specs], configs[0])
+
+
+def breakeven_configs(cfg: GateConfig, specs: list[SpecParams], baseline: BenchConfig) -> list[BenchConfig]:
+    """One launch per topk=1 config and gate.breakeven_accept_lengths entry, in the first
+    environment, SGLANG_SIMULATE_ACC_LEN set; accept lengths beyond num_steps + 1 (which SGLang
+    clamps) are left out."""
+    return [
+        BenchConfig(f"{s.label}+acc{x:g}", s, baseline.env_name, {**baseline.env, SIMULATE_ACC_LEN: f"{x:g}"},
+                    (f"acceptance forced to a mean of {x:g} tokens per verify: the server's cost, never promoted",),
+                    role=BREAKEVEN, repetitions=1, simulated_accept_length=x)
+        for s in specs if s.topk == 1 for x in cfg.breakeven_accept_lengths if x <= s.num_steps + 1
+    ]  # fmt: skip
 
 
 def launch_order(configs: list[BenchConfig], repetitions: int) -> list[tuple[int, BenchConfig]]:
@@ -196,13 +213,17 @@ class RequestRecord:
     exact_match: bool | None = None
     first_mismatch: int | None = None
     error: str | None = None
+    stop_token: int | None = None  # the token a "stop" finish matched
+    reference: bool = False  # its output is the reference its environment's later requests are compared with
+    divergence: dict[str, Any] | None = None  # tasks.gate.lossless.Divergence where the output leaves the reference
 
 
 def accept_length(completion_tokens: int, verify_ct: int, requests: int = 1) -> float | None:
-    """Tokens per verify step. The first token of each request comes from prefill, not from a
-    verify step, so it is left out: stuck acceptance reads exactly 1.0 whatever the length
-    (SGLang's own spec_accept_length, completion_tokens / spec_verify_ct, reads (n+1)/n)."""
-    return (completion_tokens - requests) / verify_ct if verify_ct > 0 else None
+    """Tokens per verify step (tasks.draft.acceptance's definition). The first token of each
+    request comes from prefill, not from a verify step, so it is left out: stuck acceptance
+    reads exactly 1.0 whatever the length (SGLang's own per-request spec_accept_length,
+    completion_tokens / spec_verify_ct, reads (n+1)/n)."""
+    return pooled_accept_length(completion_tokens - requests, verify_ct)
 
 
 def pooled_accept_lengths(records: list[RequestRecord]) -> tuple[float | None, dict[str, float]]:
@@ -246,6 +267,8 @@ class LaunchRecord:
     # log tail), or a reference/scaling draft whose requests failed. The candidate's problems
     # stop the gate instead.
     error: str | None = None
+    # A baseline launch's re-score of the references (tasks.gate.lossless.rescore_summary).
+    rescore: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

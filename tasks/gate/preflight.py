@@ -15,7 +15,7 @@ from typing import Any
 import fsspec
 
 from tasks.extract.capture import aux_capture_layers
-from tasks.gate.launch import SpecParams
+from tasks.sglang.command import SpecParams
 from tasks.target.model_dir import text_config
 
 CONFIG = "config.json"

@@ -18,12 +18,12 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from tasks.gate.contenders import run_target
-from tasks.gate.launch import LaunchError, resolve_spec
 from tasks.gate.plan import sweep_points
 from tasks.gate.promote import POINTER, PromotionError, publish_record
 from tasks.gate.stage import completed_gate
 from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import TRAIN_FINAL
+from tasks.sglang.command import LaunchError, resolve_spec
 
 if TYPE_CHECKING:
     from tasks.config import EagleScaleConfig

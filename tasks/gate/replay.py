@@ -14,8 +14,9 @@ of matches at index c-1, steps 0..k-1; c then advances past the accepted tokens 
 Counted: each maximal run of loss-masked (response) positions [s, e] is one decode; x_s comes
 from prefill, the cycles produce x_{s+1}..x_e (the last cycle stops at e, as a request
 stops at its length limit or stop token). Accept length = tokens per verify (accepted + bonus),
-tasks.gate.benchmark.accept_length's convention, over all counted cycles; confidence
-intervals resample sequences (seeded bootstrap of the ratio of sums).
+pooled over all counted cycles (tasks.draft.acceptance, as SGLang and vLLM count it and as the
+trainer's held-out `pooled_accept_len_k` does); confidence intervals resample sequences (seeded
+bootstrap of the ratio of sums).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 
+from tasks.draft.acceptance import pooled_accept_length, replay_cycles, response_segments
 from tasks.draft.model import Eagle3Draft
 from tasks.draft.ttt import unroll
 
@@ -58,20 +60,6 @@ class SequenceReplay:
         return len(self.emitted[k])
 
 
-def response_segments(loss_mask: torch.Tensor) -> list[tuple[int, int]]:
-    """Maximal runs [s, e] (inclusive) of True, each starting after at least one prompt token."""
-    m = loss_mask.to(torch.bool).tolist()
-    out, start = [], None
-    for i, v in enumerate([*m, False]):
-        if v and start is None:
-            start = i
-        elif not v and start is not None:
-            if start >= 1:
-                out.append((start, i - 1))
-            start = None
-    return out
-
-
 @torch.no_grad()
 def draft_matches(draft: Eagle3Draft, seq: ReplaySequence, max_steps: int) -> torch.Tensor:
     """bool [max_steps, T] on the CPU: [j, t] = the unroll's step-j token at index t equals the
@@ -93,27 +81,6 @@ def draft_matches(draft: Eagle3Draft, seq: ReplaySequence, max_steps: int) -> to
         if t > 2 + j:
             out[j, : t - 2 - j] = predicted[: t - 2 - j] == seq.input_ids[2 + j :].cpu().long()
     return out
-
-
-def replay_cycles(
-    matches: torch.Tensor, segments: list[tuple[int, int]], k: int
-) -> tuple[list[int], list[int]]:
-    """(tokens emitted, drafts accepted) per verify with `k` drafts per cycle."""
-    emitted: list[int] = []
-    accepted: list[int] = []
-    rows = matches[:k].numpy()
-    for s, e in segments:
-        c = s
-        while c < e:
-            remaining = e - c
-            run = 0
-            while run < k and run < remaining and rows[run, c - 1]:
-                run += 1
-            gained = remaining if run >= remaining else run + 1
-            emitted.append(gained)
-            accepted.append(min(run, remaining))
-            c += gained
-    return emitted, accepted
 
 
 def replay_sequences(
@@ -153,7 +120,7 @@ def accept_stats(
     if total_cycles == 0:
         return {"accept_length": None, "ci_low": None, "ci_high": None, "cycles": 0,
                 "tokens": 0, "sequences": len(records), "accept_per_position": []}  # fmt: skip
-    point = float(tokens.sum() / total_cycles)
+    point = pooled_accept_length(tokens.sum(), total_cycles)
     rng = np.random.default_rng(seed)
     pick = rng.integers(0, len(records), size=(n_bootstrap, len(records)))
     boot_cycles = cycles[pick].sum(1)

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from tasks.config.gate_section import GateConfig
+from tasks.gate.breakeven import breakeven_markdown
 from tasks.gate.decision import ConfigSummary, GateDecision
 from tasks.gate.plan import BenchResult
 from tasks.redaction import redact_secret_keys
@@ -66,6 +67,44 @@ def contenders_markdown(decision: GateDecision, cfg: GateConfig) -> list[str]:
     return lines + [""]
 
 
+def lossless_markdown(decision: GateDecision, result: BenchResult, cfg: GateConfig) -> list[str]:
+    """The lossless rule's tally per config beside the baseline-vs-baseline one (the rate to
+    expect), the first divergences, and what the re-scores showed."""
+    rows = [s for s in decision.configs if s.lossless.get("compared")]
+    if not rows:
+        return []
+    lines = ["", "## Lossless check", "",
+             f"Each output equals the baseline's reference (its first launch) or first leaves it at a near-tie: the "
+             f"two tokens are the baseline's top two there, within {cfg.near_tie_nats:g} nats, by the baseline's "
+             f"prefill re-score (top {cfg.top_logprobs_num})"
+             + (f", frequency penalty {cfg.frequency_penalty:g} applied as decode applied it" if cfg.frequency_penalty else "")
+             + ". Nothing after the first divergence is compared.", "",
+             "| config | compared | exact | near-tie | not lossless | no evidence | first divergences (position, gap nats, class) |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for s in rows:
+        n = s.lossless
+        divs = [r.divergence for r in result.records(s.name) if r.divergence and not r.reference]
+        shown = ", ".join(f"{d['position']} ({_num(d.get('gap'), '.2f')}, {d['cls'].replace('_', ' ')})" for d in divs[:6])
+        name = f"{s.name} (vs its first launch)" if s.baseline else s.name
+        lines.append(f"| {name} | {n['compared']} | {n['exact']} | {n['near_tie']} | {n['not_lossless']} | "
+                     f"{n['no_evidence']} | {shown + (' ...' if len(divs) > 6 else '') or '-'} |")  # fmt: skip
+    for s in decision.configs:
+        if s.baseline and s.refusals:
+            lines += ["", f"**Baseline-vs-baseline is not lossless ({s.name}): the threshold or the server is off.** "
+                          f"First: {s.refusals[0]}"]  # fmt: skip
+    rescored = [x for x in result.launches if x.rescore]
+    if rescored:
+        lines += ["", "Re-scores (per baseline launch): prompts, positions, positions whose decode token is not the "
+                      "re-score's top one (decode and prefill split a near-tie), largest change of a reference "
+                      "token's logprob from the first launch's re-score:", ""]  # fmt: skip
+        for x in rescored:
+            r = x.rescore
+            errors = f"; {len(r['errors'])} failed: {r['errors'][0]}" if r["errors"] else ""
+            lines.append(f"- {x.config} rep {x.repetition}: {r['prompts']} prompts, {r['positions']} positions, "
+                         f"{r['argmax_flips']} argmax flips, max delta {_num(r['max_abs_delta_vs_first'], '.4f')}{errors}")  # fmt: skip
+    return lines
+
+
 def render_markdown(decision: GateDecision, result: BenchResult, cfg: GateConfig) -> str:
     lines = [f"# Gate decision: {decision.outcome.upper()}", ""]
     lines += [f"- {r}" for r in decision.reasons] + [""]
@@ -75,7 +114,8 @@ def render_markdown(decision: GateDecision, result: BenchResult, cfg: GateConfig
         where = f"fresh launches per config, SGLang {cfg.sglang_version} ({cfg.engine})"
     lines.append(
         f"Reference baseline: `{decision.baseline}`; best speculative config: `{decision.best}`; "
-        f"{len(result.prompts)} held-out prompts x {cfg.repetitions} {where}, concurrency 1, temperature 0."
+        f"{len(result.prompts)} held-out prompts x {cfg.repetitions} {where}, concurrency 1, temperature 0"
+        + (f", frequency penalty {cfg.frequency_penalty:g}." if cfg.frequency_penalty else ".")
     )
     lines += ["", *contenders_markdown(decision, cfg), "## Configs", ""]
     lines.append(f"| config | env | median tok/s | repetition medians | spread | speedup ({cfg.ci_level:.0%} CI) | accept len | exact match | verdict |")
@@ -90,6 +130,8 @@ def render_markdown(decision: GateDecision, result: BenchResult, cfg: GateConfig
             f"| {s.name} | {s.env_name} | {_num(s.median_tok_s)} | {reps} | {_num(s.spread, '.1%')} | "
             f"{_ci(s)} | {_num(s.accept_length, '.2f')} | {exact} | {verdict} |"
         )
+    lines += lossless_markdown(decision, result, cfg)
+    lines += breakeven_markdown(decision.breakeven)
     per_pos = [s for s in decision.configs if s.accept_per_position]
     if per_pos:
         width = max(len(s.accept_per_position or []) for s in per_pos)
@@ -202,6 +244,32 @@ def plot_predicted(decision: GateDecision, predictions: dict[str, float]) -> byt
     return _png(fig)
 
 
+def plot_breakeven(breakeven: dict[str, Any]) -> bytes:
+    """Decode tok/s against the accept length reached, per num_steps: measured (simulated
+    acceptance) and the cost model's line, with the baseline's level."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    base = breakeven["baseline_decode_tok_s"]
+    for k, row in breakeven["per_steps"].items():
+        pts = sorted((p["accept_length"], p["decode_tok_s"]) for p in row["points"])
+        if not pts:
+            continue
+        line = ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=f"num_steps {k} measured")[0]
+        if row.get("model_cycle_s"):
+            xs = [1.0, max(x for x, _ in pts)]
+            ax.plot(xs, [x / row["model_cycle_s"] for x in xs], linestyle=":", color=line.get_color(),
+                    label=f"num_steps {k} cost model")  # fmt: skip
+        if row.get("break_even") is not None:
+            ax.axvline(row["break_even"], color=line.get_color(), linestyle="--", alpha=0.5)
+    ax.axhline(base, color="tab:gray", linestyle="--", label=f"baseline {base:.1f} tok/s")
+    ax.set_xlabel("accept length (tokens per verify)")
+    ax.set_ylabel("decode tok/s")
+    ax.set_title("Break-even on this server (acceptance forced)")
+    ax.legend(loc="best", fontsize="small")
+    return _png(fig)
+
+
 def write_gate_report(
     run: RunFolder,
     decision: GateDecision,
@@ -228,6 +296,8 @@ def write_gate_report(
     plots = {"tok_s": plot_tok_s(decision, result), "acceptance": plot_acceptance(decision)}
     if predictions:
         plots["predicted_vs_measured"] = plot_predicted(decision, predictions)
+    if decision.breakeven and decision.breakeven.get("per_steps"):
+        plots["breakeven"] = plot_breakeven(decision.breakeven)
     paths = []
     for name, data in plots.items():
         rel = f"{PLOTS}/{name}.png"

@@ -1,7 +1,8 @@
 """Fixed-shape forwards for speculative decoding: static KV caches, no host syncs, CUDA graphs.
 
-`StaticTarget` runs a Llama-style transformers causal LM layer by layer through its own
-modules (projections, norms, MLP, rotary embedding) with a preallocated KV cache; `StaticDraft`
+`StaticTarget` runs a Llama-style transformers causal LM (Llama; Qwen2, whose q/k/v biases are
+the projections' own) layer by layer through its own modules (projections, norms, MLP, rotary
+embedding) with a preallocated KV cache; `StaticDraft`
 does the same for an Eagle3Draft's midlayer. Cache slot p holds the key/value of rope position
 p, and a query at position q sees exactly the slots <= q. That makes rollback free: entries
 past the accepted length are either masked (beyond the query) or rewritten by the next forward

@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import logging
 import statistics
+import tempfile
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -187,7 +190,7 @@ def _benchmark_server(
     config: EagleScaleConfig, configs: list[BenchConfig], prompts: list[Any], work_dir: Path, progress: GateProgress
 ) -> BenchResult:
     from tasks.gate.benchmark import GateRunner
-    from tasks.gate.server_process import EmulatedLauncher, Launcher, SGLangLauncher
+    from tasks.sglang.server_process import EmulatedLauncher, Launcher, SGLangLauncher
     from tasks.target.model_dir import resolve_model_dir
 
     gate = config.gate
@@ -371,6 +374,26 @@ def run_gate_stage(config: EagleScaleConfig, work_dir: Path, logger: Logger | No
         raise
     progress.finished("done", outcome.summary["message"])
     return outcome
+
+
+def run_gate_once(
+    config: EagleScaleConfig,
+    logger: Logger | None = None,
+    *,
+    hold: AbstractContextManager[Any] | None = None,
+    on_start: Callable[[], None] | None = None,
+) -> GateOutcome | dict[str, Any]:
+    """The gate as every runner runs it (the flow, the H200 runner's plain entry points): the
+    recorded summary when this draft was already decided with these settings (completed_gate:
+    nothing is benchmarked or promoted again); else `on_start`, then run_gate_stage in a scratch
+    folder removed after, while `hold` is held (the flow's GPU slots)."""
+    done = completed_gate(config)
+    if done is not None:
+        return done
+    if on_start is not None:
+        on_start()
+    with hold or nullcontext(), tempfile.TemporaryDirectory(prefix="eaglescale-gate-") as tmp:
+        return run_gate_stage(config, Path(tmp), logger)
 
 
 def _gate(config: EagleScaleConfig, run: RunFolder, work_dir: Path, progress: GateProgress) -> GateOutcome:

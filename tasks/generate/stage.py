@@ -12,6 +12,7 @@ from typing import Any
 from tasks.config import EagleScaleConfig
 from tasks.discover.commit import discovery_marker, read_prompts_table
 from tasks.engines.base import Engine, GenerationResult, Outcome, SamplingParams
+from tasks.engines.factory import get_engine
 from tasks.generate.failures import GenerateFailed, ShardStopped, generate_failed
 from tasks.generate.plan import ShardPlan, load_or_plan_shards, planned_requests, shard_prompt_ids
 from tasks.generate.progress import ProgressTracker, first_started_at
@@ -326,3 +327,11 @@ class GenerateStage:
         self.progress.set_state("complete" if complete else "failed")
         self.progress.write()
         return summary
+
+
+def open_generate_stage(cfg: EagleScaleConfig, run: RunFolder, tokenizer: Any) -> GenerateStage:
+    """The run's generate stage as every runner opens it (the flow, the H200 runner's plain entry
+    points): the run's fingerprint recorded or checked, then the configured engine (one per
+    process and configuration)."""
+    fp_hash = generation_fingerprint(cfg, run, tokenizer)
+    return GenerateStage(cfg, run, fp_hash, get_engine(cfg), tokenizer)

@@ -1,6 +1,6 @@
 """What eaglescale knows of each pinned SGLang version's launch interface (DESIGN §5): the
 flag table, the flag of each server setting, and the checks a config can run before anything
-starts. Below the gate's launch builder (tasks/gate/launch.py), the configuration (whose gate
+starts. Below the command builder (tasks/sglang/command.py), the configuration (whose gate
 section runs the checks when it is loaded) and the emulator, which all read it; it imports
 nothing of theirs.
 
@@ -11,7 +11,7 @@ Flag facts, read from SGLang's server_args.py and EAGLE worker, and for 0.5.14 f
   (its `--cuda-graph-max-bs` and `--disable-cuda-graph` are deprecated aliases, never emitted and
   refused in extra args); 0.5.23 has `--cuda-graph-max-bs-decode` and
   `--disable-decode-cuda-graph` and rejects the old max-bs flag.
-- server settings (the configuration's `ServerSettings`, tasks/config/server_settings.py): each
+- server settings (`ServerSettings`, tasks/sglang/server_settings.py, the `gate.server` section): each
   is emitted only for a version known to have its flag.
 """
 
@@ -176,8 +176,8 @@ def _check_choice(flag: str, value: str, flags: FlagSet, where: str) -> None:
 
 
 # The server settings reach this module as a mapping of setting name (a SETTING_FLAGS key) to
-# value, e.g. `ServerSettings.model_dump()`: the settings model is a configuration section
-# (tasks/config/server_settings.py), and SGLang's launch interface imports nothing above it.
+# value, e.g. `ServerSettings.model_dump()` (tasks/sglang/server_settings.py): the flag table
+# stays free of pydantic, and the emulator passes the values it parsed from a command line.
 SettingValues = Mapping[str, object]
 
 
@@ -233,7 +233,7 @@ def check_extra_args(extra_args: tuple[str, ...] | list[str], flags: FlagSet) ->
             setting = _SETTING_OF_FLAG[name]
             raise LaunchError(
                 f"extra server arg {name} is the server setting {setting}: set it there "
-                f"(gate.server.{setting}, or {name} of python -m tasks.gate.launch), not in extra_server_args"
+                f"(gate.server.{setting}, or {name} of python -m tasks.sglang.command), not in extra_server_args"
             )
         if name in MANAGED_FLAGS:
             raise LaunchError(

@@ -18,11 +18,22 @@ from tasks.engines.base import DeadLetter, GenerationRequest, SamplingParams
 
 
 @dataclass(frozen=True)
+class LogprobRequest:
+    """A request's return_logprob with its logprob_start_len (resolved: SGLang's -1 is the last
+    input token) and top_logprobs_num."""
+
+    start: int
+    top_n: int = 0
+
+
+@dataclass(frozen=True)
 class BackendInput:
     rid: str
     input_ids: list[int]
     sampling: SamplingParams
     ignore_eos: bool = False
+    frequency_penalty: float = 0.0
+    logprobs: LogprobRequest | None = None
 
 
 @dataclass

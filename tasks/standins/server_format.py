@@ -11,7 +11,7 @@ from typing import Any
 
 from tasks.engines.base import SamplingParams
 from tasks.engines.sglang_wire import is_int
-from tasks.standins.backends import BackendInput, BackendOutput
+from tasks.standins.backends import BackendInput, BackendOutput, LogprobRequest
 
 # sampling_params keys SGLang's SamplingParams accepts; any other key is a 400, as in SGLang.
 SGLANG_SAMPLING_KEYS = frozenset(
@@ -38,8 +38,8 @@ def _is_id_list(v: Any) -> bool:
     return isinstance(v, list) and all(is_int(x) and x >= 0 for x in v)
 
 
-def parse_sampling(raw: Any, where: str) -> tuple[SamplingParams, bool]:
-    """SGLang's sampling_params object -> (SamplingParams, ignore_eos)."""
+def parse_sampling(raw: Any, where: str) -> tuple[SamplingParams, bool, float]:
+    """SGLang's sampling_params object -> (SamplingParams, ignore_eos, frequency_penalty)."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -67,8 +67,37 @@ def parse_sampling(raw: Any, where: str) -> tuple[SamplingParams, bool]:
         raise RequestError(f"{where}.sampling_seed must be an integer, got {seed!r}")
     if not isinstance(ignore_eos, bool):
         raise RequestError(f"{where}.ignore_eos must be true or false, got {ignore_eos!r}")
+    penalty = raw.get("frequency_penalty", 0.0)
+    if not isinstance(penalty, int | float) or isinstance(penalty, bool) or not -2 <= penalty <= 2:
+        raise RequestError(f"frequency_penalty must be in [-2, 2], got {penalty}.")  # SGLang's check and bounds
     params = SamplingParams(float(temperature), float(top_p), top_k, max_new, seed)
-    return params, ignore_eos
+    return params, ignore_eos, float(penalty)
+
+
+def _per_item(body: dict[str, Any], key: str, default: Any, n: int, batched: bool) -> list[Any]:
+    """A /generate field given once for every prompt or, in a batch, as a list of one per prompt."""
+    value = body.get(key, default)
+    if batched and isinstance(value, list):
+        if len(value) != n:
+            raise RequestError(f"{key}: expected {n} values, got {len(value)}")
+        return list(value)
+    return [value] * n
+
+
+def parse_logprobs(return_logprob: Any, start: Any, top_n: Any, n_input: int) -> LogprobRequest | None:
+    """SGLang's return_logprob, logprob_start_len and top_logprobs_num for one prompt."""
+    if return_logprob is None or return_logprob is False:
+        return None
+    if return_logprob is not True:
+        raise RequestError(f"return_logprob must be true or false, got {return_logprob!r}")
+    if not is_int(start) or start < -1:
+        raise RequestError(f"logprob_start_len must be an integer >= -1, got {start!r}")
+    if not is_int(top_n) or top_n < 0:
+        raise RequestError(f"top_logprobs_num must be an integer >= 0, got {top_n!r}")
+    if start >= n_input:
+        raise RequestError(f"logprob_start_len ({start}) is higher than the number of input tokens ({n_input}). "
+                           "Request with a lower logprob_start_len.")  # fmt: skip
+    return LogprobRequest(n_input - 1 if start == -1 else start, top_n)
 
 
 def check_context(n_input: int, max_new: int, context_length: int) -> None:
@@ -137,10 +166,12 @@ def parse_generate(body: Any, tokenize: Any, context_length: int) -> tuple[list[
     else:
         sps = [parse_sampling(raw_sp, "sampling_params")] * n
 
+    logprobs = zip(_per_item(body, "return_logprob", False, n, batched), _per_item(body, "logprob_start_len", -1, n, batched),
+                   _per_item(body, "top_logprobs_num", 0, n, batched), strict=True)  # fmt: skip
     items = []
-    for ids, r, (sp, ignore_eos) in zip(prompts, rids, sps, strict=True):
+    for ids, r, (sp, ignore_eos, penalty), lp in zip(prompts, rids, sps, logprobs, strict=True):
         check_context(len(ids), sp.max_new_tokens, context_length)
-        items.append(BackendInput(r, ids, sp, ignore_eos))
+        items.append(BackendInput(r, ids, sp, ignore_eos, penalty, parse_logprobs(*lp, len(ids))))
     return items, batched
 
 

@@ -28,7 +28,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from tasks.sglang.simulated_acceptance import SIMULATED_TOKEN, simulated_tokens
 from tasks.standins.backends import BackendInput, BackendOutput
+from tasks.standins.sim_logprobs import SyntheticDistribution
 
 SIM_EOS_ID = 2
 _ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,"
@@ -135,6 +137,37 @@ class Speculation:
     verify_token_s: float = 0.0  # added per draft token verified
     stuck_acceptance: bool = False  # every draft rejected: the EAGLE-vs-EAGLE3 symptom
     disagree_from: int | None = None  # answers diverge from the plain ones at this token
+    # Where answers leave the plain ones (deviation): the target's synthetic distribution, the
+    # share of its near-ties a verify flips (bf16 verify vs decode), the first confident position
+    # from which the runner-up is emitted instead (a server that changes output).
+    distribution: SyntheticDistribution | None = None
+    near_tie_flip_rate: float = 0.0
+    wrong_token_from: int | None = None
+    # SGLANG_SIMULATE_ACC_LEN (tasks/sglang/simulated_acceptance.py): tokens per verify forced
+    # to this mean, outputs filled with SGLang's token 100.
+    simulate_acc_len: float | None = None
+    simulate_method: str = "multinomial"
+
+    def deviation(self, key: str, ids: list[int], finish: str, frequency_penalty: float) -> tuple[int, int] | None:
+        """(position, token) where this launch's answer to `key` first leaves the plain one
+        `ids`: a flipped near-tie (the runner-up), the wrong-token fault (the runner-up at a
+        confident position), or, with a frequency penalty, SGLang's relaxed penalty under
+        speculation (the token just emitted, emitted again, at a confident position: decode
+        penalized it, the verify's penalty had not counted it yet). None: no deviation. The
+        first token comes from prefill, as in the plain launch, and the stop token stays."""
+        dist = self.distribution
+        if dist is None or not (self.near_tie_flip_rate or self.wrong_token_from is not None or frequency_penalty > 0):
+            return None
+        end = len(ids) - 1 if finish == "stop" else len(ids)
+        for i in range(1, end):
+            if dist.is_near_tie(key, i):
+                if self.near_tie_flip_rate and dist.flip_draw(key, i) < self.near_tie_flip_rate:
+                    return i, dist.runner_up(key, i, ids[i])
+            elif self.wrong_token_from is not None and i >= self.wrong_token_from:
+                return i, dist.runner_up(key, i, ids[i])
+            elif frequency_penalty > 0 and ids[i - 1] != ids[i]:
+                return i, ids[i - 1]
+        return None
 
     def cycle_s(self, batch: int) -> float:
         return self.num_steps * self.draft_step_s + self.verify_step_s + self.verify_token_s * self.num_draft_tokens * batch
@@ -143,6 +176,8 @@ class Speculation:
         """Draft tokens the target accepts in one verify cycle."""
         if self.stuck_acceptance:
             return 0
+        if self.simulate_acc_len is not None:
+            return simulated_tokens(rng, self.simulate_acc_len, self.num_steps, self.simulate_method) - 1
         accepted = 0
         for i in range(self.num_steps):
             p = self.accept_probs[min(i, len(self.accept_probs) - 1)]
@@ -313,9 +348,19 @@ class SimulatedBackend:
         plan = plan_completion(key, item.sampling.max_new_tokens, item.ignore_eos, self._min_new_fraction)
         out = simulated_output(key, plan, self._vocab_size)
         spec = self._speculation
-        if spec is None or spec.disagree_from is None:
+        if spec is None:
             return out
-        return _answer(_diverge(out.output_ids, spec.disagree_from, plan.finish, self._vocab_size), plan.finish)
+        if spec.simulate_acc_len is not None:  # the first token from prefill, then SGLang's filler
+            return _answer(out.output_ids[:1] + [SIMULATED_TOKEN] * (plan.n_tokens - 1), "length")
+        if spec.disagree_from is not None:
+            return _answer(_diverge(out.output_ids, spec.disagree_from, plan.finish, self._vocab_size), plan.finish)
+        deviation = spec.deviation(key, out.output_ids, plan.finish, item.frequency_penalty)
+        if deviation is None:
+            return out
+        at, token = deviation
+        ids = _diverge(out.output_ids, at + 1, plan.finish, self._vocab_size)
+        ids[at] = token
+        return _answer(ids, plan.finish)
 
     async def generate(self, items: list[BackendInput]) -> list[BackendOutput]:
         self._requests += len(items)

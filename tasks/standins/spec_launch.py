@@ -22,6 +22,15 @@ metrics mixin and EAGLE worker):
 Failure switches: `stuck_acceptance` (every draft rejected: the EAGLE-vs-EAGLE3 symptom),
 `disagree_from`, `never_healthy` (hangs in CUDA-graph capture; /health_generate never passes),
 `max_topk` (a tree config above it exits during start-up).
+
+The lossless rule's evidence (tasks/gate/lossless.py): answers carry SGLang's logprob fields when
+asked (return_logprob, logprob_start_len, top_logprobs_num), from the emulated target's synthetic
+distribution (sim_logprobs.py: `near_tie_rate` of positions are near-ties). A speculative launch
+flips `near_tie_flip_rate` of those near-ties to the runner-up, as a bf16 verify does; with
+`wrong_token_from` it emits the runner-up at the first confident position from there on (a server
+that changes output), and with a frequency penalty in the request it imitates SGLang's relaxed
+penalty under speculation. `SGLANG_SIMULATE_ACC_LEN` (and `_METHOD`) in its environment force the
+accept length as SGLang 0.5.14 does (tasks/sglang/simulated_acceptance.py).
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from tasks.sglang.recorded_flags import recorded_flags
+from tasks.sglang.simulated_acceptance import METHODS, SIMULATE_ACC_LEN, SIMULATE_ACC_METHOD
 from tasks.standins.app import SGLangCompatServer
 from tasks.standins.backends import BackendInput, BackendOutput
 from tasks.standins.server import start_site
@@ -47,8 +57,10 @@ from tasks.standins.sim import (
     Speculation,
     StepTimes,
     launch_speed_factor,
+    prompt_key,
     sglang_log,
 )
+from tasks.standins.sim_logprobs import SyntheticDistribution, logprob_fields
 
 EMULATED_VERSIONS = ("0.5.4", "0.5.14", "0.5.23")
 
@@ -76,6 +88,9 @@ class EmulatorConfig:
     # A launch with --speculative-eagle-topk above this exits during start-up, as a server whose
     # attention backend has no tree-verify kernels would.
     max_topk: int | None = None
+    near_tie_rate: float = 0.05  # positions of the synthetic target distribution that are near-ties
+    near_tie_flip_rate: float = 0.0  # speculative launches emit the runner-up at this share of them
+    wrong_token_from: int | None = None  # speculative launches emit the runner-up at a confident position
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EmulatorConfig:
@@ -87,6 +102,9 @@ class EmulatorConfig:
             raise ValueError(f"sim config: sglang_version {cfg.sglang_version!r} not in {EMULATED_VERSIONS}")
         if not cfg.accept_probs or not all(0.0 <= p <= 1.0 for p in cfg.accept_probs):
             raise ValueError(f"sim config: accept_probs must be probabilities, got {cfg.accept_probs}")
+        for name in ("near_tie_rate", "near_tie_flip_rate"):
+            if not 0.0 <= getattr(cfg, name) <= 1.0:
+                raise ValueError(f"sim config: {name} must be in [0, 1], got {getattr(cfg, name)}")
         return cfg
 
 
@@ -121,7 +139,7 @@ class LaunchArgs:
 
 
 ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
-# The server settings the emulator reads (tasks/config/server_settings.py's ServerSettings; the gate's builder emits them).
+# The server settings the emulator reads (tasks/sglang/server_settings.py's ServerSettings; the gate's builder emits them).
 _SETTING_VALUES = ("--attention-backend", "--sampling-backend", "--grammar-backend", "--dtype")
 _SETTING_SWITCHES = ("--skip-tokenizer-init", "--sleep-on-idle")
 
@@ -240,13 +258,22 @@ def _rank(version: str, a: LaunchArgs) -> bool:
     return version != "0.5.14" or a.tp_size > 1
 
 
+def _target_architecture(model_path: str) -> str:
+    """The model class SGLang would load: the folder's config.json says (Llama, Qwen2, ...)."""
+    try:
+        with open(os.path.join(model_path, "config.json"), encoding="utf-8") as f:
+            return str((json.load(f).get("architectures") or ["LlamaForCausalLM"])[0])
+    except (OSError, ValueError):
+        return "LlamaForCausalLM"
+
+
 def startup_log(cfg: EmulatorConfig, a: LaunchArgs) -> None:
     version, rank = cfg.sglang_version, _rank(cfg.sglang_version, a)
     sglang_log(f"server_args=ServerArgs({', '.join(f'{k}={v!r}' for k, v in asdict(a).items())})", rank=False)
     if a.speculative_eagle_topk == 1 and a.speculative_num_draft_tokens != (a.speculative_num_steps or 0) + 1:
         sglang_log("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when speculative_eagle_topk == 1", rank=False)
         a.speculative_num_draft_tokens = (a.speculative_num_steps or 0) + 1
-    models = ["LlamaForCausalLM"] + (["LlamaForCausalLMEagle3"] if a.speculative_algorithm is not None else [])
+    models = [_target_architecture(a.model_path)] + (["LlamaForCausalLMEagle3"] if a.speculative_algorithm is not None else [])
     for model in models:
         sglang_log("Load weight begin. avail mem=79.00 GB", rank)
         if version == "0.5.14":
@@ -272,6 +299,7 @@ class LaunchedSimulator(SimulatedBackend):
     cache flushes as SGLang does, and with `never_healthy` never finishes starting."""
 
     def __init__(self, cfg: EmulatorConfig, args: LaunchArgs, launch_index: int = 0) -> None:
+        self.distribution = SyntheticDistribution(cfg.seed, cfg.near_tie_rate, cfg.vocab_size)
         speculation = None
         if args.speculative_algorithm is not None:
             speculation = Speculation(
@@ -285,6 +313,11 @@ class LaunchedSimulator(SimulatedBackend):
                 verify_token_s=cfg.verify_token_s,
                 stuck_acceptance=cfg.stuck_acceptance,
                 disagree_from=cfg.disagree_from,
+                distribution=self.distribution,
+                near_tie_flip_rate=cfg.near_tie_flip_rate,
+                wrong_token_from=cfg.wrong_token_from,
+                simulate_acc_len=simulated_accept_length(),
+                simulate_method=os.environ.get(SIMULATE_ACC_METHOD, "multinomial"),
             )
         log = SchedulerLog(
             cfg.sglang_version,
@@ -341,10 +374,26 @@ class LaunchedSimulator(SimulatedBackend):
     async def generate(self, items: list[BackendInput]) -> list[BackendOutput]:
         if self.cfg.never_healthy:
             raise RuntimeError("the scheduler is still capturing CUDA graphs")
-        return await super().generate(items)
+        outputs = await super().generate(items)
+        for item, out in zip(items, outputs, strict=True):
+            if item.logprobs is not None:
+                lp = item.logprobs
+                key = prompt_key(item.input_ids[: lp.start + 1])
+                fields_ = logprob_fields(self.distribution, key, item.input_ids, lp.start, out.output_ids, lp.top_n)
+                out.meta_extra = {**fields_, **out.meta_extra}
+        return outputs
 
     def flush_cache(self) -> None:
         sglang_log("Cache flushed successfully!")
+
+
+def simulated_accept_length() -> float | None:
+    """SGLANG_SIMULATE_ACC_LEN as SGLang reads it (a float; -1, its default, or unset: off)."""
+    raw = os.environ.get(SIMULATE_ACC_LEN)
+    if raw is None:
+        return None
+    value = float(raw)  # SGLang refuses a non-float the same way: at start-up
+    return value if value > 0 else None
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -405,6 +454,14 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(e.code, str):
             print(e.code, file=sys.stderr, flush=True)
         return 2 if e.code else 0
+    if os.environ.get(SIMULATE_ACC_METHOD, "multinomial") not in METHODS:
+        print(f"ValueError: {SIMULATE_ACC_METHOD} must be one of {METHODS}", file=sys.stderr, flush=True)
+        return 1
+    try:
+        simulated_accept_length()
+    except ValueError:
+        print(f'ValueError: "{os.environ[SIMULATE_ACC_LEN]}" is not a valid float value', file=sys.stderr, flush=True)
+        return 1
     if cfg.max_topk is not None and (args.speculative_eagle_topk or 1) > cfg.max_topk:
         sglang_log(f"RuntimeError: speculative_eagle_topk {args.speculative_eagle_topk} > 1 is not supported "
                    "by this attention backend", rank=False)  # fmt: skip

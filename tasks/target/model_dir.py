@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.target.gguf_convert import GGUFTargetError, converted_dir
+from tasks.target.multipart import MultipartError, assembled_file, is_multipart_path
 from tasks.target.packages import PackagePathError, is_package_path, resolve_package_path
 from tasks.target.path_kinds import looks_like_hub_id
 
@@ -26,7 +27,15 @@ class TargetError(ValueError):
 def resolve_model_dir(model_path: str, revision: str | None = None) -> Path:
     """The local HF folder a `target.model_path` names: a folder; a `.gguf` file, locally or as
     `package://<pkg>/<file>.gguf`, converted once into a cached folder (tasks/target/gguf_convert.py);
-    a folder inside a package; or a hub id already in the local Hugging Face cache (no download)."""
+    a folder inside a package; a GGUF assembled from package parts (`multipart://`,
+    tasks/target/multipart.py), converted likewise; or a hub id already in the local Hugging Face
+    cache (no download)."""
+    if is_multipart_path(model_path):
+        try:
+            gguf, sha256 = assembled_file(model_path)
+            return converted_dir(gguf, model_path, sha256=sha256)
+        except (MultipartError, GGUFTargetError) as e:
+            raise TargetError(f"target.model_path: {e}") from None
     if is_package_path(model_path):
         try:
             path = resolve_package_path(model_path)
@@ -51,7 +60,8 @@ def resolve_model_dir(model_path: str, revision: str | None = None) -> Path:
             pass
     raise TargetError(
         f"target model not found: {model_path} (expected a local HF folder, a .gguf file, a "
-        "package:// path to either, or a hub id already in the local Hugging Face cache)"
+        "package:// path to either, a multipart:// GGUF, or a hub id already in the local "
+        "Hugging Face cache)"
     )
 
 

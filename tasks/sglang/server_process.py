@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from tasks.gate.launch import LaunchSpec, build_launch_command, build_server_args
+from tasks.sglang.command import LaunchSpec, build_launch_command, build_server_args
 from tasks.sglang.versions import GRPC_PORT_OFFSET, flag_set
 
 LOG_TAIL_LINES = 40

@@ -1,10 +1,13 @@
-"""The train stage as its own process, for torchrun (one process per GPU, or gloo on CPU):
+"""The train stage's training as its own process, for torchrun (one process per GPU, or gloo
+on CPU):
 
-    python -m torch.distributed.run --nproc_per_node 2 -m tasks.draft.train_main --params FILE
+    python -m torch.distributed.run --nproc_per_node 2 -m tasks.train.main --params FILE
 
 FILE is the run's params YAML (the EagleScaleConfig); `--set train.max_steps=100` overrides.
-Every rank trains its share of each step (DDP); rank 0 writes checkpoints, train/best.json
-and train/result.json. Each rank prints one line when it finishes:
+Every rank runs tasks/train/stage.py's train_drafts (the draft, then the data-scaling drafts
+when configured) and trains its share of each step (DDP); rank 0 writes checkpoints,
+train/best.json and train/result.json. The export is not done here: the stage exports once
+torchrun has returned (run_train_stage). Each rank prints one line when it finishes:
 `train_main rank R/W done: steps S, last loss L`.
 """
 
@@ -19,10 +22,8 @@ import torch
 import torch.distributed as dist
 
 from tasks.config import ConfigError, load_config
-from tasks.draft.online import OnlineTarget
-from tasks.draft.scaling_drafts import train_scaling_drafts
-from tasks.draft.trainer import TrainError, train_draft
-from tasks.runfolder import RunFolder
+from tasks.draft.trainer import TrainError
+from tasks.train.stage import train_drafts
 
 
 def _backend(device: str) -> str:
@@ -30,7 +31,7 @@ def _backend(device: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tasks.draft.train_main", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m tasks.train.main", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--params", required=True, help="params YAML of the run")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
@@ -48,11 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group(_backend(cfg.train.device))
     try:
-        run = RunFolder(cfg.run_root, cfg.storage_options)
-        online = OnlineTarget.from_config(cfg)  # None unless train.hidden_states is online
-        result = train_draft(run, cfg.train, cfg.target.model_path, online=online)
-        if cfg.train.scaling_fractions:
-            train_scaling_drafts(run, cfg.train, cfg.target.model_path, online=online)
+        result = train_drafts(cfg)
     except (TrainError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -2,20 +2,21 @@
 operator's launch and the generation server's.
 
 Each field is one flag of SGLang's launch_server; tasks/sglang/versions.py holds which flag and
-which pinned versions have it, and refuses a set field for a version that lacks it.
+which pinned versions have it, and refuses a set field for a version that lacks it. It lives with
+SGLang's launch interface, below the configuration: the command builder (tasks/sglang/command.py)
+takes it, and the gate's config section (tasks/config/gate_section.py) holds one. Were it in the
+configuration package, the builder would import upward and the two packages would form a circle.
 """
 
 from __future__ import annotations
 
-from pydantic import ConfigDict, Field
-
-from tasks.config.strict import Strict
+from pydantic import BaseModel, ConfigDict, Field
 
 
-class ServerSettings(Strict):
+class ServerSettings(BaseModel):
     """Server-wide SGLang settings, applied alike to every launch built from them: the gate's
     baseline and speculative launches (`gate.server`), an operator's launch through
-    `python -m tasks.gate.launch` / infra/sglang/launch_speculative.sh, and the generation server
+    `python -m tasks.sglang.command` / infra/sglang/launch_speculative.sh, and the generation server
     of infra/sglang/launch_target.sh. Unset (None / false) means SGLang's own default: nothing is
     emitted. A set field is emitted only for SGLang versions known to have its flag, and refused
     (naming the flag and the version) for the others.
@@ -25,7 +26,7 @@ class ServerSettings(Strict):
     grammar_backend none, skip_tokenizer_init, dtype bfloat16, disable_prefill_cuda_graph.
     """
 
-    model_config = ConfigDict(frozen=True)  # and, from Strict, extra="forbid"
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     attention_backend: str | None = Field(
         None, description="--attention-backend, e.g. triton (the H200 bundle has no FA3 kernels)."

@@ -20,7 +20,7 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 
-from tasks.config.server_settings import ServerSettings
+from tasks.sglang.server_settings import ServerSettings
 from tasks.sglang.versions import (
     GRPC_PORT_OFFSET,
     PINNED_VERSIONS,
@@ -196,7 +196,7 @@ def add_settings_arguments(p: argparse.ArgumentParser) -> None:
 
 def _cli_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m tasks.gate.launch",
+        prog="python -m tasks.sglang.command",
         description="Print the `sglang.launch_server` command the gate builds, for an operator's "
         "launch (infra/sglang/launch_speculative.sh and launch_target.sh run it). Arguments after "
         "`--` are passed to SGLang unchanged (flags the builder owns are refused).",

@@ -1,0 +1,86 @@
+"""The train stage, composed once for every way it runs: `eaglescale run` (flows/train.py, in
+process or through torchrun), each torchrun rank (tasks/train/main.py) and the H200 runner's
+plain entry points (benchmarks/h200_run.py).
+
+Every draft it trains (the run's draft, then the data-scaling drafts of train.scaling_fractions)
+trains on the run's own store (run_root with its storage_options) and, when train.hidden_states
+is online, with the target that makes the states as it goes. Then the best checkpoint is
+exported to train/final (SGLang's EAGLE3 format) and train/final-speculators (vLLM's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tasks.draft.export import export_run_draft
+from tasks.draft.online import OnlineTarget
+from tasks.draft.scaling_drafts import scaling_drafts, train_scaling_drafts
+from tasks.draft.trainer import TrainCallbacks, TrainResult, train_draft
+from tasks.runfolder import RunFolder
+from tasks.runfolder.layout import TRAIN_RESULT
+
+if TYPE_CHECKING:
+    from tasks.config import EagleScaleConfig
+
+
+@dataclass
+class TrainOutcome:
+    result: dict[str, Any]  # train/result.json: the draft's steps, evals and best
+    exported: dict[str, Any]  # export_run_draft's: the best checkpoint and where it was exported
+    summary: dict[str, Any]  # the stage's key numbers (its completion message)
+
+
+def _run_and_target(config: EagleScaleConfig) -> tuple[RunFolder, OnlineTarget | None]:
+    return RunFolder(config.run_root, config.storage_options), OnlineTarget.from_config(config)
+
+
+def train_scaling(config: EagleScaleConfig, fractions: Sequence[float] | None = None,
+                  callbacks: TrainCallbacks | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """The data-scaling drafts alone: those of `fractions` (default train.scaling_fractions).
+    The index it writes lists only these; the stage, run after, writes the whole one."""
+    run, online = _run_and_target(config)
+    train = config.train if fractions is None else config.train.model_copy(update={"scaling_fractions": list(fractions)})
+    return train_scaling_drafts(run, train, config.target.model_path, callbacks=callbacks, online=online)
+
+
+def train_drafts(config: EagleScaleConfig, callbacks: TrainCallbacks | None = None) -> TrainResult:
+    """Train (or resume) the run's draft, then its data-scaling drafts when train.scaling_fractions
+    names any. Under torchrun every rank calls this; rank 0 writes what they share."""
+    run, online = _run_and_target(config)
+    result = train_draft(run, config.train, config.target.model_path, callbacks=callbacks, online=online)
+    if config.train.scaling_fractions:  # the data-scaling drafts the gate measures
+        train_scaling(config, callbacks=callbacks)
+    return result
+
+
+def run_train_stage(
+    config: EagleScaleConfig,
+    callbacks: TrainCallbacks | None = None,
+    *,
+    train: Callable[[EagleScaleConfig], object] | None = None,
+    hold: AbstractContextManager[Any] | None = None,
+) -> TrainOutcome:
+    """The whole stage: the drafts trained while `hold` is held (the flow's GPU slots; export
+    needs none), then the best checkpoint exported. `train` trains them elsewhere (the flow's
+    torchrun launch, whose every rank runs train_drafts); by default train_drafts runs here,
+    with `callbacks`."""
+    with hold or nullcontext():
+        if train is None:
+            train_drafts(config, callbacks)
+        else:
+            train(config)
+    run = RunFolder(config.run_root, config.storage_options)
+    exported = export_run_draft(run, config.target.model_path)
+    result = run.read_json(TRAIN_RESULT) or {}
+    best = exported["best"]
+    summary = {
+        "steps": result.get("steps"),
+        "best_step": best.get("step"),
+        "best_sim_accept_len": best.get("sim_accept_len"),
+        "final": exported["final"],
+        "scaling_drafts": [d["samples"] for d in scaling_drafts(run)],
+    }
+    return TrainOutcome(result, exported, summary)
