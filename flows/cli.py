@@ -127,10 +127,10 @@ def _run(argv: list[str]) -> int:
 
     # From here a signal stops the run cleanly: within seconds, leases released, children gone,
     # one line naming the resume command (flows/stopping.py).
-    stopping.install()
+    previous_handlers = stopping.install()
     resume = ["eaglescale", "run", "--params", args.params, "--run-root", config.run_root]
     resume += (["--stages", args.stages] if args.stages else []) + [f"--set={o}" for o in args.overrides]
-    api = None
+    api, temporary_url = None, None
     try:
         if not os.environ.get("PREFECT_API_URL"):
             from flows import temporary_api
@@ -144,7 +144,7 @@ def _run(argv: list[str]) -> int:
                 print(f"eaglescale: {e}", file=sys.stderr)
                 return EXIT_FAILED
             # Set before Prefect is imported: its settings are read once, at import.
-            os.environ["PREFECT_API_URL"] = api.url
+            os.environ["PREFECT_API_URL"] = temporary_url = api.url
             print(
                 f"eaglescale: PREFECT_API_URL is not set; a temporary Prefect API at {api.url} "
                 "serves this run and stops with it",
@@ -154,12 +154,20 @@ def _run(argv: list[str]) -> int:
     except BaseException as e:
         if (signum := stopping.stop_signal(e)) is None:
             raise
+        if api is not None:
+            api.stop()
+            api = None
+        # What a stage started and its unwinding did not end (a trainer, a server): the run is
+        # over. Only on a stop: a caller running `main` in-process keeps its own children.
+        stopping.end_children()
         print(stopping.stopped_message(signum, resume), file=sys.stderr)
         return stopping.exit_code(signum)
     finally:
         if api is not None:
             api.stop()
-        stopping.end_children()
+        if temporary_url is not None and os.environ.get("PREFECT_API_URL") == temporary_url:
+            os.environ.pop("PREFECT_API_URL", None)  # it named the temporary API, now gone
+        stopping.restore(previous_handlers)
 
 
 def _run_flow(config: Any) -> int:

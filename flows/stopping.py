@@ -20,6 +20,7 @@ import signal
 import time
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 
 class RunStopped(KeyboardInterrupt):
@@ -41,11 +42,16 @@ def _on_signal(signum: int, _frame: FrameType | None) -> None:
     raise RunStopped(signum)
 
 
-def install() -> None:
-    """SIGINT and SIGTERM raise RunStopped in the main thread from now on."""
+def install() -> dict[int, Any]:
+    """SIGINT and SIGTERM raise RunStopped in the main thread from now on; returns the handlers
+    they replace (for `restore`)."""
     _received.clear()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _on_signal)
+    return {signum: signal.signal(signum, _on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+
+def restore(previous: dict[int, Any]) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
 
 
 def stop_signal(exc: BaseException) -> int | None:
