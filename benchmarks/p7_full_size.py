@@ -446,8 +446,10 @@ def run_benchmark(a: argparse.Namespace, work: Path) -> dict[str, Any]:
         db_url = stack.enter_context(postgres()) if a.db == "postgres" else None
         url, server, server_log = stack.enter_context(prefect_server(work, db_url))
         batch = a.max_batch or a.concurrency or yaml.safe_load(KIMI.read_text())["engine"]["concurrency_per_server"]
+        # The tiny target's vocabulary: generation stops at the first id outside it (WrongModel).
         sims = [stack.enter_context(ServerProcess(["--simulate", "--step-latency-ms", str(a.step_ms),
-                                                   "--max-batch", str(batch)])) for _ in range(a.servers)]
+                                                   "--max-batch", str(batch), "--vocab-size", "2048"]))
+                for _ in range(a.servers)]
         params_path, m["params"] = write_params(work, a, [s.url for s in sims])
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "SLACK_"))}
         env.update(PREFECT_API_URL=url, PREFECT_HOME=str(work / "client-home"), HF_HUB_OFFLINE="1",

@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import traceback
+from typing import Any
 
 EXIT_FAILED, EXIT_CONFIG = 1, 2
 
@@ -21,7 +22,7 @@ def _expected_failures() -> tuple[type[BaseException], ...]:
     from tasks.config import ConfigError
     from tasks.draft.target_heads import TargetHeadsError
     from tasks.draft.trainer import TrainError
-    from tasks.engines.base import EngineUnavailable
+    from tasks.engines.base import EngineUnavailable, ServersUnreachable, WrongModel
     from tasks.extract.capture import LayerIdError
     from tasks.extract.forecast import DiskForecastError
     from tasks.extract.sequences import ChatTemplateMismatch
@@ -29,7 +30,7 @@ def _expected_failures() -> tuple[type[BaseException], ...]:
     from tasks.gate.preflight import PreflightError
     from tasks.gate.promote import PromotionError
     from tasks.generate.failures import ShardFailed
-    from tasks.runfolder import CorruptShard, FingerprintMismatch
+    from tasks.runfolder import CorruptShard, FingerprintMismatch, RunRootUnwritable
     from tasks.sglang.server_process import ServerStartError
     from tasks.sglang.versions import LaunchError
     from tasks.target.model_dir import TargetError
@@ -45,6 +46,9 @@ def _expected_failures() -> tuple[type[BaseException], ...]:
         GpuLimitError,
         ShardFailed,
         EngineUnavailable,
+        WrongModel,
+        ServersUnreachable,
+        RunRootUnwritable,
         DiskForecastError,
         ChatTemplateMismatch,
         LayerIdError,
@@ -60,13 +64,18 @@ def _expected_failures() -> tuple[type[BaseException], ...]:
 
 def is_expected(exc: BaseException) -> bool:
     """Whether `exc` is a failure the user fixes from its message (see _expected_failures).
-    Generation's summary of failed shards is, when every shard failed that way."""
+    Generation's summary of failed shards is, when every shard failed that way; so is a write
+    the run root refuses (read-only, full: the message names it)."""
+    from flows.stopping import is_stop
     from tasks.generate.failures import GenerateFailed
+    from tasks.runfolder import unwritable
 
+    if is_stop(exc):  # a signal: one line says so and how to resume
+        return True
     if isinstance(exc, GenerateFailed):
         causes = list(exc.causes.values())
         return bool(causes) and all(isinstance(c, BaseException) and is_expected(c) for c in causes)
-    return isinstance(exc, _expected_failures())
+    return isinstance(exc, _expected_failures()) or unwritable(exc)
 
 
 class _NoTracebackWhenExpected(logging.Filter):
@@ -101,6 +110,7 @@ def _run(argv: list[str]) -> int:
     args = parser.parse_args(argv)
 
     from tasks.config import ConfigError, check_input_paths, load_config
+    from tasks.runfolder import RunRootUnwritable, check_writable
 
     overrides = list(args.overrides)
     if args.stages:
@@ -118,22 +128,76 @@ def _run(argv: list[str]) -> int:
 
         print(render_plan(plan_run(config)))
         return 0
-    from tasks.runlog import FILE_ONLY, quiet_terminal, run_log
+    try:  # a read-only or full run root is named now, not after Prefect's start and retries
+        check_writable(config.run_root, config.storage_options)
+    except RunRootUnwritable as e:
+        print(f"eaglescale: RunRootUnwritable: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    from flows import stopping
+    from tasks.runlog import quiet_terminal
 
     quiet_terminal()  # before transformers is imported: no weight-loading progress bars
-    if not os.environ.get("PREFECT_API_URL"):
-        print("eaglescale: PREFECT_API_URL is not set; using Prefect's ephemeral API", file=sys.stderr)
-        # Prefect gives its ephemeral server 20 s to start; a loaded 2-core box (or a GPU node
-        # starting a dozen SGLang servers) can need more, and then the whole run fails at once.
-        os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+    # From here a signal stops the run cleanly: within seconds, leases released, children gone,
+    # one line naming the resume command (flows/stopping.py).
+    previous_handlers = stopping.install()
+    resume = ["eaglescale", "run", "--params", args.params, "--run-root", config.run_root]
+    resume += (["--stages", args.stages] if args.stages else []) + [f"--set={o}" for o in args.overrides]
+    api, temporary_url = None, None
+    try:
+        if not os.environ.get("PREFECT_API_URL"):
+            from flows import temporary_api
+
+            # Prefect's own default is 20 s; a loaded 2-core box (or a GPU node starting a dozen
+            # SGLang servers) can need more, and then the whole run fails at once.
+            timeout = float(os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS") or 120)
+            try:
+                api = temporary_api.start(timeout)
+            except temporary_api.TemporaryApiError as e:
+                print(f"eaglescale: {e}", file=sys.stderr)
+                return EXIT_FAILED
+            # Set before Prefect is imported: its settings are read once, at import.
+            os.environ["PREFECT_API_URL"] = temporary_url = api.url
+            print(
+                f"eaglescale: PREFECT_API_URL is not set; a temporary Prefect API at {api.url} "
+                "serves this run and stops with it",
+                file=sys.stderr,
+            )
+        return _run_flow(config)
+    except BaseException as e:
+        if (signum := stopping.stop_signal(e)) is None:
+            raise
+        if api is not None:
+            api.stop()
+            api = None
+        # What a stage started and its unwinding did not end (a trainer, a server): the run is
+        # over. Only on a stop: a caller running `main` in-process keeps its own children.
+        stopping.end_children()
+        print(stopping.stopped_message(signum, resume), file=sys.stderr)
+        return stopping.exit_code(signum)
+    finally:
+        if api is not None:
+            api.stop()
+        if temporary_url is not None and os.environ.get("PREFECT_API_URL") == temporary_url:
+            os.environ.pop("PREFECT_API_URL", None)  # it named the temporary API, now gone
+        stopping.restore(previous_handlers)
+
+
+def _run_flow(config: Any) -> int:
     from flows.data_scaling import data_scaling
+    from flows.stopping import is_stop
+    from tasks.config import ConfigError
     from tasks.engines.factory import close_engines
 
     _quiet_expected_tracebacks()
+    from tasks.runlog import FILE_ONLY, run_log
+
     with run_log(config.run_root) as log_path:
         try:
             data_scaling(config)
         except Exception as e:  # the flow run's state and logs hold the details
+            if is_stop(e):  # a failure a signal caused: the stop is what to report
+                raise
             logging.getLogger("eaglescale").error("run failed", exc_info=e, extra={FILE_ONLY: True})
             if is_expected(e):
                 print(f"eaglescale: {type(e).__name__}: {e}\n(log: {log_path})", file=sys.stderr)

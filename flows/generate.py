@@ -8,6 +8,7 @@ and every worker keeps going until all shards are committed, by it or by the oth
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 from typing import Any
 
@@ -22,13 +23,16 @@ from prefect.events import emit_event
 
 from flows.common import notifier_for, run_logger, slack_on_failure, stage_run
 from tasks.config import EagleScaleConfig
-from tasks.generate.failures import ShardFailed
+from tasks.generate.failures import ShardFailed, ShardStopped, cannot_heal, lasting_failure
 from tasks.generate.stage import GenerateStage, open_generate_stage
 from tasks.runfolder import CorruptShard
 from tasks.runfolder.schedule import ShardScheduler, drive_shards
 
 # Shard tasks run in this process's thread pool and share one stage (engine, progress).
 _active: dict[str, GenerateStage] = {}
+# How long a stop waits for the running shards to journal what they have and end: they drop
+# their requests at once, so this bounds only a stuck one (its lease is then left to expire).
+STOP_WAIT_S = 10.0
 
 
 def _resource(config: EagleScaleConfig, shard_id: str = "") -> dict[str, str]:
@@ -51,9 +55,13 @@ def generate_shard(config: EagleScaleConfig, shard_id: str) -> dict[str, Any]:
 
 def _worth_retrying(_task: Any, _run: Any, state: Any) -> bool:
     """A shard over its dead-letter bound would fail again: a retry replays the same journaled
-    dead letters; so would a damaged shard its journal cannot rebuild. Anything else (an
-    engine that was unavailable, a store hiccup) may pass."""
-    return not isinstance(getattr(state, "data", None), ShardFailed | CorruptShard)
+    dead letters; so would one failing for a reason no retry heals (another model served, a
+    run root refusing writes, a damaged shard its journal cannot rebuild). Anything else (an
+    engine that was unavailable for a while, a store hiccup) may pass."""
+    error = getattr(state, "data", None)
+    if isinstance(error, ShardFailed | ShardStopped | CorruptShard):
+        return False
+    return not (isinstance(error, BaseException) and cannot_heal(error))
 
 
 def _run_shards(
@@ -72,8 +80,12 @@ def _run_shards(
     log = run_logger()
     stalled_alerted = False
 
+    futures: list[Any] = []
+
     def start(shard_id: str, report: Any) -> None:
-        shard_task.submit(config, shard_id).add_done_callback(report)
+        future = shard_task.submit(config, shard_id)
+        futures.append(future)
+        future.add_done_callback(report)
 
     def on_poll() -> None:
         nonlocal stalled_alerted
@@ -89,15 +101,25 @@ def _run_shards(
             stalled_alerted = False
 
     scheduler = ShardScheduler(stage, pending, g.max_parallel_shards)
-    return drive_shards(
-        scheduler,
-        start,
-        # Polls fast enough to take over an expired lease within about one heartbeat.
-        min(5.0, g.progress_interval_s, g.lease_heartbeat_s),
-        lambda waiting: log.info("generate: waiting on shards leased elsewhere: %s", waiting),
-        on_poll,
-        collect=_result_of,
-    )
+    try:
+        return drive_shards(
+            scheduler,
+            start,
+            # Polls fast enough to take over an expired lease within about one heartbeat.
+            min(5.0, g.progress_interval_s, g.lease_heartbeat_s),
+            lambda waiting: log.info("generate: waiting on shards leased elsewhere: %s", waiting),
+            on_poll,
+            collect=_result_of,
+            fatal=cannot_heal,
+        )
+    except BaseException:
+        # A signal (or a failure of this loop): the running shards end now, each journaling
+        # what it has, before the leases are released (generate_flow's finally).
+        stage.stop()
+        deadline = time.monotonic() + STOP_WAIT_S
+        for future in futures:
+            future.wait(max(deadline - time.monotonic(), 0.0))
+        raise
 
 
 @flow(name="generate", on_failure=[slack_on_failure], on_crashed=[slack_on_failure])
@@ -107,6 +129,9 @@ def generate_flow(config: EagleScaleConfig) -> dict[str, Any]:
         _active[config.run_root] = stage
         try:
             pending = stage.prepare()
+            if pending:  # before any shard: the servers serve the target, or the run stops here
+                for note in stage.check_servers():
+                    span.log.info("generate: %s", note)
             span.started({"shards": len(stage.shards), "to_run": len(pending), "engine": config.engine.kind})
             span.log.info("generate: %d shards planned, %d to run", len(stage.shards), len(pending))
             # Opens the server-side stall automation's window before the first shard commits.
@@ -125,6 +150,8 @@ def generate_flow(config: EagleScaleConfig) -> dict[str, Any]:
             _active.pop(config.run_root, None)
         # The run folder decides: a shard without its marker is not done, whatever Prefect says.
         missing = summary["shards_total"] - summary["shards_committed"]
+        if missing and (lasting := lasting_failure(failures, config.run_root)) is not None:
+            raise lasting  # one message: the other shards were not started for it
         if missing:
             raise stage.failure(failures or {"?": f"{missing} shard(s) ended without a marker"})
         span.skipped = not pending  # every shard was committed, and whole, before this run

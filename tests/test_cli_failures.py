@@ -5,10 +5,13 @@ against a real Prefect server and SGLang-compatible servers on 127.0.0.1, as a u
 
 from __future__ import annotations
 
+import ctypes
+import os
 import pickle
 import socket
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,14 +39,26 @@ def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
-def eaglescale(tmp_path: Path, api_url: str, params: Path, *args: str) -> subprocess.CompletedProcess:
+def _without_root_powers() -> None:
+    """In the child, before exec: drop root's power to write where permissions forbid it
+    (CAP_DAC_OVERRIDE, from the bounding set), so a chmod-ed run root refuses root too."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(24, 1, 0, 0, 0) != 0:  # PR_CAPBSET_DROP, CAP_DAC_OVERRIDE
+        raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
+
+
+def eaglescale(
+    tmp_path: Path, api_url: str, params: Path, *args: str, timeout: float = 540,
+    as_user_without_root_powers: bool = False,
+) -> subprocess.CompletedProcess:  # fmt: skip
     return subprocess.run(
         [sys.executable, "-m", "flows.cli", "run", "--params", str(params), *args],
         cwd=ROOT,
         env=cli_env(tmp_path, PREFECT_API_URL=api_url),
         capture_output=True,
         text=True,
-        timeout=540,
+        timeout=timeout,
+        preexec_fn=_without_root_powers if as_user_without_root_powers and os.geteuid() == 0 else None,
     )
 
 
@@ -85,10 +100,12 @@ def dead_letters(run_root: Path) -> Counter[str]:
 
 
 def test_dead_fraction_gives_each_error_class_its_count_and_fix(tmp_path, tiny_target_dir, api_url):
-    # A short context overflows the longer prompts; 503s on a third of the requests, with one
-    # attempt per round, exhaust some requests' transport retries.
+    # A short context overflows the two longest prompts (few enough to pass the door, which
+    # refuses a context that leaves more than max_dead_fraction of them without room); 503s on
+    # a third of the requests, with one attempt per round, exhaust some requests' transport
+    # retries.
     with start_server_thread(
-        step_latency_s=0.0, context_length=200, vocab_size=2048, fault=FaultSpec(mode="5xx", rate=0.3, seed=1)
+        step_latency_s=0.0, context_length=250, vocab_size=2048, fault=FaultSpec(mode="5xx", rate=0.3, seed=1)
     ) as server:
         params = sglang_params(tmp_path, tiny_target_dir, tmp_path / "run", server.url, max_attempts=1)
         message = failed_cleanly(eaglescale(tmp_path, api_url, params), EXIT_FAILED)
@@ -106,7 +123,7 @@ def test_dead_fraction_gives_each_error_class_its_count_and_fix(tmp_path, tiny_t
     assert "sampling.max_new_tokens (now 16)" in overflow
     assert transport.startswith(f"  transport_exhausted: {classes['transport_exhausted']} request(s). Fix:")
     assert "generate.retry_dead=true" in transport
-    assert "longer than the model's context length (200 tokens)" in message  # an example
+    assert "longer than the model's context length (250 tokens)" in message  # an example
 
     # The same run root with another sampling setting: refused, naming the field.
     again = eaglescale(tmp_path, api_url, params, "--set", "sampling.max_new_tokens=8")
@@ -115,17 +132,53 @@ def test_dead_fraction_gives_each_error_class_its_count_and_fix(tmp_path, tiny_t
     assert "sampling.max_new_tokens: 16 -> 8" in refused
 
 
-def test_an_unreachable_server_names_itself_without_its_credentials(tmp_path, tiny_target_dir, api_url):
+def test_an_unreachable_server_fails_at_once_naming_itself_without_its_credentials(tmp_path, tiny_target_dir, api_url):
+    """With the default retries (2 per shard, 30 s apart) and rotation wait (60 s), no server
+    answering once took minutes per shard to fail: the door answers it at once."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         url = f"http://user:s3cret@127.0.0.1:{s.getsockname()[1]}"
-    params = sglang_params(tmp_path, tiny_target_dir, tmp_path / "run", url)
-    proc = eaglescale(tmp_path, api_url, params)
+    params = sglang_params(tmp_path, tiny_target_dir, tmp_path / "run", url, health_recheck_s=30.0)
+    t0 = time.monotonic()
+    proc = eaglescale(tmp_path, api_url, params, "--set", "generate.shard_retries=2", timeout=90)
+    took = time.monotonic() - t0
     message = failed_cleanly(proc, EXIT_FAILED)
     assert "s3cret" not in proc.stdout + proc.stderr
-    assert "2 shards (s00000-" in message
-    assert "EngineUnavailable: no SGLang server in rotation for 0.4s (http://***@127.0.0.1:" in message
+    assert message.startswith("eaglescale: ServersUnreachable: no generation server answers (http://***@127.0.0.1:")
     assert "Fix: start the servers or correct engine.endpoints" in message
+    assert message.count("\n") == 1, message  # one message, not one per shard
+    assert took < 60, f"{took:.0f} s"  # Prefect's start and discovery included
+
+
+def test_a_server_of_another_model_stops_the_run_before_any_row(tmp_path, tiny_target_dir, api_url):
+    """The issue's server: ids up to 50,000 for a 2,048-token target. It once committed 276
+    rows, and extraction found no valid sequence in them. Now its first answer stops the run,
+    unretried, before anything is committed."""
+    with start_server_thread(step_latency_s=0.0, vocab_size=50000) as server:
+        params = sglang_params(tmp_path, tiny_target_dir, tmp_path / "run", server.url)
+        proc = eaglescale(tmp_path, api_url, params, "--set", "generate.shard_retries=2")
+        sent = server.server.requests.get("generate", 0)
+    message = failed_cleanly(proc, EXIT_FAILED)
+    assert message.startswith(f"eaglescale: WrongModel: {server.url} answered token id ")
+    assert "outside the target's vocabulary of 2048 ids" in message
+    assert sent <= 80  # at most one attempt per planned request: no shard was retried
+    run = RunFolder(str(tmp_path / "run"))
+    assert run.listdir("generate/data") == [] and not run.exists("generate/_COMPLETE")
+    assert sum(len(read_journal(run, "generate", s).records) for s in run.listdir("generate/journal")) == 0
+
+
+def test_a_read_only_run_root_fails_at_once_with_one_message(tmp_path, tiny_target_dir, api_url):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    run_dir.chmod(0o555)
+    params = sglang_params(tmp_path, tiny_target_dir, run_dir, "http://127.0.0.1:9")
+    t0 = time.monotonic()
+    proc = eaglescale(tmp_path, api_url, params, as_user_without_root_powers=True, timeout=60)
+    took = time.monotonic() - t0
+    message = failed_cleanly(proc, EXIT_FAILED)
+    assert message.startswith(f"eaglescale: RunRootUnwritable: run root {run_dir} refuses writes (permission denied")
+    assert message.count("\n") == 1, message
+    assert took < 15, f"{took:.0f} s"  # refused before Prefect starts
 
 
 def test_a_missing_source_is_a_config_error(tmp_path, tiny_target_dir, api_url):

@@ -6,16 +6,18 @@ overflows. The stage completes with every planned request exactly once.
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import httpx
 import pytest
 
 from tasks.config import load_config
+from tasks.engines.base import WrongModel
 from tasks.engines.sglang_client import SGLangEngine
 from tasks.generate.stage import GenerateStage
 from tasks.runfolder import ShardStore
 from tasks.runfolder.layout import GENERATE_PROGRESS
-from tasks.standins.server import ServerProcess
+from tasks.standins.server import ServerProcess, start_server_thread
 from tests.run_support import assert_exactly_once, discover_and_fingerprint, write_params
 
 
@@ -204,3 +206,35 @@ def test_ids_only_answers_get_their_text_from_the_targets_tokenizer(tmp_path, ti
     )
     assert outcome.marker["quality"]["empty_output"] == sum(1 for r in rows if not r["text"].strip())
     assert outcome.marker["quality"]["empty_output"] < len(rows) // 2
+
+
+def test_a_server_of_another_model_is_stopped_at_the_door_or_at_its_first_answer(tmp_path, tiny_target_dir):
+    """SGLang reports no vocabulary size, so a server of another model passes the door unless
+    its context cannot hold the run; its first answer with an id outside the target's
+    vocabulary then stops the shard before anything of that answer is journaled."""
+    for name in ("short", "other"):
+        (tmp_path / name).mkdir()
+    with start_server_thread(step_latency_s=0.0, vocab_size=50000) as other, \
+            start_server_thread(step_latency_s=0.0, vocab_size=2048, context_length=48) as short:  # fmt: skip
+        # Context 48 with 16 new tokens: most prompts cannot fit, far over max_dead_fraction.
+        door = _stage(tmp_path / "short", tiny_target_dir, [short.url], max_dead_fraction=0.05)
+        with pytest.raises(WrongModel) as refused:
+            door.check_servers()
+        door.engine.close()
+        assert short.server.requests.get("generate", 0) == 0
+
+        stage = _stage(tmp_path / "other", tiny_target_dir, [other.url])
+        notes = stage.check_servers()  # the path differs, which alone proves nothing
+        assert any("serves 'simulated'" in n for n in notes), notes
+        shard_id = stage.prepare()[0]
+        with pytest.raises(WrongModel) as stopped:
+            stage.run_shard(shard_id)
+        stage.engine.close()
+    message = str(refused.value)
+    assert message.startswith(f"{short.url} cannot serve this run: context length 48 tokens")
+    assert "sampling.max_new_tokens (16)" in message and "generate.max_dead_fraction (5.0%)" in message
+    message = str(stopped.value)
+    assert message.startswith(f"{other.url} answered token id ") and "outside the target's vocabulary of 2048" in message
+    assert ShardStore(stage.run, "generate").committed() == {}
+    journal = stage.run.path(f"generate/journal/{shard_id}")
+    assert sum(p.read_text().count("\n") for p in Path(journal).rglob("*.jsonl")) == 0

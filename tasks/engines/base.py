@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from tasks.engines.served import TargetNeeds
 
 
 @dataclass(frozen=True)
@@ -105,8 +108,24 @@ class Engine(Protocol):
 
     def health(self) -> list[ServerHealth]: ...
 
+    def check_servers(self, needs: TargetNeeds) -> list[str]:
+        """Before any work: raise WrongModel where a server cannot serve `needs`, and
+        ServersUnreachable when none answers; hold every later answer to `needs`. Returns
+        notes for the log."""
+        ...
+
     def close(self) -> None: ...
 
 
 class EngineUnavailable(RuntimeError):
     """No server (or device) can take requests: the shard fails and is retried later."""
+
+
+class WrongModel(RuntimeError):
+    """A server serves another model than the run's target (another vocabulary, or a context
+    too short for the run): retrying cannot help, so the run stops, naming the server."""
+
+
+class ServersUnreachable(RuntimeError):
+    """No generation server answered when the stage started: the run stops at once instead of
+    waiting out the rotation's timeouts and Prefect's retries."""

@@ -30,6 +30,7 @@ from tasks.engines.base import (
     ServerHealth,
 )
 from tasks.engines.local_decode import BatchDecoder
+from tasks.engines.served import TargetNeeds
 from tasks.target.model_dir import context_length_of, read_model_config, resolve_model_dir
 from tasks.target.tokenizer import load_tokenizer
 
@@ -224,6 +225,9 @@ class LocalEngine:
             # The sink runs outside the model lock so a slow sink never stalls other callers.
             for result in self._run_batch([r for _, r in batch]):
                 sink(result)
+
+    def check_servers(self, needs: TargetNeeds) -> list[str]:
+        return []  # it runs the target itself
 
     def health(self) -> list[ServerHealth]:
         with self._stats_lock:

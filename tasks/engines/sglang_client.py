@@ -21,7 +21,10 @@ Failure handling (DESIGN.md §3-4):
 - every HTTP /generate sent counts in the outcome's `attempts`, so callers can report requests
   sent per request;
 - with no server in rotation for longer than `unavailable_after_s`, generate() raises
-  EngineUnavailable, after the sink has seen every outcome that did finish.
+  EngineUnavailable, after the sink has seen every outcome that did finish;
+- once `check_servers` gave it the target's needs, a server that says it serves another model
+  (at the start, or when it first answers its health check later) or answers an id outside the
+  target's vocabulary stops every call with WrongModel; that answer never reaches the sink.
 """
 
 from __future__ import annotations
@@ -45,7 +48,10 @@ from tasks.engines.base import (
     Outcome,
     OutcomeSink,
     ServerHealth,
+    ServersUnreachable,
+    WrongModel,
 )
+from tasks.engines.served import ServedModel, TargetNeeds, read_served_model
 from tasks.engines.sglang_pool import ServerPool, SGLangServer
 from tasks.engines.sglang_wire import (
     MalformedResponse,
@@ -138,6 +144,7 @@ class SGLangEngine:
         self._session: aiohttp.ClientSession | None = None
         self._jobs: set[asyncio.Future[None]] = set()
         self._closed = False
+        self._needs: TargetNeeds | None = None
         self._thread = threading.Thread(target=self._loop.run_forever, name="sglang-engine", daemon=True)
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._open(), self._loop).result()
@@ -181,6 +188,30 @@ class SGLangEngine:
 
     def health(self) -> list[ServerHealth]:
         return self._pool.health()
+
+    def check_servers(self, needs: TargetNeeds) -> list[str]:
+        """Ask every server what it serves, now: WrongModel for one that cannot serve `needs`,
+        ServersUnreachable when none answers. Servers that do not answer yet are checked when
+        they first pass a health check, and every answer's ids from now on. Returns notes."""
+        self._needs = needs
+        found = asyncio.run_coroutine_threadsafe(self._identify_all(), self._loop).result()
+        served = [s for s in found.values() if isinstance(s, ServedModel)]
+        if not served:
+            detail = "; ".join(f"{s.display}: {found[s.url]}" for s in self._pool.servers)
+            raise ServersUnreachable(
+                f"no generation server answers ({detail}). Fix: start the servers or correct "
+                "engine.endpoints (each must answer /get_model_info and /health_generate), then rerun"
+            )
+        for model in served:
+            if problems := needs.problems(model):
+                raise WrongModel(needs.refusal(model, problems))
+        notes = [n for model in served for n in needs.notes(model)]
+        for server in self._pool.servers:
+            if isinstance(found[server.url], ServedModel):
+                server.verified = True
+            else:
+                notes.append(f"{server.display} does not answer yet ({found[server.url]}); it is checked when it does")
+        return notes
 
     def close(self) -> None:
         if self._closed:
@@ -236,7 +267,7 @@ class SGLangEngine:
             async with asyncio.TaskGroup() as tg:
                 for _ in range(min(len(items), self._pool.capacity())):
                     tg.create_task(worker())
-        except* EngineUnavailable as group:
+        except* (EngineUnavailable, WrongModel) as group:
             raise group.exceptions[0] from None
         exhausted.sort(key=lambda it: it.index)
         return exhausted
@@ -303,6 +334,11 @@ class SGLangEngine:
             reply = read_generate_reply(body)
         except MalformedResponse as e:
             raise _Retry(str(e)) from None
+        wrong = self._needs.out_of_vocabulary(server.display, reply.output_ids) if self._needs else None
+        if wrong is not None:
+            error = WrongModel(wrong)
+            self._pool.fail(error)
+            raise error
         rid = item.request.request_id
         if reply.finish == "abort":
             code = reply.abort_status
@@ -327,7 +363,15 @@ class SGLangEngine:
         else what went wrong."""
         assert self._session is not None
         if server.kind == "router":
-            return await self._probe_router(server, timeout_s)
+            error = await self._probe_router(server, timeout_s)
+        else:
+            error = await self._probe_server(server, timeout_s)
+        if error is None and self._needs is not None and not server.verified:
+            return await self._verify(server, self._needs, timeout_s)
+        return error
+
+    async def _probe_server(self, server: SGLangServer, timeout_s: float) -> str | None:
+        assert self._session is not None
         try:
             async with self._session.get(
                 server.url + "/health_generate", timeout=aiohttp.ClientTimeout(total=timeout_s)
@@ -338,6 +382,48 @@ class SGLangEngine:
                 return f"health_generate: HTTP {resp.status}: {error_message(body)}"
         except (aiohttp.ClientError, TimeoutError) as e:
             return f"health_generate: {_describe(e)}"
+
+    async def _verify(self, server: SGLangServer, needs: TargetNeeds, timeout_s: float) -> str | None:
+        """A server that came up after the start: what it serves decides whether it joins."""
+        found = await self._identify(server, timeout_s)
+        if not isinstance(found, ServedModel):
+            return found
+        if problems := needs.problems(found):
+            self._pool.fail(WrongModel(needs.refusal(found, problems)))
+            return "serves another model"
+        server.verified = True
+        return None
+
+    async def _identify_all(self) -> dict[str, ServedModel | str]:
+        timeout = min(self.config.connect_timeout_s, self.config.request_timeout_s)
+        servers = self._pool.servers
+        found = await asyncio.gather(*(self._identify(s, timeout) for s in servers))
+        return {s.url: f for s, f in zip(servers, found, strict=True)}
+
+    async def _identify(self, server: SGLangServer, timeout_s: float) -> ServedModel | str:
+        """What the server says it serves, or why it did not answer. An endpoint it lacks
+        (HTTP 404 from an SGLang-like server) leaves those fields unknown."""
+        bodies: list[dict[str, Any]] = []
+        for paths in (("/get_model_info",), ("/server_info", "/get_server_info")):
+            body: dict[str, Any] = {}
+            for path in paths:
+                try:
+                    async with self._session.get(  # type: ignore[union-attr]
+                        server.url + path, timeout=aiohttp.ClientTimeout(total=timeout_s)
+                    ) as resp:
+                        if resp.status == 404:
+                            continue
+                        if resp.status >= 500:
+                            return f"{path}: HTTP {resp.status}"
+                        data = await resp.json(content_type=None) if resp.status == 200 else {}
+                except (aiohttp.ClientError, TimeoutError) as e:
+                    return f"{path}: {_describe(e)}"
+                except ValueError:
+                    data = {}
+                body = data if isinstance(data, dict) else {}
+                break
+            bodies.append(body)
+        return read_served_model(server.display, bodies[0], bodies[1])
 
     async def _probe_router(self, server: SGLangServer, timeout_s: float) -> str | None:
         """An sglang-router's /health is liveness only (200 with every worker down), so its

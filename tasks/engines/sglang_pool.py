@@ -42,6 +42,7 @@ class SGLangServer:
         self.last_progress = time.monotonic()
         self.checker: asyncio.Task[None] | None = None
         self.kick: asyncio.Event | None = None
+        self.verified = False  # its account of its model was checked against the target
 
 
 class ServerPool:
@@ -64,6 +65,7 @@ class ServerPool:
         self._rr = 0
         self._watchdog: asyncio.Task[None] | None = None
         self._closed = False
+        self.fatal: BaseException | None = None  # a failure no retry can heal: every acquire raises it
 
     def capacity(self) -> int:
         """An upper bound on useful concurrent requests (callers size their coroutines by it).
@@ -95,6 +97,8 @@ class ServerPool:
             self._watchdog = asyncio.create_task(self._watch())
         loop = asyncio.get_running_loop()
         while True:
+            if self.fatal is not None:
+                raise self.fatal
             server = self._pick(avoid)
             if server is not None:
                 server.in_flight += 1
@@ -115,6 +119,13 @@ class ServerPool:
             if not waiter.done():
                 waiter.set_result(None)
                 return
+
+    def fail(self, error: BaseException) -> None:
+        """Stop every job: a server serves another model (retrying elsewhere could still
+        commit its earlier answers' kin; the run stops instead and names it)."""
+        if self.fatal is None:
+            self.fatal = error
+        self._wake_all()
 
     def _wake_all(self) -> None:
         while self._waiters:

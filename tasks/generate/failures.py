@@ -15,6 +15,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from tasks.engines.base import ServersUnreachable, WrongModel
+from tasks.runfolder import RunRootUnwritable, unwritable, unwritable_error
+
 RETRY_DEAD = "--set generate.retry_dead=true"
 EXAMPLE_CHARS = 200
 
@@ -50,6 +53,29 @@ def fix_for(error_class: str, settings: Mapping[str, Any] | None = None) -> str:
             f"server, then rerun with {RETRY_DEAD}"
         )
     return f"see the example message; once its cause is fixed, rerun with {RETRY_DEAD}"
+
+
+def cannot_heal(exc: BaseException) -> bool:
+    """Failures no retry heals: a server of another model, no server answering at the start,
+    a run root that refuses writes. They fail the run once, at once: no Prefect task retry,
+    and the other shards are not started."""
+    return isinstance(exc, WrongModel | ServersUnreachable) or unwritable(exc)
+
+
+def lasting_failure(causes: Mapping[str, BaseException | str], run_url: str) -> BaseException | None:
+    """The first failure among `causes` that no retry heals, as the run's one error (a refused
+    write as RunRootUnwritable, naming the run root); None when every cause may heal."""
+    for _, cause in sorted(causes.items()):
+        if isinstance(cause, BaseException) and cannot_heal(cause):
+            if isinstance(cause, OSError) and not isinstance(cause, RunRootUnwritable):
+                return unwritable_error(run_url, cause)
+            return cause
+    return None
+
+
+class ShardStopped(RuntimeError):
+    """A shard ended because the run is stopping (a signal): its results so far are journaled,
+    and it is not retried."""
 
 
 class ShardFailed(RuntimeError):

@@ -22,7 +22,7 @@ from tasks.runfolder.layout import GENERATE_PROGRESS
 
 log = logging.getLogger(__name__)
 
-RUN_STATES = ("running", "complete", "failed")
+RUN_STATES = ("running", "complete", "failed", "stopped")
 
 
 # ---- the arithmetic, as pure functions ------------------------------------------------------

@@ -13,7 +13,7 @@ from tasks.config import EagleScaleConfig
 from tasks.discover.commit import discovery_marker, read_prompts_table
 from tasks.engines.base import Engine, GenerationResult, Outcome, SamplingParams
 from tasks.engines.factory import get_engine
-from tasks.generate.failures import GenerateFailed, generate_failed
+from tasks.generate.failures import GenerateFailed, ShardStopped, generate_failed
 from tasks.generate.plan import ShardPlan, load_or_plan_shards, planned_requests, shard_prompt_ids
 from tasks.generate.progress import ProgressTracker, first_started_at
 from tasks.generate.shard import STAGE, ShardOutcome, run_shard
@@ -72,6 +72,7 @@ class GenerateStage:
             )
         )
         self._sorted_ids = sorted(self._messages)
+        self._prompt_tokens = tuple(sorted(manifest.column("n_tokens").to_pylist()))
         marker = discovery_marker(self.run) or {}
         self.shards = load_or_plan_shards(
             self.run, marker["manifest_hash"], self._sorted_ids, self.cfg.generate.shard_size
@@ -79,6 +80,7 @@ class GenerateStage:
         self._by_id = {s.shard_id: s for s in self.shards}
         self._sampling = sampling_params(self.cfg)
         self._render_lock = threading.Lock()
+        self.stopping = False
         self._prepared_attempts: dict[str, str | None] = {}
         self._damaged: dict[str, str] = {}  # shard -> what prepare() found wrong with its files
         k = self.cfg.sampling.samples_per_prompt
@@ -127,6 +129,24 @@ class GenerateStage:
                 )
         self.progress.write()
         return pending
+
+    def check_servers(self) -> list[str]:
+        """Before any shard: every generation server that answers must serve the target (else
+        WrongModel, naming it and what differs), and one must answer (else ServersUnreachable);
+        from then on every answer's ids must lie in the target's vocabulary. Returns notes."""
+        from tasks.engines.served import TargetNeeds
+        from tasks.target.model_dir import read_model_config, resolve_model_dir, text_config
+
+        t = self.cfg.target
+        model_config = text_config(read_model_config(resolve_model_dir(t.model_path, t.revision)))
+        needs = TargetNeeds(
+            model_path=t.model_path,
+            vocab_size=int(model_config["vocab_size"]),
+            max_new_tokens=self.cfg.sampling.max_new_tokens,
+            prompt_tokens=self._prompt_tokens,
+            max_dead_fraction=self.cfg.generate.max_dead_fraction,
+        )
+        return self.engine.check_servers(needs)
 
     def _detokenize(self, output_ids: list[int]) -> str:
         # What SGLang's detokenizer returns by default (skip_special_tokens): the reply's text.
@@ -219,6 +239,9 @@ class GenerateStage:
         except LeaseLost:
             raise
         except Exception as e:
+            if self.stopping:
+                self.progress.shard_state(shard_id, "stopped")
+                raise ShardStopped(f"shard {shard_id}: stopped; its results so far are journaled") from e
             self.progress.shard_state(shard_id, "failed", error=str(e)[:500])
             raise
         self.progress.shard_state(shard_id, "committed", rows=outcome.rows, dead=outcome.dead)
@@ -297,6 +320,15 @@ class GenerateStage:
             "generate.max_dead_fraction": c.generate.max_dead_fraction,
         }
         return generate_failed(causes, len(self.shards), c.generate.max_dead_fraction, settings)
+
+    def stop(self) -> None:
+        """The run is stopping: end the running shards now, not at their end. The engine drops
+        its requests (in flight and queued); every shard journals the outcomes it has and ends
+        with ShardStopped. Leases are released by `close`, once the shards have ended."""
+        self.stopping = True
+        self.engine.close()
+        self.progress.set_state("stopped")
+        self.progress.write()
 
     def close(self) -> None:
         """Stop heartbeating and release this process's leases (idempotent)."""

@@ -8,7 +8,13 @@ from tasks.runfolder.fingerprint import (
     fingerprint_hash,
     request_id,
 )
-from tasks.runfolder.folder import RunFolder
+from tasks.runfolder.folder import (
+    RunFolder,
+    RunRootUnwritable,
+    check_writable,
+    unwritable,
+    unwritable_error,
+)
 from tasks.runfolder.journal import JournalReplay, JournalWriter, new_attempt_id, read_journal
 from tasks.runfolder.leases import (
     Lease,
@@ -41,8 +47,10 @@ __all__ = [
     "LeaseView",
     "PartWriter",
     "RunFolder",
+    "RunRootUnwritable",
     "ShardStore",
     "check_fingerprint",
+    "check_writable",
     "content_hash",
     "ensure_fingerprint",
     "fingerprint_hash",
@@ -52,4 +60,6 @@ __all__ = [
     "read_leases",
     "read_journal",
     "request_id",
+    "unwritable",
+    "unwritable_error",
 ]

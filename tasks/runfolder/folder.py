@@ -7,6 +7,7 @@ which is atomic there. Either way a reader never sees a partial object.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import secrets
@@ -23,6 +24,49 @@ TMP_PREFIX = ".tmp-"
 # Younger ones may be another worker's write in flight on a shared folder, and are spared.
 STRAY_TEMP_AGE_S = 60.0
 
+# Writes that fail with these fail again at once: a retry in seconds or minutes cannot heal a
+# read-only mount, a full disk or a refused permission (the operator must act).
+_UNWRITABLE = {
+    errno.EROFS: ("is read-only", "mount it read-write or give another --run-root"),
+    errno.ENOSPC: ("is full", "free space there"),
+    errno.EDQUOT: ("is over its disk quota", "free space there or raise the quota"),
+    errno.EACCES: ("refuses writes (permission denied)", "give this user write access"),
+    errno.EPERM: ("refuses writes (operation not permitted)", "give this user write access"),
+}
+
+
+class RunRootUnwritable(RuntimeError):
+    """The run root refuses writes (read-only, full, not permitted): no retry heals that."""
+
+
+def unwritable(exc: BaseException) -> bool:
+    """Whether `exc` is a refused write that retrying cannot heal."""
+    return isinstance(exc, RunRootUnwritable) or (isinstance(exc, OSError) and exc.errno in _UNWRITABLE)
+
+
+def unwritable_error(url: str, exc: OSError) -> RunRootUnwritable:
+    """The one message for a refused write to the run root `url`: what, where, and the fix."""
+    what, fix = _UNWRITABLE.get(exc.errno or 0, ("refuses writes", "make it writable"))
+    where = f" ({exc.filename})" if exc.filename else ""
+    return RunRootUnwritable(
+        f"run root {url} {what}: {exc.strerror or exc}{where}. Results written so far are kept; "
+        f"{fix}, then rerun the same command to resume"
+    )
+
+
+def check_writable(url: str, storage_options: dict[str, Any] | None = None) -> None:
+    """Write and remove a small object in the run root: RunRootUnwritable when refused, so a
+    read-only or full run root is named before anything starts."""
+    try:
+        run = RunFolder(url, storage_options)
+        probe = tmp_name("writable")
+        run.write_bytes_atomic(probe, b"")
+        run.remove(probe)
+    except OSError as e:
+        if e.errno in _UNWRITABLE:
+            raise unwritable_error(url, e) from None
+        raise
+
 
 def tmp_name(base: str) -> str:
     return f"{TMP_PREFIX}{secrets.token_hex(6)}-{base}"
@@ -33,6 +77,7 @@ class RunFolder:
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None):
         self.url = url.rstrip("/")
+        self.storage_options = dict(storage_options or {})
         self.fs, self.root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
         self.root = self.root.rstrip("/")
         self.is_local = isinstance(self.fs, LocalFileSystem)

@@ -13,6 +13,13 @@ and the claimer only needs its own clock to roughly agree with the store's (NTP 
 TTL is minutes). The holder's `ttl_s` is written into the lease, so a claimer with another
 config still waits the holder's promised interval.
 
+A holder on this host whose process is gone cannot heartbeat again, so its lease is taken over
+at once rather than after the TTL (a worker killed with -9 and restarted resumes its shards
+straight away). The holder record names its host, boot, pid namespace, pid and the process's
+start time; the lease counts as dead only when host, boot and pid namespace are this process's
+own and the pid is gone or names a process started at another time (a reused pid). Holders
+elsewhere are judged by the TTL alone.
+
 A takeover creates epoch + 1 beside the old one (objects are never deleted, so every epoch is
 created only after its predecessor was seen, and the highest epoch is the current one). A
 holder learns it lost the shard when epoch + 1 exists: its heartbeat marks the lease lost and
@@ -42,8 +49,58 @@ class LeaseLost(RuntimeError):
     """Another worker took this shard over (our heartbeats stopped for longer than the TTL)."""
 
 
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _pid_namespace() -> int | None:
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def process_started(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot, /proc/<pid>/stat field 22); None
+    where there is no /proc or no such process."""
+    stat = _read(f"/proc/{pid}/stat")
+    if stat is None:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()  # the command name may hold spaces or ')'
+    return int(fields[19]) if len(fields) > 19 else None
+
+
 def new_holder() -> dict[str, Any]:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "id": uuid.uuid4().hex[:12]}
+    return {
+        "host": socket.gethostname(),
+        "boot_id": _read("/proc/sys/kernel/random/boot_id"),
+        "pid_ns": _pid_namespace(),
+        "pid": os.getpid(),
+        "started": process_started(os.getpid()),
+        "id": uuid.uuid4().hex[:12],
+    }
+
+
+def holder_gone(holder: dict[str, Any] | None, here: dict[str, Any]) -> bool:
+    """Whether `holder` is certainly dead: a process of this host (same boot, same pid
+    namespace as `here`) that no longer runs, or whose pid another process now has."""
+    if not holder or not here.get("boot_id") or not isinstance(holder.get("pid"), int):
+        return False
+    if any(holder.get(k) != here.get(k) for k in ("host", "boot_id", "pid_ns")):
+        return False
+    pid = holder["pid"]
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, under another user
+        pass
+    started = holder.get("started")
+    return started is not None and process_started(pid) not in (None, started)
 
 
 def holder_label(holder: dict[str, Any] | None) -> str:
@@ -68,6 +125,7 @@ class LeaseView:
     record: dict[str, Any]
     heartbeat_age_s: float  # seen_at minus the store's mtime of the lease object
     ttl_s: float
+    holder_gone: bool = False  # its holder is a dead process of this host (see holder_gone)
 
     @property
     def released(self) -> bool:
@@ -79,7 +137,7 @@ class LeaseView:
 
     @property
     def live(self) -> bool:
-        return not self.released and not self.expired
+        return not self.released and not self.expired and not self.holder_gone
 
     @property
     def holder(self) -> dict[str, Any]:
@@ -90,6 +148,8 @@ class LeaseView:
         if self.released:
             return f"released by {who} (epoch {self.epoch})"
         age = f"{self.heartbeat_age_s:.0f} s ago"
+        if self.holder_gone:
+            return f"lease of {who}: that process is gone, heartbeat {age} (epoch {self.epoch})"
         if self.expired:
             return f"lease of {who} expired, heartbeat {age} (epoch {self.epoch})"
         return f"leased by {who}, heartbeat {age} (epoch {self.epoch})"
@@ -177,7 +237,7 @@ class LeaseTable:
 
     def scan(self, shard_ids: Iterable[str] | None = None) -> dict[str, LeaseView]:
         """shard_id -> its current lease, for every leased shard (or only `shard_ids`)."""
-        return read_leases(self.run, self.stage, self.ttl_s, shard_ids)
+        return read_leases(self.run, self.stage, self.ttl_s, shard_ids, self.holder)
 
     def live_shards(self) -> set[str]:
         """Shards whose lease is held (not released, not expired) by anyone, this process included."""
@@ -212,6 +272,7 @@ class LeaseTable:
                 "holder": view.holder,
                 "epoch": view.epoch,
                 "heartbeat_age_s": round(view.heartbeat_age_s, 3),
+                "holder_gone": view.holder_gone,
             }
         if not self.run.create_exclusive(self.key(shard_id, epoch), json_bytes(record)):
             return None  # another claimer won this epoch
@@ -269,10 +330,17 @@ class LeaseTable:
 
 
 def read_leases(
-    run: RunFolder, stage: str, default_ttl_s: float, shard_ids: Iterable[str] | None = None
+    run: RunFolder,
+    stage: str,
+    default_ttl_s: float,
+    shard_ids: Iterable[str] | None = None,
+    here: dict[str, Any] | None = None,
 ) -> dict[str, LeaseView]:
     """shard_id -> its current (highest-epoch) lease under `<stage>/leases`; read-only, so the
-    status command can show who holds what. `default_ttl_s` judges records that lack one."""
+    status command can show who holds what. `default_ttl_s` judges records that lack one;
+    `here` (a holder record of this process; by default a fresh one) judges whether a holder
+    on this host is gone."""
+    here = here or new_holder()
     wanted = None if shard_ids is None else set(shard_ids)
     full = run.path(f"{stage}/leases")
     run.fs.invalidate_cache(full)
@@ -296,7 +364,8 @@ def read_leases(
             record = {}  # mid-rewrite on a store without atomic replace: judge by mtime alone
         age = max(now - mtime, 0.0) if mtime is not None else 0.0
         ttl = float(record.get("ttl_s") or default_ttl_s)
-        views[shard_id] = LeaseView(shard_id, epoch, record, age, ttl)
+        gone = not record.get("released") and age <= ttl and holder_gone(record.get("holder"), here)
+        views[shard_id] = LeaseView(shard_id, epoch, record, age, ttl, gone)
     return views
 
 

@@ -81,6 +81,12 @@ class ShardScheduler:
                 claimed.append(shard_id)
         return claimed
 
+    def abandon(self, why: str) -> None:
+        """Start nothing more: every shard not yet running counts as failed with `why` (the
+        loop then ends as soon as the running ones do)."""
+        for shard_id in self.todo - self.running - self.failed.keys():
+            self.failed[shard_id] = f"not started: {why}"[:300]
+
     def finished(self, shard_id: str, result: dict[str, Any] | BaseException) -> None:
         """A started shard ended: its outcome summary, or the error its task raised."""
         self.running.discard(shard_id)
@@ -129,6 +135,7 @@ def drive_shards(
     on_wait: Callable[[dict[str, str]], None] | None = None,
     on_poll: Callable[[], None] | None = None,
     collect: Callable[[Any], dict[str, Any] | BaseException] = lambda r: r,
+    fatal: Callable[[BaseException], bool] = lambda e: False,
 ) -> dict[str, BaseException | str]:
     """The one loop that drives shards, for every stage and executor. Each shard the scheduler
     claims goes to `start(shard_id, report)`, which runs it here or submits it elsewhere;
@@ -136,8 +143,9 @@ def drive_shards(
     turns into the shard's outcome summary or the exception it raised. The loop wakes at the
     first shard to end or after `poll_s` (to re-read leases: an expired one is taken over
     within about one heartbeat), tells `on_wait` each new set of shards waited on elsewhere,
-    and calls `on_poll` once per pass (progress, stall alerts). Returns the failures, shard ->
-    the exception raised, else the scheduler's description."""
+    and calls `on_poll` once per pass (progress, stall alerts). A failure `fatal` says no retry
+    heals stops the loop from starting other shards. Returns the failures, shard -> the
+    exception raised, else the scheduler's description."""
     ended: queue.Queue[tuple[str, Any]] = queue.Queue()
     errors: dict[str, BaseException] = {}
     waited_on: set[str] = set()
@@ -153,6 +161,8 @@ def drive_shards(
                     log.warning("shard %s failed: %s", shard_id, result)
                     errors[shard_id] = result
                 scheduler.finished(shard_id, result)
+                if isinstance(result, BaseException) and fatal(result):
+                    scheduler.abandon(f"shard {shard_id} failed with {type(result).__name__}")
                 n += 1
                 item = ended.get_nowait()
         return n

@@ -1,7 +1,8 @@
 """The aiohttp application of the SGLang-compatible server: handlers, fault application, counters.
 
-Endpoints: POST /generate, GET /health, GET /health_generate, GET /server_info and the older
-GET /get_server_info, POST /flush_cache; ours (not SGLang's): POST|GET /_fault, GET /_stats.
+Endpoints: POST /generate, GET /health, GET /health_generate, GET /get_model_info, GET /server_info
+and the older GET /get_server_info, POST /flush_cache; ours (not SGLang's): POST|GET /_fault,
+GET /_stats.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class SGLangCompatServer:
         self.app.router.add_post("/generate", self._generate)
         self.app.router.add_get("/health", self._health)
         self.app.router.add_get("/health_generate", self._health_generate)
+        self.app.router.add_get("/get_model_info", self._model_info)
         self.app.router.add_get("/server_info", self._server_info)
         self.app.router.add_get("/get_server_info", self._server_info)
         self.app.router.add_post("/flush_cache", self._flush_cache)
@@ -169,6 +171,17 @@ class SGLangCompatServer:
         except Exception as e:  # any failure of the probe generation is "unhealthy"
             return web.Response(status=503, text=f"health_generate failed: {type(e).__name__}: {e}")
         return web.Response(status=200)
+
+    async def _model_info(self, request: web.Request) -> web.StreamResponse:
+        injected = await self._gate(request, "get_model_info")
+        if injected is not None:
+            return injected
+        # SGLang's keys, no more: it reports no vocabulary size here (nor in /server_info).
+        path = self.backend.model_path
+        return _json({
+            "model_path": path, "tokenizer_path": path, "is_generation": True,
+            "preferred_sampling_params": None, "weight_version": "default",
+        })  # fmt: skip
 
     async def _server_info(self, request: web.Request) -> web.StreamResponse:
         injected = await self._gate(request, "server_info")

@@ -210,13 +210,13 @@ def _committed_per_server(markers: dict[str, dict[str, Any]]) -> dict[str, int] 
 def _generate_state(
     complete: bool, progress: dict[str, Any] | None, has_markers: bool, now: float, bound: float
 ) -> tuple[str, str | None]:
-    """(state, stall reason): not started | running | stalled | failed | complete | incomplete."""
+    """(state, stall reason): not started | running | stalled | failed | stopped | complete | incomplete."""
     if complete:
         return "complete", None
     if progress is None:
         # committed shards but no progress file: nothing to judge liveness by
         return ("incomplete" if has_markers else "not started"), None
-    if progress.get("state") in ("failed", "complete"):
+    if progress.get("state") in ("failed", "stopped", "complete"):
         return progress["state"], None
     reason = _stall(progress, now, bound)
     return ("stalled" if reason else "running"), reason
