@@ -1,4 +1,4 @@
-"""Stage flow `generate`: one Prefect task per shard, never per request (DESIGN §7).
+"""Stage flow `generate`: one Prefect task per shard, never per request (docs/DESIGN.md §7).
 
 Per-request state lives in the run folder's journals; Prefect sees shard-sized task runs, a
 progress artifact updated in place, and one event per committed shard. Several workers may run

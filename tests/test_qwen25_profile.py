@@ -12,7 +12,6 @@ import os
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tasks.config import load_config
 from tasks.config.input_checks import check_input_paths
@@ -24,7 +23,7 @@ from tasks.runfolder import RunFolder, ShardStore
 from tasks.target.model_dir import resolve_model_dir
 from tasks.target.tokenizer import load_tokenizer
 from tests.qwen2_support import CHAT_TEMPLATE, install_parts, write_tiny_qwen2_gguf
-from tests.run_support import ROOT, cli_env, start_cli
+from tests.run_support import ROOT, cli_env, small_profile, start_cli
 
 PROFILE = ROOT / "deployments/params/qwen25-coder.yaml"
 
@@ -48,31 +47,12 @@ def test_profile_loads_as_shipped(tmp_path: Path) -> None:
         check_input_paths(cfg)
 
 
-def small_profile(tmp_path: Path, model_path: str) -> Path:
-    params = yaml.safe_load(PROFILE.read_text())
-    params["run_root"] = str(tmp_path / "run")
-    params["target"]["model_path"] = model_path
-    params["stages"] = ["discover", "generate", "extract", "train"]
-    sharegpt, humaneval = params["discover"]["sources"]
-    sharegpt["max_rows"], humaneval["max_rows"] = 60, 10
-    params["discover"].update(holdout_per_domain=1, total_prompts=10, domain_quotas={}, max_prompt_tokens=768)
-    params["sampling"]["max_new_tokens"] = 6
-    params["engine"] = {"kind": "local", "device": "cpu", "dtype": "float32", "batch_size": 10}
-    params["generate"].update(shard_size=5, max_parallel_shards=1)
-    params["extract"].update(device="cpu", dtype="float32", batch_size=4, max_length=1024, eval_fraction=0.2)
-    params["train"].update(device="cpu", compute_dtype="float32", draft_vocab_size=512, ttt_steps=2,
-                           epochs=1, max_steps=3, batch_tokens=2048, eval_every=3, save_every=3,
-                           warmup_steps=1, scaling_fractions=[])  # fmt: skip
-    params["gate"]["registry_url"] = str(tmp_path / "registry")
-    path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump(params))
-    return path
 
 
 def test_profile_shape_runs_on_a_tiny_qwen2_in_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     gguf = write_tiny_qwen2_gguf(tmp_path / "gguf" / "tiny-qwen2.gguf")
     model_path = install_parts(gguf, tmp_path / "parts", monkeypatch)
-    params = small_profile(tmp_path, model_path)
+    params = small_profile(PROFILE, tmp_path, model_path=model_path, max_prompt_tokens=768, max_length=1024, batch_tokens=2048)
     log = tmp_path / "cli.log"
     pythonpath = os.pathsep.join([str(tmp_path / "parts" / "site"), os.environ.get("PYTHONPATH", str(ROOT))])
     rc = start_cli(["run", "--params", str(params)], cli_env(tmp_path, PYTHONPATH=pythonpath), log).wait(timeout=900)

@@ -9,35 +9,16 @@ import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import yaml
 
 from tasks.config import load_config
 from tasks.discover.commit import read_prompts_table
 from tasks.extract.storage import extract_metadata
 from tasks.runfolder import RunFolder, ShardStore
-from tests.run_support import ROOT, cli_env, start_cli
+from tests.run_support import ROOT, cli_env, small_profile, start_cli
 
 PROFILE = ROOT / "deployments/params/smollm2-sharegpt.yaml"
 
 
-def small_profile(tmp_path: Path) -> Path:
-    params = yaml.safe_load(PROFILE.read_text())
-    params["run_root"] = str(tmp_path / "run")
-    params["stages"] = ["discover", "generate", "extract", "train"]
-    sharegpt, humaneval = params["discover"]["sources"]
-    sharegpt["max_rows"], humaneval["max_rows"] = 60, 10
-    params["discover"].update(holdout_per_domain=1, total_prompts=10, domain_quotas={}, max_prompt_tokens=256)
-    params["sampling"]["max_new_tokens"] = 6
-    params["engine"] = {"kind": "local", "device": "cpu", "dtype": "float32", "batch_size": 10}
-    params["generate"].update(shard_size=5, max_parallel_shards=1)
-    params["extract"].update(device="cpu", dtype="float32", batch_size=4, max_length=384, eval_fraction=0.2)
-    params["train"].update(device="cpu", compute_dtype="float32", draft_vocab_size=512, ttt_steps=2,
-                           epochs=1, max_steps=3, batch_tokens=1024, eval_every=3, save_every=3,
-                           warmup_steps=1, scaling_fractions=[])  # fmt: skip
-    params["gate"]["registry_url"] = str(tmp_path / "registry")
-    path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump(params))
-    return path
 
 
 def test_profile_loads_as_shipped() -> None:
@@ -50,7 +31,7 @@ def test_profile_loads_as_shipped() -> None:
 
 
 def test_smollm2_profile_runs_discover_to_train_on_cpu(tmp_path: Path, smollm2_dir: Path) -> None:
-    params = small_profile(tmp_path)
+    params = small_profile(PROFILE, tmp_path)
     log = tmp_path / "cli.log"
     rc = start_cli(["run", "--params", str(params)], cli_env(tmp_path), log).wait(timeout=900)
     assert rc == 0, log.read_text()[-4000:]

@@ -14,10 +14,8 @@ from tasks.draft.target_heads import load_target_heads
 from tasks.draft.trainer import TrainCallbacks, TrainError, train_draft
 from tasks.draft.vocab import VocabMap, build_vocab_map, count_tokens
 from tasks.gate.replay import replay_run
-from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import TRAIN_BEST, TRAIN_RESULT
 from tasks.target.tiny import build_tiny_target
-from tests.draft_support import extracted_run
 
 LEARN_STEPS = 300
 
@@ -30,15 +28,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-@pytest.fixture
-def make_run(tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path, tmp_path: Path):
-    def make(name: str, **train):
-        cfg, _ = extracted_run(tmp_path_factory.getbasetemp(), tiny_target_dir, tmp_path / name, **train)
-        return cfg, RunFolder(cfg.run_root)
-
-    return make
 
 
 def test_learning_is_real_and_more_data_beats_less(make_run):

@@ -36,7 +36,6 @@ from tasks.gate.plan import RequestRecord, pooled_accept_lengths
 from tasks.gate.replay import SequenceReplay, accept_stats
 from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import TRAIN_RESULT
-from tests.draft_support import extracted_run
 
 H, VOCAB, DRAFT_VOCAB = 16, 64, 24
 
@@ -288,15 +287,6 @@ def test_stored_token_matches_put_each_steps_prediction_where_the_chain_reads_it
 RECIPE = {"adam_betas": [0.9, 0.999], "loss_normalization": "token", "init_lm_head_from_target": True,
           "freeze_lm_head": True, "init_norm_from_target": True, "aux_state_noise": 0.5,
           "max_steps": 6, "eval_every": 3, "save_every": 3, "max_grad_norm": 0.05}  # fmt: skip
-
-
-@pytest.fixture
-def make_run(tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path, tmp_path: Path):
-    def make(name: str, **train):
-        cfg, _ = extracted_run(tmp_path_factory.getbasetemp(), tiny_target_dir, tmp_path / name, **train)
-        return cfg, RunFolder(cfg.run_root)
-
-    return make
 
 
 def _lm_head(run: RunFolder, key: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""The draft model's shape, derived from the target's config.json (DESIGN §5).
+"""The draft model's shape, derived from the target's config.json (docs/DESIGN.md §7).
 
 The draft shares the target's token embedding, so its hidden size is the target's. Its aux
 layer ids follow SGLang's "output of layer i" convention: `[1, L//2 - 1, L - 4]`.

@@ -1,6 +1,6 @@
 """Export a trained EAGLE-3 draft for SGLang and for vLLM (speculators format), and load it back.
 
-SGLang format (`LlamaForCausalLMEagle3`, DESIGN §5): config.json with `eagle_config`
+SGLang format (`LlamaForCausalLMEagle3`, docs/DESIGN.md §7): config.json with `eagle_config`
 and model.safetensors with the names in export_checks.sglang_weight_table; aux layer ids
 in the "output of layer i" convention. The target's embedding is not stored.
 

@@ -47,7 +47,7 @@ def aux_layer_ids_of(config: Mapping[str, Any]) -> list[int]:
 
 
 def sglang_weight_table(config: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Name -> (shape, dtype kind) of every tensor in SGLang's EAGLE-3 checkpoint (DESIGN §5).
+    """Name -> (shape, dtype kind) of every tensor in SGLang's EAGLE-3 checkpoint (docs/DESIGN.md §7).
 
     dtype kind is "float" (the checkpoint's torch_dtype), "int64" or "bool".
     """

@@ -1,4 +1,4 @@
-"""The draft vocabulary: the most frequent target tokens under the loss mask (DESIGN §5).
+"""The draft vocabulary: the most frequent target tokens under the loss mask (docs/DESIGN.md §7).
 
 The draft's lm_head only scores `draft_vocab_size` tokens. SGLang maps a draft id back to
 the target vocabulary as `target = i + d2t[i]`, so d2t holds int64 offsets, and `t2d`

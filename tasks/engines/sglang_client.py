@@ -5,7 +5,7 @@ several threads at once (several shard tasks) and they share the per-server conc
 and the health state. Outcomes are handed back to the calling thread, which runs the sink, so a
 slow sink never stalls the event loop and a sink that raises stops its own call only.
 
-Failure handling (DESIGN.md §3-4):
+Failure handling (docs/DESIGN.md §3, generation):
 - transport errors (connect error, reset, timeout, 5xx, 408/429, an abort with a 5xx or no
   status): jittered exponential backoff, then a retry on another server when one is free, up to
   `max_attempts`; then the request is requeued once at the end of the call's work, and if that

@@ -2,7 +2,7 @@
 client builds), and the JSON codec both sides use.
 
 Field names, the finish_reason objects and the error messages follow SGLang's tokenizer manager
-and HTTP server (see DESIGN.md §4); the stand-ins write the same (tasks/standins/server_format.py),
+and HTTP server (see docs/DESIGN.md §7); the stand-ins write the same (tasks/standins/server_format.py),
 and tests/test_sglang_recorded.py reads real 0.5.14 answers with this module.
 """
 

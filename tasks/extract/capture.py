@@ -1,6 +1,6 @@
 """Which target hidden states an EAGLE-3 draft is fed, and the interface of a capture backend.
 
-The layer-id convention lives here and nowhere else (DESIGN §5). A draft config's
+The layer-id convention lives here and nowhere else (docs/DESIGN.md §7). A draft config's
 `eagle_config.eagle_aux_hidden_state_layer_ids` names layer OUTPUTS: id i is the residual
 stream after decoder layer i, which is HF's `output_hidden_states[i + 1]`. The default is
 [1, L//2 - 1, L - 4] ([1, 29, 57] for a 61-layer target, [1, 3, 4] for the 8-layer tiny one).

@@ -1,6 +1,6 @@
 """Extraction while generation is still running (`orchestration.overlap: true`).
 
-Extraction already reads its input as "the generation shards marked so far" (DESIGN §5): each
+Extraction already reads its input as "the generation shards marked so far" (docs/DESIGN.md §7): each
 pass here lists the pending shards (`ExtractStage.pending_shards`) and runs them with the same
 scheduler, leases and per-shard commit protocol as a sequential run, so a shard is extracted
 exactly once however the passes and any kill -9 fall. Following ends when

@@ -81,7 +81,7 @@ def engine_kwargs(
                 "the aux engine needs capture_draft_path: an EAGLE-3 draft of this target whose "
                 "eagle_config names the aux layer ids (SGLang captures aux states only in EAGLE3 mode)"
             )
-        # All three speculative sizes set (DESIGN §5); topk 1 keeps the draft's work minimal.
+        # All three speculative sizes set (docs/DESIGN.md §7); topk 1 keeps the draft's work minimal.
         kwargs.update(
             speculative_algorithm="EAGLE3",
             speculative_draft_model_path=capture_draft_path,

@@ -1,4 +1,4 @@
-"""The SGLang benchmark protocol (DESIGN §6): the promotion evidence.
+"""The SGLang benchmark protocol (docs/GATE.md): the promotion evidence.
 
 - configs: per environment of `nccl_env_sweep` (the same env dict for the baseline and the
   speculative launches compared with it), the baseline plus num_steps at topk=1 plus the

@@ -2,9 +2,11 @@
 
 The cost model (tasks/gate/cost_model.py) predicts the accept length at which a draft breaks even
 from one cycle cost, timed by the cost probes at the draft's own acceptance and taken as constant
-in the accept length: break-even(k) = cycle(k) / baseline step. On the H200 a cycle's cost grew
-with the tokens it accepted (SmolLM2 shape, 3 steps: 2.65 ms per cycle at ~1 token per verify, 3.6
-ms at 3.0: `../shared/h200` spec_cost), so that prediction is optimistic where it matters.
+in the accept length: break-even(k) = cycle(k) / baseline step. On the H200 a cycle's cost moves
+with the tokens it accepts (SmolLM2 shape, 3 steps: 2.65 ms per cycle at ~1 token per verify with
+a random draft, 3.6 ms at a forced 3.0), and the one timed cycle does not say which way: with the
+trained SmolLM2 draft the model put break-even at 3.33 (3 steps) and 2.62 (5 steps) where the
+server measured 2.91 and 2.51 (BENCHMARKS.md P9). Hence this measurement beside it.
 
 With gate.breakeven_accept_lengths the gate launches each topk=1 config of the sweep once per
 accept length X with SGLANG_SIMULATE_ACC_LEN=X (the real draft and verify pipeline, acceptance

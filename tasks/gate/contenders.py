@@ -1,4 +1,4 @@
-"""The drafts the gate measures beside the run's own and compares it with (DESIGN §6): the
+"""The drafts the gate measures beside the run's own and compares it with (docs/GATE.md): the
 incumbent (the registry's promoted draft for the same target) and the named challengers
 (gate.challengers). Each is found, copied to the node when it is remote (servers read local
 folders) and preflight-checked before any launch. One that cannot be measured is left out with

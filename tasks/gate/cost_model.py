@@ -1,4 +1,4 @@
-"""Predict speculative tok/s from per-step costs and acceptance lengths (DESIGN §6, level 1).
+"""Predict speculative tok/s from per-step costs and acceptance lengths (docs/GATE.md, level 1).
 
 With topk=1 and k draft tokens per cycle, one cycle costs a draft rollout of k tokens and a
 target verify of k+1 tokens, and yields accept_len(k) tokens (accepted drafts + the bonus):

@@ -1,4 +1,4 @@
-"""Promote or reject, with the numbers behind it (DESIGN §6).
+"""Promote or reject, with the numbers behind it (docs/GATE.md).
 
 Rule: the best eligible speculative config of the run's draft (highest median tok/s) is
 promoted only if its median beats the best baseline's median by more than the run-to-run

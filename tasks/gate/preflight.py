@@ -1,4 +1,4 @@
-"""Checks of the draft folder against the launch, before any server starts (DESIGN §5).
+"""Checks of the draft folder against the launch, before any server starts (docs/DESIGN.md §7).
 
 SGLang loads a mismatched EAGLE-3 draft without complaint and then accepts ~1 token per step;
 these guards name the mismatch instead. Shapes come from the safetensors headers (8-byte

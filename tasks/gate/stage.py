@@ -1,4 +1,4 @@
-"""The gate stage (DESIGN §6), in order: preflight every draft it measures (the candidate, the
+"""The gate stage (docs/GATE.md), in order: preflight every draft it measures (the candidate, the
 train stage's data-scaling drafts; the incumbent and the challengers, left out with the reason
 when they fail) against its configs, replay the candidate offline on the held-out extracted
 sequences, benchmark baseline vs speculative (the local engine, fresh SGLang launches, or the

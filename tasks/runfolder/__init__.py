@@ -1,4 +1,4 @@
-"""The run folder and its commit protocol (DESIGN §3), on any fsspec filesystem."""
+"""The run folder and its commit protocol (docs/DESIGN.md §2), on any fsspec filesystem."""
 
 from tasks.runfolder.fingerprint import (
     FingerprintMismatch,

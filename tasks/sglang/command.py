@@ -1,4 +1,4 @@
-"""`python -m sglang.launch_server` command lines for the pinned SGLang versions (DESIGN §5).
+"""`python -m sglang.launch_server` command lines for the pinned SGLang versions (docs/DESIGN.md §7).
 
 Flag facts, read from SGLang's server_args.py and EAGLE worker, and for 0.5.14 from its recorded
 `--help` (tests/fixtures/sglang-0.5.14/help.txt, shipped as tasks/data/sglang/flags-0.5.14.json):

@@ -21,7 +21,7 @@ class ServerSettings(BaseModel):
     emitted. A set field is emitted only for SGLang versions known to have its flag, and refused
     (naming the flag and the version) for the others.
 
-    What the H200 node's SGLang 0.5.14 bundle needs (/work/shared/h200/README.md):
+    What the H200 node's SGLang 0.5.14 bundle needs (measured on the project's H200: BENCHMARKS.md P8):
     attention_backend triton (no FA3 kernels; FA3 is Hopper's default), sampling_backend pytorch,
     grammar_backend none, skip_tokenizer_init, dtype bfloat16, disable_prefill_cuda_graph.
     """

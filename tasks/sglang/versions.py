@@ -1,4 +1,4 @@
-"""What eaglescale knows of each pinned SGLang version's launch interface (DESIGN §5): the
+"""What eaglescale knows of each pinned SGLang version's launch interface (docs/DESIGN.md §7): the
 flag table, the flag of each server setting, and the checks a config can run before anything
 starts. Below the command builder (tasks/sglang/command.py), the configuration (whose gate
 section runs the checks when it is loaded) and the emulator, which all read it; it imports
