@@ -38,6 +38,8 @@ def test_profile_loads_as_shipped(tmp_path: Path) -> None:
     assert cfg.sampling.temperature == 0.0 and cfg.sampling.max_new_tokens >= 256
     assert cfg.train.hidden_states == "online" and cfg.train.draft_vocab_size == 32000
     assert cfg.engine.kind == "sglang" and cfg.gate.engine == "sglang" and cfg.gate.sglang_version == "0.5.14"
+    # A queue at the server beyond the --max-running-requests 256 the node's server runs with.
+    assert cfg.engine.concurrency_per_server > 256
     assert cfg.gate.num_steps == [1, 2, 3, 4, 5] and any(p.topk > 1 for p in cfg.gate.topk_points)
     assert cfg.gate.cuda_graph_max_bs and cfg.gate.server.attention_backend == "triton"
     assert len(cfg.train.scaling_fractions) == 3
