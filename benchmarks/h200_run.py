@@ -41,6 +41,30 @@ The node has no network and takes at most 64 MiB per call, so the run goes in fo
 4. Here: `.venv/bin/python benchmarks/h200_run.py collect DIR [--earlier DIR2 ...]` turns the
    results the node left in DIR into benchmarks/results/real-run.json and its plots (earlier
    runs' results beside them, under earlier_runs).
+
+Other plans (`node start --plan NAME`, PLANS) measure one question each on the same parts. Issue
+27's training-recipe A/B ("recipe") starts from run 9's regenerated shards, so the session spends
+its device time on training and the gate:
+
+    .venv/bin/python benchmarks/h200_run.py prepare --bundle DIR \
+        --run-from benchmarks/results/real-run-node/run-9/generation.tar
+    python3 benchmarks/h200_run.py node receive N       # N = 1..5, carry .eaglescale/h200/payload/part-N
+    python3 benchmarks/h200_run.py node start --plan recipe --budget S   # with the last part
+    python3 benchmarks/h200_run.py node wait --timeout 540              # back to back until done
+    python3 benchmarks/h200_run.py node drafts K        # K = 0, 1, ...: the best of ours and SpecForge's
+    .venv/bin/python benchmarks/recipe_ab_report.py DIR # here: recipe-ab.json, the issue's table
+
+Five variants (RECIPE_PLANNED: default, betas, token, init, best) train side by side, online, in
+run roots beside the run's; SpecForge's draft trains on the run's extracted states beside them;
+every draft is replayed on the same held-out sequences; one gate on real SGLang (num_steps 3, 24
+prompts, 2 launches each) measures the default variant as the candidate and every other draft as a
+challenger. From runs 8 and 9: setup ~45 s; training ~650 s (one online draft took 225-320 s
+alone; the full draft beside three or four trainers ran at 1.3-1.45x its time alone in runs 4-7;
+SpecForge, started after the ~100 s extraction, 474 s beside four in run 4); replay ~12 s a draft,
+beside SpecForge; the gate's 14 launches in two waves ~440 s (run 9: 15 in 404 s): about 21
+minutes with ~100 s of payload calls. `node start --variant NAME` (repeatable) trains the default
+and the named variants instead: `--variant freeze --variant noise` in a later session measures the
+two left out here (all seven at once would need ~4 more minutes than a session has).
 """
 
 from __future__ import annotations
@@ -1029,15 +1053,16 @@ class Pipeline:
         import yaml
 
         data = yaml.safe_load(PROFILE.read_text())
-        data["run_root"] = str(self.run_root)
-        data["gate"]["registry_url"] = str(NODE / "registry")
-        for (section, key), value in self.skipped_settings.items():  # what --skip leaves out, without tasks.config
-            data[section][key] = value
-        (NODE / "params.yaml").write_text(yaml.safe_dump(data))
         if EXTRA_SETS:  # the rehearsal's sizes apply to the helper processes too
             from tasks.config import apply_overrides
 
-            (NODE / "params.yaml").write_text(yaml.safe_dump(apply_overrides(data, EXTRA_SETS)))
+            data = apply_overrides(data, EXTRA_SETS)
+        data["run_root"] = str(self.run_root)
+        data["gate"]["registry_url"] = str(NODE / "registry")
+        # What --skip leaves out (without tasks.config), after the rehearsal's sizes as in self.sets.
+        for (section, key), value in self.skipped_settings.items():
+            data[section][key] = value
+        (NODE / "params.yaml").write_text(yaml.safe_dump(data))
 
 
 def _link_run(src: Path, dest: Path, folders: list[str]) -> None:
@@ -1218,7 +1243,7 @@ def node_recipe_replay() -> int:
     todo = {n: p for n, p in drafts.items() if n not in out and (p / "config.json").is_file()}
     if not todo:
         return 0
-    cfg = load_config(NODE / "params.yaml", [f"run_root={NODE / (RECIPE_ROOT + 'default')}", *EXTRA_SETS])
+    cfg = load_config(NODE / "params.yaml", [f"run_root={NODE / (RECIPE_ROOT + 'default')}"])
     gate, run = cfg.gate, RunFolder(cfg.run_root)
     began = time.perf_counter()
     sequences = list(online_sequences(run, OnlineTarget.of(cfg), torch.device(gate.device), "eval", gate.replay_sequences))
