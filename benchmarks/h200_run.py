@@ -64,7 +64,8 @@ SpecForge, started after the ~100 s extraction, 474 s beside four in run 4); rep
 beside SpecForge; the gate's 14 launches in two waves ~440 s (run 9: 15 in 404 s): about 21
 minutes with ~100 s of payload calls. `node start --variant NAME` (repeatable) trains the default
 and the named variants instead: `--variant freeze --variant noise` in a later session measures the
-two left out here (all seven at once would need ~4 more minutes than a session has).
+two left out here (seven online trainers at ~18 GiB each, run 9's peak, and SpecForge's beside
+them would not fit the GPU's 139 GiB, and the session's last minutes would go to the margin).
 """
 
 from __future__ import annotations
@@ -196,8 +197,9 @@ PENALTY_GATE = ("gate.num_steps=[3]", "gate.topk_points=[]", "gate.breakeven_acc
 # most rows rare tokens) and the final norm from the target's, as vLLM's speculators does; best is
 # the three together, the issue's reading of what would beat SpecForge. freeze (speculators keeps
 # the initialised head fixed) and noise (speculators' AddGaussianNoise default, 0.05, absolute, on
-# the aux states) are defined but not planned: a sixth and seventh draft side by side would
-# push the gate out of a 30-minute session (`--variant freeze --variant noise` in a later one).
+# the aux states) are defined but not planned: a sixth and seventh online trainer (~18 GiB each
+# at its peak, run 9) beside SpecForge's would not fit the GPU, nor their training and launches
+# the session (`--variant freeze --variant noise` in a later one).
 _INIT = ("train.init_lm_head_from_target=true", "train.init_norm_from_target=true")
 RECIPE_VARIANTS: dict[str, tuple[str, ...]] = {
     "default": (),
