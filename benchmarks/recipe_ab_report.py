@@ -67,22 +67,26 @@ def replay_units(replay: dict[str, Any], order: list[str]) -> tuple[np.ndarray, 
     return np.asarray(seq["tokens"], float)[pick], np.asarray(seq["cycles"], float)[pick]
 
 
-def paired_bootstrap(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray], n: int, seed: int,
+def paired_bootstrap(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray] | None, n: int, seed: int,
                      level: float) -> dict[str, Any]:  # fmt: skip
-    """Pooled accept length (sum tokens / sum cycles) of `a` and `b` over the same units, each
-    with its CI, and a / b and a - b with theirs: the units resampled together (seeded)."""
+    """Pooled accept length (sum tokens / sum cycles) of `a` over its units with its CI; with `b`
+    (the same units), b's too and a / b and a - b with theirs: the units resampled together
+    (seeded)."""
     rng = np.random.default_rng(seed)
     pick = rng.integers(0, len(a[0]), size=(n, len(a[0])))
 
     def pooled(u: tuple[np.ndarray, np.ndarray]) -> tuple[float, np.ndarray]:
         return float(u[0].sum() / u[1].sum()), u[0][pick].sum(1) / u[1][pick].sum(1)
 
-    (pa, ba), (pb, bb) = pooled(a), pooled(b)
     q = [(1 - level) / 2, 1 - (1 - level) / 2]
 
     def ci(x: np.ndarray) -> list[float]:
         return [float(v) for v in np.quantile(x, q)]
 
+    pa, ba = pooled(a)
+    if b is None:
+        return {"accept_length": pa, "ci": ci(ba)}
+    pb, bb = pooled(b)
     return {"accept_length": pa, "ci": ci(ba), "anchor_accept_length": pb, "anchor_ci": ci(bb),
             "ratio": pa / pb, "ratio_ci": ci(ba / bb), "difference": pa - pb, "difference_ci": ci(ba - bb)}  # fmt: skip
 
@@ -135,9 +139,11 @@ def build(results: Results) -> dict[str, Any]:
         anchor = contenders.get(ANCHOR)
         for name, c in contenders.items():
             units = gate_units(report, c["config"])
+            own = paired_bootstrap(units, None, *boot)  # by prompt, SpecForge's measured or not
             row = {"config": c["config"], "median_tok_s": c["median_tok_s"], "speedup": c["speedup"],
                    "speedup_ci": [c["ci_low"], c["ci_high"]], "exact_match_fraction": c["exact_match_fraction"],
-                   "accept_length": c["accept_length"], "accept_per_position": configs[c["config"]]["accept_per_position"],
+                   "accept_length": c["accept_length"], "accept_length_ci": own["ci"],
+                   "accept_per_position": configs[c["config"]]["accept_per_position"],
                    "requests": int(sum(1 for la in report["bench"]["launches"] for r in la["requests"]
                                        if r["config"] == c["config"] and r.get("error") is None))}  # fmt: skip
             if anchor is not None:
@@ -197,7 +203,7 @@ def _print(fig: dict[str, Any]) -> None:
     for name, row in fig["contenders"].items():
         gate, rep, tr = row.get("gate") or {}, row.get("replay") or {}, row.get("training") or {}
         vs = gate.get("vs_specforge") or {}
-        al = f"{_fmt(vs.get('accept_length', gate.get('accept_length')))} [{', '.join(map(_fmt, vs.get('ci', [None, None])))}]"
+        al = f"{_fmt(gate.get('accept_length'))} [{', '.join(map(_fmt, gate.get('accept_length_ci', [None, None])))}]"
         ratio = f"{_fmt(vs.get('ratio'))} [{', '.join(map(_fmt, vs.get('ratio_ci', [None, None])))}]"
         diff = ", ".join(map(_fmt, vs.get("difference_ci", [None, None])))
         rp = f"{_fmt(rep.get('accept_length'))} [{', '.join(map(_fmt, rep.get('ci', [None, None])))}]"

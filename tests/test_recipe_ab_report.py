@@ -113,7 +113,7 @@ def test_the_gate_accept_lengths_and_their_ratio_to_specforge_come_from_the_requ
         assert gate["vs_specforge"]["accept_length"] == pytest.approx(want)
         assert gate["accept_length"] == pytest.approx(want)  # the gate's own pooling agrees
         low, high = gate["vs_specforge"]["ci"]
-        assert low <= want <= high
+        assert low <= want <= high and gate["accept_length_ci"] == [low, high]  # the same resampling
     assert rows["default"]["gate"]["requests"] == 2 * PROMPTS - 1  # the failed request left out
     sf = 100 * 12 / sum(VERIFIES["challenger-specforge"] * 2)
     betas = rows["betas"]["gate"]["vs_specforge"]
