@@ -65,7 +65,7 @@ beside SpecForge; the gate's 14 launches in two waves ~440 s (run 9: 15 in 404 s
 minutes with ~100 s of payload calls. `node start --variant NAME` (repeatable) trains the default
 and the named variants instead: `--variant freeze --variant noise` in a later session measures the
 two left out here (seven online trainers at ~18 GiB each, run 9's peak, and SpecForge's beside
-them would not fit the GPU's 139 GiB, and the session's last minutes would go to the margin).
+them would not fit the GPU's 139 GiB, and their training and launches would eat the margin).
 """
 
 from __future__ import annotations
