@@ -41,11 +41,37 @@ The node has no network and takes at most 64 MiB per call, so the run goes in fo
 4. Here: `.venv/bin/python benchmarks/h200_run.py collect DIR [--earlier DIR2 ...]` turns the
    results the node left in DIR into benchmarks/results/real-run.json and its plots (earlier
    runs' results beside them, under earlier_runs).
+
+Other plans (`node start --plan NAME`, PLANS) measure one question each on the same parts. Issue
+27's training-recipe A/B ("recipe") starts from run 9's regenerated shards, so the session spends
+its device time on training and the gate:
+
+    .venv/bin/python benchmarks/h200_run.py prepare --bundle DIR \
+        --run-from benchmarks/results/real-run-node/run-9/generation.tar
+    python3 benchmarks/h200_run.py node receive N       # N = 1..5, carry .eaglescale/h200/payload/part-N
+    python3 benchmarks/h200_run.py node start --plan recipe --budget S   # with the last part
+    python3 benchmarks/h200_run.py node wait --timeout 540              # back to back until done
+    python3 benchmarks/h200_run.py node drafts K        # K = 0, 1, ...: the best of ours and SpecForge's
+    .venv/bin/python benchmarks/recipe_ab_report.py DIR # here: recipe-ab.json, the issue's table
+
+Five variants (RECIPE_PLANNED: default, betas, token, init, best) train side by side, online, in
+run roots beside the run's; SpecForge's draft trains on the run's extracted states beside them;
+every draft is replayed on the same held-out sequences; one gate on real SGLang (num_steps 3, 24
+prompts, 2 launches each) measures the default variant as the candidate and every other draft as a
+challenger. From runs 8 and 9: setup ~45 s; training ~650 s (one online draft took 225-320 s
+alone; the full draft beside three or four trainers ran at 1.3-1.45x its time alone in runs 4-7;
+SpecForge, started after the ~100 s extraction, 474 s beside four in run 4); replay ~12 s a draft,
+beside SpecForge; the gate's 14 launches in two waves ~440 s (run 9: 15 in 404 s): about 21
+minutes with ~100 s of payload calls. `node start --variant NAME` (repeatable) trains the default
+and the named variants instead: `--variant freeze --variant noise` in a later session measures the
+two left out here (seven online trainers at ~18 GiB each, run 9's peak, and SpecForge's beside
+them would not fit the GPU's 139 GiB, and their training and launches would eat the margin).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import io
 import json
@@ -55,6 +81,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -147,11 +174,60 @@ SKIPPABLE: dict[str, dict[tuple[str, str], Any]] = {
 # each (SGLANG_SIMULATE_ACC_LEN), then the same gate with a frequency penalty in its requests on a
 # run root sharing the draft (num_steps 3): the penalty SGLang applies relaxed under speculation
 # must be refused as not lossless.
-PLANS = {"full": [], "online-incumbent": ["scaling", "anchor", "sweep"], "lossless": ["scaling", "anchor"]}
+# "recipe": issue 27's A/B of the training recipe on the real parts, on the regenerated shards of
+# an earlier run (`prepare --run-from .../run-9/generation.tar`: no server, no generation; without
+# them it generates first). Each variant of RECIPE_VARIANTS (node start --variant; RECIPE_PLANNED
+# by default) trains online in its own run root sharing prompts/ and generate/ by hard links, all
+# side by side on the GPU, on the same sequences, batches, steps and seed; meanwhile the run's own
+# root is extracted (one part per shard: RECIPE_EXTRACT) and SpecForge's draft trains on it, on the
+# same batches with the default variant's vocabulary map. Every draft is replayed over the same
+# held-out sequences (`node recipe-replay`); one gate on real SGLang measures the default variant
+# as the candidate and every other draft as a challenger at num_steps 3 (no sweep, no break-even,
+# no incumbent); the best of ours and SpecForge's come back in parts (`node drafts K`).
+PLANS = {"full": [], "online-incumbent": ["scaling", "anchor", "sweep"], "lossless": ["scaling", "anchor"],
+         "recipe": ["scaling", "sweep"]}  # fmt: skip
 LOSSLESS_GATE = ("gate.num_steps=[1, 3, 5]", "gate.topk_points=[]", "gate.breakeven_accept_lengths=[1.5, 2.5, 3.5]",
                  "gate.breakeven_prompts=8")  # fmt: skip
 PENALTY_GATE = ("gate.num_steps=[3]", "gate.topk_points=[]", "gate.breakeven_accept_lengths=[]",
                 "gate.frequency_penalty=1.0")  # fmt: skip
+# The recipe variants (issue 27), each the --set overrides of its train stage on top of the
+# profile's recipe (3 epochs, 16,384 tokens a step, lr 1e-3, seed 0: the same for all of them).
+# betas and token are SpecForge's two differences (torch's AdamW default; its loss over the padded
+# batch, every token alike); init starts the lm_head (~78% of the draft's trainable parameters,
+# most rows rare tokens) and the final norm from the target's, as vLLM's speculators does; best is
+# the three together, the issue's reading of what would beat SpecForge. freeze (speculators keeps
+# the initialised head fixed) and noise (speculators' AddGaussianNoise default, 0.05, absolute, on
+# the aux states) are defined but not planned: a sixth and seventh online trainer (~18 GiB each
+# at its peak, run 9) beside SpecForge's would not fit the GPU, nor their training and launches
+# the session (`--variant freeze --variant noise` in a later one).
+_INIT = ("train.init_lm_head_from_target=true", "train.init_norm_from_target=true")
+RECIPE_VARIANTS: dict[str, tuple[str, ...]] = {
+    "default": (),
+    "betas": ("train.adam_betas=[0.9, 0.999]",),
+    "token": ("train.loss_normalization=token",),
+    "init": _INIT,
+    "best": ("train.adam_betas=[0.9, 0.999]", "train.loss_normalization=token", *_INIT),
+    "freeze": (*_INIT, "train.freeze_lm_head=true"),
+    "noise": ("train.aux_state_noise=0.05",),
+}
+RECIPE_PLANNED = ["default", "betas", "token", "init", "best"]
+# One extract part per generation shard (2,000 sequences, ~2.6 GB of states): offline epoch plans
+# then draw the same batches as online ones (tasks/draft/online.py), so SpecForge's draft sees
+# exactly the batches ours do (run 8, with two parts a shard: 678 steps offline, 657 online).
+RECIPE_EXTRACT = "extract.part_bytes=8589934592"
+RECIPE_GATE = ("gate.breakeven_accept_lengths=[]", 'gate.incumbent="off"')  # quoted: YAML reads off as false
+RECIPE_ROOT = "recipe-"  # NODE/recipe-<variant>
+DRAFT_PART_BYTES = 15_000_000  # the drafts that come back (`node drafts K`), in parts of this many bytes
+DRAFT_PARTS_PER_CALL = 4  # 60 MB: what one call brings back (8 files, 64 MiB together)
+
+
+def recipe_gate_sets(challengers: dict[str, Path]) -> list[str]:
+    """The recipe gate's --set overrides: `challengers` (name -> exported draft folder) measured
+    beside the candidate at num_steps 3, never promoted."""
+    entries = ", ".join(f"{{name: {name}, path: {path}, num_steps: 3}}" for name, path in challengers.items())
+    return [*RECIPE_GATE, f"gate.challengers=[{entries}]"]
+
+
 SMALL_RUN_SEQUENCES = int(os.environ.get("H200_SMALL_RUN", "1004"))  # a rehearsal's few prompts need fewer
 SMALL_RUN_REASON = (f"the {SMALL_RUN_SEQUENCES}-sample draft, promoted by hand as the incumbent to beat: "
                     "on SmolLM2-135M no draft beats the baseline (real runs 4-7), so no gate promotes one")  # fmt: skip
@@ -186,6 +262,13 @@ def prepare(args: argparse.Namespace) -> int:
     src = LOCAL / "src"
     shutil.rmtree(src, ignore_errors=True)
     (src / "wheels").mkdir(parents=True)
+    run_root = src / "run"
+    if args.run_from:  # an earlier session's prompts and regenerated shards, checked before the downloads
+        try:
+            unpack_generation(Path(args.run_from), src)
+        except (OSError, ValueError, tarfile.TarError) as e:
+            print(f"prepare --run-from: {e}", file=sys.stderr)
+            return 2
     with (src / "bundle.tar.xz").open("wb") as out:
         for part in parts:
             out.write(part.read_bytes())
@@ -210,13 +293,6 @@ def prepare(args: argparse.Namespace) -> int:
         print("the node would lack: " + "; ".join(f"{r} (for {', '.join(sorted(by))})" for r, by in sorted(missing.items())),
               file=sys.stderr)  # fmt: skip
         return 2
-    run_root = src / "run"
-    if args.run_from:  # an earlier session's prompts and regenerated shards (generation.tar)
-        with tarfile.open(args.run_from) as tar:
-            tar.extractall(src, filter="data")  # its members are run/...
-        if not (run_root / "generate/_COMPLETE").is_file():
-            print(f"{args.run_from}: no run/generate/_COMPLETE in it", file=sys.stderr)
-            return 2
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     # Discovery here (a no-op on a carried run folder: its marker matches the profile's discover section).
     _run([str(REPO / ".venv/bin/eaglescale"), "run", "--params", str(PROFILE), "--stages", "discover",
@@ -248,6 +324,22 @@ def prepare(args: argparse.Namespace) -> int:
     sizes = ", ".join(f"{p['name']} {p['bytes'] / 1e6:.1f} MB" for p in manifest["parts"])
     print(f"payload: {len(manifest['parts'])} parts ({sizes}); wheels: {len(order)}")
     return 0
+
+
+def unpack_generation(packed: Path, dest: Path) -> Path:
+    """An earlier session's generation.tar (what `node wait` brought back, its parts joined:
+    run.json, prompts/, generate/ without journals and leases) unpacked as dest/run, which it
+    returns; refused, naming the file, unless every member lies under run/ and its generation
+    is complete (a node that finds generate/_COMPLETE does not regenerate: Pipeline.generated)."""
+    with tarfile.open(packed) as tar:
+        names = tar.getnames()
+        outside = [n for n in names if n.split("/")[0] != "run"]
+        if outside:
+            raise ValueError(f"{packed}: members outside run/ ({outside[:3]}): not a generation.tar of `node wait`")
+        if "run/generate/_COMPLETE" not in names:
+            raise ValueError(f"{packed}: no run/generate/_COMPLETE in it: its generation was not complete")
+        tar.extractall(dest, filter="data")
+    return dest / "run"
 
 
 def _requirement_names(whl: Path) -> list[str]:
@@ -314,7 +406,16 @@ def node_receive(k: int) -> int:
     return 0
 
 
-def node_start(budget_s: float | None, skip: list[str], plan: str = "full") -> int:
+def plan_options(skip: list[str], plan: str, variants: list[str] | None) -> dict[str, Any]:
+    """options.json: what the pipeline leaves out (--skip and the plan's own), the plan, and the
+    recipe plan's variants (the default first: it is the gate's candidate, always trained)."""
+    options: dict[str, Any] = {"skip": sorted({*skip, *PLANS[plan]}), "plan": plan}
+    if variants:
+        options["variants"] = list(dict.fromkeys(["default", *variants]))
+    return options
+
+
+def node_start(budget_s: float | None, skip: list[str], plan: str = "full", variants: list[str] | None = None) -> int:
     manifest = json.loads((NODE / "manifest.json").read_text())
     missing = [p["name"] for p in manifest["parts"] if not (NODE / "parts" / p["name"]).is_file()]
     if missing:
@@ -322,8 +423,7 @@ def node_start(budget_s: float | None, skip: list[str], plan: str = "full") -> i
         return 3
     if budget_s is not None:  # read by the pipeline: when SpecForge must stop at the latest
         (NODE / "deadline.json").write_text(json.dumps({"ends_at": time.time() + budget_s, "budget_s": budget_s}))
-    skip = sorted({*skip, *PLANS[plan]})
-    (NODE / "options.json").write_text(json.dumps({"skip": skip, "plan": plan}))  # read by the pipeline
+    (NODE / "options.json").write_text(json.dumps(plan_options(skip, plan, variants)))  # read by the pipeline
     log = (NODE / "pipeline.log").open("ab")
     subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "node", "pipeline"], cwd=REPO,
                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
@@ -351,6 +451,10 @@ def node_wait(timeout: float) -> int:
         time.sleep(5)
     collect_node_results(out)
     print(json.dumps({k: status.get(k) for k in ("step", "state", "detail", "steps")}, indent=1)[-3000:])
+    drafts = _read_json(NODE / "drafts/index.json")
+    if drafts:  # the recipe plan's drafts, too big for this call's files
+        calls = -(-len(drafts["parts"]) // DRAFT_PARTS_PER_CALL)
+        print(f"drafts {list(drafts['drafts'])} packed in {len(drafts['parts'])} parts: `node drafts K` for K in 0..{calls - 1}")
     return 0 if status.get("state") != "failed" else 1
 
 
@@ -409,14 +513,16 @@ def collect_node_results(out: Path) -> None:
             tar.add(path, f"run/{path.relative_to(run)}")
         # The "online-incumbent" and "lossless" plans' run roots beside the run, the replay, the
         # registry and the probe's recorded answers.
-        for name in ("run-online", "run-1k", "run-penalty"):
+        recipe = sorted(p.name for p in NODE.glob(f"{RECIPE_ROOT}*"))  # the recipe plan's variants
+        for name in ("run-online", "run-1k", "run-penalty", *recipe):
             for rel in ("run.json", "train/result.json", "train/best.json", "train/data.json", "promoted.json",
-                        "gate/report.json", "gate/report.md", "gate/progress.json"):  # fmt: skip
+                        "gate/report.json", "gate/report.md", "gate/progress.json", "gate/replay.json"):  # fmt: skip
                 if (NODE / name / rel).is_file():
                     tar.add(NODE / name / rel, f"{name}/{rel}")
             for path in sorted((NODE / name).glob("stages/*.json")):
                 tar.add(path, f"{name}/{path.relative_to(NODE / name)}")
-        for path in [NODE / "replay-compare.json", *sorted(NODE.glob("recorded/*.json")), *sorted(NODE.glob("registry/*.json")),
+        for path in [NODE / "replay-compare.json", NODE / "recipe-replay.json", NODE / "drafts/index.json",
+                     *sorted(NODE.glob("recorded/*.json")), *sorted(NODE.glob("registry/*.json")),
                      *sorted(NODE.glob("registry/history/*.json"))]:  # fmt: skip
             if path.is_file():
                 tar.add(path, str(path.relative_to(NODE)))
@@ -435,8 +541,8 @@ def _collect_generation(out: Path) -> None:
     """generation.tar.part-NN in `out` (run.json, prompts/, generate/ minus the journals and
     leases), once generate/_COMPLETE exists and when it fits (GENERATION_MAX_BYTES)."""
     run, packed = NODE / "run", NODE / "generation.tar"
-    if not (run / "generate/_COMPLETE").is_file():
-        return
+    if not (run / "generate/_COMPLETE").is_file() or (NODE / "src/run/generate/_COMPLETE").is_file():
+        return  # not complete yet, or carried in by the payload (`prepare --run-from`): this session has it
     if not packed.is_file():
         partial = packed.with_suffix(".partial")
         with tarfile.open(partial, "w") as tar:
@@ -455,6 +561,14 @@ def _collect_generation(out: Path) -> None:
 
 
 # ---- 3. the pipeline (a daemon on the node) -----------------------------------------------------
+
+
+def specforge_command() -> list[str]:
+    """SpecForge's draft on the run's extracted states (benchmarks/specforge_anchor.py), stopped
+    early through the stop file when the device time runs short."""
+    return [str(REPO / "benchmarks/specforge_anchor.py"), "--params", str(NODE / "params.yaml"),
+            "--out", str(NODE / "specforge"), "--stop-file", str(NODE / "specforge.stop")]  # fmt: skip
+
 
 
 class Pipeline:
@@ -477,26 +591,30 @@ class Pipeline:
         options = _read_json(NODE / "options.json") or {}
         self.skip: list[str] = options.get("skip", [])
         self.plan: str = options.get("plan", "full")
+        self.variants: list[str] = options.get("variants") or RECIPE_PLANNED
+        self.lock = threading.RLock()  # steps run side by side note their states from their own threads
         self.skipped_settings = {k: v for part in self.skip for k, v in SKIPPABLE[part].items()}
         self.sets = [*EXTRA_SETS, *(f"{'.'.join(k)}={json.dumps(v)}" for k, v in self.skipped_settings.items()),
                      f"gate.registry_url={NODE / 'registry'}"]  # the node's registry, as in params.yaml (write_params)
 
     def note(self, step: str, state: str, detail: str = "", **extra: Any) -> None:
-        entry = self.status["steps"].setdefault(step, {})
-        if state == "running":  # a step run again after a restart times its own pass
-            entry.pop("began_at", None)
-        entry.update(state=state, **extra)
-        entry.setdefault("began_at", time.time())
-        if state in ("done", "failed", "fallback"):
-            entry["seconds"] = time.time() - entry["began_at"]
-        self.status.update(step=step, state="running" if state != "failed" else "failed", detail=detail)
-        (NODE / "status.json").write_text(json.dumps(self.status, indent=1))
+        with self.lock:
+            entry = self.status["steps"].setdefault(step, {})
+            if state == "running":  # a step run again after a restart times its own pass
+                entry.pop("began_at", None)
+            entry.update(state=state, **extra)
+            entry.setdefault("began_at", time.time())
+            if state in ("done", "failed", "fallback"):
+                entry["seconds"] = time.time() - entry["began_at"]
+            self.status.update(step=step, state="running" if state != "failed" else "failed", detail=detail)
+            (NODE / "status.json").write_text(json.dumps(self.status, indent=1))
         print(f"== {step}: {state} {detail}", flush=True)
 
     def save_measure(self, key: str, value: Any) -> None:
         # Helper processes (reference, agreement) write measurements.json too: merge, never drop theirs.
-        self.measure = {**(_read_json(NODE / "measurements.json") or {}), **self.measure, key: value}
-        (NODE / "measurements.json").write_text(json.dumps(self.measure, indent=1, default=str))
+        with self.lock:
+            self.measure = {**(_read_json(NODE / "measurements.json") or {}), **self.measure, key: value}
+            (NODE / "measurements.json").write_text(json.dumps(self.measure, indent=1, default=str))
 
     def py(self, args: list[str], log: str, env: dict[str, str] | None = None, wait: bool = True) -> Any:
         with (NODE / "logs" / f"{log}.log").open("ab") as f:
@@ -642,8 +760,6 @@ class Pipeline:
         draft's evaluations record its peak CUDA memory. A SpecForge attempt that fails beside
         ours is run once more alone, after them, if the device time (`node start --budget`)
         leaves it room."""
-        import threading
-
         self.note("train-parallel", "running")
         (NODE / "specforge.stop").unlink(missing_ok=True)  # a restarted pipeline's old one
         env = {**self.env, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
@@ -668,29 +784,34 @@ class Pipeline:
                 arg = ",".join(map(str, group))
                 procs[f"scaling-{arg}"] = self.py([str(Path(__file__).resolve()), "node", "scaling", arg],
                                                   f"train-scaling-{arg.replace(',', '-')}", env, wait=False)  # fmt: skip
-        specforge = [str(REPO / "benchmarks/specforge_anchor.py"), "--params", str(NODE / "params.yaml"),
-                     "--out", str(NODE / "specforge"), "--stop-file", str(NODE / "specforge.stop")]  # fmt: skip
         if not REHEARSAL and "anchor" not in self.skip:
-            procs["specforge"] = self.py(specforge, "specforge", env, wait=False)
+            procs["specforge"] = self.py(specforge_command(), "specforge", env, wait=False)
         began = time.time()
         codes = {name: proc.wait() for name, proc in procs.items() if name.startswith("scaling")}
         main.join()
         if "specforge" in procs:
-            ours = time.time() - began
-            proc = procs["specforge"]
-            if proc.poll() not in (None, 0) and self.seconds_left() > SPECFORGE_MIN_GRACE_S:
-                codes["specforge-beside"] = proc.returncode  # it failed beside ours (out of memory): alone, once
-                proc = self.py(specforge, "specforge-alone", env, wait=False)
-            grace = min(max(SPECFORGE_MIN_GRACE_S, ours), max(0.0, self.seconds_left()))
-            try:
-                codes["specforge"] = proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                (NODE / "specforge.stop").write_text("eaglescale's drafts are done, or the device time is")
-                codes["specforge"] = proc.wait()
-            self.save_measure("specforge_grace_s", grace)
+            codes.update(self.finish_specforge(procs["specforge"], env, time.time() - began))
         self.save_measure("train_parallel_exit", codes)
         self.note("train-parallel", "done" if not any(codes.values()) else "failed-part", json.dumps(codes))
         self.stage("train", env=env)  # trains what failed beside the others, exports, writes the scaling index
+
+    def finish_specforge(self, proc: subprocess.Popen[bytes], env: dict[str, str], ours_s: float) -> dict[str, int]:
+        """SpecForge's training, once eaglescale's drafts are done (they took `ours_s`): one that
+        failed beside them (out of memory) runs once more alone if the device time leaves it
+        room; it gets at most as long again as ours took (SPECFORGE_MIN_GRACE_S at least) and
+        never the last steps' reserve, then stops at the step it reached and exports that."""
+        codes = {}
+        if proc.poll() not in (None, 0) and self.seconds_left() > SPECFORGE_MIN_GRACE_S:
+            codes["specforge-beside"] = proc.returncode
+            proc = self.py(specforge_command(), "specforge-alone", env, wait=False)
+        grace = min(max(SPECFORGE_MIN_GRACE_S, ours_s), max(0.0, self.seconds_left()))
+        try:
+            codes["specforge"] = proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            (NODE / "specforge.stop").write_text("eaglescale's drafts are done, or the device time is")
+            codes["specforge"] = proc.wait()
+        self.save_measure("specforge_grace_s", grace)
+        return codes
 
     def generated(self) -> bool:
         """The run folder came with its generation complete (`prepare --run-from`): no server, no
@@ -711,7 +832,8 @@ class Pipeline:
         """The plan options.json names (`node start --plan`), to its end; status.json says how
         far it got, and a failure there names the step."""
         try:
-            {"online-incumbent": self.online_incumbent, "lossless": self.lossless}.get(self.plan, self.pipeline)()
+            plans = {"online-incumbent": self.online_incumbent, "lossless": self.lossless, "recipe": self.recipe}
+            plans.get(self.plan, self.pipeline)()
             self.note("finished", "done")
             self.status["state"] = "done"
             (NODE / "status.json").write_text(json.dumps(self.status, indent=1))
@@ -768,8 +890,6 @@ class Pipeline:
                           "online")  # fmt: skip
         # What is not timed goes side by side: the 1k-sample run trains while both full
         # drafts are replayed (the replay's figures are accept lengths, not times).
-        import threading
-
         _link_run(self.run_root, small, ["prompts", "generate", "extract"])
         small_train = threading.Thread(target=self.optional, args=(lambda: self.stage(
             "train", f"train.max_train_sequences={SMALL_RUN_SEQUENCES}", label="train-1k", run_root=small), "train-1k"))  # fmt: skip
@@ -814,6 +934,109 @@ class Pipeline:
         self.optional(lambda: self.stage("gate", *PENALTY_GATE, *emulated, label="gate-penalty", run_root=penalty),
                       "gate-penalty")  # fmt: skip
 
+    def recipe(self) -> None:
+        """The "recipe" plan (PLANS): the variants trained side by side, each online in its own
+        run root; the run's root extracted beside them and SpecForge's draft trained on it from
+        the default variant's vocabulary map; the replay of every draft; the gate of the default
+        variant with every other draft a challenger; the best of ours and SpecForge's packed to
+        come back (`node drafts K`)."""
+        self.setup()
+        self.write_params()
+        if not self.done_before("generate") and not self.generated():  # a rehearsal's small run generates
+            self.start_server()
+            self.stage("generate", f"engine.endpoints=[http://127.0.0.1:{PORT}]")
+            self.stop_server()
+        env = {**self.env, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}  # trainers share the GPU (train())
+        roots = {name: NODE / f"{RECIPE_ROOT}{name}" for name in self.variants}
+        self.save_measure("recipe", {"variants": {n: list(RECIPE_VARIANTS[n]) for n in self.variants},
+                                     "extract": RECIPE_EXTRACT, "gate": list(RECIPE_GATE)})  # fmt: skip
+        threads = []
+        for name, root in roots.items():
+            _link_run(self.run_root, root, ["prompts", "generate"])
+            if not self.done_before(f"train-{name}"):
+                overrides = ("train.hidden_states=online", *RECIPE_VARIANTS[name])
+                step = functools.partial(self.stage, "train", *overrides, label=f"train-{name}", env=env, run_root=root)
+                threads.append(threading.Thread(target=self.optional, args=(step, f"train-{name}"), daemon=True))
+        began = time.time()
+        for thread in threads:
+            thread.start()
+        specforge: list[subprocess.Popen[bytes]] = []
+        if "anchor" not in self.skip:  # a failure here costs the anchor, not ours
+            vocab = roots["default"] / "train/vocab_map.safetensors"
+            self.optional(lambda: specforge.extend(self.start_anchor(env, vocab, threads)), "anchor")
+        for thread in threads:
+            thread.join()
+        self.save_measure("recipe_train_s", time.time() - began)
+        finals = {n: r / "train/final" for n, r in roots.items() if (r / "train/final/config.json").is_file()}
+        if "default" not in finals:
+            raise RuntimeError("the default variant exported no draft: no candidate to gate (logs/stage-train-default.log)")
+        replay = [str(Path(__file__).resolve()), "node", "recipe-replay"]
+        self.note("replay", "running")  # ours, while SpecForge trains on
+        self.optional(lambda: self.py(replay, "replay"), "replay", mark=True)
+        if specforge:
+            codes = self.finish_specforge(specforge[0], env, time.time() - began)
+            self.save_measure("specforge_exit", codes)
+            self.note("specforge", "done" if not any(codes.values()) else "failed-part", json.dumps(codes))
+        if (NODE / "specforge/draft/config.json").is_file():
+            finals["specforge"] = NODE / "specforge/draft"
+            self.note("replay-specforge", "running")
+            self.optional(lambda: self.py(replay, "replay"), "replay-specforge", mark=True)
+        challengers = {n: path for n, path in finals.items() if n != "default"}
+        emulated = ("gate.engine=emulated",) if REHEARSAL else ()
+        if not self.done_before("gate"):  # a failed gate still leaves the replay and the drafts to bring back
+            self.optional(lambda: self.stage("gate", *recipe_gate_sets(challengers), *emulated, run_root=roots["default"]),
+                          "gate")  # fmt: skip
+        self.optional(lambda: self.pack_drafts(finals, roots["default"]), "drafts", mark=True)
+
+    def start_anchor(self, env: dict[str, str], vocab: Path, threads: list[threading.Thread]) -> list[subprocess.Popen[bytes]]:
+        """The run's root extracted (one part a shard), then, once the default variant has
+        written its vocabulary map, SpecForge's training on it (not in a rehearsal: its loss
+        kernel is Triton-on-GPU only); returns its process, or none."""
+        if not self.done_before("extract"):
+            self.stage("extract", RECIPE_EXTRACT, env=env)
+        while not vocab.exists() and any(t.is_alive() for t in threads):
+            time.sleep(2)
+        if not vocab.exists():
+            raise RuntimeError(f"{vocab} was never written: no vocabulary map for SpecForge (logs/stage-train-default.log)")
+        (self.run_root / "train").mkdir(exist_ok=True)  # the map ours train with, SpecForge's too (a hard link)
+        (self.run_root / "train/vocab_map.safetensors").unlink(missing_ok=True)
+        os.link(vocab, self.run_root / "train/vocab_map.safetensors")
+        if REHEARSAL or (NODE / "specforge/specforge_train.json").is_file():
+            return []
+        (NODE / "specforge.stop").unlink(missing_ok=True)
+        self.note("specforge", "running")
+        return [self.py(specforge_command(), "specforge", env, wait=False)]
+
+    def pack_drafts(self, finals: dict[str, Path], gated: Path) -> None:
+        """The best of our variants (by the gate's accept length, else the replay's) and
+        SpecForge's draft, as drafts.tar in parts of DRAFT_PART_BYTES under NODE/drafts, with
+        index.json (the drafts, the parts, the whole's sha256): what `node drafts K` returns."""
+        ours = {n: p for n, p in finals.items() if n != "specforge"}
+        measured = {("default" if c["name"] == "new draft" else c["name"].removeprefix("challenger-")): c["accept_length"]
+                    for c in ((_read_json(gated / "gate/report.json") or {}).get("decision") or {}).get("contenders", [])
+                    if c.get("accept_length") is not None}  # fmt: skip
+        replayed = {n: r["overall"]["3"]["accept_length"] for n, r in (_read_json(NODE / "recipe-replay.json") or {}).items()
+                    if (r.get("overall") or {}).get("3", {}).get("accept_length") is not None}  # fmt: skip
+        by = measured if any(n in measured for n in ours) else replayed
+        best = max(ours, key=lambda n: by.get(n, float("-inf")))
+        chosen = {best: ours[best], **({"specforge": finals["specforge"]} if "specforge" in finals else {})}
+        folder, packed = NODE / "drafts", NODE / "drafts.tar"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir()
+        with tarfile.open(packed, "w") as tar:
+            for name, path in chosen.items():
+                tar.add(path, name)
+        parts = []
+        with packed.open("rb") as f:
+            while data := f.read(DRAFT_PART_BYTES):
+                parts.append(f"drafts.tar.part-{len(parts):02d}")
+                (folder / parts[-1]).write_bytes(data)
+        index = {"drafts": {n: str(p) for n, p in chosen.items()}, "best_by": "gate" if by is measured else "replay",
+                 "accept_lengths": by, "parts": parts, "sha256": _sha256(packed), "bytes": packed.stat().st_size}  # fmt: skip
+        (folder / "index.json").write_text(json.dumps(index, indent=1))
+        packed.unlink()
+        self.save_measure("drafts", index)
+
     def optional(self, step: Any, label: str, mark: bool = False) -> None:
         """Run `step` (the step `label`); a failure is recorded in status.json and the plan goes
         on with what does not need it. `mark`: note the step done here (stage() notes its own)."""
@@ -822,8 +1045,9 @@ class Pipeline:
             if mark:
                 self.note(label, "done")
         except Exception as e:  # noqa: BLE001 - recorded, and the rest of the plan still measures
-            self.status["steps"].setdefault(label, {}).update(state="failed-part", error=f"{type(e).__name__}: {e}")
-            (NODE / "status.json").write_text(json.dumps(self.status, indent=1))
+            with self.lock:
+                self.status["steps"].setdefault(label, {}).update(state="failed-part", error=f"{type(e).__name__}: {e}")
+                (NODE / "status.json").write_text(json.dumps(self.status, indent=1))
             print(f"== {label}: failed-part {type(e).__name__}: {e}", flush=True)
 
     def write_params(self) -> None:
@@ -831,15 +1055,16 @@ class Pipeline:
         import yaml
 
         data = yaml.safe_load(PROFILE.read_text())
-        data["run_root"] = str(self.run_root)
-        data["gate"]["registry_url"] = str(NODE / "registry")
-        for (section, key), value in self.skipped_settings.items():  # what --skip leaves out, without tasks.config
-            data[section][key] = value
-        (NODE / "params.yaml").write_text(yaml.safe_dump(data))
         if EXTRA_SETS:  # the rehearsal's sizes apply to the helper processes too
             from tasks.config import apply_overrides
 
-            (NODE / "params.yaml").write_text(yaml.safe_dump(apply_overrides(data, EXTRA_SETS)))
+            data = apply_overrides(data, EXTRA_SETS)
+        data["run_root"] = str(self.run_root)
+        data["gate"]["registry_url"] = str(NODE / "registry")
+        # What --skip leaves out (without tasks.config), after the rehearsal's sizes as in self.sets.
+        for (section, key), value in self.skipped_settings.items():
+            data[section][key] = value
+        (NODE / "params.yaml").write_text(yaml.safe_dump(data))
 
 
 def _link_run(src: Path, dest: Path, folders: list[str]) -> None:
@@ -997,6 +1222,70 @@ def node_replay() -> int:
     return 0
 
 
+def node_recipe_replay() -> int:
+    """The recipe plan's drafts that have exported (NODE/recipe-*/train/final, and SpecForge's),
+    each replayed over the same held-out sequences: the default variant's run root's, its states
+    captured once by the target (online, on gate.device), at gate.num_steps, with the gate's
+    bootstrap settings. Into recipe-replay.json, each draft's figures with its per-sequence
+    tokens and verify cycles (for a bootstrap of the difference paired by sequence), written
+    after each draft; a draft already there is not replayed again."""
+    import torch
+
+    from tasks.config import load_config
+    from tasks.draft.online import OnlineTarget, online_sequences
+    from tasks.draft.target_heads import load_target_heads
+    from tasks.gate.replay import replay_run
+    from tasks.gate.stage import load_draft
+    from tasks.runfolder import RunFolder
+
+    path = NODE / "recipe-replay.json"
+    out: dict[str, Any] = _read_json(path) or {}
+    drafts = {p.parents[1].name.removeprefix(RECIPE_ROOT): p for p in sorted(NODE.glob(f"{RECIPE_ROOT}*/train/final"))}
+    drafts["specforge"] = NODE / "specforge/draft"
+    todo = {n: p for n, p in drafts.items() if n not in out and (p / "config.json").is_file()}
+    if not todo:
+        return 0
+    cfg = load_config(NODE / "params.yaml", [f"run_root={NODE / (RECIPE_ROOT + 'default')}"])
+    gate, run = cfg.gate, RunFolder(cfg.run_root)
+    began = time.perf_counter()
+    sequences = list(online_sequences(run, OnlineTarget.of(cfg), torch.device(gate.device), "eval", gate.replay_sequences))
+    capture_s = time.perf_counter() - began
+    embed, _ = load_target_heads(cfg.target.model_path)
+    for name, folder in todo.items():
+        began = time.perf_counter()
+        result = replay_run(run, load_draft(embed, folder, gate.device), gate.num_steps, limit=gate.replay_sequences,
+                            sequences=sequences, n_bootstrap=gate.n_bootstrap, seed=gate.bootstrap_seed,
+                            ci_level=gate.ci_level)  # fmt: skip
+        per_sequence = {str(k): {"sequence_id": [r.sequence_id for r in result.sequences],
+                                 "tokens": [r.tokens(k) for r in result.sequences],
+                                 "cycles": [r.cycles(k) for r in result.sequences]} for k in result.num_steps}  # fmt: skip
+        out[name] = {**result.to_dict(), "draft": str(folder), "seconds": time.perf_counter() - began,
+                     "capture_s": capture_s, "per_sequence": per_sequence}  # fmt: skip
+        path.write_text(json.dumps(out, indent=1, default=str))
+        print(json.dumps({name: out[name]["overall"]}, default=str), flush=True)
+    return 0
+
+
+def node_drafts(k: int) -> int:
+    """Parts DRAFT_PARTS_PER_CALL*k onwards of the drafts the recipe plan packed (NODE/drafts),
+    and their index.json, into $OUT. Here: `cat DIR*/drafts.tar.part-* > drafts.tar`, checked
+    against index.json's sha256."""
+    out = Path(os.environ.get("OUT", NODE / "out"))
+    index = _read_json(NODE / "drafts/index.json")
+    if index is None:
+        print("node drafts: nothing packed (the recipe plan packs them after its gate)", file=sys.stderr)
+        return 3
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(NODE / "drafts/index.json", out / "index.json")
+    mine = index["parts"][DRAFT_PARTS_PER_CALL * k : DRAFT_PARTS_PER_CALL * (k + 1)]
+    for name in mine:
+        shutil.copyfile(NODE / "drafts" / name, out / name)
+    calls = -(-len(index["parts"]) // DRAFT_PARTS_PER_CALL)
+    print(f"node drafts {k}: {mine} of {len(index['parts'])} parts ({calls} calls: node drafts 0..{calls - 1}); "
+          f"drafts {index['drafts']}")  # fmt: skip
+    return 0
+
+
 def node_scaling(fractions: str | None) -> int:
     """The scaling drafts of these fractions (comma-separated; default: all of the profile's),
     as the train stage trains them (tasks/train/stage.py). The index it writes lists only these;
@@ -1089,7 +1378,7 @@ def main() -> int:
                    help="an earlier run's results folder, kept beside it under earlier_runs (repeatable, newest first)")
     n = sub.add_parser("node", help="on the H200 node")
     n.add_argument("what", choices=["receive", "start", "wait", "pipeline", "reference", "agreement", "scaling", "replay",
-                                    "plain"])  # fmt: skip
+                                    "recipe-replay", "drafts", "plain"])  # fmt: skip
     n.add_argument("arg", nargs="?")
     n.add_argument("--timeout", type=float, default=540.0)
     n.add_argument("--budget", type=float, help="start: the device seconds the pipeline has (bounds SpecForge)")
@@ -1097,6 +1386,8 @@ def main() -> int:
     n.add_argument("--plan", default="full", choices=sorted(PLANS), help="start: what the pipeline runs (see PLANS)")
     n.add_argument("--skip", action="append", default=[], choices=sorted(SKIPPABLE),
                    help="start: leave this part out of the run (repeatable): " + ", ".join(sorted(SKIPPABLE)))
+    n.add_argument("--variant", dest="variants", action="append", default=[], choices=list(RECIPE_VARIANTS),
+                   help=f"start --plan recipe: a variant to train (repeatable; default {', '.join(RECIPE_PLANNED)})")
     args = parser.parse_args()
     if args.command == "prepare":
         return prepare(args)
@@ -1107,7 +1398,7 @@ def main() -> int:
     if what == "receive":
         return node_receive(int(args.arg))
     if what == "start":
-        return node_start(args.budget, args.skip, args.plan)
+        return node_start(args.budget, args.skip, args.plan, args.variants)
     if what == "wait":
         return node_wait(args.timeout)
     if what == "pipeline":
@@ -1115,6 +1406,10 @@ def main() -> int:
         return 0
     if what == "replay":
         return node_replay()
+    if what == "recipe-replay":
+        return node_recipe_replay()
+    if what == "drafts":
+        return node_drafts(int(args.arg or 0))
     if what == "reference":
         return node_reference()
     if what == "agreement":

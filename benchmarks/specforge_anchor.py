@@ -173,6 +173,8 @@ def train_specforge(
               "seconds": seconds, "tok_per_s": tokens / seconds,
               "learning_rate": train.learning_rate, "batch_tokens": train.batch_tokens,
               "ttt_steps": train.ttt_steps, "losses": losses, "last_step_acc": last_acc,
+              # beside eaglescale's trainers on one GPU, what it needs of it
+              "cuda_peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
               "draft": str(out / "draft")}  # fmt: skip
     (out / "specforge_train.json").write_text(json.dumps(result, indent=2))
     return result

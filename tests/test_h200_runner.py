@@ -185,3 +185,130 @@ def test_node_scaling_trains_on_the_run_s_own_store(
         (draft,) = scaling_drafts(run)
         assert draft["fraction"] == 0.5 and run.exists(f"{draft['final']}/config.json")
     assert not (tmp_path / "run/train/scaling").exists()  # trained in the store, not beside the params
+
+
+def test_the_recipe_plan_trains_each_variant_on_the_same_budget_and_its_gate_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`node start --plan recipe` (issue 27): every variant's train stage validates with the
+    profile and differs from the default only in the recipe settings it names (the same token
+    budget, sequences and seed); the gate's overrides with the challengers load."""
+    import json
+
+    from tasks.config import load_config
+    from tasks.draft.recipe import RECIPE_KEYS
+
+    h = _runner(monkeypatch, tmp_path)
+    monkeypatch.setattr(h, "EXTRA_SETS", [])
+    options = h.plan_options([], "recipe", ["best"])
+    assert options == {"skip": ["scaling", "sweep"], "plan": "recipe", "variants": ["default", "best"]}
+    (tmp_path / "options.json").write_text(json.dumps(options))
+    pipeline = h.Pipeline()
+    assert pipeline.variants == ["default", "best"]
+    (tmp_path / "options.json").write_text(json.dumps({"skip": h.PLANS["recipe"], "plan": "recipe"}))
+    pipeline = h.Pipeline()
+    assert pipeline.variants == h.RECIPE_PLANNED and set(h.RECIPE_PLANNED) < set(h.RECIPE_VARIANTS)
+
+    def train(name: str) -> dict:
+        cfg = load_config(h.PROFILE, overrides=[*pipeline.sets, "train.hidden_states=online", *h.RECIPE_VARIANTS[name]])
+        return cfg.train.model_dump(mode="json")
+
+    default = train("default")
+    assert default["hidden_states"] == "online" and default["scaling_fractions"] == []
+    for name in set(h.RECIPE_VARIANTS) - {"default"}:
+        mine = train(name)
+        changed = {k for k in mine if mine[k] != default[k]}
+        assert changed and changed <= set(RECIPE_KEYS), name
+    assert train("best")["adam_betas"] == [0.9, 0.999] and train("best")["loss_normalization"] == "token"
+    assert train("freeze")["freeze_lm_head"] and train("freeze")["init_lm_head_from_target"]
+    challengers = {"betas": tmp_path / "recipe-betas/train/final", "specforge": tmp_path / "specforge/draft"}
+    gate = load_config(h.PROFILE, overrides=[*pipeline.sets, *h.recipe_gate_sets(challengers)]).gate
+    assert [(c.name, c.path, c.num_steps) for c in gate.challengers] == [
+        ("betas", str(challengers["betas"]), 3), ("specforge", str(challengers["specforge"]), 3)]
+    assert gate.num_steps == [3] and gate.topk_points == [] and gate.breakeven_accept_lengths == [] and gate.incumbent == "off"
+    extract = load_config(h.PROFILE, overrides=[h.RECIPE_EXTRACT]).extract
+    assert extract.part_bytes > 3 * 10**9  # a generation shard's states (~2.6 GB) in one part
+
+
+def test_a_generation_brought_back_is_what_prepare_run_from_carries(
+    tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """generation.tar as `node wait` brings it back (its parts joined) unpacks, through what
+    `prepare --run-from` calls, into a run folder whose generation is complete (a node given it
+    does not regenerate), without the journals and leases; a node that was given it does not
+    send it back; a tar without a complete generation is refused, naming it."""
+    import shutil
+    import tarfile
+
+    from tests.draft_support import extracted_run
+
+    node = tmp_path / "node"
+    extracted_run(tmp_path_factory.getbasetemp(), tiny_target_dir, node)
+    h = _runner(monkeypatch, node)
+    out = tmp_path / "out"
+    out.mkdir()
+    h._collect_generation(out)
+    packed = tmp_path / "generation.tar"
+    packed.write_bytes(b"".join(p.read_bytes() for p in sorted(out.glob("generation.tar.part-*"))))
+    run = h.unpack_generation(packed, tmp_path / "src")
+    assert (run / "generate/_COMPLETE").is_file() and (run / "prompts/_SUCCESS.json").is_file()
+    assert not [p for p in run.rglob("*") if "journal" in p.name or "leases" in p.parts]
+    original = node / "run"
+    assert sorted(p.relative_to(run) for p in (run / "generate/_SUCCESS").iterdir()) == sorted(
+        p.relative_to(original) for p in (original / "generate/_SUCCESS").iterdir())
+    carried = tmp_path / "node2"
+    shutil.copytree(run, carried / "src/run")  # what the payload's setup copies to the run root
+    shutil.copytree(run, carried / "run")
+    monkeypatch.setattr(h, "NODE", carried)
+    assert h.Pipeline().generated()
+    again = tmp_path / "out2"
+    again.mkdir()
+    h._collect_generation(again)
+    assert list(again.iterdir()) == []
+    bad = tmp_path / "bad.tar"
+    with tarfile.open(bad, "w") as tar:
+        tar.add(original / "prompts", "run/prompts")
+    with pytest.raises(ValueError, match=r"bad\.tar: no run/generate/_COMPLETE"):
+        h.unpack_generation(bad, tmp_path / "src-bad")
+
+
+def test_the_recipe_plan_packs_the_best_draft_and_specforge_s_and_node_drafts_returns_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pack_drafts picks our variant with the best accept length on the gate, packs it with
+    SpecForge's; `node drafts K` returns parts DRAFT_PARTS_PER_CALL at a time, and the parts
+    joined are the tar index.json's sha256 names."""
+    import hashlib
+    import io
+    import json
+    import tarfile
+
+    h = _runner(monkeypatch, tmp_path)
+    monkeypatch.setattr(h, "DRAFT_PART_BYTES", 1000)
+    finals = {}
+    for name, size in (("default", 1500), ("betas", 2500), ("specforge", 900)):
+        folder = tmp_path / (f"recipe-{name}/train/final" if name != "specforge" else "specforge/draft")
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps({"name": name}))
+        (folder / "model.safetensors").write_bytes(bytes(range(256)) * (size // 256))
+        finals[name] = folder
+    gated = tmp_path / "recipe-default"
+    (gated / "gate").mkdir()
+    (gated / "gate/report.json").write_text(json.dumps({"decision": {"contenders": [
+        {"name": "new draft", "accept_length": 1.7}, {"name": "challenger-betas", "accept_length": 1.9},
+        {"name": "challenger-specforge", "accept_length": 2.5}]}}))  # fmt: skip
+    h.Pipeline().pack_drafts(finals, gated)
+    index = json.loads((tmp_path / "drafts/index.json").read_text())
+    assert list(index["drafts"]) == ["betas", "specforge"] and index["best_by"] == "gate"
+    assert len(index["parts"]) > h.DRAFT_PARTS_PER_CALL
+    joined = b""
+    for k in range(-(-len(index["parts"]) // h.DRAFT_PARTS_PER_CALL)):  # the calls `node drafts` names
+        out = tmp_path / f"out-{k}"
+        monkeypatch.setenv("OUT", str(out))
+        assert h.node_drafts(k) == 0
+        joined += b"".join((out / p).read_bytes() for p in sorted(o.name for o in out.glob("drafts.tar.part-*")))
+    assert hashlib.sha256(joined).hexdigest() == index["sha256"]
+    with tarfile.open(fileobj=io.BytesIO(joined)) as tar:
+        names = set(tar.getnames())
+        assert {"betas/model.safetensors", "specforge/config.json"} <= names and not any(n.startswith("default") for n in names)
+        assert tar.extractfile("betas/model.safetensors").read() == (finals["betas"] / "model.safetensors").read_bytes()
