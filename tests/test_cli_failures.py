@@ -24,7 +24,7 @@ from flows.concurrency import RunRootBusy
 from tasks.engines.base import EngineUnavailable
 from tasks.gate.preflight import PreflightError, draft_tensor_shapes
 from tasks.generate.failures import GenerateFailed, ShardFailed, generate_failed
-from tasks.runfolder import RunFolder, read_journal
+from tasks.runfolder import RunFolder, ShardStore, read_journal
 from tasks.standins.faults import FaultSpec
 from tasks.standins.server import start_server_thread
 from tests.prefect_support import prefect_server
@@ -86,12 +86,11 @@ def sglang_params(tmp_path: Path, model_dir: Path, run_root: Path, url: str, **e
     )  # fmt: skip
 
 
-def dead_letters(run_root: Path) -> Counter[str]:
-    """Error classes of the journaled dead letters that no success superseded, all shards."""
+def dead_letters(run_root: Path, shard_ids: set[str]) -> Counter[str]:
+    """Error classes of the journaled dead letters that no success superseded, in these shards."""
     run = RunFolder(str(run_root))
     classes: Counter[str] = Counter()
-    for shard in run.listdir("generate/journal"):
-        shard_id = shard.rstrip("/").rsplit("/", 1)[-1]
+    for shard_id in shard_ids:
         records = read_journal(run, "generate", shard_id).records
         ok = {r["request_id"] for r in records if r["status"] == "ok"}
         dead = {r["request_id"]: r["error_class"] for r in records if r["status"] == "dead"}
@@ -102,28 +101,37 @@ def dead_letters(run_root: Path) -> Counter[str]:
 def test_dead_fraction_gives_each_error_class_its_count_and_fix(tmp_path, tiny_target_dir, api_url):
     # A short context overflows the two longest prompts (few enough to pass the door, which
     # refuses a context that leaves more than max_dead_fraction of them without room); 503s on
-    # a third of the requests, with one attempt per round, exhaust some requests' transport
-    # retries.
+    # half the requests, with one attempt per round, exhaust some requests' transport retries.
     with start_server_thread(
-        step_latency_s=0.0, context_length=250, vocab_size=2048, fault=FaultSpec(mode="5xx", rate=0.3, seed=1)
+        step_latency_s=0.0, context_length=250, vocab_size=2048, fault=FaultSpec(mode="5xx", rate=0.5, seed=1)
     ) as server:
         params = sglang_params(tmp_path, tiny_target_dir, tmp_path / "run", server.url, max_attempts=1)
         message = failed_cleanly(eaglescale(tmp_path, api_url, params), EXIT_FAILED)
-    classes = dead_letters(tmp_path / "run")
-    assert classes["context_overflow"] > 0 and classes["transport_exhausted"] > 0
-    assert message.startswith("eaglescale: GenerateFailed: generate: 2 of 2 shards not committed.")
-    assert f"{sum(classes.values())} dead letters of 80 requests" in message
+    # Which requests the 503s hit depends on arrival order, so a shard can stay within the 5%
+    # bound (two dead letters of 40) and commit: the message covers the shards the run folder
+    # shows uncommitted, and counts their dead letters alone.
+    run = RunFolder(str(tmp_path / "run"))
+    shards = {s.rstrip("/").rsplit("/", 1)[-1] for s in run.listdir("generate/journal")}
+    failed = shards - set(ShardStore(run, "generate").committed())
+    classes = dead_letters(tmp_path / "run", failed)
+    assert len(shards) == 2 and failed, shards
+    assert message.startswith(f"eaglescale: GenerateFailed: generate: {len(failed)} of 2 shards not committed.")
+    assert f"{len(failed)} shard(s) over generate.max_dead_fraction (5.0%): " in message
+    assert f"{sum(classes.values())} dead letters of {40 * len(failed)} requests:" in message
+    assert classes["transport_exhausted"] > 0
+    assert classes["context_overflow"] > 0 or "context_overflow" not in message
     lines = message.splitlines()
-    overflow = next(ln for ln in lines if ln.startswith("  context_overflow:"))
     transport = next(ln for ln in lines if ln.startswith("  transport_exhausted:"))
-    assert overflow.startswith(f"  context_overflow: {classes['context_overflow']} request(s). Fix:")
-    assert "retrying alone sends them into the same limit" in overflow
-    assert "raise the server's context length" in overflow
-    assert "lower discover.max_prompt_tokens (now 1024)" in overflow
-    assert "sampling.max_new_tokens (now 16)" in overflow
     assert transport.startswith(f"  transport_exhausted: {classes['transport_exhausted']} request(s). Fix:")
     assert "generate.retry_dead=true" in transport
-    assert "longer than the model's context length (250 tokens)" in message  # an example
+    if classes["context_overflow"]:  # the two long prompts' shard failed too (nearly always)
+        overflow = next(ln for ln in lines if ln.startswith("  context_overflow:"))
+        assert overflow.startswith(f"  context_overflow: {classes['context_overflow']} request(s). Fix:")
+        assert "retrying alone sends them into the same limit" in overflow
+        assert "raise the server's context length" in overflow
+        assert "lower discover.max_prompt_tokens (now 1024)" in overflow
+        assert "sampling.max_new_tokens (now 16)" in overflow
+        assert "longer than the model's context length (250 tokens)" in message  # an example
 
     # The same run root with another sampling setting: refused, naming the field.
     again = eaglescale(tmp_path, api_url, params, "--set", "sampling.max_new_tokens=8")
