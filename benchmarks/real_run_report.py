@@ -53,14 +53,14 @@ def _specforge(config: str) -> bool:
     `ref-specforge:...` in the runs before gate.reference_drafts became gate.challengers."""
     return config.startswith(("challenger-specforge:", "ref-specforge:"))
 
-def _config_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+def config_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     keys = ("name", "role", "samples", "spec", "median_tok_s", "rep_medians", "spread", "speedup", "ci_low",
             "ci_high", "accept_length", "accept_length_per_domain", "accept_per_position",
             "exact_match_fraction", "n_compared", "eligible", "reasons")  # fmt: skip
     return [{k: c.get(k) for k in keys} for c in report["decision"]["configs"]]
 
 
-def _prediction_rows(report: dict[str, Any], prediction: dict[str, Any] | None) -> list[dict[str, Any]]:
+def prediction_rows(report: dict[str, Any], prediction: dict[str, Any] | None) -> list[dict[str, Any]]:
     if not prediction:
         return []
     measured = {c["name"]: c for c in report["decision"]["configs"]}
@@ -95,7 +95,7 @@ def spec_vs_baseline_outputs(report: dict[str, Any]) -> dict[str, Any]:
     return {"configs": out, "prompts_differing_at_token_0_in_every_launch": sorted(set.intersection(*at_zero), key=int) if at_zero else []}
 
 
-def _agreement(results: Results, measure: dict[str, Any]) -> dict[str, Any] | None:
+def agreement(results: Results, measure: dict[str, Any]) -> dict[str, Any] | None:
     """The server's greedy outputs against transformers' (measurements.json, else the last
     line the agreement step printed)."""
     keys = ("agreement_prompts", "agreement_tokens", "agreement_identical", "agreement_first_divergence")
@@ -280,6 +280,25 @@ def _goal(name: str, target: str, value: Any, met: bool | None) -> dict[str, Any
     return {"goal": name, "target": target, "measured": value, "met": met}
 
 
+def generation_figures(progress: dict[str, Any], measure: dict[str, Any]) -> dict[str, Any]:
+    """The generate stage's throughput (its progress record: completion tokens of this run over
+    its span) and its ratio to the plain batched /generate request on the same server
+    (measurements.json: `node reference`)."""
+    gen: dict[str, Any] = {}
+    if progress:
+        tokens = progress["tokens"]["completion_this_run"]
+        seconds = progress["updated_at"] - progress["started_at"]
+        gen = {"prompts_regenerated": progress["requests"]["done"] - progress["requests"]["dead"],
+               "dead": progress["requests"]["dead"], "completion_tokens": progress["tokens"]["completion_done"],
+               "stage_seconds": seconds, "stage_tok_s": tokens / seconds if seconds > 0 else None}  # fmt: skip
+    ref = measure.get("reference_tok_s")
+    if gen.get("stage_tok_s") and ref:
+        gen["vs_plain_batched_request"] = gen["stage_tok_s"] / ref
+    gen.update({k: measure.get(k) for k in ("reference_prompts", "reference_completion_tokens",
+                                             "reference_seconds", "reference_tok_s", "generate_server_ready_s")})  # fmt: skip
+    return gen
+
+
 def build(results: Results) -> dict[str, Any]:
     status = results.json("status.json") or {}
     measure = results.json("measurements.json") or {}
@@ -294,25 +313,14 @@ def build(results: Results) -> dict[str, Any]:
     train = results.json("run/train/result.json")
     scaling_index = results.json("run/train/scaling/index.json")
 
-    gen: dict[str, Any] = {}
-    if progress:
-        tokens = progress["tokens"]["completion_this_run"]
-        seconds = progress["updated_at"] - progress["started_at"]
-        gen = {"prompts_regenerated": progress["requests"]["done"] - progress["requests"]["dead"],
-               "dead": progress["requests"]["dead"], "completion_tokens": progress["tokens"]["completion_done"],
-               "stage_seconds": seconds, "stage_tok_s": tokens / seconds if seconds > 0 else None}  # fmt: skip
-    ref = measure.get("reference_tok_s")
-    if gen.get("stage_tok_s") and ref:
-        gen["vs_plain_batched_request"] = gen["stage_tok_s"] / ref
-    gen.update({k: measure.get(k) for k in ("reference_prompts", "reference_completion_tokens",
-                                             "reference_seconds", "reference_tok_s", "generate_server_ready_s")})  # fmt: skip
+    gen = generation_figures(progress, measure)
 
     gate: dict[str, Any] | None = None
     configs: list[dict[str, Any]] = []
     if report:
-        configs = _config_rows(report)
+        configs = config_rows(report)
         gate = {"summary": report["summary"], "configs": configs,
-                "predicted_vs_measured": _prediction_rows(report, prediction),
+                "predicted_vs_measured": prediction_rows(report, prediction),
                 "spec_vs_baseline_outputs": spec_vs_baseline_outputs(report)}  # fmt: skip
     by_name = {c["name"]: c for c in configs}
     base = by_name.get("baseline") or {}
@@ -368,7 +376,7 @@ def build(results: Results) -> dict[str, Any]:
         "sampling": run.get("fingerprint", {}).get("sampling"),
         "prompts": {"totals": discovery.get("totals"), "per_domain": discovery.get("per_domain")},
         "generation": gen,
-        "agreement_sglang_vs_transformers": _agreement(results, measure),
+        "agreement_sglang_vs_transformers": agreement(results, measure),
         "extraction": extraction,
         "training": {"steps": (train or {}).get("steps"), "best": (train or {}).get("best"),
                      "scaling_drafts": (scaling_index or {}).get("drafts") or _scaling_results(results),

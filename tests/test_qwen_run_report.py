@@ -1,0 +1,149 @@
+"""benchmarks/qwen_run_report.py on hand-made results of issue 28's sessions (what `node wait`
+leaves: results.tar.gz with the node's options.json, status, the run's records, and
+measurements.json beside it): the regeneration ratio, the decision of record and its
+speedup, the accept lengths per domain at 3 steps, the prediction's errors, the measured
+break-even and the scaling curve, and each goal met or missed by how much."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from benchmarks.qwen_run_report import build, samples_for
+
+REPO = Path(__file__).resolve().parents[1]
+S3, TOPK = "eagle3-s3-k1-n4", "eagle3-s3-k4-n8"
+
+
+def results_folder(folder: Path, members: dict[str, Any], measurements: dict[str, Any] | None = None) -> Path:
+    folder.mkdir(parents=True)
+    with tarfile.open(folder / "results.tar.gz", "w:gz") as tar:
+        for name, value in members.items():
+            data = json.dumps(value).encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    (folder / "measurements.json").write_text(json.dumps(measurements or {}))
+    return folder
+
+
+def config(name: str, tok_s: float, speedup: float | None, ci: tuple[float, float] | None, accept: float | None,
+           per_domain: dict[str, float] | None = None, eligible: bool = True) -> dict[str, Any]:  # fmt: skip
+    return {"name": name, "role": "candidate", "spec": None if name == "baseline" else {"num_steps": 3},
+            "median_tok_s": tok_s, "speedup": speedup, "ci_low": ci and ci[0], "ci_high": ci and ci[1],
+            "accept_length": accept, "accept_length_per_domain": per_domain or {}, "eligible": eligible,
+            "lossless": {"compared": 48, "exact": 20, "near_tie": 28, "not_lossless": 0, "no_evidence": 0}}  # fmt: skip
+
+
+def gate_report(configs: list[dict[str, Any]], outcome: str, best: str, breakeven: dict | None = None) -> dict[str, Any]:
+    by = {c["name"]: c for c in configs}
+    return {"summary": {"outcome": outcome},
+            "decision": {"outcome": outcome, "best": best, "speedup": by[best]["speedup"], "ci_low": by[best]["ci_low"],
+                         "ci_high": by[best]["ci_high"], "reasons": [f"{outcome}: {best}"], "configs": configs,
+                         "breakeven": breakeven},
+            "predictions": {"baseline": 540.0, S3: 820.0}}  # fmt: skip
+
+
+def sessions(tmp_path: Path) -> list[Path]:
+    generate = results_folder(tmp_path / "run-10", {
+        "options.json": {"plan": "qwen-generate", "skip": ["anchor", "scaling"]},
+        "status.json": {"state": "done", "steps": {"generate": {"state": "done", "seconds": 230.0}}},
+        "carried.json": {"generation": False, "draft": False},
+        "run/generate/progress.json": {"tokens": {"completion_this_run": 2_400_000, "completion_done": 2_400_000},
+                                       "requests": {"done": 10_245, "dead": 0}, "started_at": 0.0, "updated_at": 200.0},
+        "train-fit.json": {"fits": True, "finished": True, "pace_s": 0.6, "decided_at_step": 200, "total_steps": 730},
+        "run/train/result.json": {"steps": 730, "best": {"step": 730, "sim_accept_len": 2.6}},
+    }, {"reference_tok_s": 12_500.0, "generate_concurrency": {"server_max_running": 256, "engine_in_flight": 320}})  # fmt: skip
+    breakeven = {"per_steps": {"3": {"break_even": 1.93, "side": None, "model_break_even": 2.2, "draft_accept_length": 2.41,
+                                     "statement": "this server needs 1.93 tokens per verify at num_steps 3 to break even",
+                                     "points": [{"accept_length": 1.5, "decode_tok_s": 400.0}]}}}  # fmt: skip
+    decide = results_folder(tmp_path / "run-11", {
+        "options.json": {"plan": "qwen-gate"},
+        "status.json": {"state": "done", "steps": {"gate": {"state": "done", "seconds": 700.0}}},
+        "carried.json": {"generation": True, "draft": True},
+        "run/gate/report.json": gate_report([
+            config("baseline", 520.0, 1.0, (1.0, 1.0), None),
+            config(S3, 730.0, 1.40, (1.21, 1.55), 2.41, {"coding": 2.62, "general_chat": 2.10, "humaneval": 2.44}),
+            config(TOPK, 700.0, 1.35, (1.10, 1.50), 2.90, {"coding": 3.0, "general_chat": 2.6, "humaneval": 3.1}),
+        ], "promote", S3, breakeven),
+        "run/gate/prediction.json": {"baseline_tok_s": 540.0},
+    })  # fmt: skip
+    fit = {"intercept": -1.0, "slope_per_ln_sample": 0.36, "points": 4, "samples_for_break_even": 9000.0}
+    scaling = results_folder(tmp_path / "run-12", {
+        "options.json": {"plan": "qwen-scaling"},
+        "status.json": {"state": "done", "steps": {}},
+        "carried.json": {"generation": True, "draft": True},
+        "run/gate/report.json": gate_report([config("baseline", 510.0, 1.0, (1.0, 1.0), None),
+                                             config(S3, 700.0, 1.37, (1.2, 1.5), 2.39, {"coding": 2.55})], "promote", S3),
+        "run/gate/scaling/report.json": {"num_steps": 3, "break_even_accept_length": 1.93, "fits": {"all": fit},
+                                         "no_fit": {}, "points": [
+            {"domain": "all", "kind": kind, "samples": n, "accept_length": a}
+            for n, a in ((1024, 1.6), (3073, 2.0), (6147, 2.25), (10245, 2.4)) for kind in ("measured", "replay")]},
+    })  # fmt: skip
+    return [generate, decide, scaling]
+
+
+def test_the_sessions_figures_and_the_goals_with_their_misses(tmp_path: Path) -> None:
+    result = build(sessions(tmp_path))
+    plans = [s["plan"] for s in result["sessions"]]
+    assert plans == ["qwen-generate", "qwen-gate", "qwen-scaling"]
+    gen = result["sessions"][0]["generation"]
+    assert gen["stage_tok_s"] == 12_000.0 and math.isclose(gen["vs_plain_batched_request"], 0.96)
+    assert gen["server_max_running"] == 256 and gen["engine_in_flight"] == 320
+    assert "generation" not in result["sessions"][1]  # carried: not this session's measurement
+    assert result["sessions"][0]["training"]["fit"]["pace_s"] == 0.6
+    # The decision of record is qwen-gate's, not the scaling session's.
+    assert result["decision"]["outcome"] == "promote" and result["decision"]["best"] == S3
+    assert result["decision"]["ci"] == [1.21, 1.55]
+    assert result["accept_length_at_3_steps_per_domain"]["qwen-gate"]["coding"] == 2.62
+    assert result["accept_length_at_3_steps_per_domain"]["qwen-scaling"] == {"coding": 2.55}
+    assert result["breakeven_at_3_steps"]["break_even"] == 1.93
+    predicted = result["sessions"][1]["gate"]["predicted_vs_measured"]
+    assert {r["config"]: round(r["error"], 4) for r in predicted} == {"baseline": round(540 / 520 - 1, 4),
+                                                                      S3: round(820 / 730 - 1, 4)}  # fmt: skip
+    goals = {g["goal"].split(" ")[0] + " " + g["goal"].split(" ")[1]: g for g in result["goals"]}
+    assert goals["regeneration vs"]["met"] is True and goals["regeneration vs"]["short_by"] is None
+    assert goals["the gate"]["met"] is True
+    accept = goals["accept length"]
+    assert accept["met"] is False and accept["measured"] == {"humaneval": 2.44, "coding": 2.62}
+    assert math.isclose(accept["short_by"]["humaneval"], 0.06) and "coding" not in accept["short_by"]
+    pred = next(g for g in result["goals"] if g["goal"].startswith("the gate's predicted"))
+    assert pred["met"] is False and math.isclose(pred["short_by"], 820 / 730 - 1 - 0.10)  # the worst error's distance
+    curve = next(g for g in result["goals"] if g["goal"].startswith("the data-scaling"))
+    assert curve["met"] is True and curve["measured"] == [1024, 3073, 6147, 10245]
+    # A miss brings the break-even and the data the curve says is needed.
+    needed = result["if_missed"]["samples_for_accept"]["all"]
+    assert math.isclose(needed, math.exp((2.5 + 1.0) / 0.36)) and needed > 10_245
+    assert result["if_missed"]["samples_for_break_even"] == {"all": 9000.0}
+    assert result["scaling"]["curve"]["all"]["6147"] == {"measured": 2.25, "replay": 2.25}
+
+
+def test_a_rejection_is_a_miss_with_its_distance_and_a_flat_fit_needs_no_figure(tmp_path: Path) -> None:
+    folder = results_folder(tmp_path / "run", {
+        "options.json": {"plan": "qwen-gate"},
+        "run/gate/report.json": gate_report([config("baseline", 520.0, 1.0, (1.0, 1.0), None),
+                                             config(S3, 500.0, 0.96, (0.85, 1.04), 1.9, {"coding": 2.0, "humaneval": 1.8},
+                                                    eligible=False)], "reject", S3),
+    })  # fmt: skip
+    result = build([folder])
+    promote = next(g for g in result["goals"] if g["goal"].startswith("the gate promotes"))
+    assert promote["met"] is False and math.isclose(promote["short_by"]["speedup"], 0.34)
+    assert math.isclose(promote["short_by"]["ci_low_below_1"], 0.15)
+    regeneration = next(g for g in result["goals"] if g["goal"].startswith("regeneration"))
+    assert regeneration["met"] is None  # no session of this set generated
+    assert samples_for({"intercept": 1.0, "slope_per_ln_sample": 0.0}, 2.5) is None
+
+
+def test_the_script_writes_its_json_beside_the_results(tmp_path: Path) -> None:
+    folders = sessions(tmp_path)
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks/qwen_run_report.py"), *map(str, folders)],
+                         capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    written = json.loads((folders[0] / "qwen-run.json").read_text())
+    assert written["decision"]["outcome"] == "promote" and "MISSED by" in out.stdout
