@@ -66,6 +66,72 @@ minutes with ~100 s of payload calls. `node start --variant NAME` (repeatable) t
 and the named variants instead: `--variant freeze --variant noise` in a later session measures the
 two left out here (seven online trainers at ~18 GiB each, run 9's peak, and SpecForge's beside
 them would not fit the GPU's 139 GiB, and their training and launches would eat the margin).
+
+Issue 28: Qwen2.5-Coder-1.5B-Instruct (deployments/params/qwen25-coder.yaml), a run no session
+holds. Every session starts on a bare node, so every payload carries the target again: the SGLang
+bundle (112 MB), the other wheels (~33 MB), the run folder (~2 MB of prompts, as SmolLM2's) and the
+target's 22 part wheels (1.09 GB, 48-52 MB each), ~1.24 GB in ~25 parts of PART_BYTES (50 MB): ~25
+calls, ~8.5 minutes at run 9's ~20 s a call. What a session makes travels to the next through $OUT:
+the regenerated shards (`node wait` leaves generation.tar.part-NN once generation is complete, when
+the whole fits one call's 45 MB; run 9's 10,241 SmolLM2 replies were 6.5 MB) and the trained draft
+(bf16, ~213 MB with its vocabulary map and records: 15 parts, `node drafts K` for K = 0..3; five
+more payload parts, ~30 in all). Joined here (`cat DIR/generation.tar.part-* > generation.tar`,
+`cat DIR*/drafts.tar.part-* > drafts.tar`, its sha256 in index.json), they go into the next
+payload:
+
+    .venv/bin/python benchmarks/h200_run.py prepare --bundle DIR \
+        --profile deployments/params/qwen25-coder.yaml \
+        [--run-from generation.tar] [--draft-from drafts.tar]    # prints the part count
+    python3 benchmarks/h200_run.py node receive N                # N = 1..25 (~30 with a draft)
+    python3 benchmarks/h200_run.py node start --plan PLAN --budget S   # with the last part; S = device seconds left
+    python3 benchmarks/h200_run.py node wait --timeout 540      # back to back until done
+    python3 benchmarks/h200_run.py node drafts K                # when `node wait` says a draft is packed
+    .venv/bin/python benchmarks/qwen_run_report.py DIR1 DIR2 ... # here, at the end: qwen-run.json
+
+The sessions, in order:
+
+1. qwen-generate (no --run-from): setup, the generation server, the plain batched request (2,048
+   prompts), generation, then the full draft online beside the agreement check, watched (`node
+   train-watched`): at its first checkpoint (step 200) the measured pace decides whether the
+   remaining steps, their evaluations and TRAIN_TAIL_S (240 s: export, pack, the calls that bring
+   it back) end before --budget does; if not, it stops there. Comes back: the generation, the
+   reference and agreement figures, train-fit.json (the pace), and the draft only if it finished.
+2. Only if the draft did not finish: qwen-generate again with --run-from (no generation: the
+   watched training gets the session after payload and setup; the agreement check runs again beside
+   it). If train-fit.json's pace says ~680 steps cannot fit even then, train fewer (`node start
+   --set train.epochs=2`) and report it: a checkpoint (1.27 GB with its optimizer state) does not
+   travel. qwen-gate also trains a draft when none came, but its training is not watched: --budget
+   does not bound it.
+3. qwen-gate (--run-from, --draft-from): the decision. The carried draft replayed, then one server
+   at a time: the baseline, num_steps 3 and the topk point (3 steps, topk 4), twice each, and the
+   break-even at num_steps 3 (accept lengths 1.5, 2.0, 2.5, one launch each): 9 launches.
+4. qwen-sweep (--run-from, --draft-from): the baseline and num_steps 1, 2, 4, 5, twice each: 10.
+5. qwen-scaling (--run-from, --draft-from): the data-scaling drafts (0.1, 0.3, 0.6 of the
+   sequences) trained online in two processes on the carried draft's vocabulary map, then the
+   baseline and the carried draft at num_steps 3 twice each and every scaling draft once: 7
+   launches (the curve: the three and the full draft).
+
+Device time, measured where the runs measured it, estimated where they could not. Measured (runs 8
+and 9, SmolLM2): ~20 s a payload call; setup 34-55 s; the generation server ready in 115-139 s;
+generation 158-182 s; one online draft of ~10k sequences at this recipe (3 epochs, 16,384 tokens a
+step) 657 steps, 0.30 s a step; a draft trained beside three or four others 1.3-1.45x its time
+alone (runs 4-7). Not yet measured on this target, estimates: setup 2-4 min (the 1.1 GB of wheels
+installed, the GGUF assembled and converted to bf16; measurements.json records target_resolve_s);
+the plain request and generation 4-8 min; the full draft ~680 steps (as many as SmolLM2's: the same
+~10k prompts and 256-token replies) at 1-1.7 s a step, 11-19 min (a 1.5B target and a 1536-wide
+draft do about six times the work of SmolLM2's a step), the first checkpoint 3.5-6 min in; a gate
+launch ~100 s (start-up ~1 min, the first ~2, then 2 warm-ups and 72 prompts x 256 tokens at ~2 ms
+a token, the 1.5B shape's baseline measured on the node with random weights), a break-even launch
+~65 s (8 prompts). So: session 1 ~8.5 min of payload, ~3 of setup, ~2 of server start and 4-8 of
+requests, leaving ~9-12 min: expect the watched draft to stop at step 200 with its pace measured.
+Session 2 ~12 min of payload and setup, then 11-19 min of training plus the 4 min tail: it fits
+only at the faster pace (the pace decides, at step 200). Session 3 ~10 + 3 min, the replay ~1, the
+gate ~14: ~28 of 30 min. Session 4 the gate ~18: ~32 min, over; if session 3's launches took ~100 s
+(gate/progress.json in its results.tar.gz), split it over two sessions (`node start --set
+"gate.num_steps=[1, 2]"`, then `[4, 5]`). Session 5 the scaling drafts 9-17 min (0.6 of the full
+draft's time, beside the other process), the index pass ~1 and the gate ~13: 36-44 min, over; a
+gate cut short still leaves every launch it measured (gate/progress.json), and the report says
+which goals it could not judge.
 """
 
 from __future__ import annotations
