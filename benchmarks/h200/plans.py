@@ -1,0 +1,142 @@
+"""What `node start --plan NAME` runs and with which settings: the plans (PLANS) and what each
+leaves out, what `--skip` and `--set` change, the recipe A/B's variants and gate, and the
+options.json the pipeline reads them from. The composition itself is node_pipeline.Pipeline's.
+
+Standard library (and yaml) only: the pipeline process reads these on the node's own Python."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from benchmarks.h200 import node_env
+
+# What `node start --skip PART` can leave out of a run, and the profile settings that does it
+# (each stage gets them as --set, the helper processes in params.yaml). A run that repeats an
+# earlier one for the measurements it lacked (the fifth: the gate's decision) leaves out what
+# that one measured, so the rest fits the session's device time.
+SKIPPABLE: dict[str, dict[tuple[str, str], Any]] = {
+    "scaling": {("train", "scaling_fractions"): []},  # the data-scaling drafts (their training, their gate launches)
+    "anchor": {},  # SpecForge's draft (its training beside ours, its gate launches)
+    # The num_steps sweep and the topk point: the gate decides on num_steps 3 alone, the scaling
+    # curve's config (seven launches instead of seventeen: run 6's gate ran out at the twelfth).
+    "sweep": {("gate", "num_steps"): [3], ("gate", "topk_points"): []},
+}
+
+
+# What `node start --plan NAME` runs. "full": the real run (benchmarks/h200_run.py's docstring).
+# "online-incumbent": what issues 12 and 14 measure on the real parts, on one generation: the
+# offline draft (extract, then train) and the online one (a run root sharing the generation by hard
+# links, train.hidden_states online), each timed from the last committed generation shard; a
+# 1k-sample run (the first 1,004 training sequences, the size of runs 4-7's smallest scaling draft)
+# promoted by hand (`eaglescale promote`: at 135M no draft beats the baseline, runs 4-7, so no gate
+# would promote it); both full drafts replayed over the same held-out sequences; then the gate of
+# the offline draft with that 1k draft as the incumbent. It leaves out what the full plan measured
+# (the scaling drafts, SpecForge's, the sweep, the reference request and the agreement check).
+# "lossless": what issue 26 measures on the real parts, on one generation: the logprob probe on the
+# generation server (benchmarks/sglang_logprob_probe.py: the recorded answers the parsers' tests
+# read, and how far decode and prefill logprobs are apart), the full draft trained online, the
+# gate with the lossless rule over num_steps 1, 3 and 5 with the server's break-even measured at
+# each (SGLANG_SIMULATE_ACC_LEN), then the same gate with a frequency penalty in its requests on a
+# run root sharing the draft (num_steps 3): the penalty SGLang applies relaxed under speculation
+# must be refused as not lossless.
+# "recipe": issue 27's A/B of the training recipe on the real parts, on the regenerated shards of
+# an earlier run (`prepare --run-from .../run-9/generation.tar`: no server, no generation; without
+# them it generates first). Each variant of RECIPE_VARIANTS (node start --variant; RECIPE_PLANNED
+# by default) trains online in its own run root sharing prompts/ and generate/ by hard links, all
+# side by side on the GPU, on the same sequences, batches, steps and seed; meanwhile the run's own
+# root is extracted (one part per shard: RECIPE_EXTRACT) and SpecForge's draft trains on it, on the
+# same batches with the default variant's vocabulary map. Every draft is replayed over the same
+# held-out sequences (`node recipe-replay`); one gate on real SGLang measures the default variant
+# as the candidate and every other draft as a challenger at num_steps 3 (no sweep, no break-even,
+# no incumbent); the best of ours and SpecForge's come back in parts (`node drafts K`).
+# "qwen-generate", "qwen-gate", "qwen-sweep", "qwen-scaling": issue 28's run on Qwen2.5-Coder-1.5B
+# (`prepare --profile deployments/params/qwen25-coder.yaml`), which no one session holds: each plan
+# is one session's share (benchmarks/h200_run.py's docstring, "Issue 28"), the next starting from
+# what the last brought back (`prepare --run-from` the generation, `--draft-from` the draft).
+# "qwen-generate": the generation and the plain batched request, then the full draft online when
+# its measured pace says it ends in the session (`node train-watched`); its draft packed to travel.
+# "qwen-gate": the decision on the carried draft (trained here first when none came): num_steps 3
+# and the topk point, the lossless rule, the break-even at num_steps 3. "qwen-sweep": num_steps 1,
+# 2, 4 and 5 of the carried draft. "qwen-scaling": the data-scaling drafts trained and gated beside
+# the carried draft at num_steps 3 (a scaling draft is gated where it was trained: none travels).
+PLANS = {"full": [], "online-incumbent": ["scaling", "anchor", "sweep"], "lossless": ["scaling", "anchor"],
+         "recipe": ["scaling", "sweep"], "qwen-generate": ["scaling", "anchor"], "qwen-gate": ["scaling", "anchor"],
+         "qwen-sweep": ["scaling", "anchor"], "qwen-scaling": ["anchor"]}  # fmt: skip
+NEEDS_DRAFT = {"qwen-sweep", "qwen-scaling"}  # plans that gate a carried draft and train none of their own
+# Each plan's own settings (section, key) -> value, under --skip's and `node start --set`'s.
+PLAN_SETTINGS: dict[str, dict[tuple[str, str], Any]] = {
+    "qwen-gate": {("gate", "num_steps"): [3], ("gate", "breakeven_accept_lengths"): [1.5, 2.0, 2.5]},
+    "qwen-sweep": {("gate", "num_steps"): [1, 2, 4, 5], ("gate", "topk_points"): []},
+    "qwen-scaling": {("gate", "num_steps"): [3], ("gate", "topk_points"): []},
+}
+LOSSLESS_GATE = ("gate.num_steps=[1, 3, 5]", "gate.topk_points=[]", "gate.breakeven_accept_lengths=[1.5, 2.5, 3.5]",
+                 "gate.breakeven_prompts=8")  # fmt: skip
+PENALTY_GATE = ("gate.num_steps=[3]", "gate.topk_points=[]", "gate.breakeven_accept_lengths=[]",
+                "gate.frequency_penalty=1.0")  # fmt: skip
+# The recipe variants (issue 27), each the --set overrides of its train stage on top of the
+# profile's recipe (3 epochs, 16,384 tokens a step, lr 1e-3, seed 0: the same for all of them).
+# betas and token are SpecForge's two differences (torch's AdamW default; its loss over the padded
+# batch, every token alike); init starts the lm_head (~78% of the draft's trainable parameters,
+# most rows rare tokens) and the final norm from the target's, as vLLM's speculators does; best is
+# the three together, the issue's reading of what would beat SpecForge. freeze (speculators keeps
+# the initialised head fixed) and noise (speculators' AddGaussianNoise default, 0.05, absolute, on
+# the aux states) are defined but not planned: a sixth and seventh online trainer (~18 GiB each
+# at its peak, run 9) beside SpecForge's would not fit the GPU, nor their training and launches
+# the session (`--variant freeze --variant noise` in a later one).
+_INIT = ("train.init_lm_head_from_target=true", "train.init_norm_from_target=true")
+RECIPE_VARIANTS: dict[str, tuple[str, ...]] = {
+    "default": (),
+    "betas": ("train.adam_betas=[0.9, 0.999]",),
+    "token": ("train.loss_normalization=token",),
+    "init": _INIT,
+    "best": ("train.adam_betas=[0.9, 0.999]", "train.loss_normalization=token", *_INIT),
+    "freeze": (*_INIT, "train.freeze_lm_head=true"),
+    "noise": ("train.aux_state_noise=0.05",),
+}
+RECIPE_PLANNED = ["default", "betas", "token", "init", "best"]
+# One extract part per generation shard (2,000 sequences, ~2.6 GB of states): offline epoch plans
+# then draw the same batches as online ones (tasks/draft/online.py), so SpecForge's draft sees
+# exactly the batches ours do (run 8, with two parts a shard: 678 steps offline, 657 online).
+RECIPE_EXTRACT = "extract.part_bytes=8589934592"
+RECIPE_GATE = ("gate.breakeven_accept_lengths=[]", 'gate.incumbent="off"')  # quoted: YAML reads off as false
+RECIPE_ROOT = "recipe-"  # NODE/recipe-<variant>
+
+
+def recipe_gate_sets(challengers: dict[str, Path]) -> list[str]:
+    """The recipe gate's --set overrides: `challengers` (name -> exported draft folder) measured
+    beside the candidate at num_steps 3, never promoted."""
+    entries = ", ".join(f"{{name: {name}, path: {path}, num_steps: 3}}" for name, path in challengers.items())
+    return [*RECIPE_GATE, f"gate.challengers=[{entries}]"]
+
+
+SMALL_RUN_REASON = (f"the {node_env.SMALL_RUN_SEQUENCES}-sample draft, promoted by hand as the incumbent to beat: "
+                    "on SmolLM2-135M no draft beats the baseline (real runs 4-7), so no gate promotes one")  # fmt: skip
+
+
+def parse_settings(texts: list[str]) -> list[list[Any]]:
+    """`node start --set SECTION.KEY=VALUE` as [section, key, value] (the value read as YAML, as
+    `eaglescale run --set` reads it): the pipeline process applies them without tasks.config."""
+    import yaml
+
+    out = []
+    for text in texts:
+        key, sep, value = text.partition("=")
+        parts = key.strip().split(".")
+        if not sep or len(parts) != 2 or not all(parts):
+            raise ValueError(f"--set {text!r}: expected SECTION.KEY=VALUE, e.g. train.epochs=2")
+        out.append([parts[0], parts[1], yaml.safe_load(value)])
+    return out
+
+
+def plan_options(skip: list[str], plan: str, variants: list[str] | None, settings: list[list[Any]] | None = None) -> dict[str, Any]:
+    """options.json: what the pipeline leaves out (--skip and the plan's own), the plan, the
+    recipe plan's variants (the default first: it is the gate's candidate, always trained) and
+    the settings of `node start --set` (over the plan's and --skip's)."""
+    options: dict[str, Any] = {"skip": sorted({*skip, *PLANS[plan]}), "plan": plan}
+    if variants:
+        options["variants"] = list(dict.fromkeys(["default", *variants]))
+    if settings:
+        options["settings"] = settings
+    return options
+

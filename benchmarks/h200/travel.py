@@ -1,0 +1,136 @@
+"""What travels from one session to the next (issue 28's run spans sessions, each on a fresh node):
+the regenerated shards and a trained draft, packed on the node in parts small enough for what one
+call brings back through $OUT, and unpacked here into the next payload's run folder
+(`prepare --run-from` / `--draft-from`); what a node's run folder came with (carried.json).
+
+Standard library only: the pipeline process packs them on the node's own Python."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from benchmarks.h200 import node_env
+from benchmarks.h200.node_env import read_json, sha256
+
+
+def carried() -> dict[str, bool]:
+    """What this node's run folder came with from an earlier session (`prepare --run-from` and
+    `--draft-from`), as setup recorded it before any stage ran."""
+    return read_json(node_env.NODE / "carried.json") or {
+        "generation": (node_env.NODE / "src/run/generate/_COMPLETE").is_file(),
+        "draft": (node_env.NODE / "src/run/train/final/config.json").is_file(),
+    }
+
+
+# The run's prompts and regenerated shards, brought back whole once generation is complete, so a
+# later session's run on a fresh node starts from them instead of regenerating (`node receive`
+# carries them in as part of the payload's run folder): in parts of at most this many bytes, and
+# only when all of them fit beside the results in what one call brings back (64 MiB).
+GENERATION_PART_BYTES = 15_000_000
+GENERATION_MAX_BYTES = 45_000_000
+
+
+def collect_generation(out: Path) -> None:
+    """generation.tar.part-NN in `out` (run.json, prompts/, generate/ minus the journals and
+    leases), once generate/_COMPLETE exists and when it fits (GENERATION_MAX_BYTES)."""
+    run, packed = node_env.NODE / "run", node_env.NODE / "generation.tar"
+    if not (run / "generate/_COMPLETE").is_file() or carried()["generation"]:
+        return  # not complete yet, or carried in by the payload (`prepare --run-from`): this session has it
+    if not packed.is_file():
+        partial = packed.with_suffix(".partial")
+        with tarfile.open(partial, "w") as tar:
+            tar.add(run / "run.json", "run/run.json")
+            tar.add(run / "prompts", "run/prompts")
+            tar.add(run / "generate", "run/generate",
+                    filter=lambda t: None if "/journal" in t.name or "/leases" in t.name else t)  # fmt: skip
+        partial.replace(packed)
+    size = packed.stat().st_size
+    if size > GENERATION_MAX_BYTES:
+        (out / "generation.txt").write_text(f"generation.tar is {size} bytes: more than one call brings back\n")
+        return
+    with packed.open("rb") as f:
+        for k in range(-(-size // GENERATION_PART_BYTES)):
+            (out / f"generation.tar.part-{k:02d}").write_bytes(f.read(GENERATION_PART_BYTES))
+
+
+def unpack_generation(packed: Path, dest: Path) -> Path:
+    """An earlier session's generation.tar (what `node wait` brought back, its parts joined:
+    run.json, prompts/, generate/ without journals and leases) unpacked as dest/run, which it
+    returns; refused, naming the file, unless every member lies under run/ and its generation
+    is complete (a node that finds generate/_COMPLETE does not regenerate: Pipeline.generated)."""
+    with tarfile.open(packed) as tar:
+        names = tar.getnames()
+        outside = [n for n in names if n.split("/")[0] != "run"]
+        if outside:
+            raise ValueError(f"{packed}: members outside run/ ({outside[:3]}): not a generation.tar of `node wait`")
+        if "run/generate/_COMPLETE" not in names:
+            raise ValueError(f"{packed}: no run/generate/_COMPLETE in it: its generation was not complete")
+        tar.extractall(dest, filter="data")
+    return dest / "run"
+
+
+DRAFT_PART_BYTES = 15_000_000  # the drafts that come back (`node drafts K`), in parts of this many bytes
+DRAFT_PARTS_PER_CALL = 4  # 60 MB: what one call brings back (8 files, 64 MiB together)
+
+
+def pack_parts(members: dict[str, Path], index: dict[str, Any]) -> dict[str, Any]:
+    """`members` (name in the tar -> file or folder) as NODE/drafts/drafts.tar.part-NN of
+    DRAFT_PART_BYTES each and index.json (`index` with the parts, the whole's sha256 and bytes):
+    what `node drafts K` returns. Returns the index."""
+    folder, packed = node_env.NODE / "drafts", node_env.NODE / "drafts.tar"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    with tarfile.open(packed, "w") as tar:
+        for name, path in members.items():
+            tar.add(path, name)
+    parts = []
+    with packed.open("rb") as f:
+        while data := f.read(DRAFT_PART_BYTES):
+            parts.append(f"drafts.tar.part-{len(parts):02d}")
+            (folder / parts[-1]).write_bytes(data)
+    index = {**index, "parts": parts, "sha256": sha256(packed), "bytes": packed.stat().st_size}
+    (folder / "index.json").write_text(json.dumps(index, indent=1))
+    packed.unlink()
+    return index
+
+
+def node_drafts(k: int) -> int:
+    """Parts DRAFT_PARTS_PER_CALL*k onwards of the drafts the recipe plan packed (NODE/drafts),
+    and their index.json, into $OUT. Here: `cat DIR*/drafts.tar.part-* > drafts.tar`, checked
+    against index.json's sha256."""
+    out = node_env.out_dir()
+    index = read_json(node_env.NODE / "drafts/index.json")
+    if index is None:
+        print("node drafts: nothing packed (the recipe plan packs its drafts after its gate, the qwen plans theirs "
+              "once trained)", file=sys.stderr)
+        return 3
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(node_env.NODE / "drafts/index.json", out / "index.json")
+    mine = index["parts"][DRAFT_PARTS_PER_CALL * k : DRAFT_PARTS_PER_CALL * (k + 1)]
+    for name in mine:
+        shutil.copyfile(node_env.NODE / "drafts" / name, out / name)
+    calls = -(-len(index["parts"]) // DRAFT_PARTS_PER_CALL)
+    print(f"node drafts {k}: {mine} of {len(index['parts'])} parts ({calls} calls: node drafts 0..{calls - 1}); "
+          f"drafts {index['drafts']}")  # fmt: skip
+    return 0
+
+
+def unpack_draft(packed: Path, dest: Path) -> Path:
+    """An earlier session's draft (what `node drafts K` brought back, its parts joined: the run's
+    train/ without checkpoints, its draft exported in bf16) unpacked into dest/run/train, which
+    it returns; refused, naming the file, unless every member lies under run/train/ and it holds
+    an exported draft. A node that finds it does not train that draft again."""
+    with tarfile.open(packed) as tar:
+        names = tar.getnames()
+        outside = [n for n in names if not n.startswith("run/train/")]
+        if outside:
+            raise ValueError(f"{packed}: members outside run/train/ ({outside[:3]}): not a draft of `node drafts`")
+        if "run/train/final/config.json" not in names:
+            raise ValueError(f"{packed}: no run/train/final/config.json in it: no exported draft")
+        tar.extractall(dest, filter="data")
+    return dest / "run/train"
