@@ -7,6 +7,7 @@ counts prompt tokens here.
 from __future__ import annotations
 
 import copy
+import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -64,13 +65,32 @@ def load_tokenizer(
         return copy.deepcopy(_cached_tokenizer(key, model_path, model_dir, chat_template, trust_remote_code))
 
 
+# Model types whose tokenizers shipped a broken pre-tokenizer regex, as transformers lists them.
+_MISTRAL_TYPES = {"mistral", "mistral3", "voxtral", "ministral", "pixtral"}
+
+
+def _not_mistral(model_dir: Path) -> dict[str, Any]:
+    """transformers 5 warns that a tokenizer of over 100k tokens from a folder whose config.json
+    names no `transformers_version` (a GGUF conversion writes none, so its bytes do not depend on
+    the version) may carry Mistral's broken regex, and that "this will lead to incorrect
+    tokenization". For another model type that is false (Qwen2.5-Coder's converted tokenizer
+    gives transformers' own GGUF tokenizer's ids, benchmarks/qwen_target_check.py), so the
+    fix is declined for those, and the false warning with it."""
+    try:
+        model_type = json.loads((model_dir / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {} if model_type is None or model_type in _MISTRAL_TYPES else {"fix_mistral_regex": False}
+
+
 def _cached_tokenizer(
     key: tuple[Any, ...], model_path: str, model_dir: Path, chat_template: str | None, trust_remote_code: bool
 ) -> PreTrainedTokenizerBase:
     if key not in _TOKENIZERS:
         try:
             tokenizer = AutoTokenizer.from_pretrained(
-                str(model_dir), local_files_only=True, trust_remote_code=trust_remote_code
+                str(model_dir), local_files_only=True, trust_remote_code=trust_remote_code,
+                **_not_mistral(model_dir),
             )
         except (OSError, ValueError) as e:
             raise TargetError(f"cannot load the tokenizer of {model_path}: {e}") from e
