@@ -63,14 +63,8 @@ def unpack_generation(packed: Path, dest: Path) -> Path:
     run.json, prompts/, generate/ without journals and leases) unpacked as dest/run, which it
     returns; refused, naming the file, unless every member lies under run/ and its generation
     is complete (a node that finds generate/_COMPLETE does not regenerate: Pipeline.generated)."""
-    with tarfile.open(packed) as tar:
-        names = tar.getnames()
-        outside = [n for n in names if n.split("/")[0] != "run"]
-        if outside:
-            raise ValueError(f"{packed}: members outside run/ ({outside[:3]}): not a generation.tar of `node wait`")
-        if "run/generate/_COMPLETE" not in names:
-            raise ValueError(f"{packed}: no run/generate/_COMPLETE in it: its generation was not complete")
-        tar.extractall(dest, filter="data")
+    _unpack(packed, dest, "run/", "not a generation.tar of `node wait`",
+            "run/generate/_COMPLETE", "its generation was not complete")  # fmt: skip
     return dest / "run"
 
 
@@ -125,12 +119,19 @@ def unpack_draft(packed: Path, dest: Path) -> Path:
     train/ without checkpoints, its draft exported in bf16) unpacked into dest/run/train, which
     it returns; refused, naming the file, unless every member lies under run/train/ and it holds
     an exported draft. A node that finds it does not train that draft again."""
+    _unpack(packed, dest, "run/train/", "not a draft of `node drafts`",
+            "run/train/final/config.json", "no exported draft")  # fmt: skip
+    return dest / "run/train"
+
+
+def _unpack(packed: Path, dest: Path, under: str, not_ours: str, required: str, incomplete: str) -> None:
+    """`packed` extracted into dest, once every member lies under `under` and `required` is
+    among them; else ValueError naming the file and what is wrong, with nothing extracted."""
     with tarfile.open(packed) as tar:
         names = tar.getnames()
-        outside = [n for n in names if not n.startswith("run/train/")]
+        outside = [n for n in names if not (n + "/").startswith(under)]
         if outside:
-            raise ValueError(f"{packed}: members outside run/train/ ({outside[:3]}): not a draft of `node drafts`")
-        if "run/train/final/config.json" not in names:
-            raise ValueError(f"{packed}: no run/train/final/config.json in it: no exported draft")
+            raise ValueError(f"{packed}: members outside {under} ({outside[:3]}): {not_ours}")
+        if required not in names:
+            raise ValueError(f"{packed}: no {required} in it: {incomplete}")
         tar.extractall(dest, filter="data")
-    return dest / "run/train"
