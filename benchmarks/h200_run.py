@@ -100,8 +100,8 @@ The sessions, in order:
    watched training gets the session after payload and setup; the agreement check runs again beside
    it). If train-fit.json's pace says ~680 steps cannot fit even then, train fewer (`node start
    --set train.epochs=2`) and report it: a checkpoint (1.27 GB with its optimizer state) does not
-   travel. qwen-gate also trains a draft when none came, but its training is not watched: --budget
-   does not bound it.
+   travel. qwen-gate trains a draft when none came, watched the same way, and gates it only if it
+   finished (else status.json says the gate was skipped and why).
 3. qwen-gate (--run-from, --draft-from): the decision. The carried draft replayed, then one server
    at a time: the baseline, num_steps 3 and the topk point (3 steps, topk 4), twice each, and the
    break-even at num_steps 3 (accept lengths 1.5, 2.0, 2.5, one launch each): 9 launches.

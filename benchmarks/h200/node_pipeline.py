@@ -551,34 +551,51 @@ class Pipeline:
         if not self.done_before("agreement"):
             self.note("agreement", "running")  # transformers' greedy decoding: a sliver of the GPU
             agreement = self.py([str(node_env.RUNNER), "node", "agreement"], "agreement", wait=False)
+        self.train_watched(env)
+        if agreement is not None:
+            code = agreement.wait()
+            self.note("agreement", "done" if code == 0 else "failed-part", f"exit {code}")
+        self.export_and_pack(env)
+
+    def train_watched(self, env: dict[str, str]) -> None:
+        """The full draft trained online while its measured pace says it ends in the session
+        (`node train-watched`, against `node start --budget`); else stopped at its first
+        checkpoint, train-fit.json saying so."""
         if not self.done_before("train-watched"):
             self.note("train-watched", "running")
             watched = [str(node_env.RUNNER), "node", "train-watched"]
             self.optional(lambda: self.py(watched, "train-draft", env), "train-watched", mark=True)
             self.save_measure("train_fit", read_json(node_env.NODE / "train-fit.json"))
-        if agreement is not None:
-            code = agreement.wait()
-            self.note("agreement", "done" if code == 0 else "failed-part", f"exit {code}")
-        if (read_json(node_env.NODE / "train-fit.json") or {}).get("finished"):
-            if not self.done_before("train"):
-                self.stage("train", env=env)  # resumes at its last step: exports, records the stage
-            if not self.done_before("draft-pack"):
-                self.optional(self.pack_run_draft, "draft-pack", mark=True)
+
+    def export_and_pack(self, env: dict[str, str]) -> bool:
+        """A watched draft that finished: exported by the train stage (it resumes at its last
+        step) and packed to travel (`node drafts K`). False when it did not finish."""
+        if not (read_json(node_env.NODE / "train-fit.json") or {}).get("finished"):
+            return False
+        if not self.done_before("train"):
+            self.stage("train", env=env)
+        if not self.done_before("draft-pack"):
+            self.optional(self.pack_run_draft, "draft-pack", mark=True)
+        return True
 
     def qwen_gate(self) -> None:
         """The "qwen-gate" plan (PLANS): the gate that decides, on the carried draft, at num_steps
         3 and the topk point, with the break-even at num_steps 3 (PLAN_SETTINGS). A run that came
-        without a draft trains it first (the profile's recipe, or `node start --set`'s) and packs
-        it for the next session before the gate, so that `node drafts K` can fetch it while the
-        gate runs."""
+        without a draft trains it first, watched as qwen-generate's is, and packs it for the next
+        session before the gate, so that `node drafts K` can fetch it while the gate runs; a draft
+        that would not finish in the session stops at its first checkpoint, and no gate runs."""
         self.setup()
         self.write_params()
         self.generate_once(reference=False)  # only a run that came without its generation (a rehearsal's)
         if not carried()["draft"]:
-            if not self.done_before("train"):
-                self.stage("train", env=self.trainer_env())
-            if not self.done_before("draft-pack"):
-                self.optional(self.pack_run_draft, "draft-pack", mark=True)
+            env = self.trainer_env()
+            self.train_watched(env)
+            if not self.export_and_pack(env):
+                why = ("the draft did not finish in this session (train-fit.json): qwen-generate with --run-from "
+                       "trains it next" if read_json(node_env.NODE / "train-fit.json")
+                       else "no draft: its training failed (logs/train-draft.log)")  # fmt: skip
+                self.note("gate", "skipped", why)
+                return
         if not self.done_before("gate"):
             self.stage("gate", *(("gate.engine=emulated",) if node_env.REHEARSAL else ()))
 
