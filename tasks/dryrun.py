@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 from typing import Any
 
 import fsspec
 
 from tasks.config import EagleScaleConfig
+from tasks.extract.sizes import bytes_per_token, free_bytes_at, human_bytes
 from tasks.redaction import redact_url
 from tasks.runfolder import RunFolder, ShardStore
 from tasks.runfolder.layout import (
@@ -26,16 +26,6 @@ from tasks.runfolder.layout import (
     TRAIN_RESULT,
     stage_clock_key,
 )
-
-_UNITS = ("B", "kB", "MB", "GB", "TB", "PB")
-
-
-def _human(n: float) -> str:
-    for unit in _UNITS:
-        if abs(n) < 1000 or unit == _UNITS[-1]:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    raise AssertionError("unreachable")
 
 
 def _existing_run(cfg: EagleScaleConfig) -> RunFolder | None:
@@ -51,13 +41,6 @@ def _hidden_size(model_path: str) -> int | None:
         return None
     data = json.loads(config.read_text())
     return data.get("hidden_size") or (data.get("text_config") or {}).get("hidden_size")
-
-
-def _bytes_per_token(hidden_size: int, storage_dtype: str) -> int:
-    # As tasks/extract/writer.py::bytes_per_token (3 aux layers + the last, an int32 id and a
-    # uint8 mask), without importing torch for a dry run.
-    states = 4 * hidden_size * 2 if storage_dtype == "bf16" else 4 * hidden_size + 4 * 4
-    return states + 4 + 1
 
 
 def plan_run(cfg: EagleScaleConfig) -> dict[str, Any]:
@@ -111,20 +94,18 @@ def _disk(cfg: EagleScaleConfig, run: RunFolder | None, prompts: int | None) -> 
     # extract.max_length. The forecast at extraction's start uses the real token counts.
     per_seq = min(cfg.discover.max_prompt_tokens + cfg.sampling.max_new_tokens + 1, ex.max_length)
     tokens = prompts * cfg.sampling.samples_per_prompt * per_seq
-    per_token = _bytes_per_token(hidden, ex.storage_dtype)
+    per_token = bytes_per_token(hidden, ex.storage_dtype)
     total = tokens * per_token
     if ex.quota_bytes is not None:
         limit, name = ex.quota_bytes, "extract.quota_bytes"
     elif run is None or run.is_local:
-        path = Path(cfg.run_root)
-        while not path.exists() and path != path.parent:
-            path = path.parent
-        limit, name = shutil.disk_usage(path).free, f"free space at {path}"
+        limit, path = free_bytes_at(Path(cfg.run_root))
+        name = f"free space at {path}"
     else:
         limit, name = None, "none known (object store without extract.quota_bytes)"
     fits = limit is None or total <= limit
-    summary = (f"at most {_human(total)} ({tokens:,} tokens × {per_token:,} B/token, {ex.storage_dtype}, "
-               f"hidden size {hidden}); limit: {_human(limit) if limit is not None else name}"
+    summary = (f"at most {human_bytes(total)} ({tokens:,} tokens × {per_token:,} B/token, {ex.storage_dtype}, "
+               f"hidden size {hidden}); limit: {human_bytes(limit) if limit is not None else name}"
                + ("" if fits else " — does NOT fit: extraction would refuse to start"))  # fmt: skip
     return {"extract_bytes": total, "limit_bytes": limit, "limit": name, "fits": fits, "summary": summary}
 

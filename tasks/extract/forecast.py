@@ -10,29 +10,17 @@ free space of a local destination; an object store without a quota has no known 
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
-from tasks.extract.storage import STAGE, bytes_per_token
+from tasks.extract.sizes import bytes_per_token, free_bytes_at, human_bytes
+from tasks.extract.storage import STAGE
 from tasks.runfolder import RunFolder, ShardStore
 from tasks.runfolder.layout import SHARD_PLAN
-
-_UNITS = ("B", "kB", "MB", "GB", "TB", "PB", "EB")
 
 
 class DiskForecastError(RuntimeError):
     """The extracted data would not fit its destination; the message gives both sizes."""
-
-
-def human_bytes(n: float) -> str:
-    """Decimal units, as disks are sold: 57344 -> '57.3 kB'."""
-    value = float(n)
-    for unit in _UNITS:
-        if abs(value) < 1000 or unit == _UNITS[-1]:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    raise AssertionError("unreachable")
 
 
 def projected_tokens(
@@ -62,12 +50,7 @@ def projected_tokens(
 
 
 def _local_free_bytes(run: RunFolder) -> int | None:
-    if not run.is_local:
-        return None
-    path = Path(run.path(STAGE))
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return shutil.disk_usage(path).free
+    return free_bytes_at(Path(run.path(STAGE)))[0] if run.is_local else None
 
 
 def forecast_extract(

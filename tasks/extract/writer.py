@@ -20,26 +20,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from tasks.extract.safetensors_io import write_safetensors
+from tasks.extract.sizes import AUX_LAYERS, STORAGE_DTYPES, bytes_per_token
 
 if TYPE_CHECKING:
     from tasks.extract.local_capture import CapturedStates
     from tasks.extract.sequences import TrainingSequence
 
 FORMAT_VERSION = "1"
-STORAGE_DTYPES = ("bf16", "fp8_e4m3")
 FP8_MAX = 448.0
-AUX_LAYERS = 3
-
-
-def bytes_per_token(hidden_size: int, storage_dtype: str) -> int:
-    """Stored bytes per token: hidden states (+ fp8 scales) + int32 id + uint8 mask."""
-    if storage_dtype == "bf16":
-        states = (AUX_LAYERS + 1) * hidden_size * 2
-    elif storage_dtype == "fp8_e4m3":
-        states = (AUX_LAYERS + 1) * hidden_size + (AUX_LAYERS + 1) * 4
-    else:
-        raise ValueError(f"storage_dtype must be one of {STORAGE_DTYPES}, got {storage_dtype!r}")
-    return states + 4 + 1
 
 
 def quantize_fp8(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
