@@ -63,6 +63,7 @@ class StageRun:
         self.skipped = False  # the stage found its work already done (its clock keeps the run that did it)
         self._clock_lock = threading.Lock()
         self._beating = threading.Event()
+        self._heart: threading.Thread | None = None
 
     @cached_property
     def tokenizer(self) -> Any:
@@ -105,9 +106,15 @@ class StageRun:
                 except Exception as e:  # a store hiccup: the next beat tries again
                     self.log.warning("%s: stage clock heartbeat failed: %s", self.name, brief(e, 200))
 
-        thread = threading.Thread(target=loop, daemon=True, name=f"{self.name}-clock")
-        thread.start()
-        return thread
+        self._heart = threading.Thread(target=loop, daemon=True, name=f"{self.name}-clock")
+        self._heart.start()
+        return self._heart
+
+    def stop_beating(self) -> None:
+        """End the heartbeat `beat` started, before the clock's last write."""
+        self._beating.set()
+        if self._heart is not None:
+            self._heart.join()
 
 
 @contextmanager
@@ -121,16 +128,14 @@ def stage_run(config: EagleScaleConfig, name: str) -> Iterator[StageRun]:
             stage.log.info("%s: removed %d temp files left by interrupted writes: %s", name, len(stray), brief(stray, 200))
         prior = stage.run.read_json(stage_clock_key(name))
         stage.clock("running", prior)
-        heart = stage.beat(prior)
+        stage.beat(prior)
         try:
             yield stage
         except BaseException as e:
-            stage._beating.set()
-            heart.join()
+            stage.stop_beating()
             stage.clock("failed", prior, f"{type(e).__name__}: {e}"[:500])
             raise
-        stage._beating.set()
-        heart.join()
+        stage.stop_beating()
         skipped = stage.skipped or bool((stage.summary or {}).get("skipped"))
         if skipped and prior and prior.get("state") == "completed":
             # A stage that found its work done keeps the times of the run that did it, and

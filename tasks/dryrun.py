@@ -67,8 +67,9 @@ def plan_run(cfg: EagleScaleConfig) -> dict[str, Any]:
     for stage in cfg.stages:
         clock = run.read_json(stage_clock_key(stage)) if run else None
         plan["done"][stage] = (clock or {}).get("state", "not started")
-    if run is not None and run.exists(TRAIN_RESULT):
-        plan["done"]["train"] = f"{plan['done'].get('train')} ({run.read_json(TRAIN_RESULT).get('steps')} steps)"
+    train_result = run.read_json(TRAIN_RESULT) if run else None
+    if train_result is not None:
+        plan["done"]["train"] = f"{plan['done'].get('train')} ({train_result.get('steps')} steps)"
     if run is not None and run.exists(GATE_DONE):
         plan["done"]["gate"] = "decided"
     e = cfg.engine

@@ -26,6 +26,7 @@ import fsspec
 from tasks.discover.commit import discovery_marker, read_prompts_table
 from tasks.generate.shard import STAGE
 from tasks.runfolder import CorruptShard, RunFolder, ShardStore
+from tasks.runfolder.layout import SHARD_PLAN
 
 EXIT_OK, EXIT_FAILED, EXIT_MISSING = 0, 1, 2
 
@@ -40,10 +41,12 @@ def export_conversations(run: RunFolder, out: str) -> dict[str, Any]:
     }
     store = ShardStore(run, STAGE)
     markers = store.committed()
-    plan = run.read_json("prompts/shards.json") or {}
+    plan = run.read_json(SHARD_PLAN) or {}
     counts = {"conversations": 0, "shards": len(markers), "shards_planned": len(plan.get("shards", [])),
               "finish_length": 0, "complete": store.is_complete()}  # fmt: skip
     fs, path = fsspec.core.url_to_fs(out)
+    if fs.isdir(path):  # before every shard is read and written
+        raise IsADirectoryError(f"{out} is a folder; give a file name")
     tmp = f"{path}.partial"
     with fs.open(tmp, "w", encoding="utf-8") as f:
         for _, marker in sorted(markers.items()):
@@ -56,8 +59,6 @@ def export_conversations(run: RunFolder, out: str) -> dict[str, Any]:
                 f.write(json.dumps(line, ensure_ascii=False) + "\n")
                 counts["conversations"] += 1
                 counts["finish_length"] += row["finish_reason"] == "length"
-    if fs.exists(path) and fs.isdir(path):
-        raise IsADirectoryError(f"{out} is a folder; give a file name")
     fs.mv(tmp, path)
     return counts
 
@@ -71,12 +72,13 @@ def export_data_main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", metavar="OUT.jsonl", help="file to write (local path or fsspec URL)")
     args = parser.parse_args(argv)
     run_fs, root = fsspec.core.url_to_fs(args.run_root)
-    if not run_fs.exists(root) or discovery_marker(RunFolder(args.run_root)) is None:
+    run = RunFolder(args.run_root) if run_fs.exists(root) else None  # a local RunFolder mkdirs
+    if run is None or discovery_marker(run) is None:
         print(f"eaglescale export-data: {args.run_root} holds no committed prompts (no run, or "
               "discovery has not finished)", file=sys.stderr)  # fmt: skip
         return EXIT_MISSING
     try:
-        counts = export_conversations(RunFolder(args.run_root), args.out)
+        counts = export_conversations(run, args.out)
     except (CorruptShard, IsADirectoryError) as e:
         print(f"eaglescale export-data: {e}", file=sys.stderr)
         return EXIT_FAILED

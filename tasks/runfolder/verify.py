@@ -23,17 +23,22 @@ import fsspec
 from tasks.runfolder.folder import TMP_PREFIX, RunFolder
 from tasks.runfolder.layout import (
     DISCOVERY_MARKER,
+    GATE_DONE,
+    SHARD_PLAN,
+    STAGE_CLOCKS,
+    TRAIN_BEST,
     TRAIN_CHECKPOINTS,
+    TRAIN_DATA,
     TRAIN_FINAL,
     TRAIN_FINAL_SPECULATORS,
+    TRAIN_RESULT,
 )
 from tasks.runfolder.shards import ShardStore, redo_hint, sha256_hex
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_MISSING = 0, 1, 2
 SHARD_STAGES = ("generate", "extract")
 # JSON files a stage writes whole and reads back (a torn one fails the reader).
-RECORDS = ("run.json", "prompts/shards.json", "train/best.json", "train/data.json",
-           "train/result.json", "gate/_SUCCESS.json")  # fmt: skip
+RECORDS = ("run.json", SHARD_PLAN, TRAIN_BEST, TRAIN_DATA, TRAIN_RESULT, GATE_DONE)
 
 
 @dataclass(frozen=True)
@@ -53,14 +58,27 @@ def _json(run: RunFolder, rel: str, fix: str, problems: list[Problem]) -> Any | 
         return None
 
 
+def _sha256(
+    run: RunFolder, rel: str, sha: Any, against: str, fix: str, problems: list[Problem]
+) -> None:
+    """A problem for `rel` when it is missing or its sha256 is not `sha`, as `against` records."""
+    try:
+        ok = sha256_hex(run.read_bytes(rel)) == sha
+    except FileNotFoundError:
+        problems.append(Problem(rel, "missing", fix))
+        return
+    if not ok:
+        problems.append(Problem(rel, f"sha256 does not match {against}", fix))
+
+
 def _records(run: RunFolder, problems: list[Problem]) -> None:
     for rel in RECORDS:
         _json(run, rel, "restore it, or delete it and run the stage that writes it again", problems)
-    for stage in ("generate", "extract"):
+    for stage in SHARD_STAGES:
         _json(run, f"{stage}/_COMPLETE", f"delete it and resume: the {stage} stage writes it again", problems)
-    for name in run.listdir("stages"):
+    for name in run.listdir(STAGE_CLOCKS):
         if not name.startswith(TMP_PREFIX):
-            _json(run, f"stages/{name}", "delete it: the stage writes its clock again when it runs", problems)
+            _json(run, f"{STAGE_CLOCKS}/{name}", "delete it: the stage writes its clock again when it runs", problems)
 
 
 def _shards(run: RunFolder, stage: str, problems: list[Problem]) -> int:
@@ -88,13 +106,7 @@ def _prompts(run: RunFolder, problems: list[Problem]) -> None:
     marker = _json(run, DISCOVERY_MARKER, fix, problems)
     for name, entry in ((marker or {}).get("files") or {}).items():
         rel = entry.get("path") or f"prompts/{name}.parquet"
-        try:
-            ok = sha256_hex(run.read_bytes(rel)) == entry.get("sha256")
-        except FileNotFoundError:
-            problems.append(Problem(rel, "missing", fix))
-            continue
-        if not ok:
-            problems.append(Problem(rel, "sha256 does not match prompts/_SUCCESS.json", fix))
+        _sha256(run, rel, entry.get("sha256"), DISCOVERY_MARKER, fix, problems)
 
 
 def _checkpoints(run: RunFolder, problems: list[Problem]) -> int:
@@ -107,13 +119,7 @@ def _checkpoints(run: RunFolder, problems: list[Problem]) -> int:
             continue
         checked += 1
         for file, sha in (meta.get("sha256") or {}).items():
-            try:
-                ok = sha256_hex(run.read_bytes(f"{folder}/{file}")) == sha
-            except FileNotFoundError:
-                problems.append(Problem(f"{folder}/{file}", "missing", fix))
-                continue
-            if not ok:
-                problems.append(Problem(f"{folder}/{file}", "sha256 does not match its meta.json", fix))
+            _sha256(run, f"{folder}/{file}", sha, "its meta.json", fix, problems)
     return checked
 
 

@@ -37,8 +37,8 @@ from tasks.runfolder.layout import (
 )
 
 DEFAULT_STALL_AFTER_S = 900.0
-DEFAULT_LEASE_TTL_S = 120.0
-STOPPED_AFTER_BEATS = 4  # missed clock heartbeats after which a running stage reads as stopped  # for lease records that do not carry their holder's TTL
+DEFAULT_LEASE_TTL_S = 120.0  # for lease records that do not carry their holder's TTL
+STOPPED_AFTER_BEATS = 4  # missed clock heartbeats after which a running stage reads as stopped
 
 
 class StatusError(RuntimeError):
