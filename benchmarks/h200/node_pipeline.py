@@ -34,6 +34,7 @@ from benchmarks.h200.plans import (
     RECIPE_VARIANTS,
     SKIPPABLE,
     SMALL_RUN_REASON,
+    contender_name,
     recipe_gate_sets,
 )
 from benchmarks.h200.travel import carried, pack_parts
@@ -648,7 +649,7 @@ class Pipeline:
         SpecForge's draft, as drafts.tar in parts of DRAFT_PART_BYTES under NODE/drafts, with
         index.json (the drafts, the parts, the whole's sha256): what `node drafts K` returns."""
         ours = {n: p for n, p in finals.items() if n != "specforge"}
-        measured = {("default" if c["name"] == "new draft" else c["name"].removeprefix("challenger-")): c["accept_length"]
+        measured = {contender_name(c["name"]): c["accept_length"]
                     for c in ((read_json(gated / "gate/report.json") or {}).get("decision") or {}).get("contenders", [])
                     if c.get("accept_length") is not None}  # fmt: skip
         replayed = {n: r["overall"]["3"]["accept_length"] for n, r in (read_json(node_env.NODE / "recipe-replay.json") or {}).items()
