@@ -263,9 +263,10 @@ class Pipeline:
         sampling as the stage, at the server's concurrency (max-running-requests 256)."""
         self.note("reference", "running")
         self.py([str(node_env.RUNNER), "node", "reference"], "reference")
-        self.measure.update(read_json(node_env.NODE / "reference.json") or {})
+        result = read_json(node_env.NODE / "reference.json")
+        self.measure.update(result or {})
         self.save_measure("reference_done", True)
-        self.note("reference", "done", json.dumps(read_json(node_env.NODE / "reference.json")))
+        self.note("reference", "done", json.dumps(result))
 
     def train(self) -> None:
         """The draft (the train stage without scaling fractions, with its own fallback), then,
@@ -280,7 +281,7 @@ class Pipeline:
         leaves it room."""
         self.note("train-parallel", "running")
         (node_env.NODE / "specforge.stop").unlink(missing_ok=True)  # a restarted pipeline's old one
-        env = {**self.env, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+        env = self.trainer_env()
         main = threading.Thread(target=self.stage, args=("train", "train.scaling_fractions=[]"),
                                 kwargs={"label": "train-draft", "env": env}, daemon=True)  # fmt: skip
         main.start()
@@ -388,7 +389,7 @@ class Pipeline:
             code = agreement.wait()
             self.note("agreement", "done" if code == 0 else "failed-part", f"exit {code}")
         self.train()
-        gate = ["gate.engine=emulated"] if node_env.REHEARSAL else []
+        gate = list(self.emulated)
         if (node_env.NODE / "specforge/draft/config.json").is_file():  # SpecForge's draft, beside ours
             gate.append(f"gate.challengers=[{{name: specforge, path: {node_env.NODE}/specforge/draft, num_steps: 3}}]")
         self.stage("gate", *gate)
@@ -453,11 +454,10 @@ class Pipeline:
             self.stop_server()
         if not self.done_before("train"):
             self.stage("train", "train.hidden_states=online")
-        emulated = ("gate.engine=emulated",) if node_env.REHEARSAL else ()
         if not self.done_before("gate"):
-            self.stage("gate", *LOSSLESS_GATE, *emulated)
+            self.stage("gate", *LOSSLESS_GATE, *self.emulated)
         _link_run(self.run_root, penalty, ["prompts", "generate", "train"])
-        self.optional(lambda: self.stage("gate", *PENALTY_GATE, *emulated, label="gate-penalty", run_root=penalty),
+        self.optional(lambda: self.stage("gate", *PENALTY_GATE, *self.emulated, label="gate-penalty", run_root=penalty),
                       "gate-penalty")  # fmt: skip
 
     def recipe(self) -> None:
@@ -472,7 +472,7 @@ class Pipeline:
             self.start_server()
             self.stage("generate", f"engine.endpoints=[http://127.0.0.1:{node_env.PORT}]")
             self.stop_server()
-        env = {**self.env, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}  # trainers share the GPU (train())
+        env = self.trainer_env()
         roots = {name: node_env.NODE / f"{RECIPE_ROOT}{name}" for name in self.variants}
         self.save_measure("recipe", {"variants": {n: list(RECIPE_VARIANTS[n]) for n in self.variants},
                                      "extract": RECIPE_EXTRACT, "gate": list(RECIPE_GATE)})  # fmt: skip
@@ -508,9 +508,8 @@ class Pipeline:
             self.note("replay-specforge", "running")
             self.optional(lambda: self.py(replay, "replay"), "replay-specforge", mark=True)
         challengers = {n: path for n, path in finals.items() if n != "default"}
-        emulated = ("gate.engine=emulated",) if node_env.REHEARSAL else ()
         if not self.done_before("gate"):  # a failed gate still leaves the replay and the drafts to bring back
-            self.optional(lambda: self.stage("gate", *recipe_gate_sets(challengers), *emulated, run_root=roots["default"]),
+            self.optional(lambda: self.stage("gate", *recipe_gate_sets(challengers), *self.emulated, run_root=roots["default"]),
                           "gate")  # fmt: skip
         self.optional(lambda: self.pack_drafts(finals, roots["default"]), "drafts", mark=True)
 
@@ -532,6 +531,11 @@ class Pipeline:
 
     def trainer_env(self) -> dict[str, str]:
         return {**self.env, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}  # trainers share the GPU (train())
+
+    @property
+    def emulated(self) -> tuple[str, ...]:
+        """The gate's override in a rehearsal: the SGLang emulator (a CPU box has no SGLang)."""
+        return ("gate.engine=emulated",) if node_env.REHEARSAL else ()
 
     def require_carried_draft(self) -> None:
         if not carried()["draft"]:
@@ -598,14 +602,14 @@ class Pipeline:
                 self.note("gate", "skipped", why)
                 return
         if not self.done_before("gate"):
-            self.stage("gate", *(("gate.engine=emulated",) if node_env.REHEARSAL else ()))
+            self.stage("gate", *self.emulated)
 
     def qwen_sweep(self) -> None:
         """The "qwen-sweep" plan (PLANS): the carried draft gated at num_steps 1, 2, 4 and 5."""
         self.setup()
         self.require_carried_draft()
         self.write_params()
-        self.stage("gate", *(("gate.engine=emulated",) if node_env.REHEARSAL else ()))
+        self.stage("gate", *self.emulated)
 
     def qwen_scaling(self) -> None:
         """The "qwen-scaling" plan (PLANS): the data-scaling drafts trained online beside each
@@ -623,7 +627,7 @@ class Pipeline:
             self.save_measure("train_scaling_exit", codes)
             self.py([str(node_env.RUNNER), "node", "scaling"], "train-scaling-index", env)
             self.note("train-scaling", "done" if not any(codes.values()) else "failed-part", json.dumps(codes))
-        self.stage("gate", *(("gate.engine=emulated",) if node_env.REHEARSAL else ()))
+        self.stage("gate", *self.emulated)
 
     def start_anchor(self, env: dict[str, str], vocab: Path, threads: list[threading.Thread]) -> list[subprocess.Popen[bytes]]:
         """The run's root extracted (one part a shard), then, once the default variant has
