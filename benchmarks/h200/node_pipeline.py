@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -374,12 +375,7 @@ class Pipeline:
         """The "full" plan: the real run (benchmarks/h200_run.py's docstring, step 3)."""
         self.setup()
         self.write_params()
-        if not self.done_before("generate") and not self.generated():  # a restart skips the server's start-up (~2 min)
-            self.start_server()
-            if not self.measure.get("reference_done"):
-                self.reference()
-            self.stage("generate", f"engine.endpoints=[http://127.0.0.1:{node_env.PORT}]")
-            self.stop_server()
+        self.generate_once(reference=True)  # a restart skips the server's start-up (~2 min)
         if not self.done_before("extract"):
             # The agreement check (transformers' greedy decoding of 32 prompts: latency-bound,
             # a sliver of the GPU) runs beside extraction rather than before it.
@@ -402,10 +398,7 @@ class Pipeline:
         online, small = node_env.NODE / "run-online", node_env.NODE / "run-1k"
         self.setup()
         self.write_params()
-        if not self.done_before("generate") and not self.generated():
-            self.start_server()
-            self.stage("generate", f"engine.endpoints=[http://127.0.0.1:{node_env.PORT}]")
-            self.stop_server()
+        self.generate_once(reference=False)
         # The run roots beside the run's share what they read by hard links: committed
         # files are never rewritten in place (every write is a new file renamed over).
         _link_run(self.run_root, online, ["prompts", "generate"])
@@ -444,14 +437,14 @@ class Pipeline:
         penalty = node_env.NODE / "run-penalty"
         self.setup()
         self.write_params()
-        if not self.done_before("generate") and not self.generated():
-            self.start_server()
+        probe = [str(node_env.REPO / "benchmarks/sglang_logprob_probe.py"), "--url", f"http://127.0.0.1:{node_env.PORT}",
+                 "--params", str(node_env.NODE / "params.yaml"), "--out", str(node_env.NODE / "recorded")]  # fmt: skip
+
+        def run_probe() -> None:
             self.note("probe", "running")
-            probe = [str(node_env.REPO / "benchmarks/sglang_logprob_probe.py"), "--url", f"http://127.0.0.1:{node_env.PORT}",
-                     "--params", str(node_env.NODE / "params.yaml"), "--out", str(node_env.NODE / "recorded")]  # fmt: skip
             self.optional(lambda: self.py(probe, "probe"), "probe", mark=True)
-            self.stage("generate", f"engine.endpoints=[http://127.0.0.1:{node_env.PORT}]")
-            self.stop_server()
+
+        self.generate_once(reference=False, while_up=run_probe)
         if not self.done_before("train"):
             self.stage("train", "train.hidden_states=online")
         if not self.done_before("gate"):
@@ -468,10 +461,7 @@ class Pipeline:
         come back (`node drafts K`)."""
         self.setup()
         self.write_params()
-        if not self.done_before("generate") and not self.generated():  # a rehearsal's small run generates
-            self.start_server()
-            self.stage("generate", f"engine.endpoints=[http://127.0.0.1:{node_env.PORT}]")
-            self.stop_server()
+        self.generate_once(reference=False)  # a rehearsal's small run generates
         env = self.trainer_env()
         roots = {name: node_env.NODE / f"{RECIPE_ROOT}{name}" for name in self.variants}
         self.save_measure("recipe", {"variants": {n: list(RECIPE_VARIANTS[n]) for n in self.variants},
@@ -513,9 +503,10 @@ class Pipeline:
                           "gate")  # fmt: skip
         self.optional(lambda: self.pack_drafts(finals, roots["default"]), "drafts", mark=True)
 
-    def generate_once(self, reference: bool) -> None:
-        """The generation server, the plain batched request (`reference`), the generate stage,
-        the server stopped: nothing when the run came with its generation or has it already."""
+    def generate_once(self, reference: bool, while_up: Callable[[], None] | None = None) -> None:
+        """The generation server, the plain batched request (`reference`) and `while_up` (what
+        else needs the server before the stage loads it), the generate stage, the server stopped:
+        nothing when the run came with its generation or has it already."""
         import yaml
 
         if self.done_before("generate") or self.generated():
@@ -526,6 +517,8 @@ class Pipeline:
         self.start_server()
         if reference and not self.measure.get("reference_done"):
             self.reference()
+        if while_up is not None:
+            while_up()
         self.stage("generate", f"engine.endpoints=[http://127.0.0.1:{node_env.PORT}]")
         self.stop_server()
 
