@@ -18,19 +18,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tarfile
 from pathlib import Path
 from typing import Any
 
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.real_run_report import Results  # noqa: E402 - after the path set-up
+
 GAP_EDGES = (0.0, 0.0625, 0.125, 0.25, 0.5)
-
-
-def _member(tar: tarfile.TarFile, name: str) -> Any:
-    try:
-        f = tar.extractfile(name)
-    except KeyError:
-        return None
-    return json.load(f) if f else None
 
 
 def rejudge(d: dict[str, Any]) -> str:
@@ -81,13 +77,13 @@ def gate_figures(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def collect(results: Path) -> dict[str, Any]:
-    with tarfile.open(results / "results.tar.gz") as tar:
-        out: dict[str, Any] = {"results": str(results)}
-        for name, member in (("gate", "run/gate/report.json"), ("penalty_gate", "run-penalty/gate/report.json")):
-            report = _member(tar, member)
-            if report is not None:
-                out[name] = gate_figures(report)
-        out["probe"] = _member(tar, "recorded/probe.json")
+    files = Results(results)
+    out: dict[str, Any] = {"results": str(results)}
+    for name, member in (("gate", "run/gate/report.json"), ("penalty_gate", "run-penalty/gate/report.json")):
+        report = files.json(member)
+        if report is not None:
+            out[name] = gate_figures(report)
+    out["probe"] = files.json("recorded/probe.json")
     return out
 
 

@@ -114,11 +114,19 @@ def _config(gate: dict[str, Any] | None, name: str) -> dict[str, Any]:
     return next((c for c in (gate or {}).get("configs", []) if c["name"] == name), {})
 
 
+def _deciding_gate(sessions: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The gate of record: qwen-gate's (the last session of that plan)."""
+    return ({s["plan"]: s for s in sessions}.get(DECIDING_PLAN) or {}).get("gate")
+
+
+def _scaling(sessions: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return next((s["scaling"] for s in sessions if s.get("scaling")), None)
+
+
 def goals(sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    by_plan = {s["plan"]: s for s in sessions}
-    deciding = (by_plan.get(DECIDING_PLAN) or {}).get("gate")
+    deciding = _deciding_gate(sessions)
     gen = next((s["generation"] for s in sessions if s.get("generation")), {})
-    scaling = next((s["scaling"] for s in sessions if s.get("scaling")), None)
+    scaling = _scaling(sessions)
     out = []
     ratio = gen.get("vs_plain_batched_request")
     out.append(_goal("regeneration vs one plain batched request on the same server", f">= {GOAL_REGENERATION}",
@@ -156,11 +164,10 @@ def goals(sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def build(folders: list[Path]) -> dict[str, Any]:
     sessions = [session(f) for f in folders]
-    by_plan = {s["plan"]: s for s in sessions}
-    deciding = (by_plan.get(DECIDING_PLAN) or {}).get("gate")
+    deciding = _deciding_gate(sessions)
     measured_at_3 = {s["plan"]: _config(s.get("gate"), S3).get("accept_length_per_domain")
                      for s in sessions if _config(s.get("gate"), S3)}  # fmt: skip
-    scaling = next((s["scaling"] for s in sessions if s.get("scaling")), None)
+    scaling = _scaling(sessions)
     result = {
         "what": "Qwen2.5-Coder-1.5B-Instruct (its Q4_K_M GGUF from 22 package parts, converted to bf16) on ShareGPT V3 "
                 "+ HumanEval: regenerated, trained online, gated on real SGLang 0.5.14 on one H200, over sessions",

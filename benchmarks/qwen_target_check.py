@@ -70,12 +70,13 @@ def _texts(sharegpt_turns: int) -> tuple[list[str], list[list[dict[str, str]]]]:
 
 
 def compare_tokenizers(ours: Any, theirs: Any, texts: list[str], chats: list[list[dict[str, str]]]) -> dict[str, Any]:
-    ids_differ = [i for i, t in enumerate(texts)
-                  if ours(t, add_special_tokens=False)["input_ids"] != theirs(t, add_special_tokens=False)["input_ids"]]  # fmt: skip
+    mine = [ours(t, add_special_tokens=False)["input_ids"] for t in texts]
+    ids_differ = [i for i, (t, ids) in enumerate(zip(texts, mine, strict=True))
+                  if ids != theirs(t, add_special_tokens=False)["input_ids"]]  # fmt: skip
     render = [i for i, c in enumerate(chats)
               if ours.apply_chat_template(c, add_generation_prompt=True, tokenize=False)
               != theirs.apply_chat_template(c, add_generation_prompt=True, tokenize=False)]  # fmt: skip
-    tokens = sum(len(ours(t, add_special_tokens=False)["input_ids"]) for t in texts)
+    tokens = sum(map(len, mine))
     return {"texts": len(texts), "tokens": tokens, "ids_differ": len(ids_differ), "rendering_differs": len(render),
             "first_differing": [texts[i][:200] for i in ids_differ[:3]], "eos_equal": ours.eos_token == theirs.eos_token}  # fmt: skip
 

@@ -29,20 +29,14 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.online_incumbent_report import train_phases  # noqa: E402 - after the path set-up
+from benchmarks.h200.plans import contender_name  # noqa: E402 - after the path set-up
+from benchmarks.online_incumbent_report import train_phases  # noqa: E402
 from benchmarks.real_run_report import Results  # noqa: E402
 
 ANCHOR = "specforge"
 GOAL_ACCEPT_RATIO = 1.05
 GOAL_STEP_RATIO = 1.2
 NUM_STEPS = "3"
-CANDIDATE = "new draft"  # the gate's name for the run's own draft: the default variant
-CHALLENGER = "challenger-"
-
-
-def contender_name(gate_name: str) -> str:
-    """The recipe variant (or "specforge") a gate contender is."""
-    return "default" if gate_name == CANDIDATE else gate_name.removeprefix(CHALLENGER)
 
 
 def gate_units(report: dict[str, Any], config: str) -> tuple[np.ndarray, np.ndarray]:

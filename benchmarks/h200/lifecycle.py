@@ -108,6 +108,21 @@ RESULT_FILES = (
 )  # fmt: skip
 
 
+# What comes back of the run roots beside the run (the "online-incumbent", "lossless" and "recipe"
+# plans'), besides each root's stage clocks.
+SIBLING_RESULT_FILES = ("run.json", "train/result.json", "train/best.json", "train/data.json", "promoted.json",
+                        "gate/report.json", "gate/report.md", "gate/progress.json", "gate/replay.json")  # fmt: skip
+
+
+def _add_root(tar: tarfile.TarFile, root: Path, rels: tuple[str, ...]) -> None:
+    """`rels` of a run root that exist, and its stage clocks, under the root's name."""
+    for rel in rels:
+        if (root / rel).is_file():
+            tar.add(root / rel, f"{root.name}/{rel}")
+    for path in sorted(root.glob("stages/*.json")):  # each stage's clock
+        tar.add(path, f"{root.name}/{path.relative_to(root)}")
+
+
 def _add_tail(tar: tarfile.TarFile, path: Path, name: str, limit: int) -> None:
     data = path.read_bytes()[-limit:]
     info = tarfile.TarInfo(name)
@@ -128,23 +143,14 @@ def collect_node_results(out: Path) -> None:
     run = node_env.NODE / "run"
     partial = out / "results.tar.gz.partial"  # renamed when whole: a kill never leaves half an archive
     with tarfile.open(partial, "w:gz") as tar:
-        for rel in RESULT_FILES:
-            if (run / rel).is_file():
-                tar.add(run / rel, f"run/{rel}")
+        _add_root(tar, run, RESULT_FILES)
         for path in sorted(run.glob("train/scaling/frac-*/result.json")) + sorted(run.glob("generate/_SUCCESS/*.json")) + sorted(run.glob("extract/_SUCCESS/*.json")):
             tar.add(path, f"run/{path.relative_to(run)}")
-        for path in sorted(run.glob("stages/*.json")):  # each stage's clock
-            tar.add(path, f"run/{path.relative_to(run)}")
-        # The "online-incumbent" and "lossless" plans' run roots beside the run, the replay, the
-        # registry and the probe's recorded answers.
+        # The "online-incumbent", "lossless" and "recipe" plans' run roots beside the run; then the
+        # replay, the registry and the probe's recorded answers.
         recipe = sorted(p.name for p in node_env.NODE.glob(f"{RECIPE_ROOT}*"))  # the recipe plan's variants
         for name in ("run-online", "run-1k", "run-penalty", *recipe):
-            for rel in ("run.json", "train/result.json", "train/best.json", "train/data.json", "promoted.json",
-                        "gate/report.json", "gate/report.md", "gate/progress.json", "gate/replay.json"):  # fmt: skip
-                if (node_env.NODE / name / rel).is_file():
-                    tar.add(node_env.NODE / name / rel, f"{name}/{rel}")
-            for path in sorted((node_env.NODE / name).glob("stages/*.json")):
-                tar.add(path, f"{name}/{path.relative_to(node_env.NODE / name)}")
+            _add_root(tar, node_env.NODE / name, SIBLING_RESULT_FILES)
         for path in [node_env.NODE / "replay-compare.json", node_env.NODE / "recipe-replay.json", node_env.NODE / "drafts/index.json",
                      node_env.NODE / "train-fit.json", node_env.NODE / "carried.json", node_env.NODE / "options.json",
                      *sorted(node_env.NODE.glob("recorded/*.json")), *sorted(node_env.NODE.glob("registry/*.json")),

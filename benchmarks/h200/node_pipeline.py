@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +35,10 @@ from benchmarks.h200.plans import (
     RECIPE_VARIANTS,
     SKIPPABLE,
     SMALL_RUN_REASON,
+    contender_name,
     recipe_gate_sets,
 )
-from benchmarks.h200.travel import carried, pack_parts
+from benchmarks.h200.travel import carried, pack_parts, run_holds
 
 SGLANG = "0.5.14"  # the node's bundle: what the generation server runs
 # The session's device time is the run's hard limit: once eaglescale's drafts are trained,
@@ -203,8 +205,7 @@ class Pipeline:
 
     def _note_carried(self) -> None:
         """carried.json: what the run folder came with, before any stage writes to it."""
-        (node_env.NODE / "carried.json").write_text(json.dumps({
-            "generation": self.generated(), "draft": (self.run_root / "train/final/config.json").is_file()}))  # fmt: skip
+        (node_env.NODE / "carried.json").write_text(json.dumps(run_holds(self.run_root)))
 
     def _resolve_target(self) -> None:
         """The profile's target assembled and converted from its package(s), once (the stages
@@ -262,9 +263,10 @@ class Pipeline:
         sampling as the stage, at the server's concurrency (max-running-requests 256)."""
         self.note("reference", "running")
         self.py([str(node_env.RUNNER), "node", "reference"], "reference")
-        self.measure.update(read_json(node_env.NODE / "reference.json") or {})
+        result = read_json(node_env.NODE / "reference.json")
+        self.measure.update(result or {})
         self.save_measure("reference_done", True)
-        self.note("reference", "done", json.dumps(read_json(node_env.NODE / "reference.json")))
+        self.note("reference", "done", json.dumps(result))
 
     def train(self) -> None:
         """The draft (the train stage without scaling fractions, with its own fallback), then,
@@ -279,7 +281,7 @@ class Pipeline:
         leaves it room."""
         self.note("train-parallel", "running")
         (node_env.NODE / "specforge.stop").unlink(missing_ok=True)  # a restarted pipeline's old one
-        env = {**self.env, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+        env = self.trainer_env()
         main = threading.Thread(target=self.stage, args=("train", "train.scaling_fractions=[]"),
                                 kwargs={"label": "train-draft", "env": env}, daemon=True)  # fmt: skip
         main.start()
@@ -339,7 +341,7 @@ class Pipeline:
     def generated(self) -> bool:
         """The run folder came with its generation complete (`prepare --run-from`): no server, no
         regeneration; the generate stage is never run, so its fingerprint is the carried one."""
-        return (self.run_root / "generate/_COMPLETE").is_file()
+        return run_holds(self.run_root)["generation"]
 
     def done_before(self, step: str) -> bool:
         return self.status["steps"].get(step, {}).get("state") == "done"
@@ -372,12 +374,7 @@ class Pipeline:
         """The "full" plan: the real run (benchmarks/h200_run.py's docstring, step 3)."""
         self.setup()
         self.write_params()
-        if not self.done_before("generate") and not self.generated():  # a restart skips the server's start-up (~2 min)
-            self.start_server()
-            if not self.measure.get("reference_done"):
-                self.reference()
-            self.stage("generate", f"engine.endpoints=[http://127.0.0.1:{node_env.PORT}]")
-            self.stop_server()
+        self.generate_once(reference=True)  # a restart skips the server's start-up (~2 min)
         if not self.done_before("extract"):
             # The agreement check (transformers' greedy decoding of 32 prompts: latency-bound,
             # a sliver of the GPU) runs beside extraction rather than before it.
@@ -387,7 +384,7 @@ class Pipeline:
             code = agreement.wait()
             self.note("agreement", "done" if code == 0 else "failed-part", f"exit {code}")
         self.train()
-        gate = ["gate.engine=emulated"] if node_env.REHEARSAL else []
+        gate = list(self.emulated)
         if (node_env.NODE / "specforge/draft/config.json").is_file():  # SpecForge's draft, beside ours
             gate.append(f"gate.challengers=[{{name: specforge, path: {node_env.NODE}/specforge/draft, num_steps: 3}}]")
         self.stage("gate", *gate)
@@ -400,10 +397,7 @@ class Pipeline:
         online, small = node_env.NODE / "run-online", node_env.NODE / "run-1k"
         self.setup()
         self.write_params()
-        if not self.done_before("generate") and not self.generated():
-            self.start_server()
-            self.stage("generate", f"engine.endpoints=[http://127.0.0.1:{node_env.PORT}]")
-            self.stop_server()
+        self.generate_once(reference=False)
         # The run roots beside the run's share what they read by hard links: committed
         # files are never rewritten in place (every write is a new file renamed over).
         _link_run(self.run_root, online, ["prompts", "generate"])
@@ -442,21 +436,20 @@ class Pipeline:
         penalty = node_env.NODE / "run-penalty"
         self.setup()
         self.write_params()
-        if not self.done_before("generate") and not self.generated():
-            self.start_server()
+        probe = [str(node_env.REPO / "benchmarks/sglang_logprob_probe.py"), "--url", f"http://127.0.0.1:{node_env.PORT}",
+                 "--params", str(node_env.NODE / "params.yaml"), "--out", str(node_env.NODE / "recorded")]  # fmt: skip
+
+        def run_probe() -> None:
             self.note("probe", "running")
-            probe = [str(node_env.REPO / "benchmarks/sglang_logprob_probe.py"), "--url", f"http://127.0.0.1:{node_env.PORT}",
-                     "--params", str(node_env.NODE / "params.yaml"), "--out", str(node_env.NODE / "recorded")]  # fmt: skip
             self.optional(lambda: self.py(probe, "probe"), "probe", mark=True)
-            self.stage("generate", f"engine.endpoints=[http://127.0.0.1:{node_env.PORT}]")
-            self.stop_server()
+
+        self.generate_once(reference=False, while_up=run_probe)
         if not self.done_before("train"):
             self.stage("train", "train.hidden_states=online")
-        emulated = ("gate.engine=emulated",) if node_env.REHEARSAL else ()
         if not self.done_before("gate"):
-            self.stage("gate", *LOSSLESS_GATE, *emulated)
+            self.stage("gate", *LOSSLESS_GATE, *self.emulated)
         _link_run(self.run_root, penalty, ["prompts", "generate", "train"])
-        self.optional(lambda: self.stage("gate", *PENALTY_GATE, *emulated, label="gate-penalty", run_root=penalty),
+        self.optional(lambda: self.stage("gate", *PENALTY_GATE, *self.emulated, label="gate-penalty", run_root=penalty),
                       "gate-penalty")  # fmt: skip
 
     def recipe(self) -> None:
@@ -467,11 +460,8 @@ class Pipeline:
         come back (`node drafts K`)."""
         self.setup()
         self.write_params()
-        if not self.done_before("generate") and not self.generated():  # a rehearsal's small run generates
-            self.start_server()
-            self.stage("generate", f"engine.endpoints=[http://127.0.0.1:{node_env.PORT}]")
-            self.stop_server()
-        env = {**self.env, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}  # trainers share the GPU (train())
+        self.generate_once(reference=False)  # a rehearsal's small run generates
+        env = self.trainer_env()
         roots = {name: node_env.NODE / f"{RECIPE_ROOT}{name}" for name in self.variants}
         self.save_measure("recipe", {"variants": {n: list(RECIPE_VARIANTS[n]) for n in self.variants},
                                      "extract": RECIPE_EXTRACT, "gate": list(RECIPE_GATE)})  # fmt: skip
@@ -507,15 +497,15 @@ class Pipeline:
             self.note("replay-specforge", "running")
             self.optional(lambda: self.py(replay, "replay"), "replay-specforge", mark=True)
         challengers = {n: path for n, path in finals.items() if n != "default"}
-        emulated = ("gate.engine=emulated",) if node_env.REHEARSAL else ()
         if not self.done_before("gate"):  # a failed gate still leaves the replay and the drafts to bring back
-            self.optional(lambda: self.stage("gate", *recipe_gate_sets(challengers), *emulated, run_root=roots["default"]),
+            self.optional(lambda: self.stage("gate", *recipe_gate_sets(challengers), *self.emulated, run_root=roots["default"]),
                           "gate")  # fmt: skip
         self.optional(lambda: self.pack_drafts(finals, roots["default"]), "drafts", mark=True)
 
-    def generate_once(self, reference: bool) -> None:
-        """The generation server, the plain batched request (`reference`), the generate stage,
-        the server stopped: nothing when the run came with its generation or has it already."""
+    def generate_once(self, reference: bool, while_up: Callable[[], None] | None = None) -> None:
+        """The generation server, the plain batched request (`reference`) and `while_up` (what
+        else needs the server before the stage loads it), the generate stage, the server stopped:
+        nothing when the run came with its generation or has it already."""
         import yaml
 
         if self.done_before("generate") or self.generated():
@@ -526,11 +516,18 @@ class Pipeline:
         self.start_server()
         if reference and not self.measure.get("reference_done"):
             self.reference()
+        if while_up is not None:
+            while_up()
         self.stage("generate", f"engine.endpoints=[http://127.0.0.1:{node_env.PORT}]")
         self.stop_server()
 
     def trainer_env(self) -> dict[str, str]:
         return {**self.env, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}  # trainers share the GPU (train())
+
+    @property
+    def emulated(self) -> tuple[str, ...]:
+        """The gate's override in a rehearsal: the SGLang emulator (a CPU box has no SGLang)."""
+        return ("gate.engine=emulated",) if node_env.REHEARSAL else ()
 
     def require_carried_draft(self) -> None:
         if not carried()["draft"]:
@@ -597,14 +594,14 @@ class Pipeline:
                 self.note("gate", "skipped", why)
                 return
         if not self.done_before("gate"):
-            self.stage("gate", *(("gate.engine=emulated",) if node_env.REHEARSAL else ()))
+            self.stage("gate", *self.emulated)
 
     def qwen_sweep(self) -> None:
         """The "qwen-sweep" plan (PLANS): the carried draft gated at num_steps 1, 2, 4 and 5."""
         self.setup()
         self.require_carried_draft()
         self.write_params()
-        self.stage("gate", *(("gate.engine=emulated",) if node_env.REHEARSAL else ()))
+        self.stage("gate", *self.emulated)
 
     def qwen_scaling(self) -> None:
         """The "qwen-scaling" plan (PLANS): the data-scaling drafts trained online beside each
@@ -622,7 +619,7 @@ class Pipeline:
             self.save_measure("train_scaling_exit", codes)
             self.py([str(node_env.RUNNER), "node", "scaling"], "train-scaling-index", env)
             self.note("train-scaling", "done" if not any(codes.values()) else "failed-part", json.dumps(codes))
-        self.stage("gate", *(("gate.engine=emulated",) if node_env.REHEARSAL else ()))
+        self.stage("gate", *self.emulated)
 
     def start_anchor(self, env: dict[str, str], vocab: Path, threads: list[threading.Thread]) -> list[subprocess.Popen[bytes]]:
         """The run's root extracted (one part a shard), then, once the default variant has
@@ -648,7 +645,7 @@ class Pipeline:
         SpecForge's draft, as drafts.tar in parts of DRAFT_PART_BYTES under NODE/drafts, with
         index.json (the drafts, the parts, the whole's sha256): what `node drafts K` returns."""
         ours = {n: p for n, p in finals.items() if n != "specforge"}
-        measured = {("default" if c["name"] == "new draft" else c["name"].removeprefix("challenger-")): c["accept_length"]
+        measured = {contender_name(c["name"]): c["accept_length"]
                     for c in ((read_json(gated / "gate/report.json") or {}).get("decision") or {}).get("contenders", [])
                     if c.get("accept_length") is not None}  # fmt: skip
         replayed = {n: r["overall"]["3"]["accept_length"] for n, r in (read_json(node_env.NODE / "recipe-replay.json") or {}).items()

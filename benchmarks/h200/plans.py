@@ -101,6 +101,14 @@ RECIPE_PLANNED = ["default", "betas", "token", "init", "best"]
 RECIPE_EXTRACT = "extract.part_bytes=8589934592"
 RECIPE_GATE = ("gate.breakeven_accept_lengths=[]", 'gate.incumbent="off"')  # quoted: YAML reads off as false
 RECIPE_ROOT = "recipe-"  # NODE/recipe-<variant>
+# The recipe gate's contender names (tasks.gate.plan.NEW_DRAFT, tasks.gate.contenders.CHALLENGER_PREFIX:
+# spelled out, the pipeline process imports nothing of tasks/).
+RECIPE_CANDIDATE, RECIPE_CHALLENGER = "new draft", "challenger-"
+
+
+def contender_name(gate_name: str) -> str:
+    """The recipe variant (or "specforge") a recipe gate contender is: the candidate is the default."""
+    return "default" if gate_name == RECIPE_CANDIDATE else gate_name.removeprefix(RECIPE_CHALLENGER)
 
 
 def recipe_gate_sets(challengers: dict[str, Path]) -> list[str]:

@@ -18,13 +18,15 @@ from benchmarks.h200 import node_env
 from benchmarks.h200.node_env import read_json, sha256
 
 
+def run_holds(run: Path) -> dict[str, bool]:
+    """What a run folder holds of what travels: its generation complete, an exported draft."""
+    return {"generation": (run / "generate/_COMPLETE").is_file(), "draft": (run / "train/final/config.json").is_file()}
+
+
 def carried() -> dict[str, bool]:
     """What this node's run folder came with from an earlier session (`prepare --run-from` and
     `--draft-from`), as setup recorded it before any stage ran."""
-    return read_json(node_env.NODE / "carried.json") or {
-        "generation": (node_env.NODE / "src/run/generate/_COMPLETE").is_file(),
-        "draft": (node_env.NODE / "src/run/train/final/config.json").is_file(),
-    }
+    return read_json(node_env.NODE / "carried.json") or run_holds(node_env.NODE / "src/run")
 
 
 # The run's prompts and regenerated shards, brought back whole once generation is complete, so a
