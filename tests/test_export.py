@@ -105,6 +105,40 @@ def test_sglang_round_trip_gives_identical_logits(draft: Eagle3Draft, embed: tor
     assert_same_model(draft, load_exported(out, embed))
 
 
+def specforge_shaped(out: Path) -> None:
+    """Rewrite an SGLang export's config.json the way SpecForge 0.2.0's exporter writes one: its
+    LlamaConfig through transformers' save_pretrained (which writes `dtype`, not `torch_dtype`,
+    and rope as `rope_parameters`), no `target_hidden_size`, then its legacy-rope fix-up putting
+    `rope_theta` back at the top level."""
+    from transformers import LlamaConfig
+
+    ours = json.loads((out / "config.json").read_text())
+    kept = {k: v for k, v in ours.items() if k not in ("target_hidden_size", "torch_dtype", "eaglescale", "architectures")}
+    LlamaConfig(**kept, dtype=ours["torch_dtype"], architectures=ours["architectures"]).save_pretrained(out)
+    config = json.loads((out / "config.json").read_text())
+    config["rope_theta"] = config["rope_parameters"]["rope_theta"]
+    (out / "config.json").write_text(json.dumps(config))
+
+
+def test_specforge_shaped_export_loads_as_sglang_reads_it(draft: Eagle3Draft, embed: torch.Tensor, tmp_path: Path) -> None:
+    """Run 10 lost SpecForge's replay to a reader stricter than SGLang: a draft without
+    target_hidden_size and with transformers 5's `dtype` serves on SGLang, so it loads here."""
+    out = export_sglang(draft, tmp_path / "final", expected_aux_layer_ids=AUX)
+    specforge_shaped(out)
+    config = json.loads((out / "config.json").read_text())
+    assert "target_hidden_size" not in config and "torch_dtype" not in config and config["dtype"] == "float32"
+    assert_same_model(draft, load_exported(out, embed))
+
+
+def test_specforge_shaped_export_still_checked_against_its_dtype(draft: Eagle3Draft, embed: torch.Tensor, tmp_path: Path) -> None:
+    out = export_sglang(draft, tmp_path / "final")
+    specforge_shaped(out)
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
+    with pytest.raises(ExportError, match=r"fc.weight has dtype torch.float32, expected torch.bfloat16"):
+        load_exported(out, embed)
+
+
 def test_speculators_round_trip_gives_identical_logits(
     draft: Eagle3Draft, embed: torch.Tensor, tiny_target_dir: Path, tmp_path: Path
 ) -> None:

@@ -47,6 +47,7 @@ from tasks.draft.export_checks import (
     FLOAT_DTYPES,
     SGLANG_ARCHITECTURE,
     ExportError,
+    as_sglang_reads,
     check_sglang_export,
     dtype_name,
     from_speculators,
@@ -353,7 +354,7 @@ def read_exported(source: str | Path) -> tuple[dict[str, Any], dict[str, torch.T
         config, weights = from_speculators(config, weights)
         fmt = "speculators"
     else:
-        fmt = "sglang"
+        config, fmt = as_sglang_reads(config, weights), "sglang"
     check_sglang_export(weights, config, where=where)
     return config, weights, fmt
 

@@ -161,6 +161,22 @@ def _shape_hint(name: str, shape: tuple[int, ...], config: Mapping[str, Any]) ->
     return ""
 
 
+def as_sglang_reads(config: Mapping[str, Any], weights: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """A draft's config.json with the two fields SGLang can do without filled in as SGLang fills
+    them, for checking and loading a draft another trainer wrote. `target_hidden_size`: SGLang's
+    LlamaForCausalLMEagle3 falls back to `hidden_size`. `torch_dtype`: transformers >= 5's
+    save_pretrained writes it as `dtype` (SpecForge 0.2.0's exporter saves through it, so its
+    drafts carry `dtype` only); with neither, the weights' own float dtype. Our exporter writes
+    both, so this changes nothing of ours."""
+    out = dict(config)
+    if out.get("target_hidden_size") is None and out.get("hidden_size") is not None:
+        out["target_hidden_size"] = out["hidden_size"]
+    if out.get("torch_dtype") is None:
+        floats = [t.dtype for t in weights.values() if t.is_floating_point()]
+        out["torch_dtype"] = out.get("dtype") or (dtype_name(floats[0]) if floats else None)
+    return out
+
+
 def check_sglang_export(
     weights: Mapping[str, torch.Tensor],
     config: Mapping[str, Any],
