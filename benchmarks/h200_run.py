@@ -54,24 +54,28 @@ its device time on training and the gate:
     python3 benchmarks/h200_run.py node drafts K        # K = 0, 1, ...: the best of ours and SpecForge's
     .venv/bin/python benchmarks/recipe_ab_report.py DIR # here: recipe-ab.json, the issue's table
 
-Five variants (RECIPE_PLANNED: default, betas, token, init, best) train side by side, online, in
-run roots beside the run's; SpecForge's draft trains on the run's extracted states beside them;
-every draft is replayed on the same held-out sequences; one gate on real SGLang (num_steps 3, 24
-prompts, 2 launches each) measures the default variant as the candidate and every other draft as a
-challenger. From runs 8 and 9: setup ~45 s; training ~650 s (one online draft took 225-320 s
-alone; the full draft beside three or four trainers ran at 1.3-1.45x its time alone in runs 4-7;
-SpecForge, started after the ~100 s extraction, 474 s beside four in run 4); replay ~12 s a draft,
-beside SpecForge; the gate's 14 launches in two waves ~440 s (run 9: 15 in 404 s): about 21
-minutes with ~100 s of payload calls. `node start --variant NAME` (repeatable) trains the default
-and the named variants instead: `--variant freeze --variant noise` in a later session measures the
-two left out here (seven online trainers at ~18 GiB each, run 9's peak, and SpecForge's beside
-them would not fit the GPU's 139 GiB, and their training and launches would eat the margin).
+The planned variants (RECIPE_PLANNED: default, epochs4) train side by side, online, in run roots
+beside the run's; SpecForge's draft trains on the run's extracted states beside them; every draft
+is replayed on the same held-out sequences; one gate on real SGLang (num_steps 3, 24 prompts, 2
+launches each) measures the default variant as the candidate and every other draft as a
+challenger. Run 10 (five variants) measured what this costs: setup 47 s; five online trainers
+side by side 1,424 s, about the sum of their times alone (~285 s each: the GPU time-slices the
+processes, so running them together gains nothing), the extraction beside them 451 s (~100 s
+alone), SpecForge 705 s (564 s of steps) from 773 s in; replay ~4 s a draft after a 13 s capture;
+the gate (run 9: 15 launches in 404 s, ~27 s a launch) never started in time. Estimate for the
+plan now (device seconds of work on one GPU, conservative): default 285 + epochs4 380 +
+extraction 100 + SpecForge ~330 = ~1,100 s of training, then replay ~30 s and the gate's 8
+launches (baseline, default, epochs4, SpecForge, 2 each) ~250 s; with ~40 s of payload calls and
+setup ~47 s: ~1,470 s of the session's 1,800. `node start --variant NAME` (repeatable) trains the
+default and the named variants instead (RECIPE_VARIANTS: betas95, token, init, freeze, noise,
+epochs4); each costs ~285 s (epochs4 ~380 s) and two launches (~55 s), so a third does not fit a
+session: name the one to measure in epochs4's place.
 
 Issue 28: Qwen2.5-Coder-1.5B-Instruct (deployments/params/qwen25-coder.yaml), a run no session
 holds. Every session starts on a bare node, so every payload carries the target again: the SGLang
 bundle (112 MB), the other wheels (~33 MB), the run folder (~2 MB of prompts, as SmolLM2's) and the
 target's 22 part wheels (1.09 GB, 48-52 MB each), ~1.24 GB in ~25 parts of PART_BYTES (50 MB): ~25
-calls, ~8.5 minutes at run 9's ~20 s a call. What a session makes travels to the next through $OUT:
+calls, 4-10 minutes at 6-20 s a call (runs 9 and 10). What a session makes travels to the next through $OUT:
 the regenerated shards (`node wait` leaves generation.tar.part-NN once generation is complete, when
 the whole fits one call's 45 MB; run 9's 10,241 SmolLM2 replies were 6.5 MB) and the trained draft
 (bf16, ~213 MB with its vocabulary map and records: 15 parts, `node drafts K` for K = 0..3; five
@@ -112,26 +116,28 @@ The sessions, in order:
    launches (the curve: the three and the full draft).
 
 Device time, measured where the runs measured it, estimated where they could not. Measured (runs 8
-and 9, SmolLM2): ~20 s a payload call; setup 34-55 s; the generation server ready in 115-139 s;
-generation 158-182 s; one online draft of ~10k sequences at this recipe (3 epochs, 16,384 tokens a
-step) 657 steps, 0.30 s a step; a draft trained beside three or four others 1.3-1.45x its time
-alone (runs 4-7). Not yet measured on this target, estimates: setup 2-4 min (the 1.1 GB of wheels
-installed, the GGUF assembled and converted to bf16; measurements.json records target_resolve_s);
-the plain request and generation 4-8 min; the full draft ~680 steps (as many as SmolLM2's: the same
-~10k prompts and 256-token replies) at 1-1.7 s a step, 11-19 min (a 1.5B target and a 1536-wide
-draft do about six times the work of SmolLM2's a step), the first checkpoint 3.5-6 min in; a gate
-launch ~100 s (start-up ~1 min, the first ~2, then 2 warm-ups and 72 prompts x 256 tokens at ~2 ms
-a token, the 1.5B shape's baseline measured on the node with random weights), a break-even launch
-~65 s (8 prompts). So: session 1 ~8.5 min of payload, ~3 of setup, ~2 of server start and 4-8 of
-requests, leaving ~9-12 min: expect the watched draft to stop at step 200 with its pace measured.
-Session 2 ~12 min of payload and setup, then 11-19 min of training plus the 4 min tail: it fits
-only at the faster pace (the pace decides, at step 200). Session 3 ~10 + 3 min, the replay ~1, the
-gate ~14: ~28 of 30 min. Session 4 the gate ~18: ~32 min, over; if session 3's launches took ~100 s
-(gate/progress.json in its results.tar.gz), split it over two sessions (`node start --set
-"gate.num_steps=[1, 2]"`, then `[4, 5]`). Session 5 the scaling drafts 9-17 min (0.6 of the full
-draft's time, beside the other process), the index pass ~1 and the gate ~13: 36-44 min, over; a
-gate cut short still leaves every launch it measured (gate/progress.json), and the report says
-which goals it could not judge.
+to 10, SmolLM2): a payload call of ~48 MB 6-20 s once the machine is up (run 10: 6 s; run 9: ~20 s;
+the first call of a session also waits ~90 s for the machine); setup 34-55 s; the generation
+server ready in 115-139 s; generation 158-182 s; one online draft of ~10k sequences at this recipe
+(3 epochs, 16,384 tokens a step) 657 steps, 0.30 s a step; drafts trained side by side take about
+the sum of their times alone (run 10). Not yet measured on this target, estimates: setup 2-4 min
+(the 1.1 GB of wheels installed, the GGUF assembled and converted to bf16; measurements.json
+records target_resolve_s); the plain request and generation 4-8 min; the full draft ~680 steps (as
+many as SmolLM2's: the same ~10k prompts and 256-token replies) at 1-1.7 s a step, 11-19 min (a
+1.5B target and a 1536-wide draft do about six times the work of SmolLM2's a step), the first
+checkpoint 3.5-6 min in; a gate launch ~100 s (start-up ~1 min, the first ~2, then 2 warm-ups and
+72 prompts x 256 tokens at ~2 ms a token, the 1.5B shape's baseline measured on the node with
+random weights), a break-even launch ~65 s (8 prompts). So, with ~25 payload calls taking 4-10 min:
+session 1 that, ~3 of setup, ~2 of server start and 4-8 of requests, leaving ~2-17 min: the watched
+draft ends in the session only at the faster pace and calls, else stops at step 200 with its pace
+measured. Session 2 7-13 min of payload and setup, then 11-19 min of training plus the 4 min tail:
+it fits only at the faster paces (the pace decides, at step 200). Session 3 7-13 + 3 min, the
+replay ~1, the gate ~14: 25-31 of 30 min. Session 4 the gate ~18: 25-31 min; if session 3's
+launches took ~100 s or its payload ~20 s a call (gate/progress.json in its results.tar.gz, the
+lease's held_s), split it over two sessions (`node start --set "gate.num_steps=[1, 2]"`, then
+`[4, 5]`). Session 5 the scaling drafts 9-17 min (0.6 of the full draft's time, beside the other
+process), the index pass ~1 and the gate ~13: 30-44 min, over; a gate cut short still leaves every
+launch it measured (gate/progress.json), and the report says which goals it could not judge.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from benchmarks.online_incumbent_report import train_phases  # noqa: E402
 from benchmarks.real_run_report import Results  # noqa: E402
 
 ANCHOR = "specforge"
+DEFAULT = "default"  # the variant with today's recipe
 GOAL_ACCEPT_RATIO = 1.05
 GOAL_STEP_RATIO = 1.2
 NUM_STEPS = "3"
@@ -148,16 +149,18 @@ def build(results: Results) -> dict[str, Any]:
                      "repetitions": g["repetitions"], "num_steps": g["num_steps"],
                      "baseline_median_tok_s": base["median_tok_s"] if base else None,
                      "left_out": report["decision"]["left_out"]}  # fmt: skip
-    anchor_replay = replay.get(ANCHOR)
     for name, r in replay.items():
         overall = r["overall"][NUM_STEPS]
         row = {"accept_length": overall["accept_length"], "ci": [overall["ci_low"], overall["ci_high"]],
                "accept_per_position": overall["accept_per_position"], "sequences": overall["sequences"]}  # fmt: skip
-        if anchor_replay is not None:  # the same held-out sequences, resampled together
-            s = anchor_replay["settings"]
-            order = anchor_replay["per_sequence"][NUM_STEPS]["sequence_id"]
-            row["vs_specforge"] = paired_bootstrap(replay_units(r, order), replay_units(anchor_replay, order),
-                                                   s["n_bootstrap"], s["seed"], s["ci_level"])  # fmt: skip
+        # Against SpecForge's draft (the goal) and against today's default (whether a
+        # setting earns a change of default): the same held-out sequences, resampled together.
+        for key, ref in (("vs_specforge", replay.get(ANCHOR)), ("vs_default", replay.get(DEFAULT))):
+            if ref is not None and ref is not r:
+                s = ref["settings"]
+                order = ref["per_sequence"][NUM_STEPS]["sequence_id"]
+                row[key] = paired_bootstrap(replay_units(r, order), replay_units(ref, order),
+                                            s["n_bootstrap"], s["seed"], s["ci_level"])  # fmt: skip
         rows.setdefault(name, {"settings": None, "gate": None, "training": None})["replay"] = row
     return {"gate": gate_info, "contenders": rows, "goals": goals(rows)}
 
@@ -203,6 +206,16 @@ def _print(fig: dict[str, Any]) -> None:
         rp = f"{_fmt(rep.get('accept_length'))} [{', '.join(map(_fmt, rep.get('ci', [None, None])))}]"
         pos = ", ".join(f"{p:.2f}" for p in gate.get("accept_per_position") or [])
         print(f"{name:<10} {al:<24} {ratio:<24} {diff:<18} {rp:<24} {pos:<20} {_fmt(tr.get('loop_tok_s'), '.0f'):>10}")
+    print(f"{'replay vs':<10} {'x default [CI]':<24} {'diff CI':<18} {'x SpecForge [CI]':<24} {'diff CI':<18}")
+    for name, row in fig["contenders"].items():
+        rep = row.get("replay") or {}
+        cells = []
+        for key in ("vs_default", "vs_specforge"):
+            vs = rep.get(key) or {}
+            cells += [f"{_fmt(vs.get('ratio'))} [{', '.join(map(_fmt, vs.get('ratio_ci', [None, None])))}]",
+                      ", ".join(map(_fmt, vs.get("difference_ci", [None, None])))]  # fmt: skip
+        if rep:
+            print(f"{name:<10} {cells[0]:<24} {cells[1]:<18} {cells[2]:<24} {cells[3]:<18}")
     for name, g in fig["goals"]["accept_length"].items():
         print(f"goal {name}: {g['ratio']:.3f}x SpecForge's accept length, difference CI {g['difference_ci'][0]:.3f}.."
               f"{g['difference_ci'][1]:.3f}: {'met' if g['met'] else 'not met'}")  # fmt: skip

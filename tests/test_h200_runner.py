@@ -213,11 +213,11 @@ def test_the_recipe_plan_trains_each_variant_on_the_same_budget_and_its_gate_loa
 
     _on_node(monkeypatch, tmp_path)
     monkeypatch.setattr(node_env, "EXTRA_SETS", [])
-    options = plans.plan_options([], "recipe", ["best"])
-    assert options == {"skip": ["scaling", "sweep"], "plan": "recipe", "variants": ["default", "best"]}
+    options = plans.plan_options([], "recipe", ["noise"])
+    assert options == {"skip": ["scaling", "sweep"], "plan": "recipe", "variants": ["default", "noise"]}
     (tmp_path / "options.json").write_text(json.dumps(options))
     pipeline = node_pipeline.Pipeline()
-    assert pipeline.variants == ["default", "best"]
+    assert pipeline.variants == ["default", "noise"]
     (tmp_path / "options.json").write_text(json.dumps({"skip": plans.PLANS["recipe"], "plan": "recipe"}))
     pipeline = node_pipeline.Pipeline()
     assert pipeline.variants == plans.RECIPE_PLANNED and set(plans.RECIPE_PLANNED) < set(plans.RECIPE_VARIANTS)
@@ -228,16 +228,18 @@ def test_the_recipe_plan_trains_each_variant_on_the_same_budget_and_its_gate_loa
 
     default = train("default")
     assert default["hidden_states"] == "online" and default["scaling_fractions"] == []
-    for name in set(plans.RECIPE_VARIANTS) - {"default"}:
+    for name in set(plans.RECIPE_VARIANTS) - {"default", "epochs4"}:
         mine = train(name)
         changed = {k for k in mine if mine[k] != default[k]}
         assert changed and changed <= set(RECIPE_KEYS), name
-    assert train("best")["adam_betas"] == [0.9, 0.999] and train("best")["loss_normalization"] == "token"
+    # epochs4, the equal-wall-clock draft, differs in its token budget alone.
+    assert {k for k, v in train("epochs4").items() if v != default[k]} == {"epochs"} and default["epochs"] == 3
+    assert default["adam_betas"] == [0.9, 0.999] and train("betas95")["adam_betas"] == [0.9, 0.95]
     assert train("freeze")["freeze_lm_head"] and train("freeze")["init_lm_head_from_target"]
-    challengers = {"betas": tmp_path / "recipe-betas/train/final", "specforge": tmp_path / "specforge/draft"}
+    challengers = {"epochs4": tmp_path / "recipe-epochs4/train/final", "specforge": tmp_path / "specforge/draft"}
     gate = load_config(node_env.PROFILE, overrides=[*pipeline.sets, *plans.recipe_gate_sets(challengers)]).gate
     assert [(c.name, c.path, c.num_steps) for c in gate.challengers] == [
-        ("betas", str(challengers["betas"]), 3), ("specforge", str(challengers["specforge"]), 3)]
+        ("epochs4", str(challengers["epochs4"]), 3), ("specforge", str(challengers["specforge"]), 3)]
     assert gate.num_steps == [3] and gate.topk_points == [] and gate.breakeven_accept_lengths == [] and gate.incumbent == "off"
     extract = load_config(node_env.PROFILE, overrides=[plans.RECIPE_EXTRACT]).extract
     assert extract.part_bytes > 3 * 10**9  # a generation shard's states (~2.6 GB) in one part

@@ -133,6 +133,20 @@ def test_the_replay_difference_is_paired_by_held_out_sequence(results: Path) -> 
     default = rows["default"]["replay"]["vs_specforge"]
     assert default["difference"] == pytest.approx((305 - 24) / 152 - 305 / 152)
     assert default["difference_ci"][1] < 0
+    # Against today's default too (whether a setting earns a change of default), by the same pairing.
+    betas = rows["betas"]["replay"]["vs_default"]
+    assert betas["difference"] == pytest.approx(305 / 152 - (305 - 24) / 152) and betas["difference_ci"][0] > 0
+    assert "vs_default" not in rows["default"]["replay"] and "vs_specforge" not in rows["specforge"]["replay"]
+
+
+def test_without_specforge_replayed_the_variants_still_compare_with_the_default(results: Path) -> None:
+    """Run 10's case: SpecForge's draft never replayed, ours did."""
+    replay = json.loads((results / "recipe-replay.json").read_text())
+    del replay["specforge"]
+    (results / "recipe-replay.json").write_text(json.dumps(replay))
+    rows = build(Results(results))["contenders"]
+    assert rows["specforge"]["replay"] is None and "vs_specforge" not in rows["betas"]["replay"]
+    assert rows["betas"]["replay"]["vs_default"]["difference_ci"][0] > 0
 
 
 def test_training_throughput_and_the_step_goal(results: Path) -> None:

@@ -70,9 +70,9 @@ def vocab_map() -> VocabMap:
 def test_betas_reach_the_optimizer():
     params = [torch.nn.Parameter(torch.zeros(3))]
     default, _ = build_optimizer(params, TrainConfig(), 10, torch.device("cpu"))
-    assert default.param_groups[0]["betas"] == (0.9, 0.95)  # today's, the default
-    specforge, _ = build_optimizer(params, TrainConfig(adam_betas=[0.9, 0.999]), 10, torch.device("cpu"))
-    assert specforge.param_groups[0]["betas"] == (0.9, 0.999)
+    assert default.param_groups[0]["betas"] == (0.9, 0.999)  # torch's and SpecForge's: the default since run 10
+    before, _ = build_optimizer(params, TrainConfig(adam_betas=[0.9, 0.95]), 10, torch.device("cpu"))
+    assert before.param_groups[0]["betas"] == (0.9, 0.95)
     with pytest.raises(ValueError, match=r"adam_betas must both be in \[0, 1\), got \[0.9, 1.0\]"):
         TrainConfig(adam_betas=[0.9, 1.0])
 
@@ -221,14 +221,17 @@ def test_aux_noise_is_seeded_by_seed_step_and_rank():
 def test_a_checkpoint_from_before_the_record_had_todays_fixed_recipe():
     """Checkpoints written before the recipe was recorded trained with what the code fixed then
     (betas, per-batch loss, random head and norm, no noise): only a change of those is refused."""
-    today = recipe_record(TrainConfig(learning_rate=3e-3), 100)
+    today = recipe_record(TrainConfig(learning_rate=3e-3, adam_betas=[0.9, 0.95]), 100)
     assert recipe_differences(None, today) == []
+    # The betas' default moved after the record began: such a checkpoint resumes only with the old betas.
+    assert recipe_differences(None, recipe_record(TrainConfig(), 100)) == [
+        "train.adam_betas: checkpoint [0.9, 0.95], this run [0.9, 0.999]"]
     assert recipe_differences(None, recipe_record(TrainConfig(adam_betas=[0.9, 0.999], init_lm_head_from_target=True), 100)) == [
         "train.adam_betas: checkpoint [0.9, 0.95], this run [0.9, 0.999]",
         "train.init_lm_head_from_target: checkpoint False, this run True",
     ]
-    assert recipe_differences(today, recipe_record(TrainConfig(learning_rate=3e-3), 100)) == []
-    assert recipe_differences(today, recipe_record(TrainConfig(learning_rate=1e-3), 100)) == [
+    assert recipe_differences(today, recipe_record(TrainConfig(learning_rate=3e-3, adam_betas=[0.9, 0.95]), 100)) == []
+    assert recipe_differences(today, recipe_record(TrainConfig(learning_rate=1e-3, adam_betas=[0.9, 0.95]), 100)) == [
         "train.learning_rate: checkpoint 0.003, this run 0.001"]
 
 

@@ -1,8 +1,9 @@
 """The training recipe's choices beyond the objective (issue 27): what a checkpoint records of
 them, the draft's head and final norm started from the target's, and noise on the aux states.
 
-Each choice is a TrainConfig setting whose default is the recipe trained before it existed
-(AdamW betas (0.9, 0.95), per-batch loss normalisation, random lm_head, unit norm, no noise).
+Each choice is a TrainConfig setting. Before the settings existed the recipe was fixed: AdamW
+betas (0.9, 0.95), per-batch loss normalisation, random lm_head, unit norm, no noise; that is
+the default still, but for the betas, which the H200's A/B moved to (0.9, 0.999) (BENCHMARKS P11).
 A checkpoint records them all (`recipe_record`); a resume with other values is refused, each
 difference named (`recipe_differences`), since the resumed run would be neither recipe's run.
 """
