@@ -221,6 +221,14 @@ def test_the_recipe_plan_trains_each_variant_on_the_same_budget_and_its_gate_loa
     (tmp_path / "options.json").write_text(json.dumps({"skip": plans.PLANS["recipe"], "plan": "recipe"}))
     pipeline = node_pipeline.Pipeline()
     assert pipeline.variants == plans.RECIPE_PLANNED and set(plans.RECIPE_PLANNED) < set(plans.RECIPE_VARIANTS)
+    # SpecForge may train until the recipe plan's own last steps need the time, not the full plan's.
+    import time
+
+    (tmp_path / "deadline.json").write_text(json.dumps({"ends_at": time.time() + 1000, "budget_s": 1000}))
+    recipe_left = pipeline.seconds_left()
+    (tmp_path / "options.json").write_text(json.dumps({"skip": [], "plan": "full"}))
+    full_left = node_pipeline.Pipeline().seconds_left()
+    assert 1000 - 340 < recipe_left <= 1000 - 330 and recipe_left - full_left == pytest.approx(230, abs=5)
 
     def train(name: str) -> dict:
         cfg = load_config(node_env.PROFILE, overrides=[*pipeline.sets, "train.hidden_states=online", *plans.RECIPE_VARIANTS[name]])
