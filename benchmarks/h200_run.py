@@ -71,6 +71,22 @@ default and the named variants instead (RECIPE_VARIANTS: betas95, token, init, f
 epochs4); each costs ~285 s (epochs4 ~380 s) and two launches (~55 s), so a third does not fit a
 session: name the one to measure in epochs4's place.
 
+Issue 27's data-scaling curve with the new recipe is a session of its own, the full plan on run
+9's shards without SpecForge or the sweep, online: the full draft and the scaling drafts (0.1, 0.3,
+0.6 of the sequences) trained side by side, then the gate at num_steps 3 (baseline and the full
+draft twice, each scaling draft once) with every draft replayed:
+
+    .venv/bin/python benchmarks/h200_run.py prepare --bundle DIR \
+        --run-from benchmarks/results/real-run-node/run-9/generation.tar
+    python3 benchmarks/h200_run.py node start --skip anchor --skip sweep \
+        --set train.hidden_states=online --budget S                    # with the last part
+    .venv/bin/python benchmarks/h200_run.py collect DIR --earlier benchmarks/results/real-run-node/run-4
+
+Estimate: payload and setup ~2.5 min; the full draft ~285 s and the scaling drafts ~285 s between
+them (two processes), ~10 min side by side; the agreement check beside them; the gate's 7 launches
+~3.5 min: ~17 min. Run 4's curve (1.22 / 1.45 / 1.58 / 1.75 tokens per verify at 1k / 3k / 6k /
+10k sequences, num_steps 3, real SGLang) is the "before".
+
 Issue 28: Qwen2.5-Coder-1.5B-Instruct (deployments/params/qwen25-coder.yaml), a run no session
 holds. Every session starts on a bare node, so every payload carries the target again: the SGLang
 bundle (112 MB), the other wheels (~33 MB), the run folder (~2 MB of prompts, as SmolLM2's) and the
