@@ -10,10 +10,13 @@ acceptance, tok/s and speedup over the baseline; the ratio to SpecForge's accept
 difference, with a bootstrap CI paired by prompt (both drafts ran the same 24 prompts); the same
 from the replay (paired by held-out sequence); and its training: steps, tokens, the curves
 (loss, gradient norm, clip rate, pooled_accept_len_k at each evaluation), tokens per second of
-the step alone and of the loop. Then the issue's goals: ours >= 1.05x SpecForge's accept length at
-3 steps with the CI of the difference above zero; the training step >= 1.2x SpecForge's tokens
-per second (here the trainers ran side by side on one GPU, so the loop figures share it: P4 is the
-isolated step). Writes `recipe-ab.json` beside the results and prints the table.
+the step alone and of the loop; each variant against the default, paired the same way (what
+decides a default). Then the issue's goals: ours >= 1.05x SpecForge's accept length at 3 steps
+with the CI of the difference above zero, judged only for a variant trained on as many tokens as
+SpecForge's draft (epochs4, the equal-wall-clock one, is shown beside it); the training step >=
+1.2x SpecForge's tokens per second (here the trainers ran side by side on one GPU, so the loop
+figures share it: P4 is the isolated step). Writes `recipe-ab.json` beside the results and
+prints the table.
 """
 
 from __future__ import annotations
@@ -174,10 +177,14 @@ def goals(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
         if name == ANCHOR:
             continue
         vs = ((row.get("gate") or {}).get("vs_specforge")) or None
-        if vs is not None:
-            out["accept_length"][name] = {"ratio": vs["ratio"], "difference_ci": vs["difference_ci"],
-                                          "met": vs["ratio"] >= GOAL_ACCEPT_RATIO and vs["difference_ci"][0] > 0}  # fmt: skip
         mine = row.get("training") or {}
+        if vs is not None:
+            # The goal is at the same data and tokens: a variant trained on more (epochs4, the
+            # equal-wall-clock draft) is shown beside it, not judged by it.
+            same = mine["tokens"] == sf_train["tokens"] if mine.get("tokens") and sf_train.get("tokens") else None
+            reached = vs["ratio"] >= GOAL_ACCEPT_RATIO and vs["difference_ci"][0] > 0
+            out["accept_length"][name] = {"ratio": vs["ratio"], "difference_ci": vs["difference_ci"], "same_tokens": same,
+                                          "met": reached if same is not False else None}  # fmt: skip
         if mine.get("loop_tok_s") and sf_train.get("loop_tok_s"):
             ratio = mine["loop_tok_s"] / sf_train["loop_tok_s"]
             out["training_step"][name] = {"loop_tok_s_ratio": ratio, "met": ratio >= GOAL_STEP_RATIO,
@@ -217,8 +224,9 @@ def _print(fig: dict[str, Any]) -> None:
         if rep:
             print(f"{name:<10} {cells[0]:<24} {cells[1]:<18} {cells[2]:<24} {cells[3]:<18}")
     for name, g in fig["goals"]["accept_length"].items():
+        verdict = {True: "met", False: "not met", None: "more tokens than SpecForge's: beside the goal, not judged by it"}
         print(f"goal {name}: {g['ratio']:.3f}x SpecForge's accept length, difference CI {g['difference_ci'][0]:.3f}.."
-              f"{g['difference_ci'][1]:.3f}: {'met' if g['met'] else 'not met'}")  # fmt: skip
+              f"{g['difference_ci'][1]:.3f}: {verdict[g['met']]}")  # fmt: skip
 
 
 def main() -> int:

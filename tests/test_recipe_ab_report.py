@@ -127,6 +127,18 @@ def test_the_gate_accept_lengths_and_their_ratio_to_specforge_come_from_the_requ
     assert rows["betas"]["settings"] == ["train.adam_betas=[0.9, 0.999]"]
 
 
+def test_a_variant_trained_on_more_tokens_than_specforge_is_not_judged_by_the_goal(results: Path) -> None:
+    """The goal is at the same data and tokens; the equal-wall-clock draft (more epochs) is shown
+    beside it with its ratio, its verdict left open."""
+    goals = build(Results(results))["goals"]["accept_length"]
+    assert goals["betas"]["same_tokens"] is True and goals["betas"]["met"] is True
+    record = json.loads((results / "specforge/specforge_train.json").read_text())
+    (results / "specforge/specforge_train.json").write_text(json.dumps({**record, "train_tokens": 3000}))
+    goals = build(Results(results))["goals"]["accept_length"]
+    assert goals["betas"]["same_tokens"] is False and goals["betas"]["met"] is None
+    assert goals["betas"]["ratio"] > 1.05 and goals["default"]["met"] is None
+
+
 def test_the_replay_difference_is_paired_by_held_out_sequence(results: Path) -> None:
     rows = build(Results(results))["contenders"]
     assert rows["betas"]["replay"]["vs_specforge"]["difference_ci"] == [0.0, 0.0]  # the same counts, another order
