@@ -151,9 +151,12 @@ it fits only at the faster paces (the pace decides, at step 200). Session 3 7-13
 replay ~1, the gate ~14: 25-31 of 30 min. Session 4 the gate ~18: 25-31 min; if session 3's
 launches took ~100 s or its payload ~20 s a call (gate/progress.json in its results.tar.gz, the
 lease's held_s), split it over two sessions (`node start --set "gate.num_steps=[1, 2]"`, then
-`[4, 5]`). Session 5 the scaling drafts 9-17 min (0.6 of the full draft's time, beside the other
-process), the index pass ~1 and the gate ~13: 30-44 min, over; a gate cut short still leaves every
-launch it measured (gate/progress.json), and the report says which goals it could not judge.
+`[4, 5]`). Session 5 the scaling drafts 11-19 min (0.1 + 0.3 + 0.6 of the full draft's steps:
+side by side they split the GPU, run 10), the index pass ~1 and the gate's 7 launches ~12: 31-45
+min, over. `--set "train.scaling_fractions=[0.1, 0.2, 0.4]"` trains 0.7 of a full draft (8-13
+min; the curve's four points still span 2.3 e-folds of data): 25-39 min. A gate cut short still
+leaves every launch it measured (gate/progress.json), and the report says which goals it could
+not judge.
 """
 
 from __future__ import annotations
