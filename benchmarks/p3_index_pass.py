@@ -28,8 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tasks.extract.local_capture import CapturedStates  # noqa: E402
 from tasks.extract.sequences import TrainingSequence  # noqa: E402
+from tasks.extract.sizes import bytes_per_token  # noqa: E402
 from tasks.extract.storage import iter_shard, iter_shard_tokens  # noqa: E402
-from tasks.extract.writer import ShardWriter, bytes_per_token  # noqa: E402
+from tasks.extract.writer import ShardWriter  # noqa: E402
 
 HIDDEN, AUX_IDS, SEQ_TOKENS = 576, [1, 14, 26], 330  # SmolLM2-135M; run 8's mean sequence length
 REAL_RUN_GB = 15.724  # run 8's extract/, all parts

@@ -9,8 +9,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tasks.draft.data import ShardReader, build_index, plan_epoch
-from tasks.extract.forecast import DiskForecastError, forecast_extract, human_bytes
+from tasks.extract.forecast import DiskForecastError, forecast_extract
 from tasks.extract.local_capture import decode_capture
+from tasks.extract.sizes import human_bytes
 from tasks.extract.stage import ExtractStage
 from tasks.extract.storage import extract_metadata, iter_extracted
 from tasks.runfolder import CorruptShard, FingerprintMismatch, RunFolder, ShardStore

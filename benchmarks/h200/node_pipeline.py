@@ -48,11 +48,11 @@ SPECFORGE_MIN_GRACE_S = 120.0
 # And it never eats into what the last steps need: `node start --budget S` says how many seconds
 # of device time the pipeline has; SpecForge stops this long before they are up, which leaves the
 # final train stage (resume, export: ~1 min) and the gate (22 fresh launches: ~7.5 min) their time.
+# A plan whose last steps are fewer reserves less: the recipe plan's are SpecForge's replay (~30 s
+# with its capture), a gate of 8 launches (~27 s each, run 9) and the drafts packed; 560 s would
+# stop SpecForge's draft short of the steps ours trained, and that A/B is at equal steps.
 LAST_STEPS_RESERVE_S = 560.0
-# The recipe plan's last steps are fewer: SpecForge's replay (~30 s with its capture), a gate of
-# 8 launches (~27 s each, run 9) and the drafts packed. 560 s would stop SpecForge's draft short
-# of the steps ours trained, and the A/B is at equal steps.
-RECIPE_LAST_STEPS_RESERVE_S = 330.0
+PLAN_LAST_STEPS_RESERVE_S = {"recipe": 330.0}
 
 
 def specforge_command() -> list[str]:
@@ -355,8 +355,7 @@ class Pipeline:
         deadline = read_json(node_env.NODE / "deadline.json")
         if not deadline:
             return float("inf")
-        reserve = RECIPE_LAST_STEPS_RESERVE_S if self.plan == "recipe" else LAST_STEPS_RESERVE_S
-        return deadline["ends_at"] - reserve - time.time()
+        return deadline["ends_at"] - PLAN_LAST_STEPS_RESERVE_S.get(self.plan, LAST_STEPS_RESERVE_S) - time.time()
 
     def run(self) -> None:
         """The plan options.json names (`node start --plan`), to its end; status.json says how
