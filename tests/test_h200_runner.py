@@ -208,6 +208,8 @@ def test_the_recipe_plan_trains_each_variant_on_the_same_budget_and_its_gate_loa
     budget, sequences and seed); the gate's overrides with the challengers load."""
     import json
 
+    import yaml
+
     from tasks.config import load_config
     from tasks.draft.recipe import RECIPE_KEYS
 
@@ -240,8 +242,12 @@ def test_the_recipe_plan_trains_each_variant_on_the_same_budget_and_its_gate_loa
         mine = train(name)
         changed = {k for k in mine if mine[k] != default[k]}
         assert changed and changed <= set(RECIPE_KEYS), name
-    # epochs4, the equal-wall-clock draft, differs in its token budget alone.
+    # epochs4, the equal-wall-clock draft, differs in its token budget alone. The A/B stays at the
+    # 3 epochs SpecForge's draft trains (it reads params.yaml) though the profile now says 4.
     assert {k for k, v in train("epochs4").items() if v != default[k]} == {"epochs"} and default["epochs"] == 3
+    assert load_config(node_env.PROFILE).train.epochs == 4 and train("epochs4")["epochs"] == 4
+    pipeline.write_params()
+    assert yaml.safe_load((tmp_path / "params.yaml").read_text())["train"]["epochs"] == 3
     assert default["adam_betas"] == [0.9, 0.999] and train("betas95")["adam_betas"] == [0.9, 0.95]
     assert train("freeze")["freeze_lm_head"] and train("freeze")["init_lm_head_from_target"]
     challengers = {"epochs4": tmp_path / "recipe-epochs4/train/final", "specforge": tmp_path / "specforge/draft"}

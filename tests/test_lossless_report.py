@@ -1,5 +1,5 @@
 """benchmarks/lossless_report.py: the re-judging of recorded divergences, and the committed figures
-of the H200's run 9 (BENCHMARKS.md P9) as the script reads them from the results it brought back."""
+of the H200's runs 9 and 11 (BENCHMARKS.md P9, P12) as the script reads them from the results it brought back."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from benchmarks.lossless_report import collect, rejudge
 
 RUN_9 = Path(__file__).resolve().parents[1] / "benchmarks/results/real-run-node/run-9"
+RUN_11 = RUN_9.parent / "run-11"
 
 
 def record(a: float, b: float, top: list[float], cls: str = "not_lossless", penalty: float = 0.0) -> dict:
@@ -39,3 +40,17 @@ def test_run_9_figures() -> None:
     assert fig["penalty_gate"]["outcome"] == "reject" and penalty["rejudged"]["not_lossless"] == 8
     be = fig["gate"]["breakeven"]["per_steps"]
     assert round(be["3"]["break_even"], 2) == 2.91 and round(be["5"]["break_even"], 2) == 2.51
+
+
+def test_run_11_figures_the_one_flip_beyond_the_bound() -> None:
+    """The recipe gate's three drafts (P12): every first divergence within 0.25 nats but one
+    prompt's, refused in both launches at 0.5625, which re-judging does not change."""
+    fig = collect(RUN_11)
+    assert "gate" not in fig and fig["recipe_gate"]["outcome"] == "reject"
+    gate = fig["recipe_gate"]["configs"]
+    flipped = gate["challenger-epochs4:eagle3-s3-k1-n4"]
+    assert flipped["as_judged"]["not_lossless"] == 2 and flipped["rejudged"]["not_lossless"] == 2
+    assert flipped["gaps"]["> 0.5"] == 2 and flipped["gaps"]["<= 0.5"] == 0
+    others = [v for k, v in gate.items() if "epochs4" not in k]
+    assert len(others) == 3 and all(v["gaps"]["<= 0.5"] + v["gaps"]["> 0.5"] == 0 for v in others)  # none beyond 0.25
+    assert "0.562 nats > 0.5" in flipped["reasons"][0]

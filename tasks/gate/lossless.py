@@ -57,6 +57,18 @@ logprobs and a prefill re-score ("~0.25 observed for bf16"). Logits of magnitude
 the ulp (threshold 1.0); the setting is there for such targets, and the baseline-vs-baseline pair
 the gate already launches says whether it is right: its second launch's divergences from the first
 are classified the same way, and a not-lossless one there means the threshold or the server is off.
+
+What the bound leaves out, measured (run 11, BENCHMARKS P12). The one-ulp-per-path assumption
+covers the last position's own rounding, not the KV cache before it, which verify wrote and
+decode did not. On SmolLM2 one draft's outputs left the baseline's on one prompt, in both
+launches, at a gap of 0.5625 nats (4.5 ulps, at a flat position 117 tokens in), while every other
+first divergence of runs 9 and 11 lay within 0.25 and a frequency penalty's real change started at
+0.75. The baseline pair cannot see this (two decode launches agree bit for bit). What would
+measure it is the verify path's own logprobs. SGLang's spec-v1 EAGLE worker returns them for a
+request with return_logprob (to be confirmed on 0.5.14). Set those against the re-score at every
+position that the speculative output shares with the reference, and the spread of that
+difference on the target becomes the threshold's evidence. Until that is measured the default
+stays 0.5. A refusal names its gap, so a reader can tell 0.56 from 2.0.
 """
 
 from __future__ import annotations
