@@ -73,6 +73,8 @@ def gate_figures(report: dict[str, Any]) -> dict[str, Any]:
             "first_divergence_positions": sorted(d["position"] for d in divs),
             "median_tok_s": c.get("median_tok_s"), "speedup": c.get("speedup"), "ci": [c.get("ci_low"), c.get("ci_high")],
             "accept_length": c.get("accept_length"), "eligible": c.get("eligible"), "reasons": c.get("reasons", [])[:2],
+            # The speculative server's own view of a divergence (gate.verify_logprobs), where the gate recorded one.
+            "verify_views": [{"position": d["position"], "gap": d.get("gap"), **d["verify"]} for d in divs if d.get("verify")],
         }  # fmt: skip
     rescore = [x["rescore"] for x in launches if x.get("rescore")]
     return {"outcome": decision["outcome"], "reasons": decision["reasons"], "configs": configs, "rescore": rescore,

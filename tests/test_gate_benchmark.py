@@ -395,6 +395,56 @@ def test_a_server_that_emits_a_confident_runner_up_is_not_lossless(tmp_path: Pat
     )
 
 
+def test_a_refused_divergence_carries_the_speculative_path_s_own_view(tmp_path: Path, run: RunFolder) -> None:
+    """gate.verify_logprobs: each refused request is sent again, untimed, with return_logprob; its
+    verify path's logprobs go beside the verdict. A near-tie flip (refused here only because the
+    threshold is set below its gap) shows the server's own forward putting its token first by a
+    hair, and both paths agreeing on every token before it; a server that emits a confident
+    runner-up shows its own forward ranking that token below the baseline's. Neither view
+    changes a verdict."""
+    from tasks.gate.report import write_gate_report
+    from tasks.standins.sim_logprobs import FLIP_LEAD
+
+    def report(cfg: GateConfig) -> str:
+        write_gate_report(run, d, result, cfg)
+        return Path(run.path("gate/report.md")).read_text()
+
+    sim = {**FAST, "near_tie_rate": 0.3, "near_tie_flip_rate": 1.0, "min_new_fraction": 1.0}
+    cfg = gate_cfg(engine="emulated", max_new_tokens=48, near_tie_nats=0.01)
+    result, d = bench(tmp_path / "a", run, cfg, sim)
+    s = d.config("eagle3-s3-k1-n4")
+    assert not s.eligible and s.lossless["not_lossless"] == 8
+    for x in [r.divergence for r in result.records(s.name)]:
+        v = x["verify"]
+        assert v["reproduced"] and v["positions"] == x["position"] and v["prefix_drift_max"] == 0.0
+        assert v["own_top"][:2] == [[x["speculative_token"], pytest.approx(x["baseline_logprob"])],
+                                    [x["baseline_token"], pytest.approx(x["baseline_logprob"] - v["own_gap"])]]  # fmt: skip
+        assert 0.0 <= v["own_gap"] < FLIP_LEAD and not v["own_gap_is_bound"]
+        assert v["rescore_gap"] == pytest.approx(x["gap"]) and v["disagreement"] == pytest.approx(x["gap"] + v["own_gap"])
+    assert not any(r.divergence for r in result.records("baseline"))  # a baseline is never sent again
+    first = result.records(s.name)[0]
+    assert (f"- eagle3-s3-k1-n4 request {first.prompt_index} rep 0, position {first.divergence['position']}: its own "
+            f"forward put token {first.divergence['speculative_token']} first by {first.divergence['verify']['own_gap']:.3f} "
+            f"nats, so the paths disagree there by") in report(cfg)  # fmt: skip
+
+    cfg = gate_cfg(num_prompts=2, max_new_tokens=16)
+    result, d = bench(tmp_path / "c", run, cfg, {**FAST, "near_tie_rate": 0.0, "wrong_token_from": 4})
+    x = result.records("eagle3-s3-k1-n4")[0].divergence
+    v = x["verify"]
+    assert v["reproduced"] and v["positions"] == 4 and v["prefix_drift_max"] == 0.0
+    assert v["own_gap"] == pytest.approx(-x["gap"]) and v["disagreement"] == pytest.approx(0.0, abs=1e-9)
+    assert "yet emitted it: a change of output, not numerics; the two paths differ by at most 0.000 nats" in report(cfg)
+
+    # The default sends again only what the rule refused: near-tie flips are left alone; "off" sends nothing.
+    result, d = bench(tmp_path / "d", run, gate_cfg(engine="emulated", max_new_tokens=48), sim)
+    assert d.config(s.name).lossless["near_tie"] == 8
+    assert all("verify" not in r.divergence for r in result.records(s.name))
+    result, _ = bench(tmp_path / "b", run, gate_cfg(num_prompts=2, max_new_tokens=16, verify_logprobs="off"),
+                      {**FAST, "near_tie_rate": 0.0, "wrong_token_from": 4})  # fmt: skip
+    assert result.records("eagle3-s3-k1-n4")[0].divergence["cls"] == "not_lossless"
+    assert all("verify" not in r.divergence for r in result.records("eagle3-s3-k1-n4"))
+
+
 def test_a_frequency_penalty_under_speculation_is_not_lossless(tmp_path: Path, run: RunFolder) -> None:
     """SGLang applies penalties in a relaxed way under speculative decoding; the emulator does
     too (it repeats a token decode penalized). The same gate without the penalty promotes."""

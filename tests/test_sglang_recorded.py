@@ -124,6 +124,35 @@ def test_a_decode_with_logprobs_reads_its_own_tokens() -> None:
     assert reply.logprobs.input_token == [] or reply.logprobs.input_token[0].logprob is None
 
 
+def test_the_verify_view_reads_real_decode_logprobs_beside_the_real_re_score() -> None:
+    """verify_view on real answers (run 9's probe, SmolLM2 on the H200): the decode's own logprobs
+    of its 24 tokens beside the gate's re-score of them. As if the reference had the re-score's
+    runner-up at the last position where the decode chose its top token, the view sets the two
+    paths' disagreement there against how far they drift on the 23 tokens before it: at most
+    0.0838 nats, the probe's own figure for this prompt (max |decode - re-score|)."""
+    from tasks.gate.lossless import evidence_from_sglang, verify_view
+
+    request = recorded("gen-logprobs-base.request.json")
+    prompt, emitted = request["input_ids"][:382], request["input_ids"][382:]
+    evidence = evidence_from_sglang(read_generate_reply(raw(LOGPROBS)).logprobs, prompt, emitted, 5)
+    decode = read_generate_reply(raw("gen-logprobs-decode-base.json"))
+    assert decode.output_ids == emitted
+    d = 23
+    (b, lb_rescore), (a, la_rescore) = evidence.positions[d].top[:2]
+    assert b == emitted[d]
+    reference = [*emitted[:d], a]
+    div = {"position": d, "baseline_token": a, "speculative_token": b, "prefix": ""}
+    v = verify_view(div, reference, evidence, decode.output_ids, decode.logprobs)
+    assert v["reproduced"] and v["positions"] == d
+    assert v["prefix_drift_max"] == pytest.approx(0.08375179767608643) and 0 < v["prefix_drift_mean"] < v["prefix_drift_max"]
+    own = {e.token_id: e.logprob for e in decode.logprobs.output_top[d]}
+    assert v["own_gap"] == pytest.approx(own[b] - own[a]) and v["rescore_gap"] == pytest.approx(la_rescore - lb_rescore)
+    assert v["disagreement"] == pytest.approx(v["rescore_gap"] + v["own_gap"]) and abs(v["disagreement"]) < 0.2
+    # Sent again, an answer that leaves the timed output before the divergence gives no view.
+    other = [*decode.output_ids[:5], decode.output_ids[5] + 1, *decode.output_ids[6:]]
+    assert verify_view(div, reference, evidence, other, decode.logprobs) == {"reproduced": False, "left_at": 5}
+
+
 @pytest.mark.parametrize(("path", "value", "message"), [
     (("input_top_logprobs", 2, 1), ["-0.7", 1464, None], r"meta_info\.input_top_logprobs\[2\]\[1\]: logprob must be a number <= 0"),
     (("input_token_logprobs", 1), [-0.01, 985], r"meta_info\.input_token_logprobs\[1\] must be \[logprob, token_id, text\]"),

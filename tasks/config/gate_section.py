@@ -138,6 +138,13 @@ class GateConfig(Strict):
         5, ge=2, description="Top tokens per position in the baseline's re-score (SGLang's top_logprobs_num): a "
         "speculative token outside them is refused with the gap bounded by the K-th's logprob.",
     )  # fmt: skip
+    verify_logprobs: Literal["off", "refused", "diverged"] = Field(
+        "refused",
+        description="SGLang server engines, untimed after a speculative launch's measured requests: each request "
+        "refused as not lossless (refused) or each that left the baseline's output (diverged) is sent again with "
+        "return_logprob, and the speculative path's own logprobs at and before the divergence are recorded beside "
+        "the verdict (tasks/gate/lossless.py verify_view): evidence for the threshold, never deciding it.",
+    )  # fmt: skip
     frequency_penalty: float = Field(
         0.0, ge=-2.0, le=2.0,
         description="Sent in every benchmark request's sampling params (SGLang server engines). SGLang applies "

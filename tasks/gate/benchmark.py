@@ -13,6 +13,9 @@
   baseline's output (exact, or the first divergence classified by tasks/gate/lossless.py);
 - after a baseline launch's measured requests, untimed: the prefill re-score of each prompt's
   reference output, the lossless rule's evidence;
+- after a speculative launch's measured requests, untimed (gate.verify_logprobs): each request
+  refused as not lossless (or each that diverged) sent again with return_logprob, its verify
+  path's own view of the divergence recorded beside the verdict (lossless.verify_view);
 - break-even launches (gate.breakeven_accept_lengths): gate.breakeven_prompts prompts, each run
   to max_new_tokens (ignore_eos: under simulated acceptance the output is filler);
 - a speculative launch whose accept length after warm-up is below the floor stops the gate
@@ -35,12 +38,15 @@ import httpx
 from tasks.config.gate_section import GateConfig
 from tasks.engines.sglang_wire import MalformedResponse, error_message, read_generate_reply
 from tasks.gate.lossless import (
+    NOT_LOSSLESS,
     EvidenceError,
     ReferenceEvidence,
     ReferenceOutputs,
     evidence_from_sglang,
     rescore_body,
     rescore_summary,
+    verify_body,
+    verify_view,
 )
 from tasks.gate.plan import (
     BREAKEVEN,
@@ -264,8 +270,40 @@ class GateRunner:
         record.requests = [self._request(client, url, config, rep, p) for p in prompts]
         if config.is_baseline:
             self._rescore(client, url, config, record)
+        if config.spec is not None and config.role != BREAKEVEN and cfg.verify_logprobs != "off":
+            self._verify_views(client, url, config, record)
         if config.spec is not None:
             check_acceptance(floor, config, record.requests, "over the measured requests")
+
+    def _verify_views(self, client: httpx.Client, url: str, config: BenchConfig, record: LaunchRecord) -> None:
+        """Untimed, after the measured requests: each one refused as not lossless (each that
+        diverged, with gate.verify_logprobs "diverged") sent again on a cold cache with
+        return_logprob; the speculative path's own view of its divergence goes into the
+        divergence record as `verify` (lossless.verify_view), or why there is none."""
+        by_index = {p.index: p for p in self.prompts}
+        for rec in record.requests:
+            div = rec.divergence
+            if rec.error is not None or not div or (self.cfg.verify_logprobs == "refused" and div.get("cls") != NOT_LOSSLESS):
+                continue
+            reference = self.reference.reference(config.env_name, rec.prompt_index)
+            evidence = self.reference.evidence(config.env_name, rec.prompt_index)
+            if reference is None or not isinstance(evidence, ReferenceEvidence):
+                div["verify"] = {"error": "no re-score of the reference to set it beside"}
+                continue
+            prompt = by_index[rec.prompt_index]
+            rid = f"gate-verify-{config.name}-r{rec.repetition}-p{prompt.index}-{next(self._rids)}"
+            body = verify_body(list(prompt.input_ids), self._sampling(config), self.cfg.top_logprobs_num, rid)
+            try:
+                client.post(url + "/flush_cache", timeout=60.0).raise_for_status()
+                # A server that cannot answer logprobs under speculation must not hold the gate for
+                # request_timeout_s: ten times the timed request's latency is ample.
+                r = client.post(url + "/generate", json=body, timeout=max(30.0, 10 * rec.latency_s))
+                if r.status_code != 200:
+                    raise EvidenceError(f"HTTP {r.status_code}: {error_message(r.content)[:300]}")
+                reply = read_generate_reply(r.content)
+                div["verify"] = verify_view(div, reference, evidence, reply.output_ids, reply.logprobs)
+            except (httpx.HTTPError, MalformedResponse, EvidenceError) as e:
+                div["verify"] = {"error": f"{type(e).__name__}: {e}"}
 
     def _rescore(self, client: httpx.Client, url: str, config: BenchConfig, record: LaunchRecord) -> None:
         """The evidence of the lossless rule, untimed: the baseline's distribution at every
@@ -317,12 +355,7 @@ class GateRunner:
         max_new_tokens: int | None = None,
     ) -> RequestRecord:  # fmt: skip
         rec = RequestRecord(config.name, config.env_name, rep, prompt.index, prompt.prompt_id, prompt.domain)
-        sampling: dict[str, object] = {"temperature": 0.0, "max_new_tokens": max_new_tokens or self.cfg.max_new_tokens}
-        if self.cfg.frequency_penalty:
-            sampling["frequency_penalty"] = self.cfg.frequency_penalty
-        if config.role == BREAKEVEN:
-            sampling["ignore_eos"] = True
-        body = {"input_ids": list(prompt.input_ids), "sampling_params": sampling,
+        body = {"input_ids": list(prompt.input_ids), "sampling_params": self._sampling(config, max_new_tokens),
                 "rid": f"gate-{config.name}-r{rep}-p{prompt.index}-{next(self._rids)}"}  # fmt: skip
         t0 = time.perf_counter()
         try:
@@ -336,6 +369,15 @@ class GateRunner:
         if ids is not None:
             self.reference.compare(rec, config, prompt, ids, rec.stop_token)
         return rec
+
+    def _sampling(self, config: BenchConfig, max_new_tokens: int | None = None) -> dict[str, object]:
+        """A benchmark request's sampling params: greedy, the gate's penalty, filler runs to the end."""
+        sampling: dict[str, object] = {"temperature": 0.0, "max_new_tokens": max_new_tokens or self.cfg.max_new_tokens}
+        if self.cfg.frequency_penalty:
+            sampling["frequency_penalty"] = self.cfg.frequency_penalty
+        if config.role == BREAKEVEN:
+            sampling["ignore_eos"] = True
+        return sampling
 
 
 def record_generate_answer(rec: RequestRecord, status: int, body: bytes, spec: SpecParams | None) -> list[int] | None:

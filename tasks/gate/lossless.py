@@ -257,6 +257,63 @@ def classify(
     return div
 
 
+def verify_body(prompt_ids: list[int], sampling: dict[str, Any], k: int, rid: str) -> dict[str, Any]:
+    """A benchmark request sent again, untimed, asking for the logprobs of what it generates: on
+    a speculative server those of the tokens its verify forward accepted (verify_view)."""
+    return {"input_ids": list(prompt_ids), "sampling_params": dict(sampling), "return_logprob": True,
+            "logprob_start_len": len(prompt_ids) - 1, "top_logprobs_num": k, "rid": rid}  # fmt: skip
+
+
+def verify_view(div: dict[str, Any], reference: list[int], evidence: ReferenceEvidence, ids: list[int],
+                logprobs: ReplyLogprobs | None) -> dict[str, Any]:  # fmt: skip
+    """The speculative server's own view of a divergence `div` from `reference`, from the answer
+    (`ids`, `logprobs`) to its request sent again with verify_body, beside the baseline's
+    re-score (`evidence`). How far the two paths disagree on the reference's token a against
+    the speculative token b at the divergence (`disagreement`: the re-score's a-over-b gap plus
+    the speculative path's own b-over-a gap), set against how far they disagree on the tokens
+    both emitted before it (`prefix_drift_max`, `prefix_drift_mean`: |logprob difference| of the
+    same token over the common prefix). A flip by numerics puts b first on the speculative path
+    (`own_gap` >= 0) and disagrees by about what the prefix drifts; a change of output (a wrong
+    verify, a penalty applied differently) emits b where its own forward put a first (`own_gap`
+    < 0), or disagrees by far more than the drift. Recorded beside the rule's verdict, never deciding it (BENCHMARKS P12: the bound the rule's
+    threshold rests on was exceeded once). `reproduced` false: the answer left the timed output
+    before the divergence or at it (`left_at`), and nothing else is compared."""
+    d, a, b = div["position"], div.get("baseline_token"), div.get("speculative_token")
+    if div.get("prefix") or a is None or b is None:
+        return {"skipped": "one output is a prefix of the other"}
+    timed = [*reference[:d], b]
+    exact, left = agreement(timed, ids[: d + 1])
+    if not exact:
+        return {"reproduced": False, "left_at": left}
+    if logprobs is None or len(logprobs.output_token) < d + 1 or len(logprobs.output_top) < d + 1:
+        raise EvidenceError("the answer's output logprobs do not cover the divergence (return_logprob ignored?)")
+    own = logprobs.output_top[d]
+    if not own:
+        raise EvidenceError(f"no output top logprobs at position {d}")
+    drift = [abs(float(e.logprob) - float(p.logprob)) for e, p in zip(logprobs.output_token[:d], evidence.positions[:d],
+                                                                       strict=True)
+             if e.logprob is not None and p.logprob is not None]  # fmt: skip
+    view: dict[str, Any] = {"reproduced": True, "positions": len(drift),
+                            "prefix_drift_max": max(drift, default=0.0),
+                            "prefix_drift_mean": sum(drift) / len(drift) if drift else 0.0}  # fmt: skip
+    mine = {e.token_id: float(e.logprob or 0.0) for e in own}
+    lb = float(logprobs.output_token[d].logprob or 0.0)
+    la = mine.get(a)
+    kth = min(mine.values())
+    view["own_top"] = [[e.token_id, float(e.logprob or 0.0)] for e in own]
+    # Not in its top K: a lies below the K-th there, so its gap and the disagreement are lower bounds.
+    view["own_gap"], view["own_gap_is_bound"] = (lb - la, False) if la is not None else (lb - kth, True)
+    at = evidence.positions[d] if d < len(evidence.positions) else None
+    ra, rb = (_value(at, a), _value(at, b)) if at is not None else (None, None)
+    if at is not None and ra is not None:
+        # b outside the re-score's top K lies below its K-th: a lower bound again.
+        kth_rescore = min(lp for _, lp in at.top)
+        view["rescore_gap"] = ra - (rb if rb is not None else kth_rescore)
+        view["disagreement"] = view["rescore_gap"] + view["own_gap"]
+        view["disagreement_is_bound"] = view["own_gap_is_bound"] or rb is None
+    return view
+
+
 def refusal(rec: RequestRecord) -> str:
     """The sentence that fails a config for one not-lossless (or unevidenced) request."""
     d = rec.divergence or {}

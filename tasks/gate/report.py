@@ -67,6 +67,23 @@ def contenders_markdown(decision: GateDecision, cfg: GateConfig) -> list[str]:
     return lines + [""]
 
 
+def verify_sentence(div: dict[str, Any]) -> str:
+    """What a divergence's verify view (tasks/gate/lossless.py verify_view) says, in words."""
+    v = div["verify"]
+    if "error" in v or "skipped" in v:
+        return f"no view: {v.get('error') or v.get('skipped')}"
+    if not v["reproduced"]:
+        return f"sent again, it left the timed output at position {v['left_at']}: no view"
+    bound = "at least " if v["own_gap_is_bound"] else ""
+    drift = (f"the two paths differ by at most {v['prefix_drift_max']:.3f} nats (mean {v['prefix_drift_mean']:.3f}) on "
+             f"the {v['positions']} tokens before it")  # fmt: skip
+    if v["own_gap"] < 0:
+        return (f"its own forward put token {div['speculative_token']} {-v['own_gap']:.3f} nats below token "
+                f"{div['baseline_token']}, yet emitted it: a change of output, not numerics; {drift}")  # fmt: skip
+    at = f", so the paths disagree there by {v['disagreement']:.3f}" if v.get("disagreement") is not None else ""
+    return f"its own forward put token {div['speculative_token']} first by {bound}{v['own_gap']:.3f} nats{at}; {drift}"
+
+
 def lossless_markdown(decision: GateDecision, result: BenchResult, cfg: GateConfig) -> list[str]:
     """The lossless rule's tally per config beside the baseline-vs-baseline one (the rate to
     expect), the first divergences, and what the re-scores showed."""
@@ -92,6 +109,12 @@ def lossless_markdown(decision: GateDecision, result: BenchResult, cfg: GateConf
         if s.baseline and s.refusals:
             lines += ["", f"**Baseline-vs-baseline is not lossless ({s.name}): the threshold or the server is off.** "
                           f"First: {s.refusals[0]}"]  # fmt: skip
+    viewed = [(s.name, r) for s in rows for r in result.records(s.name) if r.divergence and "verify" in r.divergence]
+    if viewed:
+        lines += ["", "The speculative server's own view (the request sent again, untimed, with return_logprob; "
+                      "gate.verify_logprobs), never deciding a verdict:", ""]  # fmt: skip
+        lines += [f"- {name} request {r.prompt_index} rep {r.repetition}, position {r.divergence['position']}: "
+                  f"{verify_sentence(r.divergence)}" for name, r in viewed]  # fmt: skip
     rescored = [x for x in result.launches if x.rescore]
     if rescored:
         lines += ["", "Re-scores (per baseline launch): prompts, positions, positions whose decode token is not the "

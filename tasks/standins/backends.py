@@ -44,6 +44,9 @@ class BackendOutput:
     cached_tokens: int = 0
     # Further meta_info fields, e.g. a speculative answer's spec_verify_ct (sim.py).
     meta_extra: dict[str, Any] = field(default_factory=dict)
+    # Where a speculative answer first left the plain one (sim.py SpecSim.deviation): (position,
+    # the plain token there, FLIP or CHANGE), for the logprobs its own forward reports there.
+    deviation: tuple[int, int, str] | None = None
 
 
 class BackendRequestError(ValueError):

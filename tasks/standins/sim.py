@@ -30,7 +30,7 @@ from typing import Any
 
 from tasks.sglang.simulated_acceptance import SIMULATED_TOKEN, simulated_tokens
 from tasks.standins.backends import BackendInput, BackendOutput
-from tasks.standins.sim_logprobs import SyntheticDistribution
+from tasks.standins.sim_logprobs import CHANGE, FLIP, SyntheticDistribution
 
 SIM_EOS_ID = 2
 _ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,"
@@ -148,13 +148,15 @@ class Speculation:
     simulate_acc_len: float | None = None
     simulate_method: str = "multinomial"
 
-    def deviation(self, key: str, ids: list[int], finish: str, frequency_penalty: float) -> tuple[int, int] | None:
-        """(position, token) where this launch's answer to `key` first leaves the plain one
-        `ids`: a flipped near-tie (the runner-up), the wrong-token fault (the runner-up at a
-        confident position), or, with a frequency penalty, SGLang's relaxed penalty under
-        speculation (the token just emitted, emitted again, at a confident position: decode
-        penalized it, the verify's penalty had not counted it yet). None: no deviation. The
-        first token comes from prefill, as in the plain launch, and the stop token stays."""
+    def deviation(self, key: str, ids: list[int], finish: str, frequency_penalty: float) -> tuple[int, int, str] | None:
+        """(position, token, kind) where this launch's answer to `key` first leaves the plain one
+        `ids`: a flipped near-tie (the runner-up; FLIP: the verify's own logits put it first),
+        the wrong-token fault (the runner-up at a confident position) or, with a frequency
+        penalty, SGLang's relaxed penalty under speculation (the token just emitted, emitted
+        again, at a confident position: decode penalized it, the verify's penalty had not
+        counted it yet); both CHANGE: the verify's own logits still put the plain token first.
+        None: no deviation. The first token comes from prefill, as in the plain launch, and the
+        stop token stays."""
         dist = self.distribution
         if dist is None or not (self.near_tie_flip_rate or self.wrong_token_from is not None or frequency_penalty > 0):
             return None
@@ -162,11 +164,11 @@ class Speculation:
         for i in range(1, end):
             if dist.is_near_tie(key, i):
                 if self.near_tie_flip_rate and dist.flip_draw(key, i) < self.near_tie_flip_rate:
-                    return i, dist.runner_up(key, i, ids[i])
+                    return i, dist.runner_up(key, i, ids[i]), FLIP
             elif self.wrong_token_from is not None and i >= self.wrong_token_from:
-                return i, dist.runner_up(key, i, ids[i])
+                return i, dist.runner_up(key, i, ids[i]), CHANGE
             elif frequency_penalty > 0 and ids[i - 1] != ids[i]:
-                return i, ids[i - 1]
+                return i, ids[i - 1], CHANGE
         return None
 
     def cycle_s(self, batch: int) -> float:
@@ -357,10 +359,12 @@ class SimulatedBackend:
         deviation = spec.deviation(key, out.output_ids, plan.finish, item.frequency_penalty)
         if deviation is None:
             return out
-        at, token = deviation
+        at, token, kind = deviation
         ids = _diverge(out.output_ids, at + 1, plan.finish, self._vocab_size)
         ids[at] = token
-        return _answer(ids, plan.finish)
+        answer = _answer(ids, plan.finish)
+        answer.deviation = (at, out.output_ids[at], kind)
+        return answer
 
     async def generate(self, items: list[BackendInput]) -> list[BackendOutput]:
         self._requests += len(items)

@@ -19,6 +19,12 @@ top_logprobs_num K > 0 also `input_top_logprobs` (first entry null) and `output_
 K entries each, best first. The key of an input position is the input up to
 logprob_start_len + 1, taken as the prompt: what the gate's re-score sends
 (logprob_start_len = len(prompt) - 1).
+
+Where a speculative answer left the plain one (`deviation`), its own logprobs there are what its
+verify forward would report: for a flipped near-tie (FLIP) the emitted runner-up first, ahead of
+the plain token by under half a bf16 ulp of a 16-32 logit (the noise that flipped it); for a
+change of output (CHANGE: a wrong verify, a penalty applied differently) the target's own
+distribution, in which the emitted token is not first.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from typing import Any
 
 NEAR_TIE_MARGIN = (0.02, 0.3)  # nats: near-ties
 CONFIDENT_MARGIN = (3.0, 8.0)  # nats: every other position
+FLIP_LEAD = 0.0625  # nats: at most this far ahead is the runner-up a verify flipped to (its own view)
+FLIP, CHANGE = "flip", "change"  # a speculative answer's deviation: numerics, or a change of output
 
 
 @dataclass(frozen=True)
@@ -73,19 +81,41 @@ class SyntheticDistribution:
         """A uniform draw of (key, position): a speculative launch flips a near-tie below its rate."""
         return self._rng("flip", key, position).random()
 
+    def deviated_top(self, key: str, position: int, plain: int, emitted: int, kind: str, k: int) -> list[tuple[int, float]]:
+        """The k best (token, logprob) a speculative server's own forward reports where it
+        emitted `emitted` in place of the plain token `plain` (module docstring): FLIP puts the
+        emitted token first by a lead under FLIP_LEAD, CHANGE leaves the target's ranking."""
+        top = self.top(key, position, plain, max(k, 2))
+        if kind == CHANGE:
+            return top[:k]
+        lead = self._rng("lead", key, position).uniform(0.0, FLIP_LEAD)
+        rest = [(t, lp) for t, lp in top if t not in (plain, emitted)]
+        return [(emitted, top[0][1]), (plain, top[0][1] - lead), *rest][:k]
+
 
 def logprob_fields(
-    dist: SyntheticDistribution, key: str, input_ids: list[int], start: int, output_ids: list[int], top_n: int
-) -> dict[str, Any]:
+    dist: SyntheticDistribution, key: str, input_ids: list[int], start: int, output_ids: list[int], top_n: int,
+    deviation: tuple[int, int, str] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """SGLang's meta_info logprob fields for an answer (see the module docstring). Position i of
-    the key's output is input position start + 1 + i; the generated tokens follow the input."""
+    the key's output is input position start + 1 + i; the generated tokens follow the input.
+    `deviation`: (output position, the plain token there, FLIP or CHANGE) of a speculative answer
+    that left the plain one there."""
     prompt_len = start + 1
+    at = len(input_ids) - prompt_len + deviation[0] if deviation else None
+
+    def ranked(position: int, token: int, k: int) -> list[tuple[int, float]]:
+        if deviation is not None and position == at:
+            return dist.deviated_top(key, position, deviation[1], token, deviation[2], k)
+        return dist.top(key, position, token, k)
 
     def entry(position: int, token: int) -> list[Any]:
-        return [dist.top(key, position, token, 1)[0][1], token, None]
+        top = ranked(position, token, max(top_n, 2))
+        # The emitted token outside the reported top: below its last.
+        return [next((lp for t, lp in top if t == token), top[-1][1] - 1.0), token, None]
 
     def tops(position: int, token: int) -> list[list[Any]]:
-        return [[lp, t, None] for t, lp in dist.top(key, position, token, top_n)]
+        return [[lp, t, None] for t, lp in ranked(position, token, top_n)]
 
     rest = range(prompt_len, len(input_ids))
     out = {

@@ -379,7 +379,8 @@ class LaunchedSimulator(SimulatedBackend):
             if item.logprobs is not None:
                 lp = item.logprobs
                 key = prompt_key(item.input_ids[: lp.start + 1])
-                fields_ = logprob_fields(self.distribution, key, item.input_ids, lp.start, out.output_ids, lp.top_n)
+                fields_ = logprob_fields(self.distribution, key, item.input_ids, lp.start, out.output_ids, lp.top_n,
+                                         out.deviation)  # fmt: skip
                 out.meta_extra = {**fields_, **out.meta_extra}
         return outputs
 
