@@ -76,19 +76,26 @@ session: name the one to measure in epochs4's place.
 Issue 27's data-scaling curve with the new recipe is a session of its own, the full plan on run
 9's shards without SpecForge or the sweep, online: the full draft and the scaling drafts (0.1, 0.3,
 0.6 of the sequences) trained side by side, then the gate at num_steps 3 (baseline and the full
-draft twice, each scaling draft once) with every draft replayed:
+draft twice, each scaling draft once) with every draft replayed. Its gate also sends every
+diverging request again with return_logprob (gate.verify_logprobs=diverged), which gives the
+verify path's drift against the re-score on real SGLang. That is the evidence the lossless
+threshold lacks (BENCHMARKS P12):
 
     .venv/bin/python benchmarks/h200_run.py prepare --bundle DIR \
         --run-from benchmarks/results/real-run-node/run-9/generation.tar
     python3 benchmarks/h200_run.py node start --skip anchor --skip sweep \
-        --set train.hidden_states=online --budget S                    # with the last part
+        --set train.hidden_states=online --set gate.verify_logprobs=diverged \
+        --budget S                                                     # with the last part
     .venv/bin/python benchmarks/h200_run.py collect DIR --earlier benchmarks/results/real-run-node/run-4
+    .venv/bin/python benchmarks/lossless_report.py DIR                 # the verify views
 
 Estimate, at the profile's 4 epochs (run 11): payload and setup ~3.5 min; the full draft ~380 s
 and the scaling drafts ~380 s between them (two processes; run 11's two 3- and 4-epoch drafts
 side by side took 728 s), ~13 min side by side; the agreement check beside them; the gate's 7
-launches (~44 s each, run 11) ~5 min: ~22 min. Run 4's curve (1.22 / 1.45 / 1.58 / 1.75 tokens per verify at 1k / 3k / 6k /
-10k sequences, num_steps 3, real SGLang) is the "before".
+launches (~44 s each, run 11) ~5 min, and the requests sent again (~20 of a launch's 24 diverge,
+~0.7 s each: ~1 min over the 5 speculative launches): ~23 min. Run 4's curve (1.22 / 1.45 /
+1.58 / 1.75 tokens per verify at 1k / 3k / 6k / 10k sequences, num_steps 3, real SGLang) is the
+"before".
 
 Issue 28: Qwen2.5-Coder-1.5B-Instruct (deployments/params/qwen25-coder.yaml), a run no session
 holds. Every session starts on a bare node, so every payload carries the target again: the SGLang
