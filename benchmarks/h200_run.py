@@ -86,16 +86,17 @@ threshold lacks (BENCHMARKS P12):
     python3 benchmarks/h200_run.py node start --skip anchor --skip sweep \
         --set train.hidden_states=online --set gate.verify_logprobs=diverged \
         --budget S                                                     # with the last part
-    .venv/bin/python benchmarks/h200_run.py collect DIR --earlier benchmarks/results/real-run-node/run-4
+    .venv/bin/python benchmarks/h200_run.py collect DIR --earlier benchmarks/results/real-run-node/run-7
     .venv/bin/python benchmarks/lossless_report.py DIR                 # the verify views
 
 Estimate, at the profile's 4 epochs (run 11): payload and setup ~3.5 min; the full draft ~380 s
 and the scaling drafts ~380 s between them (two processes; run 11's two 3- and 4-epoch drafts
 side by side took 728 s), ~13 min side by side; the agreement check beside them; the gate's 7
 launches (~44 s each, run 11) ~5 min, and the requests sent again (~20 of a launch's 24 diverge,
-~0.7 s each: ~1 min over the 5 speculative launches): ~23 min. Run 4's curve (1.22 / 1.45 /
-1.58 / 1.75 tokens per verify at 1k / 3k / 6k / 10k sequences, num_steps 3, real SGLang) is the
-"before".
+~0.7 s each: ~1 min over the 5 speculative launches): ~23 min. Run 7's curve, the same plan at
+3 epochs and betas (0.9, 0.95), is the "before": 1.235 / 1.376 / 1.537 / 1.726 tokens per verify
+at 1k / 3k / 6k / 10k sequences (num_steps 3, real SGLang), +0.206 per e-fold of data. `collect`
+prints each run's gain per e-fold, the new one's first.
 
 Issue 28: Qwen2.5-Coder-1.5B-Instruct (deployments/params/qwen25-coder.yaml), a run no session
 holds. Every session starts on a bare node, so every payload carries the target again: the SGLang
@@ -196,10 +197,14 @@ from benchmarks.h200.travel import node_drafts  # noqa: E402
 
 
 def collect(args: argparse.Namespace) -> int:
-    from benchmarks.real_run_report import write_real_run
+    import json
+
+    from benchmarks.real_run_report import scaling_slopes, write_real_run
 
     path = write_real_run(Path(args.results), REPO / "benchmarks/results", [Path(e) for e in args.earlier])
     print(path)
+    for line in scaling_slopes(json.loads(path.read_text()), Path(args.results).name):
+        print(line)
     return 0
 
 

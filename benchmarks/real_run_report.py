@@ -457,6 +457,25 @@ def carry_goals(data: dict[str, Any], latest: str) -> None:
                 break
 
 
+def scaling_slopes(data: dict[str, Any], latest: str) -> list[str]:
+    """The data-scaling curve's gain per e-fold of training sequences (all domains, the gate's
+    fit over its measured and replayed points) of the run and of each earlier run that has one,
+    newest first: issue 27's "before and after" in a line each."""
+    lines = []
+    for name, run in [(latest, data), *(data.get("earlier_runs") or {}).items()]:
+        curve = run.get("scaling_curve") or {}
+        fit = (curve.get("fits") or {}).get("all")
+        if not fit:
+            continue
+        measured = sorted((p["samples"], p["accept_length"]) for p in curve.get("points", [])
+                          if p["domain"] == "all" and p["kind"] == "measured")  # fmt: skip
+        points = " / ".join(f"{a:.3f}" for _, a in measured)
+        at = " / ".join(f"{n:,}" for n, _ in measured)
+        lines.append(f"{name}: {fit['slope_per_ln_sample']:+.3f} tokens per verify per e-fold of data "
+                     f"(num_steps {curve.get('num_steps')}; SGLang {points} at {at} sequences)")  # fmt: skip
+    return lines
+
+
 def markdown_table(data: dict[str, Any]) -> str:
     """The configs as the README shows them."""
     lines = ["| config | accept length | median tok/s | speedup (95% CI) | exact match |", "|---|---|---|---|---|"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.real_run_report import write_real_run
+from benchmarks.real_run_report import scaling_slopes, write_real_run
 
 NODE = Path(__file__).resolve().parents[1] / "benchmarks/results/real-run-node"
 
@@ -139,3 +139,17 @@ def test_a_new_collect_removes_plots_an_older_one_left(tmp_path: Path) -> None:
     write_real_run(NODE / "run-4", tmp_path)
     assert not stale.exists()  # run-4 has no gate report plots: an old one would read as its
     assert (tmp_path / "real-run-scaling-training.png").is_file()
+
+
+def test_collect_prints_each_run_s_gain_per_e_fold_the_new_one_first() -> None:
+    """Issue 27's "before and after": the gate's fit over all domains, per run that has a curve.
+    As if a new run (a copy of run 7's curve, its slope doubled) were collected beside run 7."""
+    committed = json.loads((NODE.parent / "real-run.json").read_text())
+    assert scaling_slopes(committed, "run-7") == [
+        "run-7: +0.206 tokens per verify per e-fold of data (num_steps 3; SGLang 1.235 / 1.376 / 1.537 / 1.726 at "
+        "1,004 / 3,011 / 6,022 / 10,036 sequences)"]  # the runs before 7 kept no fitted curve
+    curve = json.loads(json.dumps(committed["scaling_curve"]))
+    curve["fits"]["all"]["slope_per_ln_sample"] *= 2
+    new = {"scaling_curve": curve, "earlier_runs": {"run-7": committed}}
+    lines = scaling_slopes(new, "run-12")
+    assert [x.split(":")[0] for x in lines] == ["run-12", "run-7"] and lines[0].startswith("run-12: +0.413 tokens")
