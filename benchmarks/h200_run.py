@@ -190,6 +190,7 @@ from benchmarks.h200.node_steps import (  # noqa: E402
     node_replay,
     node_scaling,
     node_train_watched,
+    node_verify_probe,
 )
 from benchmarks.h200.payload import prepare  # noqa: E402
 from benchmarks.h200.plans import PLANS, RECIPE_PLANNED, RECIPE_VARIANTS, SKIPPABLE  # noqa: E402
@@ -228,7 +229,7 @@ def main() -> int:
                    help="an earlier run's results folder, kept beside it under earlier_runs (repeatable, newest first)")
     n = sub.add_parser("node", help="on the H200 node")
     n.add_argument("what", choices=["receive", "start", "wait", "pipeline", "reference", "agreement", "scaling", "replay",
-                                    "recipe-replay", "drafts", "plain", "train-watched"])  # fmt: skip
+                                    "recipe-replay", "drafts", "plain", "train-watched", "verify-probe"])  # fmt: skip
     n.add_argument("arg", nargs="?")
     n.add_argument("--timeout", type=float, default=540.0)
     n.add_argument("--budget", type=float, help="start: the device seconds the pipeline has (bounds SpecForge)")
@@ -268,6 +269,8 @@ def main() -> int:
         return node_scaling(args.arg)
     if what == "train-watched":
         return node_train_watched()
+    if what == "verify-probe":
+        return node_verify_probe()
     return node_plain(args.arg, args.overrides)
 
 

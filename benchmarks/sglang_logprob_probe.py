@@ -17,7 +17,14 @@ with the request beside it under `request`; tests/fixtures/sglang-0.5.14/ holds 
 the answer and `*.request.json`.
 `probe.json` sums up: per prompt, the positions where the decode's token is not the re-score's
 top token, and the largest |decode logprob - re-score logprob| of the same token (how far the
-two kernel paths are apart on this target: what gate.near_tie_nats must cover).
+two kernel paths are apart on this target: what gate.near_tie_nats must cover), and over every
+position the median, 99th percentile and largest.
+
+Against a speculative server (`--tag eagle3`: the node's `verify-probe` plan launches one for
+the run's draft as the gate does) the "decode" logprobs are those the verify forward computed
+for the tokens it accepted, and the re-score is the same server's prefill: the spread between
+the verify and prefill paths, at every position, which is what the lossless threshold must
+cover (BENCHMARKS P12). The files are then named `*-eagle3.json` and `probe-eagle3.json`.
 """
 
 from __future__ import annotations
@@ -42,7 +49,8 @@ def _keep(out: Path, name: str, body: dict[str, Any], raw: bytes) -> None:
     (out / name).write_text(json.dumps({"request": body, "response": json.loads(raw)}, indent=1))
 
 
-def probe(url: str, params: str, out: Path, n_prompts: int = 4, new_tokens: int = 24, k: int = 5) -> dict[str, Any]:
+def probe(url: str, params: str, out: Path, n_prompts: int = 4, new_tokens: int = 24, k: int = 5,
+          tag: str = "base") -> dict[str, Any]:  # fmt: skip
     import httpx
 
     from tasks.config import load_config
@@ -56,6 +64,7 @@ def probe(url: str, params: str, out: Path, n_prompts: int = 4, new_tokens: int 
                                  encoder_for_target(cfg.target.model_path, cfg.target.chat_template))  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"url": url, "prompts": []}
+    every: list[float] = []
     with httpx.Client(timeout=120, trust_env=False) as client:
         for p in prompts:
             ids = list(p.input_ids)
@@ -69,13 +78,14 @@ def probe(url: str, params: str, out: Path, n_prompts: int = 4, new_tokens: int 
             penalized.pop("return_logprob"), penalized.pop("top_logprobs_num")
             raw_pen, _ = _post(client, url, penalized)
             if p.index == 0:  # one of each as a fixture
-                _keep(out, "gen-logprobs-decode-base.json", decode, raw_decode)
-                _keep(out, "gen-logprobs-base.json", rescore, raw_rescore)
-                _keep(out, "gen-frequency-penalty-base.json", penalized, raw_pen)
+                _keep(out, f"gen-logprobs-decode-{tag}.json", decode, raw_decode)
+                _keep(out, f"gen-logprobs-{tag}.json", rescore, raw_rescore)
+                _keep(out, f"gen-frequency-penalty-{tag}.json", penalized, raw_pen)
             evidence = evidence_from_sglang(read_generate_reply(raw_rescore).logprobs, ids, list(reply.output_ids), k)
             dec = reply.logprobs.output_token if reply.logprobs else []
             deltas = [abs(d.logprob - v.logprob) for d, v in zip(dec, evidence.positions, strict=False)
                       if d.logprob is not None and v.logprob is not None]  # fmt: skip
+            every += deltas
             summary["prompts"].append({
                 "index": p.index, "domain": p.domain, "prompt_tokens": len(ids), "output_tokens": len(reply.output_ids),
                 "decode_vs_rescore_argmax_flips": evidence.argmax_flips(),
@@ -83,8 +93,22 @@ def probe(url: str, params: str, out: Path, n_prompts: int = 4, new_tokens: int 
                 "penalized_output_differs_at": next((i for i, (a, b) in enumerate(
                     zip(reply.output_ids, read_generate_reply(raw_pen).output_ids, strict=False)) if a != b), None),
             })  # fmt: skip
-    (out / "probe.json").write_text(json.dumps(summary, indent=1))
+    summary["deltas"] = delta_quantiles(every)
+    (out / ("probe.json" if tag == "base" else f"probe-{tag}.json")).write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def delta_quantiles(deltas: list[float]) -> dict[str, Any]:
+    """|decode - re-score| of every token compared: how many, and their median, 99th percentile
+    and largest (nearest rank)."""
+    if not deltas:
+        return {"positions": 0}
+    ranked = sorted(deltas)
+
+    def at(q: float) -> float:
+        return ranked[min(len(ranked) - 1, max(0, round(q * len(ranked)) - 1))]
+
+    return {"positions": len(ranked), "p50": at(0.5), "p99": at(0.99), "max": ranked[-1]}
 
 
 def main() -> int:
@@ -92,8 +116,11 @@ def main() -> int:
     parser.add_argument("--url", required=True)
     parser.add_argument("--params", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--prompts", type=int, default=4, help="held-out prompts, as the gate selects them")
+    parser.add_argument("--new-tokens", type=int, default=24)
+    parser.add_argument("--tag", default="base", help="the recorded files' suffix: base, or eagle3 for a speculative server")
     args = parser.parse_args()
-    print(json.dumps(probe(args.url, args.params, Path(args.out)), indent=1))
+    print(json.dumps(probe(args.url, args.params, Path(args.out), args.prompts, args.new_tokens, tag=args.tag), indent=1))
     return 0
 
 

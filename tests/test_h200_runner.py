@@ -403,6 +403,7 @@ def test_node_start_refuses_what_cannot_run_before_starting_anything(tmp_path: P
     monkeypatch.setattr(node_env, "EXTRA_SETS", [])
     (tmp_path / "manifest.json").write_text(json.dumps({"parts": [], "carried": {"generation": True, "draft": False}}))
     assert lifecycle.node_start(None, [], "qwen-sweep") == 2
+    assert lifecycle.node_start(None, [], "verify-probe") == 2  # the probe's server serves a carried draft
     assert lifecycle.node_start(None, [], "qwen-gate", overrides=["epochs=2"]) == 2
     assert not (tmp_path / "options.json").exists() and not (tmp_path / "pipeline.log").exists()
     options = plans.plan_options([], "qwen-gate", None, plans.parse_settings(["train.epochs=2", "gate.num_steps=[3, 4]"]))

@@ -153,6 +153,14 @@ def test_the_verify_view_reads_real_decode_logprobs_beside_the_real_re_score() -
     assert verify_view(div, reference, evidence, other, decode.logprobs) == {"reproduced": False, "left_at": 5}
 
 
+def test_the_probe_sums_every_position_s_delta_by_nearest_rank() -> None:
+    from benchmarks.sglang_logprob_probe import delta_quantiles
+
+    assert delta_quantiles([]) == {"positions": 0}
+    got = delta_quantiles([i / 100 for i in range(200, 0, -1)])  # 0.01 .. 2.00, unsorted
+    assert got == {"positions": 200, "p50": 1.0, "p99": 1.98, "max": 2.0}
+
+
 @pytest.mark.parametrize(("path", "value", "message"), [
     (("input_top_logprobs", 2, 1), ["-0.7", 1464, None], r"meta_info\.input_top_logprobs\[2\]\[1\]: logprob must be a number <= 0"),
     (("input_token_logprobs", 1), [-0.01, 985], r"meta_info\.input_token_logprobs\[1\] must be \[logprob, token_id, text\]"),

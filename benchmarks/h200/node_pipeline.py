@@ -363,7 +363,7 @@ class Pipeline:
         try:
             plans = {"online-incumbent": self.online_incumbent, "lossless": self.lossless, "recipe": self.recipe,
                      "qwen-generate": self.qwen_generate, "qwen-gate": self.qwen_gate, "qwen-sweep": self.qwen_sweep,
-                     "qwen-scaling": self.qwen_scaling}  # fmt: skip
+                     "qwen-scaling": self.qwen_scaling, "verify-probe": self.verify_probe}  # fmt: skip
             plans.get(self.plan, self.pipeline)()
             self.note("finished", "done")
             self.status["state"] = "done"
@@ -599,6 +599,16 @@ class Pipeline:
                 return
         if not self.done_before("gate"):
             self.stage("gate", *self.emulated)
+
+    def verify_probe(self) -> None:
+        """The "verify-probe" plan (PLANS): the carried draft's speculative server and the logprob
+        probe against it (`node verify-probe`)."""
+        self.setup()
+        self.require_carried_draft()
+        self.write_params()
+        self.note("verify-probe", "running")
+        self.py([str(node_env.RUNNER), "node", "verify-probe"], "verify-probe")
+        self.note("verify-probe", "done")
 
     def qwen_sweep(self) -> None:
         """The "qwen-sweep" plan (PLANS): the carried draft gated at num_steps 1, 2, 4 and 5."""

@@ -1,7 +1,8 @@
 """The node's single-purpose steps, each run by the pipeline as its own process
 (`python3 benchmarks/h200_run.py node STEP`) on the bundle's site folder, where tasks/ and its
 configuration load: the plain batched reference request, the watched training of the full draft,
-the server's outputs against transformers', the replays, the scaling drafts, and a stage through
+the server's outputs against transformers', the replays, the scaling drafts, the verify path's
+logprob probe, and a stage through
 its plain entry points (the fallback when `eaglescale run` fails). Each reads NODE/params.yaml
 (the profile as the pipeline wrote it for this run)."""
 
@@ -255,6 +256,49 @@ def _shards_one_at_a_time(stage: Any) -> None:
         print(stage.finish())
     finally:
         stage.close()
+
+
+def node_verify_probe() -> int:
+    """The "verify-probe" plan's measurement: one speculative server for the run's carried draft,
+    launched as the gate launches num_steps 3 at topk 1, and benchmarks/sglang_logprob_probe.py
+    against it on the gate's held-out prompts at its length (gate.num_prompts,
+    gate.max_new_tokens): the verify path's logprobs of the tokens it accepted beside the same
+    server's prefill re-score of them, into NODE/recorded/*-eagle3.json."""
+    import httpx
+
+    from benchmarks.sglang_logprob_probe import probe
+    from tasks.gate.benchmark import launch_spec
+    from tasks.gate.plan import plan_configs
+    from tasks.sglang.server_process import (
+        EmulatedLauncher,
+        Launcher,
+        PortPool,
+        SGLangLauncher,
+        launch,
+        wait_healthy,
+    )
+    from tasks.target.model_dir import resolve_model_dir
+
+    cfg = _config()
+    gate = cfg.gate
+    draft = str(node_env.NODE / "run/train/final")
+    config = next(c for c in plan_configs(gate, draft) if c.spec is not None and (c.spec.num_steps, c.spec.topk) == (3, 1))
+    launcher: Launcher = (EmulatedLauncher(gate.sglang_version, dict(gate.emulator)) if node_env.REHEARSAL
+                          else SGLangLauncher(gate.sglang_version, gate.python))  # fmt: skip
+    model_dir = str(resolve_model_dir(cfg.target.model_path, cfg.target.revision))
+    server = launch(launcher, launch_spec(gate, model_dir, config, PortPool(gate.host)),
+                    node_env.NODE / "logs" / "verify-probe-server.log")  # fmt: skip
+    try:
+        with httpx.Client(timeout=60, trust_env=False) as client:
+            ready_s = wait_healthy(server, client, gate.health_timeout_s, gate.health_poll_s)
+        began = time.perf_counter()
+        summary = probe(server.url, str(node_env.NODE / "params.yaml"), node_env.NODE / "recorded", gate.num_prompts,
+                        gate.max_new_tokens, tag="eagle3")  # fmt: skip
+    finally:
+        server.stop()
+    print(json.dumps({"config": config.name, "ready_s": ready_s, "probe_s": time.perf_counter() - began,
+                      "deltas": summary["deltas"]}))  # fmt: skip
+    return 0
 
 
 def node_plain(stage: str, overrides: list[str]) -> int:

@@ -60,10 +60,14 @@ SKIPPABLE: dict[str, dict[tuple[str, str], Any]] = {
 # and the topk point, the lossless rule, the break-even at num_steps 3. "qwen-sweep": num_steps 1,
 # 2, 4 and 5 of the carried draft. "qwen-scaling": the data-scaling drafts trained and gated beside
 # the carried draft at num_steps 3 (a scaling draft is gated where it was trained: none travels).
+# "verify-probe": the lossless threshold's evidence on the real parts, for a carried draft (`prepare
+# --run-from ... --draft-from ...`): one speculative server launched as the gate launches num_steps 3,
+# and the logprob probe against it on the gate's prompts (`node verify-probe`): the logprobs its
+# verify forward computed beside its own prefill's, at every position.
 PLANS = {"full": [], "online-incumbent": ["scaling", "anchor", "sweep"], "lossless": ["scaling", "anchor"],
          "recipe": ["scaling", "sweep"], "qwen-generate": ["scaling", "anchor"], "qwen-gate": ["scaling", "anchor"],
-         "qwen-sweep": ["scaling", "anchor"], "qwen-scaling": ["anchor"]}  # fmt: skip
-NEEDS_DRAFT = {"qwen-sweep", "qwen-scaling"}  # plans that gate a carried draft and train none of their own
+         "qwen-sweep": ["scaling", "anchor"], "qwen-scaling": ["anchor"], "verify-probe": ["scaling", "anchor", "sweep"]}  # fmt: skip
+NEEDS_DRAFT = {"qwen-sweep", "qwen-scaling", "verify-probe"}  # plans that use a carried draft and train none of their own
 # Each plan's own settings (section, key) -> value, under --skip's and `node start --set`'s.
 PLAN_SETTINGS: dict[str, dict[tuple[str, str], Any]] = {
     # The recipe A/B's token budget: SpecForge's draft and every variant but epochs4 train 3 epochs,

@@ -182,15 +182,7 @@ class GateRunner:
                 self._started.clear()
 
     def _spec(self, config: BenchConfig) -> LaunchSpec:
-        cfg = self.cfg
-        return LaunchSpec(
-            model_path=self.model_path, port=self._ports.http_port(), nccl_port=self._ports.nccl_port(),
-            host=cfg.host, tp_size=cfg.tp_size,
-            spec=config.spec, cuda_graph_max_bs=cfg.cuda_graph_max_bs,
-            mem_fraction_static=cfg.mem_fraction_static, server=cfg.server,
-            extra_args=tuple(cfg.extra_server_args),
-            env={**cfg.env, **config.env},
-        )  # fmt: skip
+        return launch_spec(self.cfg, self.model_path, config, self._ports)
 
     def _start_wave(self, client: httpx.Client, first: int) -> None:
         """Start launches first..first+N-1 together, then wait until each serves (or failed)."""
@@ -378,6 +370,18 @@ class GateRunner:
         if config.role == BREAKEVEN:
             sampling["ignore_eos"] = True
         return sampling
+
+
+def launch_spec(cfg: GateConfig, model_path: str, config: BenchConfig, ports: PortPool) -> LaunchSpec:
+    """The launch of one config of the gate: its server settings, ports from `ports`."""
+    return LaunchSpec(
+        model_path=model_path, port=ports.http_port(), nccl_port=ports.nccl_port(),
+        host=cfg.host, tp_size=cfg.tp_size,
+        spec=config.spec, cuda_graph_max_bs=cfg.cuda_graph_max_bs,
+        mem_fraction_static=cfg.mem_fraction_static, server=cfg.server,
+        extra_args=tuple(cfg.extra_server_args),
+        env={**cfg.env, **config.env},
+    )  # fmt: skip
 
 
 def record_generate_answer(rec: RequestRecord, status: int, body: bytes, spec: SpecParams | None) -> list[int] | None:
