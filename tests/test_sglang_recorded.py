@@ -153,6 +153,32 @@ def test_the_verify_view_reads_real_decode_logprobs_beside_the_real_re_score() -
     assert verify_view(div, reference, evidence, other, decode.logprobs) == {"reproduced": False, "left_at": 5}
 
 
+def test_a_speculative_server_answers_logprobs_that_the_verify_view_reads() -> None:
+    """Real SGLang 0.5.14 under EAGLE3 (run 12): the decode's own logprobs for all 256 tokens (the
+    verify forward's for those it accepted) and the same server's prefill re-score of them. Read
+    as the gate reads them, the verify path against the prefill path drifts by at most 0.1565
+    nats on this prompt, the probe's recorded figure, and each token is its verify's best."""
+    from tasks.gate.lossless import evidence_from_sglang, verify_view
+
+    decode = read_generate_reply(raw("gen-logprobs-decode-eagle3.json"))
+    assert decode.meta["spec_verify_ct"] == 120 and len(decode.output_ids) == 256 and decode.logprobs is not None
+    assert [e.token_id for e in decode.logprobs.output_token] == decode.output_ids
+    # Each emitted token is its verify's best (at position 75 tied to the last bit with the one listed first).
+    assert all(top[0].logprob == e.logprob for top, e in zip(decode.logprobs.output_top, decode.logprobs.output_token,
+                                                             strict=True))  # fmt: skip
+    request = recorded("gen-logprobs-eagle3.request.json")
+    prompt = request["input_ids"][: -len(decode.output_ids)]
+    assert request["input_ids"][len(prompt):] == decode.output_ids and len(prompt) == 382
+    evidence = evidence_from_sglang(read_generate_reply(raw("gen-logprobs-eagle3.json")).logprobs, prompt,
+                                    decode.output_ids, 5)  # fmt: skip
+    d = len(decode.output_ids) - 1  # as if the reference left it at the last token, for its runner-up there
+    b, a = decode.output_ids[d], next(t for t, _ in evidence.positions[d].top if t != decode.output_ids[d])
+    div = {"position": d, "baseline_token": a, "speculative_token": b, "prefix": ""}
+    v = verify_view(div, [*decode.output_ids[:d], a], evidence, decode.output_ids, decode.logprobs)
+    assert v["reproduced"] and v["positions"] == 255 and v["prefix_drift_max"] <= 0.15648716688156128 + 1e-12
+    assert v["prefix_drift_mean"] < 0.02
+
+
 def test_the_probe_sums_every_position_s_delta_by_nearest_rank() -> None:
     from benchmarks.sglang_logprob_probe import delta_quantiles
 

@@ -64,11 +64,12 @@ decode did not. On SmolLM2 one draft's outputs left the baseline's on one prompt
 launches, at a gap of 0.5625 nats (4.5 ulps, at a flat position 117 tokens in), while every other
 first divergence of runs 9 and 11 lay within 0.25 and a frequency penalty's real change started at
 0.75. The baseline pair cannot see this (two decode launches agree bit for bit). What would
-measure it is the verify path's own logprobs. SGLang's spec-v1 EAGLE worker returns them for a
-request with return_logprob (to be confirmed on 0.5.14). Set those against the re-score at every
-position that the speculative output shares with the reference, and the spread of that
-difference on the target becomes the threshold's evidence. Until that is measured the default
-stays 0.5. A refusal names its gap, so a reader can tell 0.56 from 2.0.
+measure it is the verify path's own logprobs, which SGLang 0.5.14 returns under EAGLE3 for a
+request with return_logprob. Run 12 (P13) set them against the same server's prefill at 4,291
+positions: a token's logprob moved by up to 0.312 nats, so a gap by up to ~0.62. The refused
+0.5625 lies inside that, and the penalty's 0.75 and up outside. The default stays 0.5 until the
+same probe on Qwen (`node start --plan verify-probe`) sets it, with a test. A refusal names its
+gap, so a reader can tell 0.56 from 2.0.
 """
 
 from __future__ import annotations
