@@ -210,7 +210,7 @@ def test_disagreeing_outputs_are_rejected(tmp_path: Path, run: RunFolder) -> Non
     assert d.reasons[0] == "no speculative config is eligible"
     assert re.fullmatch(r"eagle3-s3-k1-n4: not lossless: request 0 \(prompt chat-\d+, repetition 0\), position 3: "
                         r"baseline token \d+ \(logprob -\d\.\d{3}\) vs speculative \d+ \(logprob < -\d+\.\d{3}, not in "
-                        r"the top 5\), gap at least \d+\.\d{3} nats > 0\.5 \(and 7 more requests not lossless\)", d.reasons[1])  # fmt: skip
+                        r"the top 5\), gap at least \d+\.\d{3} nats > 0\.625 \(and 7 more requests not lossless\)", d.reasons[1])  # fmt: skip
     spec = [r for r in result.records("eagle3-s3-k1-n4")]
     assert all(r.divergence["cls"] == "not_lossless" and r.divergence["gap"] > 3.0 for r in spec)
     assert d.reasons[2].startswith("fastest measured (not eligible): faster than the baseline beyond the spread: eagle3-s3-k1-n4")
@@ -390,7 +390,7 @@ def test_a_server_that_emits_a_confident_runner_up_is_not_lossless(tmp_path: Pat
     assert d.reasons[1] == (
         f"eagle3-s3-k1-n4: not lossless: request 0 (prompt {result.prompts[0].prompt_id}, repetition 0), position 4: "
         f"baseline token {div['baseline_token']} (logprob {div['baseline_logprob']:.3f}) vs speculative "
-        f"{div['speculative_token']} (logprob {div['speculative_logprob']:.3f}), gap {div['gap']:.3f} nats > 0.5 "
+        f"{div['speculative_token']} (logprob {div['speculative_logprob']:.3f}), gap {div['gap']:.3f} nats > 0.625 "
         "(and 3 more requests not lossless)"
     )
 

@@ -128,11 +128,11 @@ class GateConfig(Strict):
     # The lossless rule (tasks/gate/lossless.py): each speculative output equals the baseline's
     # reference or first leaves it at a near-tie, as judged by the baseline's prefill re-score.
     near_tie_nats: float = Field(
-        0.5, gt=0,
+        0.625, gt=0,
         description="How far below the baseline's best logprob at a divergence both tokens may lie for it to count as "
-        "a near-tie a bf16 verify may flip: each of the decode, verify and re-score paths may misplace a logit of "
-        "magnitude 16-32 by one bf16 ulp (0.125), so one path's gap is within 0.25 of the exact gap and a flip "
-        "between two paths is seen by a third within 0.5 (SGLang's own decode-vs-prefill logprob tolerance).",
+        "a near-tie a bf16 verify may flip: SGLang's verify path moved a token's logprob by up to 0.312 nats from "
+        "its prefill's on SmolLM2 (run 12, BENCHMARKS P13), so a gap by up to ~0.62; a frequency penalty's real "
+        "changes of output lay at 0.75 and beyond. Measure a new target with the node's verify-probe plan.",
     )  # fmt: skip
     top_logprobs_num: int = Field(
         5, ge=2, description="Top tokens per position in the baseline's re-score (SGLang's top_logprobs_num): a "

@@ -44,32 +44,28 @@ at d. With a frequency penalty in the requests, both tokens' logprobs are penali
 decode penalized them at d (logit - penalty x count in the output so far; the re-score itself is
 unpenalized), so the gap is the one greedy decoding compared.
 
-The threshold (gate.near_tie_nats, default 0.5 nats). A logprob gap between two tokens is their
-logit difference (the softmax normaliser is common). bf16 keeps 8 significant bits: a value in
-[2^e, 2^(e+1)) has an ulp of 2^(e-7), so the target's top logits, of magnitude 16-32 on the
-models measured, are quantized to 0.125 (their ulp) and rounded by up to half of it. Assume each
-forward path (decode, verify, the prefill re-score) may misplace each logit by up to one ulp, two
-half-ulp roundings (the final hidden state and the lm_head output, accumulated in its own order):
-one path's gap between two tokens is then within 2 x 0.125 = 0.25 of the exact gap. A flip between
-decode and verify means the exact gap is within 0.25 of zero, and the re-score, a third path, sees
-it within another 0.25: at most 0.5 nats. SGLang's own test tolerates the same 0.5 between decode
-logprobs and a prefill re-score ("~0.25 observed for bf16"). Logits of magnitude 32-64 have twice
-the ulp (threshold 1.0); the setting is there for such targets, and the baseline-vs-baseline pair
-the gate already launches says whether it is right: its second launch's divergences from the first
-are classified the same way, and a not-lossless one there means the threshold or the server is off.
+The threshold (gate.near_tie_nats, default 0.625 nats), measured rather than derived. A logprob
+gap between two tokens is their logit difference (the softmax normaliser is common). A flip
+between decode and verify means the verify path moved the gap across zero. So the gap the
+prefill re-score sees is at most how far verify can move a gap from prefill: the sum of the two
+tokens' moves. Run 12 (BENCHMARKS P13) measured the verify path against the same server's prefill
+on SmolLM2 at 4,291 positions. A token's logprob moved by up to 0.312 nats, so a gap moves by up
+to ~0.62, and 0.625 (five bf16 ulps of logits of magnitude 16-32) covers it.
 
-What the bound leaves out, measured (run 11, BENCHMARKS P12). The one-ulp-per-path assumption
-covers the last position's own rounding, not the KV cache before it, which verify wrote and
-decode did not. On SmolLM2 one draft's outputs left the baseline's on one prompt, in both
-launches, at a gap of 0.5625 nats (4.5 ulps, at a flat position 117 tokens in), while every other
-first divergence of runs 9 and 11 lay within 0.25 and a frequency penalty's real change started at
-0.75. The baseline pair cannot see this (two decode launches agree bit for bit). What would
-measure it is the verify path's own logprobs, which SGLang 0.5.14 returns under EAGLE3 for a
-request with return_logprob. Run 12 (P13) set them against the same server's prefill at 4,291
-positions: a token's logprob moved by up to 0.312 nats, so a gap by up to ~0.62. The refused
-0.5625 lies inside that, and the penalty's 0.75 and up outside. The default stays 0.5 until the
-same probe on Qwen (`node start --plan verify-probe`) sets it, with a test. A refusal names its
-gap, so a reader can tell 0.56 from 2.0.
+Why not the bound first derived here. It gave 0.5: each of the decode, verify and re-score paths
+misplaces each logit by one ulp, as SGLang's own decode-against-prefill test tolerates. It left
+out the KV cache, which verify wrote and decode did not, and its error grows along the output.
+Run 11 (P12) found that out. One draft's outputs left the baseline's on one prompt, in both
+launches, 117 tokens in, at a gap of 0.5625, and 0.5 refused it. Every other first divergence of
+runs 9 and 11 lay within 0.25.
+
+What the threshold must still catch. A frequency penalty, which SGLang applies relaxed under
+speculation, changed outputs at gaps of 0.75, 0.75, 1.0 and 2.0 (P9), all beyond 0.625. Logits of
+a larger magnitude have a larger ulp, so measure each new target with `node start --plan
+verify-probe` (benchmarks/h200_run.py) and set the threshold from its largest move. The
+baseline-vs-baseline pair the gate launches cannot show this spread (two decode launches agree
+bit for bit). The gate's verify view (verify_view, gate.verify_logprobs) records it at every
+refused divergence. A refusal names its gap, so a reader can tell 0.7 from 2.0.
 """
 
 from __future__ import annotations
