@@ -135,7 +135,11 @@ The sessions, in order:
    finished (else status.json says the gate was skipped and why).
 3. qwen-gate (--run-from, --draft-from): the decision. The carried draft replayed, then one server
    at a time: the baseline, num_steps 3 and the topk point (3 steps, topk 4), twice each, and the
-   break-even at num_steps 3 (accept lengths 1.5, 2.0, 2.5, one launch each): 9 launches.
+   break-even at num_steps 3 (accept lengths 1.5, 2.0, 2.5, one launch each): 9 launches. With
+   `--set gate.verify_logprobs=diverged` (~1 min more) every diverging request is sent again, and
+   Qwen's verify path is measured against its prefill where it matters (gate.near_tie_nats,
+   0.625, was measured on SmolLM2: BENCHMARKS P13). `--plan verify-probe` measures it at every
+   position, but costs a session's payload.
 4. qwen-sweep (--run-from, --draft-from): the baseline and num_steps 1, 2, 4, 5, twice each: 10.
 5. qwen-scaling (--run-from, --draft-from): the data-scaling drafts (0.1, 0.3, 0.6 of the
    sequences) trained online in two processes on the carried draft's vocabulary map, then the
