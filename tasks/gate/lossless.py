@@ -54,8 +54,8 @@ to ~0.62, and 0.625 (five bf16 ulps of logits of magnitude 16-32) covers it.
 
 Why not the bound first derived here. It gave 0.5: each of the decode, verify and re-score paths
 misplaces each logit by one ulp, as SGLang's own decode-against-prefill test tolerates. It left
-out the KV cache, which verify wrote and decode did not, and its error grows along the output.
-Run 11 (P12) found that out. One draft's outputs left the baseline's on one prompt, in both
+out the KV cache, which verify wrote and decode did not, and whose rounding reaches every later
+position. Run 11 (P12) found that out. One draft's outputs left the baseline's on one prompt, in both
 launches, 117 tokens in, at a gap of 0.5625, and 0.5 refused it. Every other first divergence of
 runs 9 and 11 lay within 0.25.
 

@@ -5,8 +5,8 @@ lossless rule (tasks/gate/lossless.py) it still needs what a real target has at 
 the top tokens and their logprobs, so this gives each position a deterministic synthetic one,
 anchored to the token there: that token is the argmax, the runner-up trails it by a margin, and
 further ranks fall off geometrically. A fraction `near_tie_rate` of positions are near-ties (a
-margin of 0.02-0.3 nats, well inside the 0.625 a bf16 target's paths can disagree by, BENCHMARKS P13); the others
-are confident (3-8 nats). Everything derives from (seed, key, position): two launches of one
+margin of 0.02-0.3 nats, well inside the 0.625 a bf16 target's paths can disagree by, BENCHMARKS
+P13); the others are confident (3-8 nats). Everything derives from (seed, key, position): two launches of one
 seed agree on which positions are near-ties and on every runner-up, as two launches of a real
 target do, so a speculative launch that flips a near-tie emits exactly the runner-up the
 baseline's re-score then reports.
