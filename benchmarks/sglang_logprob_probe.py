@@ -55,7 +55,7 @@ def probe(url: str, params: str, out: Path, n_prompts: int = 4, new_tokens: int 
 
     from tasks.config import load_config
     from tasks.engines.sglang_wire import read_generate_reply
-    from tasks.gate.lossless import evidence_from_sglang, rescore_body
+    from tasks.gate.lossless import evidence_from_sglang, path_deltas, rescore_body
     from tasks.gate.plan import encoder_for_target, load_bench_prompts
     from tasks.runfolder import RunFolder
 
@@ -82,9 +82,7 @@ def probe(url: str, params: str, out: Path, n_prompts: int = 4, new_tokens: int 
                 _keep(out, f"gen-logprobs-{tag}.json", rescore, raw_rescore)
                 _keep(out, f"gen-frequency-penalty-{tag}.json", penalized, raw_pen)
             evidence = evidence_from_sglang(read_generate_reply(raw_rescore).logprobs, ids, list(reply.output_ids), k)
-            dec = reply.logprobs.output_token if reply.logprobs else []
-            deltas = [abs(d.logprob - v.logprob) for d, v in zip(dec, evidence.positions, strict=False)
-                      if d.logprob is not None and v.logprob is not None]  # fmt: skip
+            deltas = path_deltas(reply.logprobs.output_token if reply.logprobs else [], evidence)
             every += deltas
             summary["prompts"].append({
                 "index": p.index, "domain": p.domain, "prompt_tokens": len(ids), "output_tokens": len(reply.output_ids),

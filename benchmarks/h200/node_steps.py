@@ -267,24 +267,16 @@ def node_verify_probe() -> int:
     import httpx
 
     from benchmarks.sglang_logprob_probe import probe
-    from tasks.gate.benchmark import launch_spec
+    from tasks.gate.benchmark import launch_spec, server_launcher
     from tasks.gate.plan import plan_configs
-    from tasks.sglang.server_process import (
-        EmulatedLauncher,
-        Launcher,
-        PortPool,
-        SGLangLauncher,
-        launch,
-        wait_healthy,
-    )
+    from tasks.sglang.server_process import PortPool, launch, wait_healthy
     from tasks.target.model_dir import resolve_model_dir
 
     cfg = _config()
     gate = cfg.gate
     draft = str(node_env.NODE / "run/train/final")
     config = next(c for c in plan_configs(gate, draft) if c.spec is not None and (c.spec.num_steps, c.spec.topk) == (3, 1))
-    launcher: Launcher = (EmulatedLauncher(gate.sglang_version, dict(gate.emulator)) if node_env.REHEARSAL
-                          else SGLangLauncher(gate.sglang_version, gate.python))  # fmt: skip
+    launcher = server_launcher(gate, "emulated" if node_env.REHEARSAL else "sglang")
     model_dir = str(resolve_model_dir(cfg.target.model_path, cfg.target.revision))
     server = launch(launcher, launch_spec(gate, model_dir, config, PortPool(gate.host)),
                     node_env.NODE / "logs" / "verify-probe-server.log")  # fmt: skip

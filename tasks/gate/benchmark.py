@@ -63,10 +63,12 @@ from tasks.gate.plan import (
 from tasks.gate.progress import GateProgress
 from tasks.sglang.command import LaunchSpec, SpecParams
 from tasks.sglang.server_process import (
+    EmulatedLauncher,
     LaunchedServer,
     Launcher,
     PortPool,
     ServerStartError,
+    SGLangLauncher,
     check_server_info,
     fetch_server_info,
     launch,
@@ -370,6 +372,14 @@ class GateRunner:
         if config.role == BREAKEVEN:
             sampling["ignore_eos"] = True
         return sampling
+
+
+def server_launcher(cfg: GateConfig, engine: str | None = None) -> Launcher:
+    """What starts the gate's servers: real SGLang for engine "sglang" (gate.engine by default),
+    else the package's emulator with gate.emulator's settings."""
+    if (engine or cfg.engine) == "sglang":
+        return SGLangLauncher(cfg.sglang_version, cfg.python)
+    return EmulatedLauncher(cfg.sglang_version, dict(cfg.emulator))
 
 
 def launch_spec(cfg: GateConfig, model_path: str, config: BenchConfig, ports: PortPool) -> LaunchSpec:

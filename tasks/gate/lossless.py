@@ -74,7 +74,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tasks.engines.sglang_wire import ReplyLogprobs
+from tasks.engines.sglang_wire import ReplyLogprobs, TokenLogprob
 from tasks.gate.plan import BREAKEVEN, BenchConfig, BenchPrompt, RequestRecord
 
 NEAR_TIE, NOT_LOSSLESS, NO_EVIDENCE = "near_tie", "not_lossless", "no_evidence"
@@ -254,6 +254,14 @@ def classify(
     return div
 
 
+def path_deltas(tokens: list[TokenLogprob], evidence: ReferenceEvidence, n: int | None = None) -> list[float]:
+    """|logprob - re-score logprob| of the same token at output positions 0..n-1 (all of
+    `tokens` by default): how far the path that generated them (decode, or a speculative
+    server's verify) is from the prefill re-score, position by position."""
+    return [abs(float(t.logprob) - float(p.logprob)) for t, p in zip(tokens[:n], evidence.positions, strict=False)
+            if t.logprob is not None and p.logprob is not None]  # fmt: skip
+
+
 def verify_body(prompt_ids: list[int], sampling: dict[str, Any], k: int, rid: str) -> dict[str, Any]:
     """A benchmark request sent again, untimed, asking for the logprobs of what it generates: on
     a speculative server those of the tokens its verify forward accepted (verify_view)."""
@@ -287,9 +295,7 @@ def verify_view(div: dict[str, Any], reference: list[int], evidence: ReferenceEv
     own = logprobs.output_top[d]
     if not own:
         raise EvidenceError(f"no output top logprobs at position {d}")
-    drift = [abs(float(e.logprob) - float(p.logprob)) for e, p in zip(logprobs.output_token[:d], evidence.positions[:d],
-                                                                       strict=True)
-             if e.logprob is not None and p.logprob is not None]  # fmt: skip
+    drift = path_deltas(logprobs.output_token, evidence, d)
     view: dict[str, Any] = {"reproduced": True, "positions": len(drift),
                             "prefix_drift_max": max(drift, default=0.0),
                             "prefix_drift_mean": sum(drift) / len(drift) if drift else 0.0}  # fmt: skip

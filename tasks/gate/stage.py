@@ -189,16 +189,11 @@ def _benchmark_local(
 def _benchmark_server(
     config: EagleScaleConfig, configs: list[BenchConfig], prompts: list[Any], work_dir: Path, progress: GateProgress
 ) -> BenchResult:
-    from tasks.gate.benchmark import GateRunner
-    from tasks.sglang.server_process import EmulatedLauncher, Launcher, SGLangLauncher
+    from tasks.gate.benchmark import GateRunner, server_launcher
     from tasks.target.model_dir import resolve_model_dir
 
     gate = config.gate
-    launcher: Launcher
-    if gate.engine == "sglang":
-        launcher = SGLangLauncher(gate.sglang_version, gate.python)
-    else:
-        launcher = EmulatedLauncher(gate.sglang_version, dict(gate.emulator))
+    launcher = server_launcher(gate)
     logs = work_dir / "server-logs"
     logs.mkdir(parents=True, exist_ok=True)
     # Servers load a local HF folder: a package or GGUF target is its converted folder.
