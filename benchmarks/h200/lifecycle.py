@@ -69,7 +69,13 @@ def node_start(budget_s: float | None, skip: list[str], plan: str = "full", vari
 
 
 def node_wait(timeout: float) -> int:
-    """Follow the pipeline until it ends or `timeout` passes; leave the results so far in $OUT."""
+    """Follow the pipeline until it ends or `timeout` passes; leave the results so far in $OUT.
+    On a machine where no pipeline was started (a fresh one: the machine that ran it was given
+    back between calls) it says so at once, rather than spend the call's device time waiting."""
+    if not (node_env.NODE / "options.json").is_file():  # node start writes it before the pipeline starts
+        print("node wait: no pipeline was started on this machine (it started bare: the one that ran it was "
+              "given back); what earlier `node wait` calls brought back is all there is", file=sys.stderr)  # fmt: skip
+        return 3
     out = node_env.out_dir()
     began, last, collected = time.time(), None, time.time()
     status: dict[str, Any] = {}
