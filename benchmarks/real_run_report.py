@@ -223,6 +223,47 @@ def measured_launches(progress: dict[str, Any] | None, replay: dict[str, Any] | 
                                              "vs_baseline": statistics.median(best["vs_baseline_same_repetition"].values())}}  # fmt: skip
 
 
+def curve_from_launches(progress: dict[str, Any] | None, replay: dict[str, Any] | None,
+                        scaling_replay: dict[str, Any] | None, train_sequences: int | None) -> dict[str, Any] | None:
+    """The data-scaling curve of a gate cut short before its decision, whose own curve
+    (gate/scaling/report.json) is written with the decision: each scaling draft's and the full
+    draft's finished launches at the scaling drafts' num_steps (the server's accept length, overall
+    and per domain; several repetitions of one config averaged), beside every draft's replay,
+    fitted as the gate fits its own (tasks/gate/scaling.py). No break-even: that is the gate's
+    prediction, made with its decision."""
+    from tasks.gate.scaling import MEASURED, OVERALL, REPLAY, ScalingPoint, scaling_report
+
+    finished = [f for f in (progress or {}).get("finished", []) if not f.get("error") and f.get("accept_length")]
+    steps = {m["s"] for f in finished if (m := _CONFIG.match(f["config"])) and (m["draft"] or "").startswith("scaling-")}
+    if len(steps) != 1 or not train_sequences:
+        return None
+    (k,) = steps
+    by_samples: dict[int, list[dict[str, Any]]] = {}
+    for f in finished:
+        m = _CONFIG.match(f["config"])
+        if m is None or m["s"] != k or m["k"] != "1":
+            continue
+        if m["draft"] is None:
+            by_samples.setdefault(train_sequences, []).append(f)
+        elif m["draft"].startswith("scaling-"):
+            by_samples.setdefault(int(m["draft"].split("-", 1)[1]), []).append(f)
+    points: list[ScalingPoint] = []
+    for samples, launches in sorted(by_samples.items()):
+        points.append(ScalingPoint(OVERALL, samples, statistics.mean(f["accept_length"] for f in launches), MEASURED))
+        for domain in sorted({d for f in launches for d in f.get("accept_length_per_domain") or {}}):
+            values = [f["accept_length_per_domain"][domain] for f in launches if domain in (f.get("accept_length_per_domain") or {})]
+            points.append(ScalingPoint(domain, samples, statistics.mean(values), MEASURED))
+    replays = {**{int(n): r for n, r in (scaling_replay or {}).items()}, **({train_sequences: replay} if replay else {})}
+    for samples, result in sorted(replays.items()):
+        tables = {OVERALL: result.get("overall") or {}, **{d: t for d, t in (result.get("per_domain") or {}).items()}}
+        points.extend(ScalingPoint(d, samples, t[k]["accept_length"], REPLAY) for d, t in tables.items()
+                      if (t.get(k) or {}).get("accept_length") is not None)  # fmt: skip
+    report = scaling_report(points, None, int(k))
+    launches = (progress or {}).get("launches") or {}
+    report["from"] = f"the finished launches of a gate cut short ({launches.get('done')} of {launches.get('planned')})"
+    return report
+
+
 def plot_measured_launches(measured: dict[str, Any], curve: list[dict[str, Any]]) -> bytes:
     """Left: tok/s of every launch real SGLang measured (a dot per repetition), the baseline's
     as a line. Right: accept length against training sequences at 3 steps, measured by real
@@ -331,6 +372,9 @@ def build(results: Results) -> dict[str, Any]:
     # A gate cut short before its decision: its finished launches are the evidence.
     measured = None if report else measured_launches(
         results.json("run/gate/progress.json"), replay, results.json("run/gate/scaling/replay.json"))  # fmt: skip
+    if scaling is None and measured:
+        scaling = curve_from_launches(results.json("run/gate/progress.json"), replay,
+                                      results.json("run/gate/scaling/replay.json"), (scaling_index or {}).get("train_sequences"))  # fmt: skip
     # The fastest speculative config, eligible or not: what a reader of a rejection asks first.
     fastest_config = max((c for c in configs if c.get("spec") and c.get("speedup")), key=lambda c: c["speedup"], default=None)
     promote_goal: tuple[Any, bool | None] = (
@@ -458,21 +502,26 @@ def carry_goals(data: dict[str, Any], latest: str) -> None:
 
 
 def scaling_slopes(data: dict[str, Any], latest: str) -> list[str]:
-    """The data-scaling curve's gain per e-fold of training sequences (all domains, the gate's
-    fit over its measured and replayed points) of the run and of each earlier run that has one,
-    newest first: issue 27's "before and after" in a line each."""
+    """The data-scaling curve's gain per e-fold of training sequences (all domains: the gate's fit
+    over its measured points, and the same fit over the replayed ones) of the run and of each
+    earlier run that has one, newest first: issue 27's "before and after" in a line each."""
+    from tasks.gate.scaling import OVERALL, REPLAY, ScalingPoint, fit_trend
+
     lines = []
     for name, run in [(latest, data), *(data.get("earlier_runs") or {}).items()]:
         curve = run.get("scaling_curve") or {}
-        fit = (curve.get("fits") or {}).get("all")
+        fit = (curve.get("fits") or {}).get(OVERALL)
         if not fit:
             continue
-        measured = sorted((p["samples"], p["accept_length"]) for p in curve.get("points", [])
-                          if p["domain"] == "all" and p["kind"] == "measured")  # fmt: skip
+        mine = [p for p in curve.get("points", []) if p["domain"] == OVERALL]
+        measured = sorted((p["samples"], p["accept_length"]) for p in mine if p["kind"] == "measured")
         points = " / ".join(f"{a:.3f}" for _, a in measured)
         at = " / ".join(f"{n:,}" for n, _ in measured)
+        replayed = [ScalingPoint(OVERALL, p["samples"], p["accept_length"], REPLAY) for p in mine if p["kind"] == REPLAY]
+        replay = (f"; replay {fit_trend(replayed)[OVERALL].slope:+.3f}"
+                  if len({p.samples for p in replayed}) > 1 else "")  # fmt: skip
         lines.append(f"{name}: {fit['slope_per_ln_sample']:+.3f} tokens per verify per e-fold of data "
-                     f"(num_steps {curve.get('num_steps')}; SGLang {points} at {at} sequences)")  # fmt: skip
+                     f"(num_steps {curve.get('num_steps')}; SGLang {points} at {at} sequences{replay})")  # fmt: skip
     return lines
 
 

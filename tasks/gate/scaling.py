@@ -142,11 +142,15 @@ def fittable(points: Sequence[ScalingPoint]) -> tuple[list[ScalingPoint], dict[s
     return keep, skipped
 
 
-def write_scaling_report(
-    run: RunFolder, points: Sequence[ScalingPoint], break_even: float | None, num_steps: int
-) -> dict[str, Any]:
-    """gate/scaling/report.json and gate/scaling/curve.png; returns the report. A domain with
-    too few points for a trend keeps its points in the report and says why it has no fit."""
+def scaling_report(points: Sequence[ScalingPoint], break_even: float | None, num_steps: int) -> dict[str, Any]:
+    """The curve's report: its points, the trend fitted per domain (with the samples it needs
+    for `break_even`, when there is one), and why a domain with too few points has no fit."""
+    return _report(points, break_even, num_steps)[0]
+
+
+def _report(
+    points: Sequence[ScalingPoint], break_even: float | None, num_steps: int
+) -> tuple[dict[str, Any], list[ScalingPoint], dict[str, ScalingFit]]:
     usable, skipped = fittable(points)
     fits = fit_trend(usable) if usable else {}
     report = {
@@ -156,6 +160,14 @@ def write_scaling_report(
         "fits": projection(fits, break_even) if break_even is not None else projection(fits, math.inf),
         "no_fit": skipped,
     }
+    return report, usable, fits
+
+
+def write_scaling_report(
+    run: RunFolder, points: Sequence[ScalingPoint], break_even: float | None, num_steps: int
+) -> dict[str, Any]:
+    """gate/scaling/report.json and gate/scaling/curve.png; returns the report."""
+    report, usable, fits = _report(points, break_even, num_steps)
     run.write_json_atomic(f"{SCALING_ROOT}/report.json", report)
     run.write_bytes_atomic(f"{SCALING_ROOT}/curve.png", plot_scaling(usable or list(points), fits, break_even))
     return report
