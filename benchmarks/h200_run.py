@@ -73,30 +73,30 @@ default and the named variants instead (RECIPE_VARIANTS: betas95, token, init, f
 epochs4); each costs ~285 s (epochs4 ~380 s) and two launches (~55 s), so a third does not fit a
 session: name the one to measure in epochs4's place.
 
-Issue 27's data-scaling curve with the new recipe is a session of its own, the full plan on run
-9's shards without SpecForge or the sweep, online: the full draft and the scaling drafts (0.1, 0.3,
-0.6 of the sequences) trained side by side, then the gate at num_steps 3 (baseline and the full
-draft twice, each scaling draft once) with every draft replayed. Its gate also sends every
-diverging request again with return_logprob (gate.verify_logprobs=diverged), which gives the
-verify path's drift against the re-score on real SGLang. That is the evidence the lossless
-threshold lacks (BENCHMARKS P12):
+Issue 27's data-scaling curve with the new recipe was a session of its own (run 13, BENCHMARKS
+P14): the full plan on run 9's shards without SpecForge or the sweep, online: the full draft and
+the scaling drafts (0.1, 0.3, 0.6 of the sequences) trained side by side, then the gate at
+num_steps 3 (baseline and the full draft twice, each scaling draft once) with every draft
+replayed; the gate also sends every diverging request again with return_logprob
+(gate.verify_logprobs=diverged):
 
     .venv/bin/python benchmarks/h200_run.py prepare --bundle DIR \
         --run-from benchmarks/results/real-run-node/run-9/generation.tar
     python3 benchmarks/h200_run.py node start --skip anchor --skip sweep \
         --set train.hidden_states=online --set gate.verify_logprobs=diverged \
         --budget S                                                     # with the last part
-    .venv/bin/python benchmarks/h200_run.py collect DIR --earlier benchmarks/results/real-run-node/run-7
+    .venv/bin/python benchmarks/h200_run.py collect DIR --earlier benchmarks/results/real-run-node/run-7 \
+        ... --earlier benchmarks/results/real-run-node/run-1          # every earlier run, newest first
     .venv/bin/python benchmarks/lossless_report.py DIR                 # the verify views
 
-Estimate, at the profile's 4 epochs (run 11): payload and setup ~3.5 min; the full draft ~380 s
-and the scaling drafts ~380 s between them (two processes; run 11's two 3- and 4-epoch drafts
-side by side took 728 s), ~13 min side by side; the agreement check beside them; the gate's 7
-launches (~44 s each, run 11) ~5 min, and the requests sent again (~20 of a launch's 24 diverge,
-~0.7 s each: ~1 min over the 5 speculative launches): ~23 min. Run 7's curve, the same plan at
-3 epochs and betas (0.9, 0.95), is the "before": 1.235 / 1.376 / 1.537 / 1.726 tokens per verify
-at 1k / 3k / 6k / 10k sequences (num_steps 3, real SGLang), +0.206 per e-fold of data. `collect`
-prints each run's gain per e-fold, the new one's first.
+Measured (run 13): payload and setup ~2 min after the machine's start; the four drafts side by
+side 478 s and the train stage's resume, export and replay 85 s; the gate from 687 s in, ~45 s a
+launch. Its last two launches were lost with the machine (P14, and the next paragraph); a gate cut short still gives
+the curve from the launches that finished, and `collect` prints each run's gain per e-fold.
+
+The machine goes back 30 s after a call returns. A gap between two `node wait` calls longer than
+that loses the pipeline: ask `status` first, and if it says `warm: false`, what the last call
+brought back is all there is (`node wait` on a fresh machine refuses at once).
 
 Issue 28: Qwen2.5-Coder-1.5B-Instruct (deployments/params/qwen25-coder.yaml), a run no session
 holds. Every session starts on a bare node, so every payload carries the target again: the SGLang
