@@ -70,8 +70,15 @@ the gate's 8 launches (baseline, default, epochs4, SpecForge, 2 each) 354 s; 1,1
 to the packed drafts, with ~110 s of payload calls before it (the first ~90 s: the machine's
 start) and ~50 s of `node drafts` after: ~1,350 s of the session's 1,800. `node start --variant NAME` (repeatable) trains the
 default and the named variants instead (RECIPE_VARIANTS: betas95, token, init, freeze, noise,
-epochs4); each costs ~285 s (epochs4 ~380 s) and two launches (~55 s), so a third does not fit a
-session: name the one to measure in epochs4's place.
+epochs4, lr2x); each costs ~285 s (epochs4 ~380 s) and two launches (~55 s), so beside SpecForge
+a third does not fit a session: name the one to measure in epochs4's place. Without SpecForge
+(`--skip anchor`: no extraction either; each variant is compared with the default, which run 11
+measured level with SpecForge at the same tokens) two fit. What is left of issue 27's goal at
+SpecForge's tokens is such a session, ~1,450 s (payload ~110, setup ~50, three trainers side by
+side ~855, replay ~60, the gate's 8 launches ~360 and `node drafts`):
+
+    python3 benchmarks/h200_run.py node start --plan recipe --skip anchor \
+        --variant lr2x --variant noise --budget S                      # with the last part
 
 Issue 27's data-scaling curve with the new recipe was a session of its own (run 13, BENCHMARKS
 P14): the full plan on run 9's shards without SpecForge or the sweep, online: the full draft and

@@ -505,7 +505,7 @@ def scaling_slopes(data: dict[str, Any], latest: str) -> list[str]:
     """The data-scaling curve's gain per e-fold of training sequences (all domains: the gate's fit
     over its measured points, and the same fit over the replayed ones) of the run and of each
     earlier run that has one, newest first: issue 27's "before and after" in a line each."""
-    from tasks.gate.scaling import OVERALL, REPLAY, ScalingPoint, fit_trend
+    from tasks.gate.scaling import MEASURED, OVERALL, REPLAY, ScalingPoint, fit_trend
 
     lines = []
     for name, run in [(latest, data), *(data.get("earlier_runs") or {}).items()]:
@@ -514,7 +514,7 @@ def scaling_slopes(data: dict[str, Any], latest: str) -> list[str]:
         if not fit:
             continue
         mine = [p for p in curve.get("points", []) if p["domain"] == OVERALL]
-        measured = sorted((p["samples"], p["accept_length"]) for p in mine if p["kind"] == "measured")
+        measured = sorted((p["samples"], p["accept_length"]) for p in mine if p["kind"] == MEASURED)
         points = " / ".join(f"{a:.3f}" for _, a in measured)
         at = " / ".join(f"{n:,}" for n, _ in measured)
         replayed = [ScalingPoint(OVERALL, p["samples"], p["accept_length"], REPLAY) for p in mine if p["kind"] == REPLAY]

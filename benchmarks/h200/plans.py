@@ -110,6 +110,9 @@ RECIPE_VARIANTS: dict[str, tuple[str, ...]] = {
     "freeze": (*_INIT, "train.freeze_lm_head=true"),
     "noise": ("train.aux_state_noise=0.05",),
     "epochs4": ("train.epochs=4",),
+    # Twice the profile's peak lr, same steps: run 11's drafts were still rising as the lr reached
+    # zero, so at SpecForge's token budget a faster start may be what 3 epochs lack.
+    "lr2x": ("train.learning_rate=0.002",),
 }
 RECIPE_PLANNED = ["default", "epochs4"]
 # One extract part per generation shard (2,000 sequences, ~2.6 GB of states): offline epoch plans
