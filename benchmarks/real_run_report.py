@@ -231,7 +231,7 @@ def curve_from_launches(progress: dict[str, Any] | None, replay: dict[str, Any] 
     and per domain; several repetitions of one config averaged), beside every draft's replay,
     fitted as the gate fits its own (tasks/gate/scaling.py). No break-even: that is the gate's
     prediction, made with its decision."""
-    from tasks.gate.scaling import MEASURED, OVERALL, REPLAY, ScalingPoint, scaling_report
+    from tasks.gate.scaling import MEASURED, OVERALL, ScalingPoint, replay_points, scaling_report
 
     finished = [f for f in (progress or {}).get("finished", []) if not f.get("error") and f.get("accept_length")]
     steps = {m["s"] for f in finished if (m := _CONFIG.match(f["config"])) and (m["draft"] or "").startswith("scaling-")}
@@ -255,9 +255,7 @@ def curve_from_launches(progress: dict[str, Any] | None, replay: dict[str, Any] 
             points.append(ScalingPoint(domain, samples, statistics.mean(values), MEASURED))
     replays = {**{int(n): r for n, r in (scaling_replay or {}).items()}, **({train_sequences: replay} if replay else {})}
     for samples, result in sorted(replays.items()):
-        tables = {OVERALL: result.get("overall") or {}, **{d: t for d, t in (result.get("per_domain") or {}).items()}}
-        points.extend(ScalingPoint(d, samples, t[k]["accept_length"], REPLAY) for d, t in tables.items()
-                      if (t.get(k) or {}).get("accept_length") is not None)  # fmt: skip
+        points.extend(replay_points(samples, result.get("overall") or {}, result.get("per_domain") or {}, k))
     report = scaling_report(points, None, int(k))
     launches = (progress or {}).get("launches") or {}
     report["from"] = f"the finished launches of a gate cut short ({launches.get('done')} of {launches.get('planned')})"
@@ -350,6 +348,8 @@ def build(results: Results) -> dict[str, Any]:
     prediction = results.json("run/gate/prediction.json")
     replay = results.json("run/gate/replay.json")
     scaling = results.json("run/gate/scaling/report.json")
+    gate_progress = results.json("run/gate/progress.json")  # how far a cut-short gate got
+    scaling_replay = results.json("run/gate/scaling/replay.json")
     specforge = results.json("specforge/specforge_train.json")
     train = results.json("run/train/result.json")
     scaling_index = results.json("run/train/scaling/index.json")
@@ -370,11 +370,9 @@ def build(results: Results) -> dict[str, Any]:
     best = by_name.get((report or {}).get("summary", {}).get("best_config") or "") or {}
     preds = [r for r in (gate or {}).get("predicted_vs_measured", []) if r["error"] is not None]
     # A gate cut short before its decision: its finished launches are the evidence.
-    measured = None if report else measured_launches(
-        results.json("run/gate/progress.json"), replay, results.json("run/gate/scaling/replay.json"))  # fmt: skip
+    measured = None if report else measured_launches(gate_progress, replay, scaling_replay)
     if scaling is None and measured:
-        scaling = curve_from_launches(results.json("run/gate/progress.json"), replay,
-                                      results.json("run/gate/scaling/replay.json"), (scaling_index or {}).get("train_sequences"))  # fmt: skip
+        scaling = curve_from_launches(gate_progress, replay, scaling_replay, (scaling_index or {}).get("train_sequences"))
     # The fastest speculative config, eligible or not: what a reader of a rejection asks first.
     fastest_config = max((c for c in configs if c.get("spec") and c.get("speedup")), key=lambda c: c["speedup"], default=None)
     promote_goal: tuple[Any, bool | None] = (
@@ -427,7 +425,7 @@ def build(results: Results) -> dict[str, Any]:
                      "curve_offline": _offline_curve(results, train, scaling_index)},  # fmt: skip
         "replay": replay and {"overall": replay.get("overall"), "per_domain": replay.get("per_domain")},
         "gate": gate,
-        "gate_progress": results.json("run/gate/progress.json"),  # how far a cut-short gate got
+        "gate_progress": gate_progress,
         "gate_measured": measured,
         "prediction": prediction,
         "scaling_curve": scaling,

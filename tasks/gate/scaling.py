@@ -57,6 +57,15 @@ class ScalingFit:
         return math.exp(exponent) if exponent < _MAX_EXP else None
 
 
+def replay_points(samples: int, overall: dict[Any, Any], per_domain: dict[str, dict[Any, Any]],
+                  num_steps: Any) -> list[ScalingPoint]:
+    """One draft's replayed points at `num_steps` (its key in the replay's tables: an int in a
+    ReplayResult, a string once read back from JSON), overall and per domain."""
+    tables = {OVERALL: overall, **per_domain}
+    return [ScalingPoint(d, samples, t[num_steps]["accept_length"], REPLAY) for d, t in tables.items()
+            if (t.get(num_steps) or {}).get("accept_length") is not None]  # fmt: skip
+
+
 def fit_trend(points: Sequence[ScalingPoint]) -> dict[str, ScalingFit]:
     """Least squares accept = a + b ln(samples), per domain, on its measured points when it has
     any (else its replayed ones); needs two distinct sample counts."""

@@ -326,17 +326,18 @@ def _scaling(
     """The curve over the train stage's scaling drafts and the full draft, at
     gate.scaling_num_steps: replayed for every draft, measured where a server measured it."""
     from tasks.draft.data import training_data_metadata
-    from tasks.gate.scaling import MEASURED, OVERALL, REPLAY, ScalingPoint, write_scaling_report
+    from tasks.gate.scaling import (
+        MEASURED,
+        OVERALL,
+        ScalingPoint,
+        replay_points,
+        write_scaling_report,
+    )
 
     if not replays:
         return None
     k = config.gate.scaling_num_steps
     points: list[ScalingPoint] = []
-
-    def add_replay(samples: int, result: ReplayResult) -> None:
-        tables = {OVERALL: result.overall, **result.per_domain}
-        points.extend(ScalingPoint(d, samples, t[k]["accept_length"], REPLAY) for d, t in tables.items()
-                      if k in t and t[k]["accept_length"] is not None)  # fmt: skip
 
     def add_measured(samples: int, summary: Any) -> None:
         if summary is None or summary.accept_length is None:
@@ -345,10 +346,10 @@ def _scaling(
         points.extend(ScalingPoint(d, samples, v, MEASURED) for d, v in summary.accept_length_per_domain.items())
 
     for samples, result in replays.items():
-        add_replay(samples, result)
+        points.extend(replay_points(samples, result.overall, result.per_domain, k))
         add_measured(samples, next((c for c in decision.configs if c.role == SCALING and c.samples == samples), None))
     n_train = int(training_data_metadata(run)["splits"].get("train", 0))
-    add_replay(n_train, replayed)  # the full draft: offline_replay covers scaling_num_steps
+    points.extend(replay_points(n_train, replayed.overall, replayed.per_domain, k))  # the full draft: offline_replay covers scaling_num_steps
     full = next((c for c in decision.configs if c.spec and c.is_candidate_chain() and c.spec["num_steps"] == k), None)
     add_measured(n_train, full)
     break_even = prediction.per_steps[k]["break_even_accept_length"] if prediction and k in prediction.per_steps else None
