@@ -73,12 +73,18 @@ default and the named variants instead (RECIPE_VARIANTS: betas95, token, init, f
 epochs4, lr2x); each costs ~285 s (epochs4 ~380 s) and two launches (~55 s), so beside SpecForge
 a third does not fit a session: name the one to measure in epochs4's place. Without SpecForge
 (`--skip anchor`: no extraction either; each variant is compared with the default, which run 11
-measured level with SpecForge at the same tokens) two fit. What is left of issue 27's goal at
-SpecForge's tokens is such a session, ~1,450 s (payload ~110, setup ~50, three trainers side by
-side ~855, replay ~60, the gate's 8 launches ~360 and `node drafts`):
+measured level with SpecForge at the same tokens) two fit. Better for issue 27's goal at
+SpecForge's tokens: run 11's SpecForge draft carried in (`prepare --anchor-from` its drafts.tar,
+47 MB, one payload part more), replayed and gated beside this session's variants on the same
+sequences and batches, neither extracted nor trained again, so the comparison with SpecForge is
+made in the gate that measures the variant. The session for lr2x, ~1,300 s (payload ~200, setup
+~50, two trainers side by side ~570, replay ~90, the gate's 8 launches ~360):
 
-    python3 benchmarks/h200_run.py node start --plan recipe --skip anchor \
-        --variant lr2x --variant noise --budget S                      # with the last part
+    .venv/bin/python benchmarks/h200_run.py prepare --bundle DIR \
+        --run-from benchmarks/results/real-run-node/run-9/generation.tar \
+        --anchor-from RUN11_DRAFTS_TAR                                 # run 11's `node drafts` parts joined
+    python3 benchmarks/h200_run.py node start --plan recipe --variant lr2x --budget S   # with the last part
+    .venv/bin/python benchmarks/recipe_ab_report.py DIR
 
 Issue 27's data-scaling curve with the new recipe was a session of its own (run 13, BENCHMARKS
 P14): the full plan on run 9's shards without SpecForge or the sweep, online: the full draft and
@@ -230,6 +236,9 @@ def main() -> int:
                    "folder, generation complete, travels instead of a fresh discovery, and the node does not regenerate")  # fmt: skip
     p.add_argument("--draft-from", help="an earlier session's drafts.tar (`node drafts K`'s parts joined) of a qwen plan: "
                    "its draft travels in the run folder, and the node gates it instead of training one")  # fmt: skip
+    p.add_argument("--anchor-from", help="an earlier recipe session's drafts.tar (`node drafts K`'s parts joined): "
+                   "SpecForge's draft in it travels, and the recipe plan gates and replays it beside this session's "
+                   "variants instead of training SpecForge's again (needs --run-from, the generation it was trained on)")  # fmt: skip
     p.add_argument("--profile", default=str(node_env.PROFILE), help="the run's profile, inside this repository (default: SmolLM2's); "
                    "its target's wheels travel in the payload and every node step reads it")  # fmt: skip
     p.add_argument("--target-wheels", help="a folder already holding the target's wheels (benchmarks/model_parts.py "

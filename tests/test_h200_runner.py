@@ -306,7 +306,9 @@ def test_the_recipe_plan_packs_the_best_draft_and_specforge_s_and_node_drafts_re
 ) -> None:
     """pack_drafts picks our variant with the best accept length on the gate, packs it with
     SpecForge's; `node drafts K` returns parts DRAFT_PARTS_PER_CALL at a time, and the parts
-    joined are the tar index.json's sha256 names."""
+    joined are the tar index.json's sha256 names; SpecForge's draft unpacked from them is what
+    `prepare --anchor-from` carries, a tar without it is refused naming it, and a node that
+    carried it packs ours alone."""
     import hashlib
     import io
     import json
@@ -341,6 +343,23 @@ def test_the_recipe_plan_packs_the_best_draft_and_specforge_s_and_node_drafts_re
         names = set(tar.getnames())
         assert {"betas/model.safetensors", "specforge/config.json"} <= names and not any(n.startswith("default") for n in names)
         assert tar.extractfile("betas/model.safetensors").read() == (finals["betas"] / "model.safetensors").read_bytes()
+    # SpecForge's draft out of them is what `prepare --anchor-from` carries to a later recipe session,
+    # whose node gates it again and packs only its own variants (the carried one is there already).
+    packed = tmp_path / "drafts.tar"
+    packed.write_bytes(joined)
+    anchor = travel.unpack_anchor(packed, tmp_path / "src")
+    assert anchor == tmp_path / travel.CARRIED_ANCHOR and sorted(p.name for p in anchor.iterdir()) == [
+        "config.json", "model.safetensors"]
+    assert (anchor / "model.safetensors").read_bytes() == (finals["specforge"] / "model.safetensors").read_bytes()
+    assert travel.carried_anchor() == anchor
+    node_pipeline.Pipeline().pack_drafts(finals, gated)
+    assert list(json.loads((tmp_path / "drafts/index.json").read_text())["drafts"]) == ["betas"]
+    ours = tmp_path / "ours.tar"
+    with tarfile.open(ours, "w") as tar:
+        tar.add(finals["betas"], "betas")
+    with pytest.raises(ValueError, match=r"ours\.tar: no specforge/config\.json, specforge/model\.safetensors in it"):
+        travel.unpack_anchor(ours, tmp_path / "src-bad")
+    assert not (tmp_path / "src-bad").exists()
 
 
 QWEN = RUNNER.parents[1] / "deployments/params/qwen25-coder.yaml"
@@ -405,6 +424,10 @@ def test_node_start_refuses_what_cannot_run_before_starting_anything(tmp_path: P
     assert lifecycle.node_start(None, [], "qwen-sweep") == 2
     assert lifecycle.node_start(None, [], "verify-probe") == 2  # the probe's server serves a carried draft
     assert lifecycle.node_start(None, [], "qwen-gate", overrides=["epochs=2"]) == 2
+    # SpecForge's carried draft (prepare --anchor-from) is gated by the recipe plan alone, and not skipped.
+    (tmp_path / "manifest.json").write_text(json.dumps({"parts": [], "carried": {"generation": True, "anchor": True}}))
+    assert lifecycle.node_start(None, [], "full") == 2
+    assert lifecycle.node_start(None, ["anchor"], "recipe") == 2
     assert not (tmp_path / "options.json").exists() and not (tmp_path / "pipeline.log").exists()
     options = plans.plan_options([], "qwen-gate", None, plans.parse_settings(["train.epochs=2", "gate.num_steps=[3, 4]"]))
     (tmp_path / "options.json").write_text(json.dumps(options))

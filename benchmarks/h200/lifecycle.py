@@ -54,6 +54,11 @@ def node_start(budget_s: float | None, skip: list[str], plan: str = "full", vari
     if missing:
         print(f"node start: parts {missing} missing", file=sys.stderr)
         return 3
+    if manifest.get("carried", {}).get("anchor") and (plan != "recipe" or "anchor" in skip):
+        print(f"node start --plan {plan}{' --skip anchor' if 'anchor' in skip else ''}: this payload carries SpecForge's "
+              "draft (prepare --anchor-from), which only the recipe plan gates, and only without --skip anchor",
+              file=sys.stderr)  # fmt: skip
+        return 2
     if plan in NEEDS_DRAFT and not manifest.get("carried", {}).get("draft"):
         print(f"node start --plan {plan}: it gates a draft an earlier session trained, and this payload carries none "
               "(prepare --draft-from DRAFTS_TAR)", file=sys.stderr)  # fmt: skip

@@ -38,7 +38,7 @@ from benchmarks.h200.plans import (
     contender_name,
     recipe_gate_sets,
 )
-from benchmarks.h200.travel import carried, pack_parts, run_holds
+from benchmarks.h200.travel import carried, carried_anchor, pack_parts, run_holds
 
 SGLANG = "0.5.14"  # the node's bundle: what the generation server runs
 # The session's device time is the run's hard limit: once eaglescale's drafts are trained,
@@ -459,7 +459,8 @@ class Pipeline:
     def recipe(self) -> None:
         """The "recipe" plan (PLANS): the variants trained side by side, each online in its own
         run root; the run's root extracted beside them and SpecForge's draft trained on it from
-        the default variant's vocabulary map; the replay of every draft; the gate of the default
+        the default variant's vocabulary map (or an earlier session's carried in, `prepare
+        --anchor-from`: neither extracted nor trained); the replay of every draft; the gate of the default
         variant with every other draft a challenger; the best of ours and SpecForge's packed to
         come back (`node drafts K`)."""
         self.setup()
@@ -480,7 +481,11 @@ class Pipeline:
         for thread in threads:
             thread.start()
         specforge: list[subprocess.Popen[bytes]] = []
-        if "anchor" not in self.skip:  # a failure here costs the anchor, not ours
+        anchor = carried_anchor()
+        if anchor is not None:  # an earlier session's, on these sequences: gated again, neither extracted nor trained
+            shutil.copytree(anchor, node_env.NODE / "specforge/draft", dirs_exist_ok=True)
+            self.note("anchor", "done", f"carried: {anchor} (prepare --anchor-from)")
+        elif "anchor" not in self.skip:  # a failure here costs the anchor, not ours
             vocab = roots["default"] / "train/vocab_map.safetensors"
             self.optional(lambda: specforge.extend(self.start_anchor(env, vocab, threads)), "anchor")
         for thread in threads:
@@ -656,7 +661,7 @@ class Pipeline:
 
     def pack_drafts(self, finals: dict[str, Path], gated: Path) -> None:
         """The best of our variants (by the gate's accept length, else the replay's) and
-        SpecForge's draft, as drafts.tar in parts of DRAFT_PART_BYTES under NODE/drafts, with
+        SpecForge's draft when it trained here, as drafts.tar in parts of DRAFT_PART_BYTES under NODE/drafts, with
         index.json (the drafts, the parts, the whole's sha256): what `node drafts K` returns."""
         ours = {n: p for n, p in finals.items() if n != "specforge"}
         measured = {contender_name(c["name"]): c["accept_length"]
@@ -666,7 +671,8 @@ class Pipeline:
                     if (r.get("overall") or {}).get("3", {}).get("accept_length") is not None}  # fmt: skip
         by = measured if any(n in measured for n in ours) else replayed
         best = max(ours, key=lambda n: by.get(n, float("-inf")))
-        chosen = {best: ours[best], **({"specforge": finals["specforge"]} if "specforge" in finals else {})}
+        trained_here = "specforge" in finals and carried_anchor() is None  # a carried one is on this machine already
+        chosen = {best: ours[best], **({"specforge": finals["specforge"]} if trained_here else {})}
         index = pack_parts(chosen, {"drafts": {n: str(p) for n, p in chosen.items()},
                                     "best_by": "gate" if by is measured else "replay", "accept_lengths": by})  # fmt: skip
         self.save_measure("drafts", index)

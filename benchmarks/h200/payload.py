@@ -20,7 +20,7 @@ from typing import Any
 
 from benchmarks.h200 import node_env
 from benchmarks.h200.node_env import run_command, sha256
-from benchmarks.h200.travel import unpack_draft, unpack_generation
+from benchmarks.h200.travel import unpack_anchor, unpack_draft, unpack_generation
 
 PART_BYTES = 50_000_000  # + the working tree (~6 MB) and its .git (~5 MB after `git gc`) stay under the 64 MiB (67.1 MB) a call carries
 # Wheels for the node (Python 3.12, manylinux x86_64). Prefect with what it needs at run time;
@@ -137,14 +137,20 @@ def prepare(args: argparse.Namespace) -> int:
     shutil.rmtree(src, ignore_errors=True)
     (src / "wheels").mkdir(parents=True)
     run_root = src / "run"
-    carried = {"generation": bool(args.run_from), "draft": bool(args.draft_from)}
+    if args.anchor_from and not args.run_from:
+        print("prepare --anchor-from needs --run-from: SpecForge's draft is compared on the generation it was trained on",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    carried = {"generation": bool(args.run_from), "draft": bool(args.draft_from), "anchor": bool(args.anchor_from)}
     try:  # an earlier session's prompts, regenerated shards and draft, checked before the downloads
         if args.run_from:
             unpack_generation(Path(args.run_from), src)
         if args.draft_from:
             unpack_draft(Path(args.draft_from), src)
+        if args.anchor_from:
+            unpack_anchor(Path(args.anchor_from), src)
     except (OSError, ValueError, tarfile.TarError) as e:
-        print(f"prepare --run-from/--draft-from: {e}", file=sys.stderr)
+        print(f"prepare --run-from/--draft-from/--anchor-from: {e}", file=sys.stderr)
         return 2
     with (src / "bundle.tar.xz").open("wb") as out:
         for part in parts:
@@ -201,6 +207,8 @@ def prepare(args: argparse.Namespace) -> int:
         for whl in order:
             tar.add(whl, f"wheels/{whl.name}")
         tar.add(run_root, "run")
+        if (src / "specforge").is_dir():
+            tar.add(src / "specforge", "specforge")
         for whl in target:
             tar.add(whl, f"wheels/{whl.name}")
         tar.add(src / "bundle.tar.xz", "bundle.tar.xz")

@@ -1,7 +1,8 @@
 """What travels from one session to the next (issue 28's run spans sessions, each on a fresh node):
 the regenerated shards and a trained draft, packed on the node in parts small enough for what one
 call brings back through $OUT, and unpacked here into the next payload's run folder
-(`prepare --run-from` / `--draft-from`); what a node's run folder came with (carried.json).
+(`prepare --run-from` / `--draft-from`, and SpecForge's draft of a recipe session:
+`--anchor-from`); what a node's run folder came with (carried.json).
 
 Standard library only: the pipeline process packs them on the node's own Python."""
 
@@ -124,6 +125,36 @@ def unpack_draft(packed: Path, dest: Path) -> Path:
     _unpack(packed, dest, "run/train/", "not a draft of `node drafts`",
             "run/train/final/config.json", "no exported draft")  # fmt: skip
     return dest / "run/train"
+
+
+# Where a recipe plan's drafts.tar holds SpecForge's draft (pack_parts' member name), and where an
+# earlier session's, carried in (`prepare --anchor-from`), lies in the payload's src folder.
+ANCHOR_MEMBER = "specforge"
+CARRIED_ANCHOR = "src/specforge/draft"
+
+
+def unpack_anchor(packed: Path, dest: Path) -> Path:
+    """SpecForge's draft alone out of an earlier recipe session's drafts.tar (`node drafts K`'s
+    parts joined: the best of our variants and SpecForge's), unpacked as dest/specforge/draft,
+    which it returns; refused, naming the file, unless it holds that draft's config.json and
+    model.safetensors. A recipe plan given it gates and replays that draft beside this session's
+    variants instead of training SpecForge's again: the same sequences and batches (a carried
+    generation, the seed), so the comparison is the one its own session made."""
+    with tarfile.open(packed) as tar:
+        members = [m for m in tar.getmembers() if m.isfile() and m.name.startswith(f"{ANCHOR_MEMBER}/")]
+        missing = sorted({f"{ANCHOR_MEMBER}/config.json", f"{ANCHOR_MEMBER}/model.safetensors"} - {m.name for m in members})
+        if missing:
+            raise ValueError(f"{packed}: no {', '.join(missing)} in it: not a recipe plan's drafts with SpecForge's")
+        for member in members:
+            member.name = "specforge/draft/" + member.name.removeprefix(f"{ANCHOR_MEMBER}/")
+            tar.extract(member, dest, filter="data")
+    return dest / "specforge/draft"
+
+
+def carried_anchor() -> Path | None:
+    """SpecForge's draft this node's payload carried (`prepare --anchor-from`), or None."""
+    path = node_env.NODE / CARRIED_ANCHOR
+    return path if (path / "config.json").is_file() else None
 
 
 def _unpack(packed: Path, dest: Path, under: str, not_ours: str, required: str, incomplete: str) -> None:
