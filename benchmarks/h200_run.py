@@ -77,8 +77,13 @@ measured level with SpecForge at the same tokens) two fit. Better for issue 27's
 SpecForge's tokens: run 11's SpecForge draft carried in (`prepare --anchor-from` its drafts.tar,
 47 MB, one payload part more), replayed and gated beside this session's variants on the same
 sequences and batches, neither extracted nor trained again, so the comparison with SpecForge is
-made in the gate that measures the variant. The session for lr2x, ~1,300 s (payload ~200, setup
-~50, two trainers side by side ~570, replay ~90, the gate's 8 launches ~360):
+made in the gate that measures the variant. Run 14 was that session for lr2x (P15): payload 6
+calls after one refused start, setup 49 s, the two trainers side by side 549 s, the replay 49 s,
+the gate's 8 launches 349 s, ~1,000 s from setup to the packed drafts; the ~500 s left trained
+noise alone on the same run and replayed it (`node plain train --set run_root=NODE/recipe-noise
+--set train.hidden_states=online --set train.aux_state_noise=0.05` on a run root sharing the
+generation by hard links, PYTHONPATH=NODE/site, then `node recipe-replay`; `recipe_ab_report.py
+--after` reads what that call brought back):
 
     .venv/bin/python benchmarks/h200_run.py prepare --bundle DIR \
         --run-from benchmarks/results/real-run-node/run-9/generation.tar \

@@ -17,6 +17,14 @@ SpecForge's draft (epochs4, the equal-wall-clock one, is shown beside it); the t
 1.2x SpecForge's tokens per second (here the trainers ran side by side on one GPU, so the loop
 figures share it: P4 is the isolated step). Writes `recipe-ab.json` beside the results and
 prints the table.
+
+    .venv/bin/python benchmarks/recipe_ab_report.py RESULTS_DIR --after RESULTS_DIR/after-NAME
+
+`--after`: what a call after the pipeline brought back, when the session had device time left
+for one more variant trained alone on the same run (`node plain train` with the variant's --set
+on a run root sharing the generation, then `node recipe-replay`): its recipe-replay.json (every
+draft the node replayed, the pipeline's and the new one) and recipe-NAME/train/result.json. The
+new variant has no gate figures: it is compared by the replay alone.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.h200.plans import contender_name  # noqa: E402 - after the path set-up
+from benchmarks.h200.plans import RECIPE_VARIANTS, contender_name  # noqa: E402 - after the path set-up
 from benchmarks.online_incumbent_report import train_phases  # noqa: E402
 from benchmarks.real_run_report import Results  # noqa: E402
 
@@ -120,14 +128,19 @@ def training(results: Results, name: str) -> dict[str, Any] | None:
     }  # fmt: skip
 
 
-def build(results: Results) -> dict[str, Any]:
+def build(results: Results, after: Results | None = None) -> dict[str, Any]:
     measured = results.json("measurements.json") or {}
     variants: dict[str, list[str]] = (measured.get("recipe") or {}).get("variants", {})
     report = results.json("recipe-default/gate/report.json")
-    replay = results.json("recipe-replay.json") or {}
-    names = [*variants, ANCHOR]
-    rows: dict[str, dict[str, Any]] = {n: {"settings": variants.get(n, "SpecForge 0.2.0's own"), "gate": None,
-                                          "replay": None, "training": training(results, n)} for n in names}  # fmt: skip
+    replay = (after.json("recipe-replay.json") if after else None) or results.json("recipe-replay.json") or {}
+    later = [n for n in replay if n not in variants and n != ANCHOR]  # trained after the pipeline (--after)
+    names = [*variants, *later, ANCHOR]
+    def settings(name: str) -> list[str] | str:
+        return variants[name] if name in variants else list(RECIPE_VARIANTS.get(name, ())) or "SpecForge 0.2.0's own"
+
+    rows: dict[str, dict[str, Any]] = {n: {"settings": settings(n), "gate": None, "replay": None,
+                                          "training": training(after if after and n in later else results, n)}
+                                       for n in names}  # fmt: skip
     gate_info = None
     if report is not None:
         g = report["gate_config"]
@@ -232,9 +245,11 @@ def _print(fig: dict[str, Any]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", help="what `node wait` brought back (results.tar.gz inside)")
+    parser.add_argument("--after", help="what a call after the pipeline brought back: a variant trained alone and "
+                        "the node's recipe-replay.json with it (replay figures only)")  # fmt: skip
     args = parser.parse_args()
     folder = Path(args.results)
-    fig = build(Results(folder))
+    fig = build(Results(folder), Results(Path(args.after)) if args.after else None)
     (folder / "recipe-ab.json").write_text(json.dumps(fig, indent=1, default=str) + "\n")
     _print(fig)
     return 0

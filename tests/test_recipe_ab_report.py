@@ -161,6 +161,28 @@ def test_without_specforge_replayed_the_variants_still_compare_with_the_default(
     assert rows["betas"]["replay"]["vs_default"]["difference_ci"][0] > 0
 
 
+def test_a_variant_trained_after_the_pipeline_joins_the_replay_table(results: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """--after: a variant trained alone on the same run once the pipeline was done, and the node's
+    recipe-replay.json with it beside the pipeline's drafts: compared by the replay alone, paired
+    by sequence with the default and SpecForge's, its training from its own folder."""
+    after = tmp_path_factory.mktemp("after")
+    replay = json.loads((results / "recipe-replay.json").read_text())
+    replay["noise"] = {**replay["default"], "per_sequence": {"3": {**replay["specforge"]["per_sequence"]["3"],
+                                                                  "tokens": [t + 2 for t in replay["specforge"]["per_sequence"]["3"]["tokens"]]}}}  # fmt: skip
+    (after / "recipe-replay.json").write_text(json.dumps(replay))
+    (after / "recipe-noise/train").mkdir(parents=True)
+    (after / "recipe-noise/train/result.json").write_text((results / "recipe-default/train/result.json").read_text())
+    rows = build(Results(results), Results(after))["contenders"]
+    assert list(rows) == ["default", "betas", "noise", "specforge"]
+    noise = rows["noise"]
+    assert noise["settings"] == ["train.aux_state_noise=0.05"] and noise["gate"] is None
+    assert noise["training"]["steps"] == 4 and noise["training"]["loop_tok_s"] is None  # no stage log came back for it
+    assert noise["replay"]["vs_specforge"]["difference"] == pytest.approx(16 / 152) and noise["replay"]["vs_specforge"]["difference_ci"][0] > 0
+    assert noise["replay"]["vs_default"]["difference"] == pytest.approx(40 / 152)
+    assert rows["specforge"]["settings"] == "SpecForge 0.2.0's own" and rows["default"]["settings"] == []
+    assert "noise" not in build(Results(results))["contenders"]  # without --after, the pipeline's figures alone
+
+
 def test_training_throughput_and_the_step_goal(results: Path) -> None:
     fig = build(Results(results))
     default, sf = fig["contenders"]["default"]["training"], fig["contenders"]["specforge"]["training"]

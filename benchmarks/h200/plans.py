@@ -111,7 +111,8 @@ RECIPE_VARIANTS: dict[str, tuple[str, ...]] = {
     "noise": ("train.aux_state_noise=0.05",),
     "epochs4": ("train.epochs=4",),
     # Twice the profile's peak lr, same steps: run 11's drafts were still rising as the lr reached
-    # zero, so at SpecForge's token budget a faster start may be what 3 epochs lack.
+    # zero, so at SpecForge's token budget a faster start might have been what 3 epochs lack. Run 14
+    # (P15): -1.3% by replay, level with SpecForge's on SGLang; noise, trained after it, -0.8%.
     "lr2x": ("train.learning_rate=0.002",),
 }
 RECIPE_PLANNED = ["default", "epochs4"]
