@@ -80,16 +80,15 @@ sequences and batches, neither extracted nor trained again, so the comparison wi
 made in the gate that measures the variant. Run 14 was that session for lr2x (P15): payload 6
 calls after one refused start, setup 49 s, the two trainers side by side 549 s, the replay 49 s,
 the gate's 8 launches 349 s, ~1,000 s from setup to the packed drafts; the ~500 s left trained
-noise alone on the same run and replayed it (`node plain train --set run_root=NODE/recipe-noise
---set train.hidden_states=online --set train.aux_state_noise=0.05` on a run root sharing the
-generation by hard links, PYTHONPATH=NODE/site, then `node recipe-replay`; `recipe_ab_report.py
---after` reads what that call brought back):
+noise alone on the same run and replayed it, 339 s in one call (by hand then; now `node
+recipe-variant NAME`, which leaves $OUT/after-NAME for `recipe_ab_report.py --after`):
 
     .venv/bin/python benchmarks/h200_run.py prepare --bundle DIR \
         --run-from benchmarks/results/real-run-node/run-9/generation.tar \
         --anchor-from RUN11_DRAFTS_TAR                                 # run 11's `node drafts` parts joined
     python3 benchmarks/h200_run.py node start --plan recipe --variant lr2x --budget S   # with the last part
-    .venv/bin/python benchmarks/recipe_ab_report.py DIR
+    python3 benchmarks/h200_run.py node recipe-variant noise          # once it is done, if ~350 s are left
+    .venv/bin/python benchmarks/recipe_ab_report.py DIR --after DIR2/after-noise
 
 Issue 27's data-scaling curve with the new recipe was a session of its own (run 13, BENCHMARKS
 P14): the full plan on run 9's shards without SpecForge or the sweep, online: the full draft and
@@ -254,7 +253,7 @@ def main() -> int:
                    help="an earlier run's results folder, kept beside it under earlier_runs (repeatable, newest first)")
     n = sub.add_parser("node", help="on the H200 node")
     n.add_argument("what", choices=["receive", "start", "wait", "pipeline", "reference", "agreement", "scaling", "replay",
-                                    "recipe-replay", "drafts", "plain", "train-watched", "verify-probe"])  # fmt: skip
+                                    "recipe-replay", "recipe-variant", "drafts", "plain", "train-watched", "verify-probe"])  # fmt: skip
     n.add_argument("arg", nargs="?")
     n.add_argument("--timeout", type=float, default=540.0)
     n.add_argument("--budget", type=float, help="start: the device seconds the pipeline has (bounds SpecForge)")
@@ -284,6 +283,8 @@ def main() -> int:
         return node_replay()
     if what == "recipe-replay":
         return node_recipe_replay()
+    if what == "recipe-variant":
+        return Pipeline().recipe_variant(args.arg or "")
     if what == "drafts":
         return node_drafts(int(args.arg or 0))
     if what == "reference":

@@ -112,7 +112,9 @@ def training(results: Results, name: str) -> dict[str, Any] | None:
         return None
     history = result["history"]
     tokens = sum(h["batch_tokens"] for h in history)
-    phases = train_phases((results.files.get(f"logs/stage-train-{name}.log") or b"").decode())
+    log = f"logs/stage-train-{name}.log"  # in the archive, or beside it (`node recipe-variant`'s)
+    text = results.files.get(log) or ((results.folder / log).read_bytes() if (results.folder / log).is_file() else b"")
+    phases = train_phases(text.decode())
     curve_keys = ("step", "loss", "sim_accept_len", "pooled_accept_len_1", "pooled_accept_len_3", "pooled_accept_len_5",
                   "acc_0", "train_grad_norm", "train_grad_norm_max", "train_clip_rate", "cuda_peak_allocated_gib")  # fmt: skip
     return {

@@ -411,8 +411,10 @@ def test_the_qwen_sessions_gate_the_launches_their_device_time_was_sized_for(
 
 
 def test_node_start_refuses_what_cannot_run_before_starting_anything(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A plan that gates a carried draft on a payload without one, and a --set that is not
-    SECTION.KEY=VALUE, are refused at `node start` (no pipeline, no options.json); a good --set
+    """A plan that gates a carried draft on a payload without one, a carried SpecForge draft on a
+    plan that does not gate it, a --set that is not SECTION.KEY=VALUE, and `node recipe-variant`
+    without a finished recipe plan or with an unknown variant are refused before anything runs
+    (no pipeline, no options.json, no run root); a good --set
     reaches the stages and params.yaml over the plan's own settings."""
     import json
 
@@ -424,6 +426,14 @@ def test_node_start_refuses_what_cannot_run_before_starting_anything(tmp_path: P
     assert lifecycle.node_start(None, [], "qwen-sweep") == 2
     assert lifecycle.node_start(None, [], "verify-probe") == 2  # the probe's server serves a carried draft
     assert lifecycle.node_start(None, [], "qwen-gate", overrides=["epochs=2"]) == 2
+    # One more recipe variant (`node recipe-variant`) follows a finished recipe plan, and names a variant.
+    (tmp_path / "options.json").write_text(json.dumps(plans.plan_options([], "recipe", None)))
+    assert node_pipeline.Pipeline().recipe_variant("noise") == 2  # nothing finished on this machine
+    (tmp_path / "status.json").write_text(json.dumps({"steps": {"finished": {"state": "done"}}}))
+    assert node_pipeline.Pipeline().recipe_variant("noise2") == 2
+    assert not list(tmp_path.glob("recipe-*")) and not (tmp_path / "out").exists()
+    (tmp_path / "options.json").unlink()
+    (tmp_path / "status.json").unlink()
     # SpecForge's carried draft (prepare --anchor-from) is gated by the recipe plan alone, and not skipped.
     (tmp_path / "manifest.json").write_text(json.dumps({"parts": [], "carried": {"generation": True, "anchor": True}}))
     assert lifecycle.node_start(None, [], "full") == 2

@@ -172,11 +172,15 @@ def test_a_variant_trained_after_the_pipeline_joins_the_replay_table(results: Pa
     (after / "recipe-replay.json").write_text(json.dumps(replay))
     (after / "recipe-noise/train").mkdir(parents=True)
     (after / "recipe-noise/train/result.json").write_text((results / "recipe-default/train/result.json").read_text())
+    (after / "logs").mkdir()  # beside the archive, where `node recipe-variant` leaves it
+    (after / "logs/stage-train-noise.log").write_bytes(_log([("10:00:00.000", "notify: [run] train started"),
+                                                            ("10:00:05.000", "eval: {'step': 0, 'loss': 12.0}"),
+                                                            ("10:00:05.500", "eval: {'step': 4, 'loss': 6.0}")]))  # fmt: skip
     rows = build(Results(results), Results(after))["contenders"]
     assert list(rows) == ["default", "betas", "noise", "specforge"]
     noise = rows["noise"]
     assert noise["settings"] == ["train.aux_state_noise=0.05"] and noise["gate"] is None
-    assert noise["training"]["steps"] == 4 and noise["training"]["loop_tok_s"] is None  # no stage log came back for it
+    assert noise["training"]["steps"] == 4 and noise["training"]["loop_tok_s"] == pytest.approx(8_000.0)  # 4,000 tokens in 0.5 s
     assert noise["replay"]["vs_specforge"]["difference"] == pytest.approx(16 / 152) and noise["replay"]["vs_specforge"]["difference_ci"][0] > 0
     assert noise["replay"]["vs_default"]["difference"] == pytest.approx(40 / 152)
     assert rows["specforge"]["settings"] == "SpecForge 0.2.0's own" and rows["default"]["settings"] == []

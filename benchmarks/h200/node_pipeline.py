@@ -471,11 +471,9 @@ class Pipeline:
         self.save_measure("recipe", {"variants": {n: list(RECIPE_VARIANTS[n]) for n in self.variants},
                                      "extract": RECIPE_EXTRACT, "gate": list(RECIPE_GATE)})  # fmt: skip
         threads = []
-        for name, root in roots.items():
-            _link_run(self.run_root, root, ["prompts", "generate"])
+        for name in roots:
             if not self.done_before(f"train-{name}"):
-                overrides = ("train.hidden_states=online", *RECIPE_VARIANTS[name])
-                step = functools.partial(self.stage, "train", *overrides, label=f"train-{name}", env=env, run_root=root)
+                step = functools.partial(self.train_variant, name, env)
                 threads.append(threading.Thread(target=self.optional, args=(step, f"train-{name}"), daemon=True))
         began = time.time()
         for thread in threads:
@@ -510,6 +508,42 @@ class Pipeline:
             self.optional(lambda: self.stage("gate", *recipe_gate_sets(challengers), *self.emulated, run_root=roots["default"]),
                           "gate")  # fmt: skip
         self.optional(lambda: self.pack_drafts(finals, roots["default"]), "drafts", mark=True)
+
+    def train_variant(self, name: str, env: dict[str, str]) -> None:
+        """Recipe variant `name` trained online in its own run root (NODE/recipe-NAME, the run's
+        prompts and generation shared by hard links), at the plan's settings and its own."""
+        root = node_env.NODE / f"{RECIPE_ROOT}{name}"
+        _link_run(self.run_root, root, ["prompts", "generate"])
+        self.stage("train", "train.hidden_states=online", *RECIPE_VARIANTS[name], label=f"train-{name}", env=env,
+                   run_root=root)  # fmt: skip
+
+    def recipe_variant(self, name: str) -> int:
+        """`node recipe-variant NAME`: once the recipe plan is done and device time is left, one
+        more variant trained alone on the same run (train_variant) and replayed beside the
+        plan's drafts (`node recipe-replay`), not gated. Into $OUT, what `recipe_ab_report.py
+        --after` reads: recipe-replay.json and recipe-NAME/train/ (result, best, plot), with the
+        train log's tail."""
+        finished = "finished" in ((read_json(node_env.NODE / "status.json") or {}).get("steps") or {})
+        if self.plan != "recipe" or not finished or name not in RECIPE_VARIANTS:
+            print(f"node recipe-variant {name}: it follows a finished recipe plan on this machine (plan {self.plan}, "
+                  f"finished: {finished}) and names one of {', '.join(RECIPE_VARIANTS)}", file=sys.stderr)  # fmt: skip
+            return 2
+        self.train_variant(name, self.trainer_env())
+        self.py([str(node_env.RUNNER), "node", "recipe-replay"], f"replay-{name}")
+        out, train = node_env.out_dir() / f"after-{name}", node_env.NODE / f"{RECIPE_ROOT}{name}/train"
+        (out / f"{RECIPE_ROOT}{name}/train/plots").mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(node_env.NODE / "recipe-replay.json", out / "recipe-replay.json")
+        for rel in ("result.json", "best.json", "plots/accuracy.png"):
+            if (train / rel).is_file():
+                shutil.copyfile(train / rel, out / f"{RECIPE_ROOT}{name}/train/{rel}")
+        log = node_env.NODE / f"logs/stage-train-{name}.log"
+        if log.is_file():  # where results.tar.gz keeps the plan's: the report times the loop from it
+            (out / "logs").mkdir(exist_ok=True)
+            (out / f"logs/stage-train-{name}.log").write_bytes(log.read_bytes()[-200_000:])
+        self.status["state"] = "done"  # the machine's plan is done again (`node wait` reads it)
+        (node_env.NODE / "status.json").write_text(json.dumps(self.status, indent=1))
+        print(f"node recipe-variant {name}: trained and replayed; {out}")
+        return 0
 
     def generate_once(self, reference: bool, while_up: Callable[[], None] | None = None) -> None:
         """The generation server, the plain batched request (`reference`) and `while_up` (what
