@@ -40,11 +40,16 @@ class Results:
                     if f is not None:
                         self.files[member.name] = f.read()
 
-    def json(self, name: str) -> Any:
+    def read(self, name: str) -> bytes | None:
+        """A file of the archive, else one beside it in the folder (what a later call added)."""
         if name in self.files:
-            return json.loads(self.files[name])
+            return self.files[name]
         path = self.folder / name
-        return json.loads(path.read_text()) if path.is_file() else None
+        return path.read_bytes() if path.is_file() else None
+
+    def json(self, name: str) -> Any:
+        data = self.read(name)
+        return None if data is None else json.loads(data)
 
 
 

@@ -20,11 +20,10 @@ prints the table.
 
     .venv/bin/python benchmarks/recipe_ab_report.py RESULTS_DIR --after RESULTS_DIR/after-NAME
 
-`--after`: what a call after the pipeline brought back, when the session had device time left
-for one more variant trained alone on the same run (`node plain train` with the variant's --set
-on a run root sharing the generation, then `node recipe-replay`): its recipe-replay.json (every
-draft the node replayed, the pipeline's and the new one) and recipe-NAME/train/result.json. The
-new variant has no gate figures: it is compared by the replay alone.
+`--after`: what `node recipe-variant NAME` left in $OUT/after-NAME, when the session had device
+time left for one more variant trained alone on the same run: its recipe-replay.json (every
+draft the node replayed, the pipeline's and the new one), recipe-NAME/train/result.json and the
+stage log. The new variant has no gate figures: it is compared by the replay alone.
 """
 
 from __future__ import annotations
@@ -112,9 +111,7 @@ def training(results: Results, name: str) -> dict[str, Any] | None:
         return None
     history = result["history"]
     tokens = sum(h["batch_tokens"] for h in history)
-    log = f"logs/stage-train-{name}.log"  # in the archive, or beside it (`node recipe-variant`'s)
-    text = results.files.get(log) or ((results.folder / log).read_bytes() if (results.folder / log).is_file() else b"")
-    phases = train_phases(text.decode())
+    phases = train_phases((results.read(f"logs/stage-train-{name}.log") or b"").decode())  # `node recipe-variant`'s lies beside
     curve_keys = ("step", "loss", "sim_accept_len", "pooled_accept_len_1", "pooled_accept_len_3", "pooled_accept_len_5",
                   "acc_0", "train_grad_norm", "train_grad_norm_max", "train_clip_rate", "cuda_peak_allocated_gib")  # fmt: skip
     return {
