@@ -25,6 +25,7 @@ from tasks.gate.plan import (
 )
 from tasks.runfolder import RunFolder
 from tasks.sglang.server_process import EmulatedLauncher, ServerStartError
+from tasks.sglang.simulated_acceptance import SIMULATE_ACC_LEN
 from tasks.standins.sim import launch_speed_factor
 from tests.gate_support import (
     AUX_IDS,
@@ -116,6 +117,22 @@ def test_launch_order_alternates_baseline_and_speculative() -> None:
         (1, "eagle3-s1-k1-n2"), (1, "eagle3-s3-k4-n8"), (1, "eagle3-s2-k1-n3"), (1, "baseline"),
         (2, "baseline"), (2, "eagle3-s3-k4-n8"), (2, "eagle3-s1-k1-n2"), (2, "eagle3-s2-k1-n3"),
     ]  # fmt: skip
+
+
+def test_break_even_launches_come_last_and_run_where_breakeven_num_steps_says() -> None:
+    """Break-even launches follow every launch the decision reads (a gate cut short loses them
+    first), and gate.breakeven_num_steps runs them at a num_steps the sweep does not measure."""
+    cfg = gate_cfg(engine="emulated", num_steps=[4, 5], breakeven_accept_lengths=[1.5, 2.0, 4.5])
+    order = [(rep, c.name) for rep, c in launch_order(plan_configs(cfg, "/d"), cfg.repetitions)]
+    assert order[6:] == [(0, f"eagle3-s{k}-k1-n{k + 1}+acc{x}") for k in (4, 5) for x in ("1.5", "2", "4.5")]
+    assert [name for _, name in order[:6]] == ["baseline", "eagle3-s4-k1-n5", "eagle3-s5-k1-n6",
+                                                "eagle3-s4-k1-n5", "eagle3-s5-k1-n6", "baseline"]  # fmt: skip
+    at3 = gate_cfg(engine="emulated", num_steps=[4, 5], breakeven_accept_lengths=[1.5, 4.5], breakeven_num_steps=[3])
+    forced = [c for c in plan_configs(at3, "/d") if c.role == "breakeven"]
+    # 4.5 tokens a verify is past what 3 steps can accept (SGLang clamps it): left out.
+    assert [(c.name, c.spec.num_steps, c.env[SIMULATE_ACC_LEN]) for c in forced] == [("eagle3-s3-k1-n4+acc1.5", 3, "1.5")]
+    with pytest.raises(ValueError, match="breakeven_num_steps"):
+        gate_cfg(engine="emulated", breakeven_accept_lengths=[2.0], breakeven_num_steps=[0])
 
 
 def test_a_faster_speculative_config_is_promoted(tmp_path: Path, run: RunFolder) -> None:

@@ -159,11 +159,19 @@ class GateConfig(Strict):
         "against the baseline's gives the server's own break-even accept length. Never promoted. Empty: off.",
     )
     breakeven_prompts: int = Field(8, ge=1, description="Benchmark prompts sent to each break-even launch.")
+    breakeven_num_steps: list[int] | None = Field(
+        None,
+        description="The num_steps (topk 1) the break-even launches run at, whether or not the sweep measures "
+        "them: the server's cost at a draft length needs the draft, not its acceptance. None: every topk=1 "
+        "num_steps of the sweep. A session that measures num_steps 4 and 5 can so measure the break-even at 3.",
+    )
 
     @model_validator(mode="after")
     def _lossless_settings(self) -> GateConfig:
         if any(not x >= 1.0 for x in self.breakeven_accept_lengths):
             raise ValueError(f"gate.breakeven_accept_lengths must be tokens per verify >= 1, got {self.breakeven_accept_lengths}")
+        if self.breakeven_num_steps is not None and any(k < 1 for k in self.breakeven_num_steps):
+            raise ValueError(f"gate.breakeven_num_steps must be draft steps >= 1, got {self.breakeven_num_steps}")
         if self.engine == "local" and self.breakeven_accept_lengths:
             raise ValueError("gate.breakeven_accept_lengths needs an SGLang server (gate.engine sglang or emulated): "
                              "the local engine has no simulated acceptance")  # fmt: skip

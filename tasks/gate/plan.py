@@ -166,13 +166,15 @@ def plan_configs(cfg: GateConfig, draft_dir: str, extra: list[ExtraDraft] | None
                         repetitions=1 if d.role == SCALING else None, samples=d.samples, draft=d.name)
             for d, (s, n) in others
         ]  # fmt: skip
-    return configs + breakeven_configs(cfg, [s for s, _ in specs], configs[0])
+    at = [s for s, _ in specs] if cfg.breakeven_num_steps is None else [
+        resolve_spec(draft_dir, k, 1, None)[0] for k in cfg.breakeven_num_steps]  # fmt: skip
+    return configs + breakeven_configs(cfg, at, configs[0])
 
 
 def breakeven_configs(cfg: GateConfig, specs: list[SpecParams], baseline: BenchConfig) -> list[BenchConfig]:
-    """One launch per topk=1 config and gate.breakeven_accept_lengths entry, in the first
-    environment, SGLANG_SIMULATE_ACC_LEN set; accept lengths beyond num_steps + 1 (which SGLang
-    clamps) are left out."""
+    """One launch per topk=1 config of `specs` (the sweep's, or gate.breakeven_num_steps') and
+    gate.breakeven_accept_lengths entry, in the first environment, SGLANG_SIMULATE_ACC_LEN set;
+    accept lengths beyond num_steps + 1 (which SGLang clamps) are left out."""
     return [
         BenchConfig(f"{s.label}+acc{x:g}", s, baseline.env_name, {**baseline.env, SIMULATE_ACC_LEN: f"{x:g}"},
                     (f"acceptance forced to a mean of {x:g} tokens per verify: the server's cost, never promoted",),
@@ -182,15 +184,19 @@ def breakeven_configs(cfg: GateConfig, specs: list[SpecParams], baseline: BenchC
 
 
 def launch_order(configs: list[BenchConfig], repetitions: int) -> list[tuple[int, BenchConfig]]:
+    """Every (repetition, config) launch: per repetition and environment the baseline and the
+    speculative configs alternating (see tasks/gate/benchmark.py); the break-even launches last,
+    as the decision never reads them (a gate cut short by its device time loses them first)."""
     order = []
+    measured = [c for c in configs if c.role != BREAKEVEN]
     for rep in range(repetitions):
-        for env_name in dict.fromkeys(c.env_name for c in configs):
-            group = [c for c in configs if c.env_name == env_name and (c.repetitions is None or rep < c.repetitions)]
+        for env_name in dict.fromkeys(c.env_name for c in measured):
+            group = [c for c in measured if c.env_name == env_name and (c.repetitions is None or rep < c.repetitions)]
             specs = [c for c in group if not c.is_baseline]
             k = rep % len(specs) if specs else 0
             seq = [c for c in group if c.is_baseline] + specs[k:] + specs[:k]
             order += [(rep, c) for c in (seq if rep % 2 == 0 else seq[::-1])]
-    return order
+    return order + [(0, c) for c in configs if c.role == BREAKEVEN]
 
 
 @dataclass
