@@ -117,19 +117,24 @@ brought back is all there is (`node wait` on a fresh machine refuses at once).
 
 Issue 28: Qwen2.5-Coder-1.5B-Instruct (deployments/params/qwen25-coder.yaml), a run no session
 holds. Every session starts on a bare node, so every payload carries the target again: the SGLang
-bundle (112 MB), the other wheels (~33 MB), the run folder (~2 MB of prompts, as SmolLM2's) and the
-target's 22 part wheels (1.09 GB, 48-52 MB each), ~1.24 GB in ~25 parts of PART_BYTES (50 MB): ~25
-calls, 4-10 minutes at 6-20 s a call (runs 9 and 10). What a session makes travels to the next through $OUT:
-the regenerated shards (`node wait` leaves generation.tar.part-NN once generation is complete, when
-the whole fits one call's 45 MB; run 9's 10,241 SmolLM2 replies were 6.5 MB) and the trained draft
-(bf16, ~213 MB with its vocabulary map and records: 15 parts, `node drafts K` for K = 0..3; five
-more payload parts, ~30 in all). Joined here (`cat DIR/generation.tar.part-* > generation.tar`,
-`cat DIR*/drafts.tar.part-* > drafts.tar`, its sha256 in index.json), they go into the next
-payload:
+bundle (112 MB), the other wheels (~33 MB), the run folder and the target's 22 part wheels (1.09
+GB, 48-52 MB each), ~1.24 GB in 25 parts of PART_BYTES (50 MB). Run 15 measured a payload call at
+~5 s once the machine is up (the first call also waits ~85 s for it): 25 calls, ~2 min. Between
+two calls the machine stays only 30 s: send the parts in few, long batches of calls, and if one
+answers "not on this machine (it started bare)", the machine was replaced: send every part again.
+
+What a session makes travels to the next through $OUT: the regenerated shards (`node wait` leaves
+generation.tar.part-NN once generation is complete; run 15's 10,245 Qwen replies are 9.1 MB, kept
+in the repository as benchmarks/results/real-run-node/run-15/generation.tar) and the trained draft
+(bf16, 213 MB with its vocabulary map and records: 15 parts, `node drafts K` for K = 0..3). The
+draft is too large for the repository, so it travels only while this workspace keeps it (a
+workspace started afresh holds only what landed); a plan that comes without one trains it first
+(~450 s at 3 epochs, ~550 s at the profile's 4), then gates it:
 
     .venv/bin/python benchmarks/h200_run.py prepare --bundle DIR \
         --profile deployments/params/qwen25-coder.yaml \
-        [--run-from generation.tar] [--draft-from drafts.tar]    # prints the part count
+        --run-from benchmarks/results/real-run-node/run-15/generation.tar \
+        [--draft-from drafts.tar]                                 # prints the part count
     python3 benchmarks/h200_run.py node receive N                # N = 1..25 (~30 with a draft)
     python3 benchmarks/h200_run.py node start --plan PLAN --budget S   # with the last part; S = device seconds left
     python3 benchmarks/h200_run.py node wait --timeout 540      # back to back until done
@@ -138,57 +143,37 @@ payload:
 
 The sessions, in order:
 
-1. qwen-generate (no --run-from): setup, the generation server, the plain batched request (2,048
-   prompts), generation, then the full draft online beside the agreement check, watched (`node
-   train-watched`): at its first checkpoint (step 200) the measured pace decides whether the
-   remaining steps, their evaluations and TRAIN_TAIL_S (240 s: export, pack, the calls that bring
-   it back) end before --budget does; if not, it stops there. Comes back: the generation, the
-   reference and agreement figures, train-fit.json (the pace), and the draft only if it finished.
-2. Only if the draft did not finish: qwen-generate again with --run-from (no generation: the
-   watched training gets the session after payload and setup; the agreement check runs again beside
-   it). If train-fit.json's pace says ~680 steps cannot fit even then, train fewer (`node start
-   --set train.epochs=2`) and report it: a checkpoint (1.27 GB with its optimizer state) does not
-   travel. qwen-gate trains a draft when none came, watched the same way, and gates it only if it
-   finished (else status.json says the gate was skipped and why).
-3. qwen-gate (--run-from, --draft-from): the decision. The carried draft replayed, then one server
-   at a time: the baseline, num_steps 3 and the topk point (3 steps, topk 4), twice each, and the
-   break-even at num_steps 3 (accept lengths 1.5, 2.0, 2.5, one launch each): 9 launches. With
-   `--set gate.verify_logprobs=diverged` (~1 min more) every diverging request is sent again, and
-   Qwen's verify path is measured against its prefill where it matters (gate.near_tie_nats,
-   0.625, was measured on SmolLM2: BENCHMARKS P13). `--plan verify-probe` measures it at every
-   position, but costs a session's payload.
-4. qwen-sweep (--run-from, --draft-from): the baseline and num_steps 1, 2, 4, 5, twice each: 10.
-5. qwen-scaling (--run-from, --draft-from): the data-scaling drafts (0.1, 0.3, 0.6 of the
-   sequences) trained online in two processes on the carried draft's vocabulary map, then the
-   baseline and the carried draft at num_steps 3 twice each and every scaling draft once: 7
-   launches (the curve: the three and the full draft).
+1. qwen-generate (no --run-from): done, run 15 (2026-12-04, BENCHMARKS P16). Setup 72 s (the
+   GGUF assembled and converted in 35 s of it), the generation server ready in 111 s, the plain
+   batched request (2,048 prompts) 39 s, generation of the 10,245 prompts 168 s (129 s of
+   requests: 0.89x the plain request's tok/s), then the full draft online beside the agreement
+   check, watched (`node train-watched`): 612 steps at 0.46 s a step, the first after 127 s (the
+   target loaded, the vocabulary counted, torch.compile), 438 s in all; the train stage's export
+   46 s. ~900 s from setup to the packed draft.
+2. qwen-gate (--run-from; --draft-from if the workspace kept the draft): the decision, at num_steps
+   1, 2 and 3 (topk 1), baseline and each config twice: 8 launches. Run 15's draft replays at
+   ~1.8 tokens per verify at 3 steps in training's evaluation, where the server's break-even on
+   this shape is ~1.7 (../shared/h200/README.md): the shorter chains are where it can win. Without
+   a draft: payload ~3.5 min, setup ~1.2, the draft ~9 (4 epochs) with its export, the gate's
+   launches (not yet measured on this target; estimated ~75 s each: start-up ~45 s, 72 prompts x
+   256 tokens at ~2 ms a token) ~10: ~24 of 30 min.
+3. qwen-sweep (--run-from [--draft-from]): num_steps 4 and 5 and the topk point (3 steps, topk 4),
+   twice each, with the baseline: 8 launches, then the break-even at num_steps 3 (accept lengths
+   1.5, 2.0, 2.5 forced, 8 prompts each: gate.breakeven_num_steps), last, so a gate cut short loses
+   it first. ~26 min with the draft trained here; if session 2 measured launches over ~80 s, leave
+   the break-even out (`--set "gate.breakeven_accept_lengths=[]"`) or split the sweep
+   (`--set "gate.num_steps=[4]"`).
+4. qwen-scaling (--run-from [--draft-from]): the data-scaling drafts (0.1, 0.3, 0.6 of the
+   sequences) trained online; without a carried draft the full draft trains too, the scaling drafts
+   beside it once it has written its vocabulary map (as the full plan does; side by side they take
+   about the sum of their times alone, run 10: ~2 drafts' steps, ~15 min at 4 epochs); then the
+   baseline and the full draft at num_steps 3 twice each and every scaling draft once: 7 launches,
+   ~9 min. Over the session without a carried draft: `--set train.epochs=3` (the curve's points
+   share one recipe; the decision's draft is not among them) and/or `--set
+   "train.scaling_fractions=[0.1, 0.2, 0.4]"` (0.7 of a draft; four points over 2.3 e-folds).
 
-Device time, measured where the runs measured it, estimated where they could not. Measured (runs 8
-to 10, SmolLM2): a payload call of ~48 MB 6-20 s once the machine is up (run 10: 6 s; run 9: ~20 s;
-the first call of a session also waits ~90 s for the machine); setup 34-55 s; the generation
-server ready in 115-139 s; generation 158-182 s; one online draft of ~10k sequences at this recipe
-(3 epochs, 16,384 tokens a step) 657 steps, 0.30 s a step, alone; drafts trained side by side take about
-the sum of their times alone (run 10). Not yet measured on this target, estimates: setup 2-4 min
-(the 1.1 GB of wheels installed, the GGUF assembled and converted to bf16; measurements.json
-records target_resolve_s); the plain request and generation 4-8 min; the full draft ~680 steps (as
-many as SmolLM2's: the same ~10k prompts and 256-token replies) at 1-1.7 s a step, 11-19 min (a
-1.5B target and a 1536-wide draft do about six times the work of SmolLM2's a step), the first
-checkpoint 3.5-6 min in; a gate launch ~100 s (start-up ~1 min, the first ~2, then 2 warm-ups and
-72 prompts x 256 tokens at ~2 ms a token, the 1.5B shape's baseline measured on the node with
-random weights), a break-even launch ~65 s (8 prompts). So, with ~25 payload calls taking 4-10 min:
-session 1 that, ~3 of setup, ~2 of server start and 4-8 of requests, leaving ~2-17 min: the watched
-draft ends in the session only at the faster pace and calls, else stops at step 200 with its pace
-measured. Session 2 7-13 min of payload and setup, then 11-19 min of training plus the 4 min tail:
-it fits only at the faster paces (the pace decides, at step 200). Session 3 7-13 + 3 min, the
-replay ~1, the gate ~14: 25-31 of 30 min. Session 4 the gate ~18: 25-31 min; if session 3's
-launches took ~100 s or its payload ~20 s a call (gate/progress.json in its results.tar.gz, the
-lease's held_s), split it over two sessions (`node start --set "gate.num_steps=[1, 2]"`, then
-`[4, 5]`). Session 5 the scaling drafts 11-19 min (0.1 + 0.3 + 0.6 of the full draft's steps:
-side by side they split the GPU, run 10), the index pass ~1 and the gate's 7 launches ~12: 31-45
-min, over. `--set "train.scaling_fractions=[0.1, 0.2, 0.4]"` trains 0.7 of a full draft (8-13
-min; the curve's four points still span 2.3 e-folds of data): 25-39 min. A gate cut short still
-leaves every launch it measured (gate/progress.json), and the report says which goals it could
-not judge.
+A gate cut short still leaves every launch it measured (gate/progress.json), but no decision; the
+report says which goals it could not judge.
 """
 
 from __future__ import annotations

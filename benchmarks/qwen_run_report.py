@@ -9,7 +9,7 @@ where the draft was trained and how fast (train-fit.json: the pace `node train-w
 measured); every gate's decision with each config's speedup and CI, accept length per domain and
 lossless counts; the accept length at 3 steps per domain (the goal: >= 2.5 on held-out HumanEval
 and ShareGPT code); the gate's predicted tok/s against the measured; the break-even the server
-measured at num_steps 3; the data-scaling curve (measured and replayed points, the fits, the
+measured at num_steps 3 (qwen-sweep's, unless the deciding gate measured it); the data-scaling curve (measured and replayed points, the fits, the
 training sequences the fits say an accept length of 2.5 and the break-even need); and the
 issue's goals, each met or missed by how much. The decision of record is qwen-gate's (its gate
 decides); the other gates' decisions are reported beside it. Writes `qwen-run.json` (in the
@@ -162,6 +162,16 @@ def goals(sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _breakeven_at_3_steps(deciding: dict[str, Any] | None, sessions: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The break-even the server measured at num_steps 3: the deciding gate's, else that of the
+    last session that measured it (qwen-sweep's, through gate.breakeven_num_steps)."""
+    for gate in [deciding, *(s.get("gate") for s in reversed(sessions))]:
+        row = ((gate or {}).get("breakeven") or {}).get("3")
+        if row:
+            return row
+    return None
+
+
 def build(folders: list[Path]) -> dict[str, Any]:
     sessions = [session(f) for f in folders]
     deciding = _deciding_gate(sessions)
@@ -174,7 +184,7 @@ def build(folders: list[Path]) -> dict[str, Any]:
         "sessions": sessions,
         "decision": deciding and {k: deciding[k] for k in ("outcome", "best", "speedup", "ci", "promoted", "reasons")},
         "accept_length_at_3_steps_per_domain": measured_at_3,
-        "breakeven_at_3_steps": (deciding or {}).get("breakeven", {}).get("3"),
+        "breakeven_at_3_steps": _breakeven_at_3_steps(deciding, sessions),
         "scaling": scaling,
         "goals": goals(sessions),
     }  # fmt: skip

@@ -393,10 +393,13 @@ def test_the_qwen_sessions_gate_the_launches_their_device_time_was_sized_for(
     _on_node(monkeypatch, tmp_path)
     monkeypatch.setattr(node_env, "EXTRA_SETS", [])
     gate = _qwen_launches(tmp_path, "qwen-gate")
-    assert sorted(gate) == sorted(["baseline"] * 2 + ["eagle3-s3-k1-n4"] * 2 + ["eagle3-s3-k4-n8"] * 2
-                                  + [f"eagle3-s3-k1-n4+acc{x}" for x in ("1.5", "2", "2.5")])  # fmt: skip
+    assert sorted(gate) == sorted(["baseline"] * 2 + [f"eagle3-s{k}-k1-n{k + 1}" for k in (1, 2, 3)] * 2)
+    # The break-even at num_steps 3 rides with the sweep's 4 and 5 (gate.breakeven_num_steps), after
+    # the configs the decision needs: a gate cut short loses the break-even first.
     sweep = _qwen_launches(tmp_path, "qwen-sweep")
-    assert sorted(sweep) == sorted(["baseline"] * 2 + [f"eagle3-s{k}-k1-n{k + 1}" for k in (1, 2, 4, 5)] * 2)
+    assert sorted(sweep) == sorted(["baseline"] * 2 + [f"eagle3-s{k}-k1-n{k + 1}" for k in (4, 5)] * 2
+                                   + ["eagle3-s3-k4-n8"] * 2
+                                   + [f"eagle3-s3-k1-n4+acc{x}" for x in ("1.5", "2", "2.5")])  # fmt: skip
     scaling = _qwen_launches(tmp_path, "qwen-scaling")
     assert sorted(scaling) == sorted(["baseline"] * 2 + ["eagle3-s3-k1-n4"] * 2
                                      + [f"scaling-{n}:eagle3-s3-k1-n4" for n in (1024, 3073, 6147)])  # fmt: skip
@@ -411,7 +414,7 @@ def test_the_qwen_sessions_gate_the_launches_their_device_time_was_sized_for(
 
 
 def test_node_start_refuses_what_cannot_run_before_starting_anything(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A plan that gates a carried draft on a payload without one, a carried SpecForge draft on a
+    """The plan that probes a carried draft on a payload without one, a carried SpecForge draft on a
     plan that does not gate it, a --set that is not SECTION.KEY=VALUE, and `node recipe-variant`
     without a finished recipe plan or with an unknown variant are refused before anything runs
     (no pipeline, no options.json, no run root); a good --set
@@ -423,7 +426,6 @@ def test_node_start_refuses_what_cannot_run_before_starting_anything(tmp_path: P
     _on_node(monkeypatch, tmp_path)
     monkeypatch.setattr(node_env, "EXTRA_SETS", [])
     (tmp_path / "manifest.json").write_text(json.dumps({"parts": [], "carried": {"generation": True, "draft": False}}))
-    assert lifecycle.node_start(None, [], "qwen-sweep") == 2
     assert lifecycle.node_start(None, [], "verify-probe") == 2  # the probe's server serves a carried draft
     assert lifecycle.node_start(None, [], "qwen-gate", overrides=["epochs=2"]) == 2
     # One more recipe variant (`node recipe-variant`) follows a finished recipe plan, and names a variant.
@@ -444,7 +446,7 @@ def test_node_start_refuses_what_cannot_run_before_starting_anything(tmp_path: P
     (tmp_path / "manifest.json").write_text(json.dumps({"parts": [], "profile": "deployments/params/qwen25-coder.yaml"}))
     pipeline = node_pipeline.Pipeline()
     assert "train.epochs=2" in pipeline.sets and "gate.num_steps=[3, 4]" in pipeline.sets
-    assert "gate.breakeven_accept_lengths=[1.5, 2.0, 2.5]" in pipeline.sets  # the plan's own, not overridden
+    assert "gate.topk_points=[]" in pipeline.sets  # the plan's own, not overridden
     pipeline.write_params()
     params = yaml.safe_load((tmp_path / "params.yaml").read_text())
     assert params["train"]["epochs"] == 2 and params["gate"]["num_steps"] == [3, 4]

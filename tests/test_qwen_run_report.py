@@ -71,8 +71,17 @@ def sessions(tmp_path: Path) -> list[Path]:
             config("baseline", 520.0, 1.0, (1.0, 1.0), None),
             config(S3, 730.0, 1.40, (1.21, 1.55), 2.41, {"coding": 2.62, "general_chat": 2.10, "humaneval": 2.44}),
             config(TOPK, 700.0, 1.35, (1.10, 1.50), 2.90, {"coding": 3.0, "general_chat": 2.6, "humaneval": 3.1}),
-        ], "promote", S3, breakeven),
+        ], "promote", S3),
         "run/gate/prediction.json": {"baseline_tok_s": 540.0},
+    })  # fmt: skip
+    # The break-even at num_steps 3 comes with the sweep of 4 and 5 (gate.breakeven_num_steps).
+    sweep = results_folder(tmp_path / "run-11b", {
+        "options.json": {"plan": "qwen-sweep"},
+        "status.json": {"state": "done", "steps": {}},
+        "carried.json": {"generation": True, "draft": False},
+        "run/gate/report.json": gate_report([config("baseline", 515.0, 1.0, (1.0, 1.0), None),
+                                             config("eagle3-s4-k1-n5", 720.0, 1.39, (1.2, 1.5), 2.6, {"coding": 2.8})],
+                                            "promote", "eagle3-s4-k1-n5", breakeven),
     })  # fmt: skip
     fit = {"intercept": -1.0, "slope_per_ln_sample": 0.36, "points": 4, "samples_for_break_even": 9000.0}
     scaling = results_folder(tmp_path / "run-12", {
@@ -86,13 +95,13 @@ def sessions(tmp_path: Path) -> list[Path]:
             {"domain": "all", "kind": kind, "samples": n, "accept_length": a}
             for n, a in ((1024, 1.6), (3073, 2.0), (6147, 2.25), (10245, 2.4)) for kind in ("measured", "replay")]},
     })  # fmt: skip
-    return [generate, decide, scaling]
+    return [generate, decide, sweep, scaling]
 
 
 def test_the_sessions_figures_and_the_goals_with_their_misses(tmp_path: Path) -> None:
     result = build(sessions(tmp_path))
     plans = [s["plan"] for s in result["sessions"]]
-    assert plans == ["qwen-generate", "qwen-gate", "qwen-scaling"]
+    assert plans == ["qwen-generate", "qwen-gate", "qwen-sweep", "qwen-scaling"]
     gen = result["sessions"][0]["generation"]
     assert gen["stage_tok_s"] == 12_000.0 and math.isclose(gen["vs_plain_batched_request"], 0.96)
     assert gen["server_max_running"] == 256 and gen["engine_in_flight"] == 320

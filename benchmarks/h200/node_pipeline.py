@@ -618,25 +618,32 @@ class Pipeline:
             self.optional(self.pack_run_draft, "draft-pack", mark=True)
         return True
 
+    def draft_to_gate(self) -> bool:
+        """The draft a qwen plan gates: the carried one (`prepare --draft-from`), else this run's,
+        trained here first, watched as qwen-generate's is, exported and packed (so that `node
+        drafts K` can fetch it while the gate runs). A draft does not outlive the workspace that
+        received it, so a session often trains its own: ~450 s on the node (run 15). False, with
+        status.json's gate step saying why, when it stopped at its first checkpoint (it would not
+        have ended in the session) or its training failed: no gate runs then."""
+        if carried()["draft"]:
+            return True
+        env = self.trainer_env()
+        self.train_watched(env)
+        if self.export_and_pack(env):
+            return True
+        why = ("the draft would not have finished in this session (train-fit.json): a session with more device "
+               "time left after the payload trains it" if read_json(node_env.NODE / "train-fit.json")
+               else "no draft: its training failed (logs/train-draft.log)")  # fmt: skip
+        self.note("gate", "skipped", why)
+        return False
+
     def qwen_gate(self) -> None:
-        """The "qwen-gate" plan (PLANS): the gate that decides, on the carried draft, at num_steps
-        3 and the topk point, with the break-even at num_steps 3 (PLAN_SETTINGS). A run that came
-        without a draft trains it first, watched as qwen-generate's is, and packs it for the next
-        session before the gate, so that `node drafts K` can fetch it while the gate runs; a draft
-        that would not finish in the session stops at its first checkpoint, and no gate runs."""
+        """The "qwen-gate" plan (PLANS): the gate that decides, at num_steps 1, 2 and 3 (topk 1,
+        PLAN_SETTINGS), on the carried draft or one trained here (draft_to_gate)."""
         self.setup()
         self.write_params()
         self.generate_once(reference=False)  # only a run that came without its generation (a rehearsal's)
-        if not carried()["draft"]:
-            env = self.trainer_env()
-            self.train_watched(env)
-            if not self.export_and_pack(env):
-                why = ("the draft did not finish in this session (train-fit.json): qwen-generate with --run-from "
-                       "trains it next" if read_json(node_env.NODE / "train-fit.json")
-                       else "no draft: its training failed (logs/train-draft.log)")  # fmt: skip
-                self.note("gate", "skipped", why)
-                return
-        if not self.done_before("gate"):
+        if self.draft_to_gate() and not self.done_before("gate"):
             self.stage("gate", *self.emulated)
 
     def verify_probe(self) -> None:
@@ -650,29 +657,37 @@ class Pipeline:
         self.note("verify-probe", "done")
 
     def qwen_sweep(self) -> None:
-        """The "qwen-sweep" plan (PLANS): the carried draft gated at num_steps 1, 2, 4 and 5."""
+        """The "qwen-sweep" plan (PLANS): num_steps 4 and 5, the topk point and the break-even at
+        num_steps 3, on the carried draft or one trained here (draft_to_gate)."""
         self.setup()
-        self.require_carried_draft()
         self.write_params()
-        self.stage("gate", *self.emulated)
+        self.generate_once(reference=False)
+        if self.draft_to_gate() and not self.done_before("gate"):
+            self.stage("gate", *self.emulated)
 
     def qwen_scaling(self) -> None:
-        """The "qwen-scaling" plan (PLANS): the data-scaling drafts trained online beside each
-        other on the carried draft's vocabulary map (start_scaling), one pass over all of them
-        after (each resumed at its end: the whole index), then the gate of the carried draft at
-        num_steps 3 with every scaling draft once (the curve's four points, measured and
-        replayed)."""
+        """The "qwen-scaling" plan (PLANS): the data-scaling drafts trained online, then the gate
+        of the full draft at num_steps 3 with every scaling draft once (the curve's four points,
+        measured and replayed). With a carried draft, the scaling drafts train beside each other
+        on its vocabulary map (start_scaling), then one pass over all of them writes the whole
+        index; without one, the full draft trains too, the scaling drafts beside it once it has
+        written its vocabulary map (train(), as the full plan's), and the train stage after them
+        exports it and writes the index."""
         self.setup()
-        self.require_carried_draft()
         self.write_params()
+        self.generate_once(reference=False)
         env = self.trainer_env()
-        if not self.done_before("train-scaling"):
+        if not carried()["draft"]:
+            if not self.done_before("train-parallel"):
+                self.train()
+        elif not self.done_before("train-scaling"):
             self.note("train-scaling", "running")
             codes = {name: proc.wait() for name, proc in self.start_scaling(env).items()}
             self.save_measure("train_scaling_exit", codes)
             self.py([str(node_env.RUNNER), "node", "scaling"], "train-scaling-index", env)
             self.note("train-scaling", "done" if not any(codes.values()) else "failed-part", json.dumps(codes))
-        self.stage("gate", *self.emulated)
+        if not self.done_before("gate"):
+            self.stage("gate", *self.emulated)
 
     def start_anchor(self, env: dict[str, str], vocab: Path, threads: list[threading.Thread]) -> list[subprocess.Popen[bytes]]:
         """The run's root extracted (one part a shard), then, once the default variant has

@@ -53,13 +53,14 @@ SKIPPABLE: dict[str, dict[tuple[str, str], Any]] = {
 # "qwen-generate", "qwen-gate", "qwen-sweep", "qwen-scaling": issue 28's run on Qwen2.5-Coder-1.5B
 # (`prepare --profile deployments/params/qwen25-coder.yaml`), which no one session holds: each plan
 # is one session's share (benchmarks/h200_run.py's docstring, "Issue 28"), the next starting from
-# what the last brought back (`prepare --run-from` the generation, `--draft-from` the draft).
+# what the last brought back (`prepare --run-from` the generation; `--draft-from` the draft, when
+# the workspace still holds it: a plan that came without one trains it first, ~450 s in run 15).
 # "qwen-generate": the generation and the plain batched request, then the full draft online when
 # its measured pace says it ends in the session (`node train-watched`); its draft packed to travel.
-# "qwen-gate": the decision on the carried draft (trained here first when none came): num_steps 3
-# and the topk point, the lossless rule, the break-even at num_steps 3. "qwen-sweep": num_steps 1,
-# 2, 4 and 5 of the carried draft. "qwen-scaling": the data-scaling drafts trained and gated beside
-# the carried draft at num_steps 3 (a scaling draft is gated where it was trained: none travels).
+# "qwen-gate": the decision, at num_steps 1, 2 and 3 (topk 1): the configs an accept length near
+# 1.8 (run 15's draft in training's replay) can win at. "qwen-sweep": num_steps 4 and 5, the topk
+# point, and the break-even at num_steps 3. "qwen-scaling": the data-scaling drafts trained and
+# gated beside the full draft at num_steps 3 (a scaling draft is gated where it was trained).
 # "verify-probe": the lossless threshold's evidence on the real parts, for a carried draft (`prepare
 # --run-from ... --draft-from ...`): one speculative server launched as the gate launches num_steps 3,
 # and the logprob probe against it on the gate's prompts (`node verify-probe`): the logprobs its
@@ -67,14 +68,15 @@ SKIPPABLE: dict[str, dict[tuple[str, str], Any]] = {
 PLANS = {"full": [], "online-incumbent": ["scaling", "anchor", "sweep"], "lossless": ["scaling", "anchor"],
          "recipe": ["scaling", "sweep"], "qwen-generate": ["scaling", "anchor"], "qwen-gate": ["scaling", "anchor"],
          "qwen-sweep": ["scaling", "anchor"], "qwen-scaling": ["anchor"], "verify-probe": ["scaling", "anchor", "sweep"]}  # fmt: skip
-NEEDS_DRAFT = {"qwen-sweep", "qwen-scaling", "verify-probe"}  # plans that use a carried draft and train none of their own
+NEEDS_DRAFT = {"verify-probe"}  # plans that use a carried draft and train none of their own
 # Each plan's own settings (section, key) -> value, under --skip's and `node start --set`'s.
 PLAN_SETTINGS: dict[str, dict[tuple[str, str], Any]] = {
     # The recipe A/B's token budget: SpecForge's draft and every variant but epochs4 train 3 epochs,
     # the budget runs 4-11 compared at, whatever the profile's (4 since run 11).
     "recipe": {("train", "epochs"): 3},
-    "qwen-gate": {("gate", "num_steps"): [3], ("gate", "breakeven_accept_lengths"): [1.5, 2.0, 2.5]},
-    "qwen-sweep": {("gate", "num_steps"): [1, 2, 4, 5], ("gate", "topk_points"): []},
+    "qwen-gate": {("gate", "num_steps"): [1, 2, 3], ("gate", "topk_points"): []},
+    "qwen-sweep": {("gate", "num_steps"): [4, 5], ("gate", "breakeven_accept_lengths"): [1.5, 2.0, 2.5],
+                   ("gate", "breakeven_num_steps"): [3]},
     "qwen-scaling": {("gate", "num_steps"): [3], ("gate", "topk_points"): []},
 }
 LOSSLESS_GATE = ("gate.num_steps=[1, 3, 5]", "gate.topk_points=[]", "gate.breakeven_accept_lengths=[1.5, 2.5, 3.5]",
