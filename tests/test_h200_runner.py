@@ -393,13 +393,13 @@ def test_the_qwen_sessions_gate_the_launches_their_device_time_was_sized_for(
     _on_node(monkeypatch, tmp_path)
     monkeypatch.setattr(node_env, "EXTRA_SETS", [])
     gate = _qwen_launches(tmp_path, "qwen-gate")
-    assert sorted(gate) == sorted(["baseline"] * 2 + [f"eagle3-s{k}-k1-n{k + 1}" for k in (1, 2, 3)] * 2)
+    assert sorted(gate) == sorted(["baseline"] * 2 + [f"eagle3-s{k}-k1-n{k + 1}" for k in (1, 2, 3)] * 2
+                                  + ["eagle3-s3-k4-n8"] * 2)  # fmt: skip
     # The break-even at num_steps 3 rides with the sweep's 4 and 5 (gate.breakeven_num_steps), after
     # the configs the decision needs: a gate cut short loses the break-even first.
     sweep = _qwen_launches(tmp_path, "qwen-sweep")
-    assert sorted(sweep) == sorted(["baseline"] * 2 + [f"eagle3-s{k}-k1-n{k + 1}" for k in (4, 5)] * 2
-                                   + ["eagle3-s3-k4-n8"] * 2
-                                   + [f"eagle3-s3-k1-n4+acc{x}" for x in ("1.5", "2", "2.5")])  # fmt: skip
+    assert sweep[-3:] == [f"eagle3-s3-k1-n4+acc{x}" for x in ("1.5", "2", "2.5")]
+    assert sorted(sweep[:-3]) == sorted(["baseline"] * 2 + [f"eagle3-s{k}-k1-n{k + 1}" for k in (4, 5)] * 2)
     scaling = _qwen_launches(tmp_path, "qwen-scaling")
     assert sorted(scaling) == sorted(["baseline"] * 2 + ["eagle3-s3-k1-n4"] * 2
                                      + [f"scaling-{n}:eagle3-s3-k1-n4" for n in (1024, 3073, 6147)])  # fmt: skip
@@ -411,6 +411,38 @@ def test_the_qwen_sessions_gate_the_launches_their_device_time_was_sized_for(
     args = node_pipeline.generation_server_args("/m")
     assert args[args.index("--max-running-requests") + 1] == "256" == str(node_pipeline.SERVER_MAX_RUNNING)
     assert profile.engine.concurrency_per_server > node_pipeline.SERVER_MAX_RUNNING
+
+
+def test_node_receive_keeps_a_part_that_arrives_on_a_replaced_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Run 15 lost its machine between parts 19 and 20: the next calls found a fresh one. A part
+    is kept whatever came before it, the call says which earlier parts to send again (exit 3),
+    and only those are sent again; a part whose bytes do not match its sha256 is not kept."""
+    import hashlib
+    import json
+
+    _on_node(monkeypatch, tmp_path / "node")
+    monkeypatch.setattr(node_env, "REPO", tmp_path / "repo")
+    datas = [f"part {k} bytes".encode() for k in (1, 2, 3)]
+    manifest = {"parts": [{"name": f"p{k}", "sha256": hashlib.sha256(d).hexdigest()} for k, d in enumerate(datas, 1)]}
+
+    def carry(k: int, data: bytes) -> None:  # what the run tool's carry puts in the tree
+        part = tmp_path / "repo/.eaglescale/h200/payload" / f"part-{k}"
+        part.mkdir(parents=True, exist_ok=True)
+        (part / "manifest.json").write_text(json.dumps(manifest))
+        (part / "data").write_bytes(data)
+
+    for k in (2, 3):  # the machine that held part 1 is gone
+        carry(k, datas[k - 1])
+        assert lifecycle.node_receive(k) == 3
+        assert "['p1'] are not on this machine" in capsys.readouterr().err
+    carry(1, datas[0])
+    assert lifecycle.node_receive(1) == 0 and "(3/3 parts here)" in capsys.readouterr().out
+    assert [(tmp_path / "node/parts" / f"p{k}").read_bytes() for k in (1, 2, 3)] == datas
+    (tmp_path / "node/parts/p2").unlink()
+    carry(2, b"part 2 bytes, altered")
+    assert lifecycle.node_receive(2) == 4 and not (tmp_path / "node/parts/p2").exists()
 
 
 def test_node_start_refuses_what_cannot_run_before_starting_anything(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -441,12 +473,12 @@ def test_node_start_refuses_what_cannot_run_before_starting_anything(tmp_path: P
     assert lifecycle.node_start(None, [], "full") == 2
     assert lifecycle.node_start(None, ["anchor"], "recipe") == 2
     assert not (tmp_path / "options.json").exists() and not (tmp_path / "pipeline.log").exists()
-    options = plans.plan_options([], "qwen-gate", None, plans.parse_settings(["train.epochs=2", "gate.num_steps=[3, 4]"]))
+    options = plans.plan_options([], "qwen-sweep", None, plans.parse_settings(["train.epochs=2", "gate.num_steps=[3, 4]"]))
     (tmp_path / "options.json").write_text(json.dumps(options))
     (tmp_path / "manifest.json").write_text(json.dumps({"parts": [], "profile": "deployments/params/qwen25-coder.yaml"}))
     pipeline = node_pipeline.Pipeline()
     assert "train.epochs=2" in pipeline.sets and "gate.num_steps=[3, 4]" in pipeline.sets
-    assert "gate.topk_points=[]" in pipeline.sets  # the plan's own, not overridden
+    assert "gate.topk_points=[]" in pipeline.sets and "gate.breakeven_num_steps=[3]" in pipeline.sets  # the plan's own
     pipeline.write_params()
     params = yaml.safe_load((tmp_path / "params.yaml").read_text())
     assert params["train"]["epochs"] == 2 and params["gate"]["num_steps"] == [3, 4]

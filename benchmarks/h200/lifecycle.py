@@ -26,18 +26,21 @@ def node_receive(k: int) -> int:
     manifest = json.loads((carried / "manifest.json").read_text())
     parts = node_env.NODE / "parts"
     parts.mkdir(parents=True, exist_ok=True)
-    missing = [p["name"] for p in manifest["parts"][: k - 1] if not (parts / p["name"]).is_file()]
-    if missing:
-        print(f"node receive {k}: {missing} are not on this machine (it started bare): send them again",
-              file=sys.stderr)  # fmt: skip
-        return 3
     entry = manifest["parts"][k - 1]
     shutil.copyfile(carried / "data", parts / entry["name"])
     if sha256(parts / entry["name"]) != entry["sha256"]:
+        (parts / entry["name"]).unlink()
         print(f"node receive {k}: sha256 mismatch", file=sys.stderr)
         return 4
     (node_env.NODE / "manifest.json").write_text(json.dumps(manifest))
     have = sum(1 for p in manifest["parts"] if (parts / p["name"]).is_file())
+    # Kept whatever came before it: a machine replaced mid-payload (run 15: a gap of over 30 s
+    # between two calls) needs only the earlier parts again, not this one and those after it.
+    missing = [p["name"] for p in manifest["parts"][: k - 1] if not (parts / p["name"]).is_file()]
+    if missing:
+        print(f"node receive {k}: kept; {missing} are not on this machine (it started bare): send them again",
+              file=sys.stderr)  # fmt: skip
+        return 3
     print(f"node receive {k}: ok ({have}/{len(manifest['parts'])} parts here)")
     return 0
 
