@@ -57,9 +57,10 @@ SKIPPABLE: dict[str, dict[tuple[str, str], Any]] = {
 # the workspace still holds it: a plan that came without one trains it first, ~450 s in run 15).
 # "qwen-generate": the generation and the plain batched request, then the full draft online when
 # its measured pace says it ends in the session (`node train-watched`); its draft packed to travel.
-# "qwen-gate": the decision, at num_steps 1, 2 and 3 (topk 1): the configs an accept length near
-# 1.8 (run 15's draft in training's replay) can win at. "qwen-sweep": num_steps 4 and 5, the topk
-# point, and the break-even at num_steps 3. "qwen-scaling": the data-scaling drafts trained and
+# "qwen-gate": the decision, at num_steps 1, 2 and 3 (topk 1) and the topk point (3 steps, topk
+# 4): the configs a draft near 1.8 tokens per verify at 3 steps (run 15's, in training's
+# evaluation) can win at, the short chains and the tree. "qwen-sweep": num_steps 4 and 5, and the
+# break-even at num_steps 3. "qwen-scaling": the data-scaling drafts trained and
 # gated beside the full draft at num_steps 3 (a scaling draft is gated where it was trained).
 # "verify-probe": the lossless threshold's evidence on the real parts, for a carried draft (`prepare
 # --run-from ... --draft-from ...`): one speculative server launched as the gate launches num_steps 3,
@@ -74,9 +75,9 @@ PLAN_SETTINGS: dict[str, dict[tuple[str, str], Any]] = {
     # The recipe A/B's token budget: SpecForge's draft and every variant but epochs4 train 3 epochs,
     # the budget runs 4-11 compared at, whatever the profile's (4 since run 11).
     "recipe": {("train", "epochs"): 3},
-    "qwen-gate": {("gate", "num_steps"): [1, 2, 3], ("gate", "topk_points"): []},
-    "qwen-sweep": {("gate", "num_steps"): [4, 5], ("gate", "breakeven_accept_lengths"): [1.5, 2.0, 2.5],
-                   ("gate", "breakeven_num_steps"): [3]},
+    "qwen-gate": {("gate", "num_steps"): [1, 2, 3]},
+    "qwen-sweep": {("gate", "num_steps"): [4, 5], ("gate", "topk_points"): [],
+                   ("gate", "breakeven_accept_lengths"): [1.5, 2.0, 2.5], ("gate", "breakeven_num_steps"): [3]},
     "qwen-scaling": {("gate", "num_steps"): [3], ("gate", "topk_points"): []},
 }
 LOSSLESS_GATE = ("gate.num_steps=[1, 3, 5]", "gate.topk_points=[]", "gate.breakeven_accept_lengths=[1.5, 2.5, 3.5]",
