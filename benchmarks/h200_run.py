@@ -159,8 +159,11 @@ The sessions, in order:
    took 27-45 s (runs 9, 13), and this one loads 3.5 GB and decodes at ~2 ms a token instead of
    ~1.2, so ~45-75 s. Without a draft: first call ~1.5 min, payload ~2, setup ~1.2, the draft with
    its export ~10 (4 epochs), the replay ~1, the gate ~8-12.5: ~24-28 of 30 min. With the draft
-   carried (5 payload calls more) ~15-19. If the payload ran long (a replaced machine), leave the
-   tree out (`--set "gate.topk_points=[]"`, 2 launches fewer): a gate cut short decides nothing.
+   carried (5 payload calls more) ~15-19: then add `--set gate.verify_logprobs=diverged` (~1 min
+   more), so that every diverging request is sent again and Qwen's verify path is measured against
+   its prefill where it matters (gate.near_tie_nats, 0.625, was set on SmolLM2: BENCHMARKS P13). If
+   the payload ran long (a replaced machine), leave the tree out (`--set "gate.topk_points=[]"`, 2
+   launches fewer): a gate cut short decides nothing.
 3. qwen-sweep (--run-from [--draft-from]): num_steps 4 and 5, twice each, with the baseline: 6
    launches, then the break-even at num_steps 3 (accept lengths 1.5, 2.0, 2.5 forced, 8 prompts
    each: gate.breakeven_num_steps), last, so a gate cut short loses it first. ~20-24 min with the

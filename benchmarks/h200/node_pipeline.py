@@ -622,7 +622,7 @@ class Pipeline:
         """The draft a qwen plan gates: the carried one (`prepare --draft-from`), else this run's,
         trained here first, watched as qwen-generate's is, exported and packed (so that `node
         drafts K` can fetch it while the gate runs). A draft does not outlive the workspace that
-        received it, so a session often trains its own: ~450 s on the node (run 15). False, with
+        received it, so a session often trains its own (run 15: 454 s at 3 epochs). False, with
         status.json's gate step saying why, when it stopped at its first checkpoint (it would not
         have ended in the session) or its training failed: no gate runs then."""
         if carried()["draft"]:
@@ -639,7 +639,8 @@ class Pipeline:
 
     def qwen_gate(self) -> None:
         """The "qwen-gate" plan (PLANS): the gate that decides, at num_steps 1, 2 and 3 (topk 1,
-        PLAN_SETTINGS), on the carried draft or one trained here (draft_to_gate)."""
+        PLAN_SETTINGS) and the profile's topk point, on the carried draft or one trained here
+        (draft_to_gate)."""
         self.setup()
         self.write_params()
         self.generate_once(reference=False)  # only a run that came without its generation (a rehearsal's)
@@ -657,8 +658,8 @@ class Pipeline:
         self.note("verify-probe", "done")
 
     def qwen_sweep(self) -> None:
-        """The "qwen-sweep" plan (PLANS): num_steps 4 and 5, the topk point and the break-even at
-        num_steps 3, on the carried draft or one trained here (draft_to_gate)."""
+        """The "qwen-sweep" plan (PLANS): num_steps 4 and 5 and the break-even at num_steps 3, on
+        the carried draft or one trained here (draft_to_gate)."""
         self.setup()
         self.write_params()
         self.generate_once(reference=False)

@@ -60,8 +60,8 @@ SKIPPABLE: dict[str, dict[tuple[str, str], Any]] = {
 # "qwen-gate": the decision, at num_steps 1, 2 and 3 (topk 1) and the topk point (3 steps, topk
 # 4): the configs a draft near 1.8 tokens per verify at 3 steps (run 15's, in training's
 # evaluation) can win at, the short chains and the tree. "qwen-sweep": num_steps 4 and 5, and the
-# break-even at num_steps 3. "qwen-scaling": the data-scaling drafts trained and
-# gated beside the full draft at num_steps 3 (a scaling draft is gated where it was trained).
+# break-even at num_steps 3. "qwen-scaling": the data-scaling drafts trained and gated beside the
+# full draft at num_steps 3 (a scaling draft is gated where it was trained).
 # "verify-probe": the lossless threshold's evidence on the real parts, for a carried draft (`prepare
 # --run-from ... --draft-from ...`): one speculative server launched as the gate launches num_steps 3,
 # and the logprob probe against it on the gate's prompts (`node verify-probe`): the logprobs its
