@@ -177,6 +177,11 @@ The sessions, in order:
    share one recipe; the decision's draft is not among them) and/or `--set
    "train.scaling_fractions=[0.1, 0.2, 0.4]"` (0.7 of a draft; four points over 2.3 e-folds).
 
+5. The regeneration goal again: qwen-generate without --run-from (a fresh run folder), its
+   generation server now without the prefix cache (`--disable-radix-cache`: run 15 slowed from
+   ~0.96x to ~0.58x once finished requests filled the KV pool, P16), the plain request beside it;
+   ~14 min to the end of generation, then its draft trains as in session 1.
+
 A gate cut short still leaves every launch it measured (gate/progress.json), but no decision; the
 report says which goals it could not judge.
 """

@@ -52,8 +52,8 @@ H200 = ServerSettings(attention_backend="triton", sampling_backend="pytorch", gr
                       skip_tokenizer_init=True, dtype="bfloat16")  # fmt: skip
 EVERY_SETTING = ServerSettings(
     attention_backend="triton", sampling_backend="pytorch", grammar_backend="none", skip_tokenizer_init=True,
-    dtype="bfloat16", disable_prefill_cuda_graph=True, sleep_on_idle=True, max_total_tokens=65536,
-    max_running_requests=8, random_seed=7,
+    dtype="bfloat16", disable_prefill_cuda_graph=True, sleep_on_idle=True, disable_radix_cache=True,
+    max_total_tokens=65536, max_running_requests=8, random_seed=7,
 )  # fmt: skip
 
 
@@ -208,12 +208,13 @@ def test_server_settings_per_version() -> None:
     # One flag per setting, named like it (a setting without a flag would silently do nothing).
     assert {name: "--" + name.replace("_", "-") for name in ServerSettings.model_fields} == SETTING_FLAGS
     s = ServerSettings(attention_backend="triton", skip_tokenizer_init=True, sleep_on_idle=True, random_seed=3,
-                       max_running_requests=4, max_total_tokens=4096, dtype="bfloat16")  # fmt: skip
+                       max_running_requests=4, max_total_tokens=4096, dtype="bfloat16", disable_radix_cache=True)  # fmt: skip
     for version in PINNED_VERSIONS:
         args = build_server_args(LaunchSpec("/m", 30000, server=s), version)
         assert flag_value(args, "--attention-backend") == "triton" and flag_value(args, "--random-seed") == "3"
         assert flag_value(args, "--max-running-requests") == "4" and flag_value(args, "--max-total-tokens") == "4096"
-        assert "--skip-tokenizer-init" in args and "--sleep-on-idle" in args
+        assert "--skip-tokenizer-init" in args and "--sleep-on-idle" in args and "--disable-radix-cache" in args
+    assert "--disable-radix-cache" not in build_server_args(LaunchSpec("/m", 30000, server=ServerSettings()), "0.5.14")
     prefill = ServerSettings(disable_prefill_cuda_graph=True)
     with pytest.raises(LaunchError, match=r"server setting disable_prefill_cuda_graph: SGLang 0\.5\.4 has no "
                                           r"--disable-prefill-cuda-graph \(0\.5\.4 captures prefill graphs only with"):

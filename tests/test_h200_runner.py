@@ -410,6 +410,7 @@ def test_the_qwen_sessions_gate_the_launches_their_device_time_was_sized_for(
     # Generation keeps a queue at its server: more in flight than the server runs at once.
     args = node_pipeline.generation_server_args("/m")
     assert args[args.index("--max-running-requests") + 1] == "256" == str(node_pipeline.SERVER_MAX_RUNNING)
+    assert "--disable-radix-cache" in args  # run 15's slow end: a full KV pool evicting on every admission (P16)
     assert profile.engine.concurrency_per_server > node_pipeline.SERVER_MAX_RUNNING
 
 

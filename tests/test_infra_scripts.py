@@ -80,10 +80,10 @@ def test_target_takes_the_server_settings_of_its_version():
     recorded --help; a setting the version lacks is refused naming it."""
     out = _run(LAUNCH, "--model", "/m", "--sglang-version", "0.5.14", "--attention-backend", "triton",
                "--sampling-backend", "pytorch", "--grammar-backend", "none", "--dtype", "bfloat16",
-               "--disable-prefill-cuda-graph", "--context-length", "4096", "--dry-run")  # fmt: skip
+               "--disable-prefill-cuda-graph", "--disable-radix-cache", "--context-length", "4096", "--dry-run")  # fmt: skip
     _, cmd = _dry(out)
     settings = ServerSettings(attention_backend="triton", sampling_backend="pytorch", grammar_backend="none",
-                              dtype="bfloat16", disable_prefill_cuda_graph=True)  # fmt: skip
+                              dtype="bfloat16", disable_prefill_cuda_graph=True, disable_radix_cache=True)  # fmt: skip
     assert cmd == build_launch_command(
         LaunchSpec("/m", 30000, host="0.0.0.0", tp_size=8, cuda_graph_max_bs=None, mem_fraction_static=0.88,
                    server=settings, extra_args=("--trust-remote-code", "--context-length", "4096")),

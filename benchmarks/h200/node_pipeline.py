@@ -70,12 +70,14 @@ SERVER_MAX_RUNNING = 256
 
 def generation_server_args(model_dir: str) -> list[str]:
     """The generation server's launch (infra/sglang/launch_target.sh): CUDA graphs up to the
-    batch it runs, SERVER_MAX_RUNNING requests at once."""
+    batch it runs, SERVER_MAX_RUNNING requests at once, no prefix cache (run 15 slowed to ~0.58x
+    once finished requests filled the KV pool and every admission evicted: BENCHMARKS.md P16)."""
     return [str(node_env.REPO / "infra/sglang/launch_target.sh"), "--model", model_dir, "--tp", "1",
             "--host", "127.0.0.1", "--port", str(node_env.PORT), "--mem-fraction", "0.5", "--sglang-version", SGLANG,
             "--cuda-graph-max-bs", str(SERVER_MAX_RUNNING), "--max-running-requests", str(SERVER_MAX_RUNNING),
             "--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
-            "--dtype", "bfloat16", "--skip-tokenizer-init", "--disable-prefill-cuda-graph", "--python", sys.executable]  # fmt: skip
+            "--dtype", "bfloat16", "--skip-tokenizer-init", "--disable-prefill-cuda-graph", "--disable-radix-cache",
+            "--python", sys.executable]  # fmt: skip
 
 
 class Pipeline:

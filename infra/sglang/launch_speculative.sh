@@ -34,8 +34,8 @@ Builder options (python -m tasks.sglang.command; defaults: --tp 8, --port 30000,
   --cuda-graph-max-bs N|default --disable-cuda-graph
 Server settings (the gate's gate.server; each emitted only when given):
   --attention-backend B --sampling-backend B --grammar-backend B --dtype D --skip-tokenizer-init
-  --disable-prefill-cuda-graph --sleep-on-idle --max-total-tokens N --max-running-requests N
-  --random-seed N
+  --disable-prefill-cuda-graph --sleep-on-idle --disable-radix-cache --max-total-tokens N
+  --max-running-requests N --random-seed N
 Anything after \`--\` is passed to sglang.launch_server unchanged.
 Health: curl http://HOST:PORT/health_generate ; info (echoes the speculative settings):
 curl http://HOST:PORT/server_info

@@ -31,8 +31,10 @@ refuses flags the version does not have (for 0.5.14: any flag not in its recorde
   --dry-run             print the command and environment instead of running it
 Server settings (each emitted only when given; gate.server in the params):
   --attention-backend B --sampling-backend B --grammar-backend B --dtype D --skip-tokenizer-init
-  --disable-prefill-cuda-graph --sleep-on-idle --max-total-tokens N --max-running-requests N
-  --random-seed N
+  --disable-prefill-cuda-graph --sleep-on-idle --disable-radix-cache --max-total-tokens N
+  --max-running-requests N --random-seed N
+  --disable-radix-cache suits a long regeneration: its prompts share little, and once finished
+  requests fill the KV pool the prefix cache makes every admission evict (BENCHMARKS.md P16).
   With --skip-tokenizer-init answers carry no text: generated rows keep output_ids only.
   The H200 node's SGLang 0.5.14: --attention-backend triton --sampling-backend pytorch
   --grammar-backend none --dtype bfloat16

@@ -38,6 +38,7 @@ SETTING_FLAGS: dict[str, str] = {
     "dtype": "--dtype",
     "disable_prefill_cuda_graph": "--disable-prefill-cuda-graph",
     "sleep_on_idle": "--sleep-on-idle",
+    "disable_radix_cache": "--disable-radix-cache",
     "max_total_tokens": "--max-total-tokens",
     "max_running_requests": "--max-running-requests",
     "random_seed": "--random-seed",
@@ -56,7 +57,8 @@ _BUILDER_FLAGS = frozenset(
 _LONG_STANDING_SETTINGS = frozenset(
     {
         "--attention-backend", "--sampling-backend", "--grammar-backend", "--skip-tokenizer-init",
-        "--dtype", "--sleep-on-idle", "--max-total-tokens", "--max-running-requests", "--random-seed",
+        "--dtype", "--sleep-on-idle", "--disable-radix-cache", "--max-total-tokens", "--max-running-requests",
+        "--random-seed",
     }
 )  # fmt: skip
 
