@@ -9,9 +9,9 @@ where the draft was trained and how fast (train-fit.json: the pace `node train-w
 measured); every gate's decision with each config's speedup and CI, accept length per domain and
 lossless counts; the accept length at 3 steps per domain (the goal: >= 2.5 on held-out HumanEval
 and ShareGPT code); the gate's predicted tok/s against the measured; the break-even the server
-measured at num_steps 3 (qwen-sweep's, unless the deciding gate measured it); the data-scaling curve (measured and replayed points, the fits, the
-training sequences the fits say an accept length of 2.5 and the break-even need); and the
-issue's goals, each met or missed by how much. The decision of record is qwen-gate's (its gate
+measured at num_steps 3 (qwen-sweep's, unless the deciding gate measured it); the data-scaling
+curve (measured and replayed points, the fits, the training sequences the fits say an accept
+length of 2.5 and the break-even need); and the issue's goals, each met or missed by how much. The decision of record is qwen-gate's (its gate
 decides); the other gates' decisions are reported beside it. Writes `qwen-run.json` (in the
 first RESULTS_DIR unless --out says where) and prints a summary.
 """
