@@ -161,9 +161,10 @@ The sessions, in order:
    its export ~10 (4 epochs), the replay ~1, the gate ~8-12.5: ~24-28 of 30 min. With the draft
    carried (5 payload calls more) ~15-19: then add `--set gate.verify_logprobs=diverged` (~1 min
    more), so that every diverging request is sent again and Qwen's verify path is measured against
-   its prefill where it matters (gate.near_tie_nats, 0.625, was set on SmolLM2: BENCHMARKS P13). If
-   the payload ran long (a replaced machine), leave the tree out (`--set "gate.topk_points=[]"`, 2
-   launches fewer): a gate cut short decides nothing.
+   its prefill where it matters (gate.near_tie_nats, 0.625, was set on SmolLM2: BENCHMARKS P13). A
+   gate cut short decides nothing, so when the device time left at the gate is under the whole
+   gate at 75 s a launch (QWEN_LAUNCH_S), the node leaves the tree out by itself (2 launches
+   fewer; measurements.json's gate_trimmed says so).
 3. qwen-sweep (--run-from [--draft-from]): num_steps 4 and 5, twice each, with the baseline: 6
    launches, then the break-even at num_steps 3 (accept lengths 1.5, 2.0, 2.5 forced, 8 prompts
    each: gate.breakeven_num_steps), last, so a gate cut short loses it first. ~20-24 min with the

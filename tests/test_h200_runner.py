@@ -414,6 +414,31 @@ def test_the_qwen_sessions_gate_the_launches_their_device_time_was_sized_for(
     assert profile.engine.concurrency_per_server > node_pipeline.SERVER_MAX_RUNNING
 
 
+def test_the_decision_gate_leaves_its_tree_out_when_the_whole_gate_would_not_end_in_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """qwen-gate's 10 launches at QWEN_LAUNCH_S each and the fixed part: with less device time
+    left than that, the topk point is left out (8 launches) and measurements.json says so; with
+    enough, or without a budget, the gate is whole."""
+    import json
+    import time
+
+    _on_node(monkeypatch, tmp_path)
+    monkeypatch.setattr(node_env, "EXTRA_SETS", [])
+    (tmp_path / "manifest.json").write_text(json.dumps({"parts": [], "profile": str(QWEN.relative_to(RUNNER.parents[1]))}))
+    (tmp_path / "options.json").write_text(json.dumps(plans.plan_options([], "qwen-gate", None)))
+    pipeline = node_pipeline.Pipeline()
+    pipeline.write_params()
+    assert pipeline.gate_within_budget() == []  # no `node start --budget`: nothing to fit
+    whole = node_pipeline.GATE_FIXED_S + 2 * 5 * node_pipeline.QWEN_LAUNCH_S  # baseline, 3 chains, the tree, twice
+    for left, trimmed in ((whole + 60, False), (whole - 60, True), (300.0, True)):
+        (tmp_path / "deadline.json").write_text(json.dumps({"ends_at": time.time() + left, "budget_s": 1800}))
+        assert pipeline.gate_within_budget() == (["gate.topk_points=[]"] if trimmed else [])
+    said = json.loads((tmp_path / "measurements.json").read_text())["gate_trimmed"]
+    assert said["whole_gate_s"] == whole and said["seconds_left"] < 301
+    assert said["left_out"] == [{"num_steps": 3, "topk": 4, "num_draft_tokens": 8}]
+
+
 def test_node_receive_keeps_a_part_that_arrives_on_a_replaced_machine(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
