@@ -65,6 +65,8 @@ def session(folder: Path) -> dict[str, Any]:
     report = results.json("run/gate/report.json")
     if report:
         out["gate"] = gate_figures(report, results.json("run/gate/prediction.json"))
+        if measure.get("gate_trimmed"):  # configs the node left out for the device time (gate_within_budget)
+            out["gate"]["trimmed"] = measure["gate_trimmed"]
     scaling = results.json("run/gate/scaling/report.json")
     if scaling:
         out["scaling"] = scaling_figures(scaling)
@@ -208,6 +210,8 @@ def _print(result: dict[str, Any]) -> None:
         gate = s.get("gate")
         if gate:
             print(f"  gate: {gate['outcome'].upper()} best {gate['best']} {gate['speedup']} CI {gate['ci']}")
+            if gate.get("trimmed"):
+                print(f"    left out for the device time: {gate['trimmed']['left_out']}")
             for c in gate["configs"]:
                 print(f"    {c['name']}: {c['median_tok_s']} tok/s, speedup {c['speedup']} [{c['ci_low']}, {c['ci_high']}], "
                       f"accept {c['accept_length']} {c['accept_length_per_domain']}")  # fmt: skip

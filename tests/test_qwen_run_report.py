@@ -73,7 +73,8 @@ def sessions(tmp_path: Path) -> list[Path]:
             config(TOPK, 700.0, 1.35, (1.10, 1.50), 2.90, {"coding": 3.0, "general_chat": 2.6, "humaneval": 3.1}),
         ], "promote", S3),
         "run/gate/prediction.json": {"baseline_tok_s": 540.0},
-    })  # fmt: skip
+    }, {"gate_trimmed": {"seconds_left": 700.0, "whole_gate_s": 840.0, "without_trees_s": 690.0,
+                         "left_out": [{"num_steps": 3, "topk": 4, "num_draft_tokens": 8}]}})  # fmt: skip
     # The break-even at num_steps 3 comes with the sweep of 4 and 5 (gate.breakeven_num_steps).
     sweep = results_folder(tmp_path / "run-11b", {
         "options.json": {"plan": "qwen-sweep"},
@@ -113,6 +114,9 @@ def test_the_sessions_figures_and_the_goals_with_their_misses(tmp_path: Path) ->
     assert result["accept_length_at_3_steps_per_domain"]["qwen-gate"]["coding"] == 2.62
     assert result["accept_length_at_3_steps_per_domain"]["qwen-scaling"] == {"coding": 2.55}
     assert result["breakeven_at_3_steps"]["break_even"] == 1.93
+    # The node left the tree out of the decision for the device time: the report says so.
+    assert result["sessions"][1]["gate"]["trimmed"]["left_out"][0]["topk"] == 4
+    assert "trimmed" not in result["sessions"][2]["gate"]
     predicted = result["sessions"][1]["gate"]["predicted_vs_measured"]
     assert {r["config"]: round(r["error"], 4) for r in predicted} == {"baseline": round(540 / 520 - 1, 4),
                                                                       S3: round(820 / 730 - 1, 4)}  # fmt: skip
