@@ -33,12 +33,16 @@ def one_thread():
 def test_learning_is_real_and_more_data_beats_less(make_run):
     cfg, run = make_run("full", learning_rate=1e-2, max_steps=LEARN_STEPS, eval_every=100,
                         save_every=1000)
-    evals_seen = []
+    evals_seen, events = [], []
     full = train_draft(run, cfg.train, cfg.target.model_path,
-                       callbacks=TrainCallbacks(on_eval=evals_seen.append))
+                       callbacks=TrainCallbacks(on_eval=evals_seen.append, on_ready=lambda: events.append("ready"),
+                                                on_step=lambda record: events.append(record["step"])))  # fmt: skip
     untrained, trained = full.evals[0], full.evals[-1]
     assert (untrained["step"], trained["step"], full.steps) == (0, LEARN_STEPS, LEARN_STEPS)
     assert [e["step"] for e in evals_seen] == [0, 100, 200, 300]
+    # Ready once, after the untrained evaluation and before the first step (node train-watched
+    # times the set-up by it).
+    assert events == ["ready", *range(1, LEARN_STEPS + 1)]
     # An untrained draft is at chance; predicting the most frequent token would give ~0.03.
     assert untrained["sim_accept"] < 0.01
     assert trained["acc_0"] > 0.10 and trained["sim_accept"] > 0.12

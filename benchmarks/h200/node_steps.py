@@ -68,7 +68,9 @@ def node_train_watched() -> int:
     save just made) gives what its remaining steps need; when that and TRAIN_TAIL_S would run past
     the session's device time (`node start --budget`), it stops there, for the next session to
     train it (a checkpoint, 1.27 GB with this draft's optimizer state, does not travel).
-    train-fit.json says which, with the measured pace and the steps it counted."""
+    train-fit.json says which, with the measured pace and the steps it counted, and how long the
+    set-up took before the first step (ready_after_s) beside the first step itself
+    (first_step_after_s)."""
     import statistics
 
     from tasks.draft.checkpoint import read_trainer_state
@@ -105,7 +107,11 @@ def node_train_watched() -> int:
         if not fit["fits"]:
             raise DoesNotFit(f"{total - step} steps at {pace:.3f} s/step and the tail need {remaining:.0f} s, {left:.0f} s are left")
 
-    callbacks = TrainCallbacks(on_step=lambda record: stamps.append(time.time()), on_checkpoint=on_checkpoint)
+    def on_ready() -> None:  # run 15's 127 s before the first step: set-up, or the first step's own?
+        fit["ready_after_s"] = time.time() - began
+
+    callbacks = TrainCallbacks(on_step=lambda record: stamps.append(time.time()), on_checkpoint=on_checkpoint,
+                               on_ready=on_ready)  # fmt: skip
     try:
         train_draft(run, cfg.train, cfg.target.model_path, callbacks=callbacks, online=OnlineTarget.from_config(cfg))
         fit["finished"] = True

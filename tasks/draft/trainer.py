@@ -71,6 +71,9 @@ class TrainCallbacks:
     on_step: Callable[[dict[str, Any]], None] | None = None  # every optimizer step (rank 0)
     on_eval: Callable[[dict[str, Any]], None] | None = None  # every evaluation (rank 0)
     on_checkpoint: Callable[[str], None] | None = None  # run key of each saved checkpoint
+    # Once, before the first step: the data indexed, the model built, the untrained evaluation
+    # made (an online run's target loaded for it). What comes after is the steps' own time.
+    on_ready: Callable[[], None] | None = None
 
 
 @dataclass
@@ -421,6 +424,8 @@ def train_draft(
     # -- the loop --------------------------------------------------------------------------
     reader = make_reader()
     model.train()
+    if rank.rank == 0 and callbacks.on_ready:
+        callbacks.on_ready()
     while step < total_steps:
         epoch, start = divmod(step, steps_per_epoch)
         batches = rank_batches(plan_epoch(index, "train", epoch, cfg.seed, cfg.batch_tokens),
