@@ -708,11 +708,11 @@ class Pipeline:
         self.setup()
         self.write_params()
         self.generate_once(reference=False)
-        env = self.trainer_env()
         if not carried()["draft"]:
             if not self.done_before("train-parallel"):
-                self.train()
+                self.train()  # its trainers' environment is its own
         elif not self.done_before("train-scaling"):
+            env = self.trainer_env()
             self.note("train-scaling", "running")
             codes = {name: proc.wait() for name, proc in self.start_scaling(env).items()}
             self.save_measure("train_scaling_exit", codes)
