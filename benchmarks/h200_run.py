@@ -118,11 +118,16 @@ brought back is all there is (`node wait` on a fresh machine refuses at once).
 Issue 28: Qwen2.5-Coder-1.5B-Instruct (deployments/params/qwen25-coder.yaml), a run no session
 holds. Every session starts on a bare node, so every payload carries the target again: the SGLang
 bundle (112 MB), the other wheels (~33 MB), the run folder and the target's 22 part wheels (1.09
-GB, 48-52 MB each), ~1.24 GB in 25 parts of PART_BYTES (50 MB). Run 15 measured a payload call at
-~5 s once the machine is up (the first call also waits ~85 s for it): 25 calls, ~2 min. Between
-two calls the machine stays only 30 s: send the parts in few, long batches of calls. A call that
-answers "kept; [...] are not on this machine (it started bare)" found a replaced machine: it kept
-its part, and the parts it names are the ones to send again.
+GB, 48-52 MB each), ~1.24 GB. A call carries the working tree beside its part, 64 MiB together,
+so prepare sizes the parts from the tree as it is (payload.part_bytes): 25 of 50 MB in run 15,
+31 of 40 MB in run 16, once run 15's results had grown the tree to 25 MB. Run 16 measured a
+payload call at ~4 s once the machine is up (its first call waited ~30 s for it; run 15's ~85 s):
+31 calls, ~2 min. Between two calls the machine stays only 30 s: send the parts in few, long
+batches of calls. A call that answers "kept; [...] are not on this machine (it started bare)"
+found a replaced machine: it kept its part, and the parts it names are the ones to send again. A
+machine can also be taken back mid-run ("taken back for other work"): what the node had is gone,
+and only what earlier `node wait` calls brought back remains (run 16 lost a qwen-gate this way,
+~700 s of device time, 9 minutes into its draft).
 
 What a session makes travels to the next through $OUT: the regenerated shards (`node wait` leaves
 generation.tar.part-NN once generation is complete; run 15's 10,245 Qwen replies are 9.1 MB, kept

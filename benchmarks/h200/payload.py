@@ -1,7 +1,7 @@
 """The payload, built here (CPU, package registries) for a node with no network that takes at
 most 64 MiB a call: the SGLang bundle, the Python 3.12 wheels the node lacks, the profile's
 target in its package wheels, and the run folder (discovered here, or carried from an earlier
-session: travel.py), packed in parts of PART_BYTES with their sha256s in manifest.json
+session: travel.py), packed in parts as large as a call leaves room for (part_bytes) with their sha256s in manifest.json
 (`prepare`; `node receive N` takes them in on the node)."""
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from benchmarks.h200 import node_env
 from benchmarks.h200.node_env import run_command, sha256
 from benchmarks.h200.travel import unpack_anchor, unpack_draft, unpack_generation
 
-PART_BYTES = 50_000_000  # + the working tree (~6 MB) and its .git (~5 MB after `git gc`) stay under the 64 MiB (67.1 MB) a call carries
+CALL_BYTES = 64 * 2**20  # what one device call carries: the working tree (tracked and untracked-not-ignored files) and its carry
+CALL_MARGIN_BYTES = 2_000_000  # for what changes between `prepare` and the calls (a note, a result file)
 # Wheels for the node (Python 3.12, manylinux x86_64). Prefect with what it needs at run time;
 # eaglescale's own run-time needs the node's image and the SGLang bundle do not cover.
 NODE_REQUIREMENTS = ["prefect==3.9.1", "slack-sdk>=3.30", "gguf==0.19.0"]
@@ -56,6 +57,25 @@ wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp
 """.split())  # noqa: SIM905 - a word list reads better than 197 quoted names
 # What the node never needs: the object-store client (run roots there are local).
 NODE_SKIPS = {"s3fs", "botocore", "boto3", "aiobotocore", "s3transfer", "jmespath", "aioitertools"}
+
+
+def tree_bytes(repo: Path) -> int:
+    """The bytes every device call carries besides its `carry`: the tracked files and the
+    untracked ones git does not ignore (the results folder grows with every run, so this is
+    measured, not assumed)."""
+    names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=repo,
+                           check=True, capture_output=True).stdout.split(b"\0")  # fmt: skip
+    return sum((repo / n.decode()).stat().st_size for n in names if n and (repo / n.decode()).is_file())
+
+
+def part_bytes(repo: Path = node_env.REPO) -> int:
+    """The size of a payload part: what a call carries less the working tree and a margin."""
+    size = CALL_BYTES - tree_bytes(repo) - CALL_MARGIN_BYTES
+    if size < 10_000_000:
+        raise SystemExit(f"prepare: the working tree of {repo} carries {tree_bytes(repo) / 1e6:.1f} MB into every device "
+                         f"call, leaving {max(size, 0) / 1e6:.1f} MB of the {CALL_BYTES / 2**20:.0f} MiB for a payload part; "
+                         "ignore or move what the node does not need")  # fmt: skip
+    return size
 
 
 def _dist_name(filename: str) -> str:
@@ -216,11 +236,12 @@ def prepare(args: argparse.Namespace) -> int:
                                 "wheels": [p.name for p in [*order, *target]], "made_at": time.time(),
                                 "profile": str(profile.relative_to(node_env.REPO)), "target": model_path,
                                 "carried": carried}  # fmt: skip
+    size = part_bytes()
     with whole.open("rb") as f:
-        for k in range(1, 1 + -(-manifest["bytes"] // PART_BYTES)):
+        for k in range(1, 1 + -(-manifest["bytes"] // size)):
             folder = node_env.PAYLOAD / f"part-{k}"
             folder.mkdir()
-            data = f.read(PART_BYTES)
+            data = f.read(size)
             (folder / "data").write_bytes(data)
             manifest["parts"].append({"name": f"part-{k}", "bytes": len(data),
                                       "sha256": hashlib.sha256(data).hexdigest()})  # fmt: skip
