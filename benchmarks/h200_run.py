@@ -162,9 +162,11 @@ The sessions, in order:
    where the server's break-even on this shape is ~1.7 (../shared/h200/README.md): the short chains
    and the tree are where it can win. A gate launch on this target is not yet measured: SmolLM2's
    took 27-45 s (runs 9, 13), and this one loads 3.5 GB and decodes at ~2 ms a token instead of
-   ~1.2, so ~45-75 s. Without a draft: first call ~1.5 min, payload ~2, setup ~1.2, the draft with
-   its export ~10 (4 epochs), the replay ~1, the gate ~8-12.5: ~24-28 of 30 min. With the draft
-   carried (5 payload calls more) ~15-19: then add `--set gate.verify_logprobs=diverged` (~1 min
+   ~1.2, so ~45-75 s. Without a draft: first call ~0.5-1.5 min, payload ~2.5, setup ~1.2, the
+   draft with its export ~8.5 (4 epochs: runs 16's first step after 98-116 s, 0.42-0.44 s a step
+   for 816 steps, the export ~46 s), the replay ~1, the gate ~8-12.5: ~22-27 of 30 min. Not yet
+   run: run 16's attempt lost its machine 9 minutes in (P17). With the draft carried (~6 payload
+   calls more) ~15-19: then add `--set gate.verify_logprobs=diverged` (~1 min
    more), so that every diverging request is sent again and Qwen's verify path is measured against
    its prefill where it matters (gate.near_tie_nats, 0.625, was set on SmolLM2: BENCHMARKS P13). A
    gate cut short decides nothing, so when the device time left at the gate is under the whole
@@ -183,10 +185,12 @@ The sessions, in order:
    share one recipe; the decision's draft is not among them) and/or `--set
    "train.scaling_fractions=[0.1, 0.2, 0.4]"` (0.7 of a draft; four points over 2.3 e-folds).
 
-5. The regeneration goal again: qwen-generate without --run-from (a fresh run folder), its
-   generation server now without the prefix cache (`--disable-radix-cache`: run 15 slowed from
-   ~0.96x to ~0.58x once finished requests filled the KV pool, P16), the plain request beside it;
-   ~14 min to the end of generation, then its draft trains as in session 1.
+5. The regeneration goal again: done, run 16 (2026-12-04, BENCHMARKS P17). qwen-generate without
+   --run-from, its generation server without the prefix cache (`--disable-radix-cache`): 0.98x
+   the plain request at an even pace, 13,009 tok/s. Payload 2.5 min, setup 91 s, the server
+   ready in 155 s, the plain request 50 s, generation 190 s (143 s of requests): ~8.5 min from
+   the first call to the end of generation. Its draft then stopped at step 200 (too little
+   device time left: the session had first lost ~700 s to a machine taken back).
 
 A gate cut short still leaves every launch it measured (gate/progress.json), but no decision; the
 report says which goals it could not judge.
