@@ -1,8 +1,9 @@
 """The payload, built here (CPU, package registries) for a node with no network that takes at
 most 64 MiB a call: the SGLang bundle, the Python 3.12 wheels the node lacks, the profile's
 target in its package wheels, and the run folder (discovered here, or carried from an earlier
-session: travel.py), packed in parts as large as a call leaves room for (part_bytes) with their sha256s in manifest.json
-(`prepare`; `node receive N` takes them in on the node)."""
+session: travel.py), packed in parts as large as a call leaves room for beside the working tree
+(part_bytes), with their sha256s in manifest.json (`prepare`; `node receive N` takes them in on
+the node)."""
 
 from __future__ import annotations
 
@@ -70,9 +71,10 @@ def tree_bytes(repo: Path) -> int:
 
 def part_bytes(repo: Path = node_env.REPO) -> int:
     """The size of a payload part: what a call carries less the working tree and a margin."""
-    size = CALL_BYTES - tree_bytes(repo) - CALL_MARGIN_BYTES
+    tree = tree_bytes(repo)
+    size = CALL_BYTES - tree - CALL_MARGIN_BYTES
     if size < 10_000_000:
-        raise SystemExit(f"prepare: the working tree of {repo} carries {tree_bytes(repo) / 1e6:.1f} MB into every device "
+        raise SystemExit(f"prepare: the working tree of {repo} carries {tree / 1e6:.1f} MB into every device "
                          f"call, leaving {max(size, 0) / 1e6:.1f} MB of the {CALL_BYTES / 2**20:.0f} MiB for a payload part; "
                          "ignore or move what the node does not need")  # fmt: skip
     return size
