@@ -141,7 +141,7 @@ workspace started afresh holds only what landed); a plan that comes without one 
         --profile deployments/params/qwen25-coder.yaml \
         --run-from benchmarks/results/real-run-node/run-15/generation.tar \
         [--draft-from drafts.tar]                                 # prints the part count
-    python3 benchmarks/h200_run.py node receive N                # N = 1..25 (~30 with a draft)
+    python3 benchmarks/h200_run.py node receive N                # N = 1..31 (~37 with a draft; prepare prints the count)
     python3 benchmarks/h200_run.py node start --plan PLAN --budget S   # with the last part; S = device seconds left
     python3 benchmarks/h200_run.py node wait --timeout 540      # back to back until done
     python3 benchmarks/h200_run.py node drafts K                # when `node wait` says a draft is packed
