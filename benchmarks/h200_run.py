@@ -171,7 +171,13 @@ The sessions, in order:
    its prefill where it matters (gate.near_tie_nats, 0.625, was set on SmolLM2: BENCHMARKS P13). A
    gate cut short decides nothing, so when the device time left at the gate is under the whole
    gate at 75 s a launch (QWEN_LAUNCH_S), the node leaves the tree out by itself (2 launches
-   fewer; measurements.json's gate_trimmed says so).
+   fewer; measurements.json's gate_trimmed says so). And a draft trained with no time left to
+   gate it decides nothing: before it trains, the node fits its epochs to the device time left
+   (the profile's 4, else 3, 2 or 1) so that the draft at the measured pace (QWEN_STEP_S, from
+   the regenerated tokens) and the gate without its tree both end in the session
+   (measurements.json's train_epochs); `node train-watched` then stops it at its first
+   checkpoint only if its own measured pace leaves the gate too little. With run 16's start
+   (~1,550 s left after setup) that is 4 epochs; ~1,400 s gives 3.
 3. qwen-sweep (--run-from [--draft-from]): num_steps 4 and 5, twice each, with the baseline: 6
    launches, then the break-even at num_steps 3 (accept lengths 1.5, 2.0, 2.5 forced, 8 prompts
    each: gate.breakeven_num_steps), last, so a gate cut short loses it first. ~20-24 min with the
@@ -298,8 +304,8 @@ def main() -> int:
         return node_agreement()
     if what == "scaling":
         return node_scaling(args.arg)
-    if what == "train-watched":
-        return node_train_watched()
+    if what == "train-watched":  # ARG: the seconds to leave for what follows the draft (its gate)
+        return node_train_watched(float(args.arg or 0))
     if what == "verify-probe":
         return node_verify_probe()
     return node_plain(args.arg, args.overrides)

@@ -440,6 +440,67 @@ def test_the_decision_gate_leaves_its_tree_out_when_the_whole_gate_would_not_end
     assert said["left_out"] == [{"num_steps": 3, "topk": 4, "num_draft_tokens": 8}]
 
 
+def test_a_session_that_trains_its_draft_leaves_the_gate_its_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before qwen-gate trains the draft it gates, the epochs are fitted to the device time left:
+    the profile's 4 when the draft at the measured pace and the gate without its tree both fit,
+    fewer when not (params.yaml and the stages' --set carry them), the profile's when nothing fits
+    (the watched draft then stops at its first checkpoint); a restart keeps the first choice, and
+    epochs given with --set stand. The watched draft is told what the gate needs."""
+    import json
+    import time
+
+    import yaml
+
+    _on_node(monkeypatch, tmp_path)
+    monkeypatch.setattr(node_env, "EXTRA_SETS", [])
+    (tmp_path / "manifest.json").write_text(json.dumps({"parts": [], "profile": str(QWEN.relative_to(RUNNER.parents[1]))}))
+    (tmp_path / "run/generate").mkdir(parents=True)
+    # Run 15's regenerated tokens: 204 steps an epoch as the trainer packed them, ~211 estimated.
+    (tmp_path / "run/generate/progress.json").write_text(json.dumps(
+        {"tokens": {"prompt_done": 1_286_841, "completion_done": 1_856_553}}))  # fmt: skip
+    gate = node_pipeline.GATE_FIXED_S + 2 * 4 * node_pipeline.QWEN_LAUNCH_S  # baseline and 3 chains, twice
+
+    def choose(left: float, sets: list[str] | None = None) -> tuple[node_pipeline.Pipeline, dict | None]:
+        (tmp_path / "measurements.json").unlink(missing_ok=True)
+        options = plans.plan_options([], "qwen-gate", None, plans.parse_settings(sets or []))
+        (tmp_path / "options.json").write_text(json.dumps(options))
+        (tmp_path / "deadline.json").write_text(json.dumps({"ends_at": time.time() + left, "budget_s": 1800}))
+        pipeline = node_pipeline.Pipeline()
+        pipeline.write_params()
+        pipeline.epochs_within_budget()
+        said = json.loads((tmp_path / "measurements.json").read_text()).get("train_epochs") if (
+            tmp_path / "measurements.json").is_file() else None  # fmt: skip
+        return pipeline, said
+
+    def epochs() -> int:
+        return yaml.safe_load((tmp_path / "params.yaml").read_text())["train"]["epochs"]
+
+    pipeline, said = choose(1550.0)  # run 16's budget at its start, less the setup
+    assert said["epochs"] == 4 and said["fits"] and said["gate_reserve_s"] == gate and said["needed_s"] <= 1550
+    assert epochs() == 4 and not any(s.startswith("train.epochs") for s in pipeline.sets)
+    pipeline, said = choose(1400.0)  # a slow first call and payload
+    assert said["epochs"] == 3 and said["profile_epochs"] == 4 and said["needed_s"] <= 1400
+    assert epochs() == 3 and "train.epochs=3" in pipeline.sets
+    pipeline, said = choose(700.0)  # not even one epoch and the gate: the draft's own check stops it
+    assert said["epochs"] == 4 and said["fits"] is False and epochs() == 4
+    # A restart keeps what was chosen, whatever is left now: its checkpoints were planned for it.
+    (tmp_path / "measurements.json").write_text(json.dumps({"train_epochs": {"epochs": 3, "profile_epochs": 4}}))
+    (tmp_path / "deadline.json").write_text(json.dumps({"ends_at": time.time() + 5000, "budget_s": 1800}))
+    restarted = node_pipeline.Pipeline()
+    restarted.epochs_within_budget()
+    assert epochs() == 3 and "train.epochs=3" in restarted.sets
+    pipeline, said = choose(700.0, ["train.epochs=2"])  # given: it stands, nothing decided
+    assert said is None and epochs() == 2
+    # The watched draft leaves the gate without its tree its time (`node train-watched RESERVE`);
+    # the trainer's process is recorded here, not started, so nothing finishes and no gate runs.
+    pipeline, _ = choose(1550.0)
+    started: list[list[str]] = []
+    monkeypatch.setattr(node_pipeline.Pipeline, "py", lambda self, argv, log, env=None, wait=True: started.append(argv))
+    assert pipeline.draft_to_gate() is False
+    assert [argv[-2:] for argv in started] == [["train-watched", str(gate)]]
+    assert json.loads((tmp_path / "status.json").read_text())["steps"]["gate"]["state"] == "skipped"
+
+
 def test_node_receive_keeps_a_part_that_arrives_on_a_replaced_machine(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -589,10 +650,12 @@ def test_a_draft_trained_in_one_session_is_gated_in_the_next(
                   eval_every=2, save_every=2, scaling_fractions=[])  # fmt: skip
     _on_node(monkeypatch, node)
     monkeypatch.setattr(node_steps, "PACE_WARMUP_STEPS", 0)
-    (node / "deadline.json").write_text(json.dumps({"ends_at": time.time(), "budget_s": 1.0}))
-    assert node_steps.node_train_watched() == 0
+    # An hour left, but what follows the draft (its gate) needs more: it stops at its first checkpoint.
+    (node / "deadline.json").write_text(json.dumps({"ends_at": time.time() + 3600, "budget_s": 3600.0}))
+    assert node_steps.node_train_watched(reserve_s=4000.0) == 0
     fit = json.loads((node / "train-fit.json").read_text())
     assert fit["fits"] is False and fit["finished"] is False and fit["decided_at_step"] == 2
+    assert fit["reserve_s"] == 4000.0 and fit["remaining_s"] < fit["seconds_left"]  # the draft alone would fit
     assert fit["total_steps"] == 4 and fit["pace_s"] > 0 and fit["steps_trained"] == 2
     (node / "deadline.json").unlink()
     assert node_steps.node_train_watched() == 0  # resumes at step 2, no deadline: to the end (its last checkpoint decides nothing)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.h200 import node_env
+from benchmarks.h200 import node_env, node_steps
 from benchmarks.h200.node_env import read_json, run_command
 from benchmarks.h200.plans import (
     LOSSLESS_GATE,
@@ -60,6 +60,22 @@ PLAN_LAST_STEPS_RESERVE_S = {"recipe": 330.0}
 # the report after.
 QWEN_LAUNCH_S = 75.0
 GATE_FIXED_S = 90.0
+# The draft a qwen session trains before it gates it (draft_to_gate), as measured on the node: the
+# first step after 98-127 s (runs 15 and 16: the target loaded, the untrained evaluation, the first
+# step's torch.compile), then 0.42-0.46 s a step of 16,384 tokens and 5-7 s an evaluation and save.
+# The upper ends. Steps per epoch come from the regenerated tokens: run 15 packed its 3.14 M into
+# 204 batches, 1.06x their own count.
+QWEN_TRAIN_READY_S = 130.0
+QWEN_STEP_S = 0.46
+QWEN_EVAL_SAVE_S = 7.0
+PACKING_SLACK = 1.1
+
+
+def gate_seconds(gate: dict[str, Any], trees: bool = True) -> float:
+    """A qwen gate's device time at QWEN_LAUNCH_S a launch: the baseline and each num_steps (and
+    the topk points when `trees`), `repetitions` times each, and GATE_FIXED_S."""
+    launches = 1 + len(gate.get("num_steps") or []) + (len(gate.get("topk_points") or []) if trees else 0)
+    return GATE_FIXED_S + int(gate.get("repetitions", 2)) * launches * QWEN_LAUNCH_S
 
 
 def specforge_command() -> list[str]:
@@ -606,13 +622,13 @@ class Pipeline:
             self.note("agreement", "done" if code == 0 else "failed-part", f"exit {code}")
         self.export_and_pack(env)
 
-    def train_watched(self, env: dict[str, str]) -> None:
-        """The full draft trained online while its measured pace says it ends in the session
-        (`node train-watched`, against `node start --budget`); else stopped at its first
-        checkpoint, train-fit.json saying so."""
+    def train_watched(self, env: dict[str, str], reserve_s: float = 0.0) -> None:
+        """The full draft trained online while its measured pace says it ends in the session with
+        `reserve_s` to spare (`node train-watched`, against `node start --budget`); else stopped
+        at its first checkpoint, train-fit.json saying so."""
         if not self.done_before("train-watched"):
             self.note("train-watched", "running")
-            watched = [str(node_env.RUNNER), "node", "train-watched"]
+            watched = [str(node_env.RUNNER), "node", "train-watched", str(reserve_s)]
             self.optional(lambda: self.py(watched, "train-draft", env), "train-watched", mark=True)
             self.save_measure("train_fit", read_json(node_env.NODE / "train-fit.json"))
 
@@ -636,8 +652,9 @@ class Pipeline:
         have ended in the session) or its training failed: no gate runs then."""
         if carried()["draft"]:
             return True
+        self.epochs_within_budget()
         env = self.trainer_env()
-        self.train_watched(env)
+        self.train_watched(env, gate_seconds(self.params_data()["gate"], trees=False))
         if self.export_and_pack(env):
             return True
         why = ("the draft would not have finished in this session (train-fit.json): a session with more device "
@@ -656,6 +673,44 @@ class Pipeline:
         if self.draft_to_gate() and not self.done_before("gate"):
             self.stage("gate", *self.emulated, *self.gate_within_budget())
 
+    def epochs_within_budget(self) -> None:
+        """Before the draft a plan trains and then gates (draft_to_gate): the profile's epochs, or
+        the most that leave the least gate that decides (no topk points: gate_seconds) its time
+        after the draft at the measured pace (QWEN_*), in the device time left (`node start
+        --budget`). A draft that ends with no time to gate it decides nothing, a shorter one
+        does. measurements.json's train_epochs says what was chosen and why; a restarted
+        pipeline keeps it (its checkpoints were planned for it), and epochs given with --set
+        stand."""
+        import math
+
+        chosen = self.measure.get("train_epochs")
+        deadline = read_json(node_env.NODE / "deadline.json")
+        progress = read_json(self.run_root / "generate/progress.json")
+        params = self.params_data()
+        train = params["train"]
+        # A schedule in epochs that the profile spells out (a rehearsal's max_steps is its own).
+        sized = all(key in train for key in ("epochs", "batch_tokens", "eval_every")) and not train.get("max_steps")
+        if chosen is None and ("train", "epochs") not in self.settings and deadline and progress and sized:
+            tokens = progress["tokens"]
+            per_epoch = PACKING_SLACK * (tokens["prompt_done"] + tokens["completion_done"]) / train["batch_tokens"]
+            gate = gate_seconds(params["gate"], trees=False)
+            left = deadline["ends_at"] - time.time()
+
+            def need(epochs: int) -> float:
+                steps = math.ceil(epochs * per_epoch)
+                evals = steps // train["eval_every"] + 1
+                return QWEN_TRAIN_READY_S + steps * QWEN_STEP_S + evals * QWEN_EVAL_SAVE_S + node_steps.TRAIN_TAIL_S + gate
+
+            fitting = [e for e in range(int(train["epochs"]), 0, -1) if need(e) <= left]
+            chosen = {"epochs": fitting[0] if fitting else int(train["epochs"]), "profile_epochs": int(train["epochs"]),
+                      "fits": bool(fitting), "seconds_left": left, "steps_per_epoch_estimate": per_epoch,
+                      "gate_reserve_s": gate, "needed_s": need(fitting[0] if fitting else 1)}  # fmt: skip
+            self.save_measure("train_epochs", chosen)
+        if chosen and chosen["epochs"] != chosen["profile_epochs"]:
+            self.settings[("train", "epochs")] = chosen["epochs"]
+            self.sets.append(f"train.epochs={chosen['epochs']}")
+            self.write_params()
+
     def gate_within_budget(self) -> list[str]:
         """The gate's --set overrides for the device time left (`node start --budget`): its topk
         points left out when the whole gate, at QWEN_LAUNCH_S a launch, would not end in it;
@@ -665,13 +720,10 @@ class Pipeline:
 
         deadline = read_json(node_env.NODE / "deadline.json")
         gate = yaml.safe_load((node_env.NODE / "params.yaml").read_text())["gate"]
-        trees = len(gate.get("topk_points") or [])
-        if not deadline or not trees:
+        if not deadline or not gate.get("topk_points"):
             return []
         left = deadline["ends_at"] - time.time()
-        chains = 1 + len(gate.get("num_steps") or [])  # the baseline too
-        reps = int(gate.get("repetitions", 2))
-        whole, without = (GATE_FIXED_S + reps * (chains + n) * QWEN_LAUNCH_S for n in (trees, 0))
+        whole, without = gate_seconds(gate), gate_seconds(gate, trees=False)
         if left >= whole:
             return []
         self.save_measure("gate_trimmed", {"seconds_left": left, "whole_gate_s": whole, "without_trees_s": without,
@@ -799,6 +851,13 @@ class Pipeline:
         """The profile with this run root (what the helper processes load)."""
         import yaml
 
+        (node_env.NODE / "params.yaml").write_text(yaml.safe_dump(self.params_data()))
+
+    def params_data(self) -> dict[str, Any]:
+        """params.yaml's content: the profile, the rehearsal's sizes, this run root and registry,
+        and the plan's, --skip's and --set's settings."""
+        import yaml
+
         data = yaml.safe_load(self.profile.read_text())
         if node_env.EXTRA_SETS:  # the rehearsal's sizes apply to the helper processes too
             from tasks.config import apply_overrides
@@ -810,7 +869,7 @@ class Pipeline:
         # sizes as in self.sets.
         for (section, key), value in self.settings.items():
             data.setdefault(section, {})[key] = value
-        (node_env.NODE / "params.yaml").write_text(yaml.safe_dump(data))
+        return data
 
 
 def _link_run(src: Path, dest: Path, folders: list[str]) -> None:

@@ -62,12 +62,13 @@ class DoesNotFit(Exception):
     """The watched draft's remaining steps would run past the session's device time."""
 
 
-def node_train_watched() -> int:
+def node_train_watched(reserve_s: float = 0.0) -> int:
     """The full draft trained as the train stage trains it (train_draft, online), watched: at its
     first checkpoint the pace so far (the median step after PACE_WARMUP_STEPS, the evaluation and
-    save just made) gives what its remaining steps need; when that and TRAIN_TAIL_S would run past
-    the session's device time (`node start --budget`), it stops there, for the next session to
-    train it (a checkpoint, 1.27 GB with this draft's optimizer state, does not travel).
+    save just made) gives what its remaining steps need; when that, TRAIN_TAIL_S and `reserve_s`
+    (what the session does with the draft afterwards: its gate) would run past the session's
+    device time (`node start --budget`), it stops there, for the next session to train it (a
+    checkpoint, 1.27 GB with this draft's optimizer state, does not travel).
     train-fit.json says which, with the measured pace and the steps it counted, and how long the
     set-up took before the first step (ready_after_s) beside the first step itself
     (first_step_after_s)."""
@@ -84,7 +85,7 @@ def node_train_watched() -> int:
     began = time.time()
     stamps: list[float] = []
     fit: dict[str, Any] = {"budget_s": deadline and deadline["budget_s"], "decided_at_step": None, "fits": None,
-                           "finished": False, "tail_allowance_s": TRAIN_TAIL_S}  # fmt: skip
+                           "finished": False, "tail_allowance_s": TRAIN_TAIL_S, "reserve_s": reserve_s}  # fmt: skip
 
     def write() -> None:
         (node_env.NODE / "train-fit.json").write_text(json.dumps(fit, indent=1))
@@ -102,10 +103,11 @@ def node_train_watched() -> int:
         left = deadline["ends_at"] - time.time() if deadline else None
         fit.update(decided_at_step=step, total_steps=total, steps_per_epoch=state.get("steps_per_epoch"), pace_s=pace,
                    eval_save_s=eval_save_s, first_step_after_s=stamps[0] - began, remaining_s=remaining,
-                   seconds_left=left, fits=left is None or remaining <= left)  # fmt: skip
+                   seconds_left=left, fits=left is None or remaining + reserve_s <= left)  # fmt: skip
         write()
         if not fit["fits"]:
-            raise DoesNotFit(f"{total - step} steps at {pace:.3f} s/step and the tail need {remaining:.0f} s, {left:.0f} s are left")
+            raise DoesNotFit(f"{total - step} steps at {pace:.3f} s/step and the tail need {remaining:.0f} s, and what "
+                             f"follows {reserve_s:.0f} s; {left:.0f} s are left")  # fmt: skip
 
     def on_ready() -> None:  # run 15's 127 s before the first step: set-up, or the first step's own?
         fit["ready_after_s"] = time.time() - began
