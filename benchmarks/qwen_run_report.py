@@ -61,7 +61,8 @@ def session(folder: Path) -> dict[str, Any]:
     fit = results.json("train-fit.json")
     train = results.json("run/train/result.json")
     if fit or (train and not (out["carried"] or {}).get("draft")):
-        out["training"] = {"fit": fit, "steps": (train or {}).get("steps"), "best": (train or {}).get("best")}
+        out["training"] = {"fit": fit, "steps": (train or {}).get("steps"), "best": (train or {}).get("best"),
+                           "epochs_for_budget": measure.get("train_epochs")}  # epochs_within_budget's choice  # fmt: skip
     report = results.json("run/gate/report.json")
     if report:
         out["gate"] = gate_figures(report, results.json("run/gate/prediction.json"))

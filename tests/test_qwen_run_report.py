@@ -59,7 +59,8 @@ def sessions(tmp_path: Path) -> list[Path]:
                                        "requests": {"done": 10_245, "dead": 0}, "started_at": 0.0, "updated_at": 200.0},
         "train-fit.json": {"fits": True, "finished": True, "pace_s": 0.6, "decided_at_step": 200, "total_steps": 730},
         "run/train/result.json": {"steps": 730, "best": {"step": 730, "sim_accept_len": 2.6}},
-    }, {"reference_tok_s": 12_500.0, "generate_concurrency": {"server_max_running": 256, "engine_in_flight": 320}})  # fmt: skip
+    }, {"reference_tok_s": 12_500.0, "generate_concurrency": {"server_max_running": 256, "engine_in_flight": 320},
+        "train_epochs": {"epochs": 3, "profile_epochs": 4, "fits": True}})  # fmt: skip
     breakeven = {"per_steps": {"3": {"break_even": 1.93, "side": None, "model_break_even": 2.2, "draft_accept_length": 2.41,
                                      "statement": "this server needs 1.93 tokens per verify at num_steps 3 to break even",
                                      "points": [{"accept_length": 1.5, "decode_tok_s": 400.0}]}}}  # fmt: skip
@@ -108,6 +109,7 @@ def test_the_sessions_figures_and_the_goals_with_their_misses(tmp_path: Path) ->
     assert gen["server_max_running"] == 256 and gen["engine_in_flight"] == 320
     assert "generation" not in result["sessions"][1]  # carried: not this session's measurement
     assert result["sessions"][0]["training"]["fit"]["pace_s"] == 0.6
+    assert result["sessions"][0]["training"]["epochs_for_budget"]["epochs"] == 3  # fitted to the device time
     # The decision of record is qwen-gate's, not the scaling session's.
     assert result["decision"]["outcome"] == "promote" and result["decision"]["best"] == S3
     assert result["decision"]["ci"] == [1.21, 1.55]
