@@ -163,7 +163,7 @@ The sessions, in order:
    and the tree are where it can win. A gate launch on this target is not yet measured: SmolLM2's
    took 27-45 s (runs 9, 13), and this one loads 3.5 GB and decodes at ~2 ms a token instead of
    ~1.2, so ~45-75 s. Without a draft: first call ~0.5-1.5 min, payload ~2.5, setup ~1.2, the
-   draft with its export ~8.5 (4 epochs: runs 16's first step after 98-116 s, 0.42-0.44 s a step
+   draft with its export ~8.5 (4 epochs: run 16's first step after 98-116 s, 0.42-0.44 s a step
    for 816 steps, the export ~46 s), the replay ~1, the gate ~8-12.5: ~22-27 of 30 min. Not yet
    run: run 16's attempt lost its machine 9 minutes in (P17). With the draft carried (~6 payload
    calls more) ~15-19: then add `--set gate.verify_logprobs=diverged` (~1 min
