@@ -187,9 +187,10 @@ The sessions, in order:
    beside it once it has written its vocabulary map (as the full plan does; side by side they take
    about the sum of their times alone, run 10: ~2 drafts' steps, ~15 min at 4 epochs); then the
    baseline and the full draft at num_steps 3 twice each and every scaling draft once: 7 launches,
-   ~9 min. Over the session without a carried draft: `--set train.epochs=3` (the curve's points
-   share one recipe; the decision's draft is not among them) and/or `--set
-   "train.scaling_fractions=[0.1, 0.2, 0.4]"` (0.7 of a draft; four points over 2.3 e-folds).
+   ~9 min. Over the session without a carried draft, so the node fits the epochs of all four to
+   the device time left as qwen-gate's (the curve's points share one recipe; the decision's draft
+   is not among them): with run 16's start, 2 epochs. `--set "train.scaling_fractions=[0.1, 0.2,
+   0.4]"` (0.7 of a draft; four points over 2.3 e-folds) leaves room for 3.
 
 5. The regeneration goal again: done, run 16 (2026-12-04, BENCHMARKS P17). qwen-generate without
    --run-from, its generation server without the prefix cache (`--disable-radix-cache`): 0.98x

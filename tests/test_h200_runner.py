@@ -460,14 +460,15 @@ def test_a_session_that_trains_its_draft_leaves_the_gate_its_time(tmp_path: Path
         {"tokens": {"prompt_done": 1_286_841, "completion_done": 1_856_553}}))  # fmt: skip
     gate = node_pipeline.GATE_FIXED_S + 2 * 4 * node_pipeline.QWEN_LAUNCH_S  # baseline and 3 chains, twice
 
-    def choose(left: float, sets: list[str] | None = None) -> tuple[node_pipeline.Pipeline, dict | None]:
+    def choose(left: float, sets: list[str] | None = None, plan: str = "qwen-gate",
+               **drafts: float) -> tuple[node_pipeline.Pipeline, dict | None]:  # fmt: skip
         (tmp_path / "measurements.json").unlink(missing_ok=True)
-        options = plans.plan_options([], "qwen-gate", None, plans.parse_settings(sets or []))
+        options = plans.plan_options([], plan, None, plans.parse_settings(sets or []))
         (tmp_path / "options.json").write_text(json.dumps(options))
         (tmp_path / "deadline.json").write_text(json.dumps({"ends_at": time.time() + left, "budget_s": 1800}))
         pipeline = node_pipeline.Pipeline()
         pipeline.write_params()
-        pipeline.epochs_within_budget()
+        pipeline.epochs_within_budget(**drafts)
         said = json.loads((tmp_path / "measurements.json").read_text()).get("train_epochs") if (
             tmp_path / "measurements.json").is_file() else None  # fmt: skip
         return pipeline, said
@@ -491,6 +492,15 @@ def test_a_session_that_trains_its_draft_leaves_the_gate_its_time(tmp_path: Path
     assert epochs() == 3 and "train.epochs=3" in restarted.sets
     pipeline, said = choose(700.0, ["train.epochs=2"])  # given: it stands, nothing decided
     assert said is None and epochs() == 2
+    # qwen-scaling without a carried draft: the full draft and its scaling drafts (0.1 + 0.3 + 0.6 of
+    # it) side by side, then a gate with each scaling draft once. Run 16's start leaves room for 2
+    # epochs; the runbook's smaller fractions (0.7 of a draft) for 3.
+    scaling_gate = node_pipeline.GATE_FIXED_S + (2 * 2 + 3) * node_pipeline.QWEN_LAUNCH_S
+    pipeline, said = choose(1550.0, plan="qwen-scaling", drafts=2.0, scaling_drafts=3)
+    assert said["epochs"] == 2 and said["gate_reserve_s"] == scaling_gate and "train.epochs=2" in pipeline.sets
+    pipeline, said = choose(1550.0, ["train.scaling_fractions=[0.1, 0.2, 0.4]"], plan="qwen-scaling", drafts=1.7,
+                            scaling_drafts=3)  # fmt: skip
+    assert said["epochs"] == 3 and epochs() == 3
     # The watched draft leaves the gate without its tree its time (`node train-watched RESERVE`);
     # the trainer's process is recorded here, not started, so nothing finishes and no gate runs.
     pipeline, _ = choose(1550.0)

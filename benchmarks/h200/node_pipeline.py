@@ -71,11 +71,12 @@ QWEN_EVAL_SAVE_S = 7.0
 PACKING_SLACK = 1.1
 
 
-def gate_seconds(gate: dict[str, Any], trees: bool = True) -> float:
+def gate_seconds(gate: dict[str, Any], trees: bool = True, scaling_drafts: int = 0) -> float:
     """A qwen gate's device time at QWEN_LAUNCH_S a launch: the baseline and each num_steps (and
-    the topk points when `trees`), `repetitions` times each, and GATE_FIXED_S."""
+    the topk points when `trees`), `repetitions` times each, each scaling draft once, and
+    GATE_FIXED_S."""
     launches = 1 + len(gate.get("num_steps") or []) + (len(gate.get("topk_points") or []) if trees else 0)
-    return GATE_FIXED_S + int(gate.get("repetitions", 2)) * launches * QWEN_LAUNCH_S
+    return GATE_FIXED_S + (int(gate.get("repetitions", 2)) * launches + scaling_drafts) * QWEN_LAUNCH_S
 
 
 def specforge_command() -> list[str]:
@@ -673,10 +674,12 @@ class Pipeline:
         if self.draft_to_gate() and not self.done_before("gate"):
             self.stage("gate", *self.emulated, *self.gate_within_budget())
 
-    def epochs_within_budget(self) -> None:
-        """Before the draft a plan trains and then gates (draft_to_gate): the profile's epochs, or
-        the most that leave the least gate that decides (no topk points: gate_seconds) its time
-        after the draft at the measured pace (QWEN_*), in the device time left (`node start
+    def epochs_within_budget(self, drafts: float = 1.0, scaling_drafts: int = 0) -> None:
+        """Before the drafts a plan trains and then gates (draft_to_gate, qwen_scaling): the
+        profile's epochs, or the most that leave the least gate that decides (no topk points,
+        each of `scaling_drafts` once: gate_seconds) its time after the drafts at the measured
+        pace (QWEN_*; `drafts` full drafts' worth of steps: side by side on one GPU they take
+        about the sum of their times alone, run 10), in the device time left (`node start
         --budget`). A draft that ends with no time to gate it decides nothing, a shorter one
         does. measurements.json's train_epochs says what was chosen and why; a restarted
         pipeline keeps it (its checkpoints were planned for it), and epochs given with --set
@@ -693,18 +696,18 @@ class Pipeline:
         if chosen is None and ("train", "epochs") not in self.settings and deadline and progress and sized:
             tokens = progress["tokens"]
             per_epoch = PACKING_SLACK * (tokens["prompt_done"] + tokens["completion_done"]) / train["batch_tokens"]
-            gate = gate_seconds(params["gate"], trees=False)
+            gate = gate_seconds(params["gate"], trees=False, scaling_drafts=scaling_drafts)
             left = deadline["ends_at"] - time.time()
 
             def need(epochs: int) -> float:
-                steps = math.ceil(epochs * per_epoch)
+                steps = math.ceil(drafts * epochs * per_epoch)
                 evals = steps // train["eval_every"] + 1
                 return QWEN_TRAIN_READY_S + steps * QWEN_STEP_S + evals * QWEN_EVAL_SAVE_S + node_steps.TRAIN_TAIL_S + gate
 
             fitting = [e for e in range(int(train["epochs"]), 0, -1) if need(e) <= left]
             chosen = {"epochs": fitting[0] if fitting else int(train["epochs"]), "profile_epochs": int(train["epochs"]),
                       "fits": bool(fitting), "seconds_left": left, "steps_per_epoch_estimate": per_epoch,
-                      "gate_reserve_s": gate, "needed_s": need(fitting[0] if fitting else 1)}  # fmt: skip
+                      "drafts": drafts, "gate_reserve_s": gate, "needed_s": need(fitting[0] if fitting else 1)}  # fmt: skip
             self.save_measure("train_epochs", chosen)
         if chosen and chosen["epochs"] != chosen["profile_epochs"]:
             self.settings[("train", "epochs")] = chosen["epochs"]
@@ -761,6 +764,10 @@ class Pipeline:
         self.write_params()
         self.generate_once(reference=False)
         if not carried()["draft"]:
+            # The full draft and the scaling drafts side by side, sized together: the curve's points
+            # share one recipe (beside a carried draft the scaling drafts keep the profile's, as it did).
+            fractions = self.params_data()["train"].get("scaling_fractions") or []
+            self.epochs_within_budget(drafts=1 + sum(fractions), scaling_drafts=len(fractions))
             if not self.done_before("train-parallel"):
                 self.train()  # its trainers' environment is its own
         elif not self.done_before("train-scaling"):
