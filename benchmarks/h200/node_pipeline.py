@@ -704,8 +704,9 @@ class Pipeline:
                 evals = steps // train["eval_every"] + 1
                 return QWEN_TRAIN_READY_S + steps * QWEN_STEP_S + evals * QWEN_EVAL_SAVE_S + node_steps.TRAIN_TAIL_S + gate
 
-            fitting = [e for e in range(int(train["epochs"]), 0, -1) if need(e) <= left]
-            chosen = {"epochs": fitting[0] if fitting else int(train["epochs"]), "profile_epochs": int(train["epochs"]),
+            profile_epochs = int(train["epochs"])
+            fitting = [e for e in range(profile_epochs, 0, -1) if need(e) <= left]
+            chosen = {"epochs": fitting[0] if fitting else profile_epochs, "profile_epochs": profile_epochs,
                       "fits": bool(fitting), "seconds_left": left, "steps_per_epoch_estimate": per_epoch,
                       "drafts": drafts, "gate_reserve_s": gate, "needed_s": need(fitting[0] if fitting else 1)}  # fmt: skip
             self.save_measure("train_epochs", chosen)
@@ -719,10 +720,8 @@ class Pipeline:
         points left out when the whole gate, at QWEN_LAUNCH_S a launch, would not end in it;
         measurements.json says so. A gate cut short decides nothing, so the fewer launches are
         the better chance even when they too look long."""
-        import yaml
-
         deadline = read_json(node_env.NODE / "deadline.json")
-        gate = yaml.safe_load((node_env.NODE / "params.yaml").read_text())["gate"]
+        gate = self.params_data()["gate"]
         if not deadline or not gate.get("topk_points"):
             return []
         left = deadline["ends_at"] - time.time()

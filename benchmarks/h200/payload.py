@@ -66,7 +66,8 @@ def tree_bytes(repo: Path) -> int:
     measured, not assumed)."""
     names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=repo,
                            check=True, capture_output=True).stdout.split(b"\0")  # fmt: skip
-    return sum((repo / n.decode()).stat().st_size for n in names if n and (repo / n.decode()).is_file())
+    paths = (repo / n.decode() for n in names if n)
+    return sum(path.stat().st_size for path in paths if path.is_file())  # a tracked file deleted here carries nothing
 
 
 def part_bytes(repo: Path = node_env.REPO) -> int:
