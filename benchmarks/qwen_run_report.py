@@ -28,7 +28,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.real_run_report import Results, config_rows, generation_figures, prediction_rows  # noqa: E402
+from benchmarks.real_run_report import (  # noqa: E402
+    Results,
+    config_rows,
+    generation_figures,
+    measured_launches,
+    prediction_rows,
+)
 
 S3 = "eagle3-s3-k1-n4"  # num_steps 3, topk 1: the goals' config
 GOAL_SPEEDUP = 1.3
@@ -66,8 +72,13 @@ def session(folder: Path) -> dict[str, Any]:
     report = results.json("run/gate/report.json")
     if report:
         out["gate"] = gate_figures(report, results.json("run/gate/prediction.json"))
-        if measure.get("gate_trimmed"):  # configs the node left out for the device time (gate_within_budget)
-            out["gate"]["trimmed"] = measure["gate_trimmed"]
+    else:  # a gate cut short: its finished launches, no decision
+        cut = measured_launches(results.json("run/gate/progress.json"), results.json("run/gate/replay.json"))
+        if cut:
+            out["gate_cut_short"] = cut
+    gate = out.get("gate") or out.get("gate_cut_short")
+    if gate and measure.get("gate_trimmed"):  # configs the node left out for the device time (gate_within_budget)
+        gate["trimmed"] = measure["gate_trimmed"]
     scaling = results.json("run/gate/scaling/report.json")
     if scaling:
         out["scaling"] = scaling_figures(scaling)
@@ -122,6 +133,16 @@ def _deciding_gate(sessions: list[dict[str, Any]]) -> dict[str, Any] | None:
     return ({s["plan"]: s for s in sessions}.get(DECIDING_PLAN) or {}).get("gate")
 
 
+def _cut_short_s3(sessions: list[dict[str, Any]]) -> tuple[dict[str, Any], str | None]:
+    """num_steps 3 as the latest gate cut short measured it (its launches: accept lengths are
+    measurements; only the decision needs the whole gate), and which session that was."""
+    for s in reversed(sessions):
+        row = next((c for c in (s.get("gate_cut_short") or {}).get("configs", []) if c["config"] == S3), None)
+        if row:
+            return row, s["folder"]
+    return {}, None
+
+
 def _scaling(sessions: list[dict[str, Any]]) -> dict[str, Any] | None:
     return next((s["scaling"] for s in sessions if s.get("scaling")), None)
 
@@ -145,10 +166,15 @@ def goals(sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append(_goal("the gate promotes a config at concurrency 1, CUDA graphs", f">= {GOAL_SPEEDUP}x, CI above 1",
                          {"outcome": deciding["outcome"], "config": deciding.get("best"), "speedup": speedup,
                           "ci": [low, best.get("ci_high")]}, met, short))  # fmt: skip
-    else:
+    else:  # no decision; a gate cut short shows how far its launches got
+        cut = next((s["gate_cut_short"] for s in reversed(sessions) if (s.get("gate_cut_short") or {}).get("configs")), None)
+        measured = cut and {"outcome": None, "cut_short_at": cut["cut_short_at"],
+                            "launches": f"{cut['launches_done']} of {cut['launches_planned']}",
+                            "fastest_speculative": cut["fastest_speculative"]}  # fmt: skip
         out.append(_goal("the gate promotes a config at concurrency 1, CUDA graphs", f">= {GOAL_SPEEDUP}x, CI above 1",
-                         None, None))  # fmt: skip
-    per_domain = _config(deciding, S3).get("accept_length_per_domain") or {}
+                         measured, None))  # fmt: skip
+    per_domain = _config(deciding, S3).get("accept_length_per_domain") or _cut_short_s3(sessions)[0].get(
+        "accept_length_per_domain") or {}
     accepts = {d: per_domain.get(d) for d in GOAL_ACCEPT_DOMAINS}
     known = [v for v in accepts.values() if v is not None]
     out.append(_goal("accept length at 3 steps on held-out HumanEval and ShareGPT code", f">= {GOAL_ACCEPT} each",
@@ -182,6 +208,9 @@ def build(folders: list[Path]) -> dict[str, Any]:
     measured_at_3 = {s["plan"]: _config(s.get("gate"), S3).get("accept_length_per_domain")
                      for s in sessions if _config(s.get("gate"), S3)}  # fmt: skip
     scaling = _scaling(sessions)
+    cut_s3, cut_folder = _cut_short_s3(sessions)
+    if cut_s3 and cut_folder not in {s["folder"] for s in sessions if _config(s.get("gate"), S3)}:
+        measured_at_3[f"{cut_folder} (a gate cut short)"] = cut_s3.get("accept_length_per_domain")
     result = {
         "what": "Qwen2.5-Coder-1.5B-Instruct (its Q4_K_M GGUF from 22 package parts, converted to bf16) on ShareGPT V3 "
                 "+ HumanEval: regenerated, trained online, gated on real SGLang 0.5.14 on one H200, over sessions",
@@ -196,7 +225,12 @@ def build(folders: list[Path]) -> dict[str, Any]:
     if missed:  # what the issue asks of a miss: the measured break-even and the data the curve says is needed
         result["if_missed"] = {"breakeven_at_3_steps": result["breakeven_at_3_steps"],
                                "samples_for_accept": (scaling or {}).get("samples_for_accept"),
-                               "samples_for_break_even": (scaling or {}).get("samples_for_break_even")}  # fmt: skip
+                               "samples_for_break_even": (scaling or {}).get("samples_for_break_even"),
+                               # each measured config's cycle cost as launched: accept x baseline / its tok/s
+                               "break_even_from_launches": {
+                                   c["config"]: c.get("break_even_accept_length")
+                                   for s in sessions for c in (s.get("gate_cut_short") or {}).get("configs", [])
+                                   if c.get("break_even_accept_length")}}  # fmt: skip
     return result
 
 
@@ -209,6 +243,14 @@ def _print(result: dict[str, Any]) -> None:
                   f"{g.get('vs_plain_batched_request')}")  # fmt: skip
         if s.get("training"):
             print(f"  training: {s['training']}")
+        cut = s.get("gate_cut_short")
+        if cut:
+            print(f"  gate cut short at {cut['cut_short_at']!r}, {cut['launches_done']} of {cut['launches_planned']} launches: "
+                  "no decision")  # fmt: skip
+            for c in cut["configs"]:
+                print(f"    {c['config']}: {c['tok_s']} tok/s, vs baseline {c['vs_baseline_same_repetition']}, "
+                      f"accept {c['accept_length']} {c['accept_length_per_domain']}, break-even accept "
+                      f"{c.get('break_even_accept_length')}")  # fmt: skip
         gate = s.get("gate")
         if gate:
             print(f"  gate: {gate['outcome'].upper()} best {gate['best']} {gate['speedup']} CI {gate['ci']}")

@@ -197,7 +197,8 @@ def measured_launches(progress: dict[str, Any] | None, replay: dict[str, Any] | 
         return None
     rows: dict[str, dict[str, Any]] = {}
     for f in finished:
-        row = rows.setdefault(f["config"], {"config": f["config"], "tok_s": {}, "accept_length": f.get("accept_length")})
+        row = rows.setdefault(f["config"], {"config": f["config"], "tok_s": {}, "accept_length": f.get("accept_length"),
+                                            "accept_length_per_domain": f.get("accept_length_per_domain")})  # fmt: skip
         row["tok_s"][str(f["repetition"])] = f["tok_s"]
     base = rows.get("baseline", {}).get("tok_s", {})
     for row in rows.values():

@@ -170,6 +170,42 @@ def test_a_later_regeneration_is_the_one_the_goal_reads(tmp_path: Path) -> None:
     assert regeneration["met"] is True and math.isclose(regeneration["measured"], 0.98)
 
 
+def test_a_gate_cut_short_shows_its_launches_and_judges_accept_length_but_decides_nothing(tmp_path: Path) -> None:
+    """Run 17: the session's device time ran out 4 of 8 launches into qwen-gate. Its launches are
+    measurements (accept lengths, tok/s against the baseline's launch of the same repetition); the
+    decision needs the whole gate, so that goal stays unjudged while the accept-length goal is
+    judged, a miss bringing the break-even each launch's cycle cost implies."""
+    def launch(cfg: str, tok_s: float, accept: float | None, per_domain: dict[str, float] | None = None) -> dict[str, Any]:
+        return {"config": cfg, "repetition": 0, "tok_s": tok_s, "accept_length": accept,
+                "accept_length_per_domain": per_domain or {}, "error": None}  # fmt: skip
+    folder = results_folder(tmp_path / "run-17", {
+        "options.json": {"plan": "qwen-gate"},
+        "status.json": {"state": "running", "steps": {"gate": {"state": "running"}}},
+        "run/gate/progress.json": {"state": "running", "current": "launch 5/8 eagle3-s1-k1-n2 rep 1: measuring",
+                                   "launches": {"done": 3, "planned": 8, "failed": 0},
+                                   "finished": [launch("baseline", 475.0, None),
+                                                launch("eagle3-s2-k1-n3", 493.0, 1.78, {"coding": 1.79}),
+                                                launch(S3, 494.0, 1.92, {"coding": 1.94, "humaneval": 1.98})]},
+        "run/gate/replay.json": {"overall": {"3": {"accept_length": 1.84}}},
+    }, {"gate_trimmed": {"left_out": [{"num_steps": 3, "topk": 4, "num_draft_tokens": 8}]}})  # fmt: skip
+    result = build([folder])
+    cut = result["sessions"][0]["gate_cut_short"]
+    assert "gate" not in result["sessions"][0] and cut["trimmed"]["left_out"][0]["topk"] == 4
+    s3 = next(c for c in cut["configs"] if c["config"] == S3)
+    assert math.isclose(s3["vs_baseline_same_repetition"]["0"], 494 / 475)
+    assert math.isclose(s3["break_even_accept_length"], 1.92 * 475 / 494) and s3["replay_accept_length"] == 1.84
+    goals = {g["goal"].split(",")[0]: g for g in result["goals"]}
+    promote = goals["the gate promotes a config at concurrency 1"]
+    assert promote["met"] is None and promote["measured"]["launches"] == "3 of 8"
+    assert promote["measured"]["fastest_speculative"]["config"] == S3
+    accept = goals["accept length at 3 steps on held-out HumanEval and ShareGPT code"]
+    assert accept["met"] is False and accept["measured"] == {"humaneval": 1.98, "coding": 1.94}
+    assert math.isclose(accept["short_by"]["coding"], 2.5 - 1.94)
+    assert result["accept_length_at_3_steps_per_domain"] == {f"{folder} (a gate cut short)": {"coding": 1.94,
+                                                                                            "humaneval": 1.98}}  # fmt: skip
+    assert math.isclose(result["if_missed"]["break_even_from_launches"][S3], 1.92 * 475 / 494)
+
+
 def test_the_script_writes_its_json_beside_the_results(tmp_path: Path) -> None:
     folders = sessions(tmp_path)
     out = subprocess.run([sys.executable, str(REPO / "benchmarks/qwen_run_report.py"), *map(str, folders)],
