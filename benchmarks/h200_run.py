@@ -158,39 +158,43 @@ The sessions, in order:
    46 s. ~900 s from setup to the packed draft.
 2. qwen-gate (--run-from; --draft-from if the workspace kept the draft): the decision, at num_steps
    1, 2 and 3 (topk 1) and the topk point (3 steps, topk 4), baseline and each config twice: 10
-   launches. Run 15's draft accepts ~1.8 tokens per verify at 3 steps in training's evaluation,
-   where the server's break-even on this shape is ~1.7 (../shared/h200/README.md): the short chains
-   and the tree are where it can win. A gate launch on this target is not yet measured: SmolLM2's
-   took 27-45 s (runs 9, 13), and this one loads 3.5 GB and decodes at ~2 ms a token instead of
-   ~1.2, so ~45-75 s. Without a draft: first call ~0.5-1.5 min, payload ~2.5, setup ~1.2, the
-   draft with its export ~8.5 (4 epochs: run 16's first step after 98-116 s, 0.42-0.44 s a step
-   for 816 steps, the export ~46 s), the replay ~1, the gate ~8-12.5: ~22-27 of 30 min. Not yet
-   run: run 16's attempt lost its machine 9 minutes in (P17). With the draft carried (~6 payload
-   calls more) ~15-19: then add `--set gate.verify_logprobs=diverged` (~1 min
-   more), so that every diverging request is sent again and Qwen's verify path is measured against
-   its prefill where it matters (gate.near_tie_nats, 0.625, was set on SmolLM2: BENCHMARKS P13). A
-   gate cut short decides nothing, so when the device time left at the gate is under the whole
-   gate at 75 s a launch (QWEN_LAUNCH_S), the node leaves the tree out by itself (2 launches
-   fewer; measurements.json's gate_trimmed says so). And a draft trained with no time left to
-   gate it decides nothing: before it trains, the node fits its epochs to the device time left
-   (the profile's 4, else 3, 2 or 1) so that the draft at the measured pace (QWEN_STEP_S, from
-   the regenerated tokens) and the gate without its tree both end in the session
-   (measurements.json's train_epochs); `node train-watched` then stops it at its first
-   checkpoint only if its own measured pace leaves the gate too little. With run 16's start
-   (~1,550 s left after setup) that is 4 epochs; ~1,400 s gives 3.
-3. qwen-sweep (--run-from [--draft-from]): num_steps 4 and 5, twice each, with the baseline: 6
+   launches. Run 17 (2026-12-04, BENCHMARKS P18) ran it with the draft trained in the session and
+   was cut short 4 launches into its gate, one repetition each: the baseline 475 tok/s, num_steps
+   1 0.77x (accept length 1.53), 2 1.04x (1.78), 3 1.04x (1.92). Its times: payload 157 s (the
+   first call 28 s), setup 93 s, the draft's first step after 133 s and 0.51 s a step (91 s and
+   0.43 s after a restart on the same machine), the train stage's export 78 s, and a gate launch
+   ~125 s all in (ready after 57-129 s, 72 prompts in 27-42 s; QWEN_LAUNCH_S), not the 75 s the
+   node assumed. So a session that trains its draft cannot run the whole gate (~1,340 s): the
+   node sizes both. Before the draft trains it fits the epochs (the profile's 4, else 3, 2 or 1)
+   so that the draft at the measured pace (QWEN_STEP_S, from the regenerated tokens) and the gate
+   the node prefers, num_steps 3 and the tree twice each with the baseline (preferred_gate,
+   ~840 s), both end in the session (measurements.json's train_epochs; run 17's start gives 3
+   epochs); `node train-watched` then stops the draft at its first checkpoint only if its own
+   pace leaves too little for the least gate that decides (the baseline and num_steps 3,
+   ~590 s). At the gate the node runs the largest gate that ends in the time left, leaving out
+   num_steps 1, then 2, then the tree (gate_trims; measurements.json's gate_trimmed). Without a
+   draft: ~2.5 min of payload, ~1.5 of setup, the draft ~8 (3 epochs) and its export ~1.5, the
+   gate of 6 launches ~14: ~28 of 30 min. With the draft carried (~6 payload calls more) the
+   whole gate fits; add `--set gate.verify_logprobs=diverged` if ~2 min are spare (every
+   diverging request sent again, Qwen's verify path measured against its prefill where it
+   matters: gate.near_tie_nats, 0.625, was set on SmolLM2, BENCHMARKS P13).
+   When `node wait` says a draft was just packed, fetch it at once, `node drafts 0` to `node
+   drafts 3` back to back (~1 s of device time each), then `node wait` again: run 17 brought back
+   8 of its 15 parts before the device time ran out, and the sessions after this one need it.
+3. qwen-sweep (--run-from --draft-from): num_steps 4 and 5, twice each, with the baseline: 6
    launches, then the break-even at num_steps 3 (accept lengths 1.5, 2.0, 2.5 forced, 8 prompts
-   each: gate.breakeven_num_steps), last, so a gate cut short loses it first. ~20-24 min with the
-   draft trained here.
-4. qwen-scaling (--run-from [--draft-from]): the data-scaling drafts (0.1, 0.3, 0.6 of the
-   sequences) trained online; without a carried draft the full draft trains too, the scaling drafts
-   beside it once it has written its vocabulary map (as the full plan does; side by side they take
-   about the sum of their times alone, run 10: ~2 drafts' steps, ~15 min at 4 epochs); then the
-   baseline and the full draft at num_steps 3 twice each and every scaling draft once: 7 launches,
-   ~9 min. Over the session without a carried draft, so the node fits the epochs of all four to
-   the device time left as qwen-gate's (the curve's points share one recipe; the decision's draft
-   is not among them): with run 16's start, 2 epochs. `--set "train.scaling_fractions=[0.1, 0.2,
-   0.4]"` (0.7 of a draft; four points over 2.3 e-folds) leaves room for 3.
+   each: gate.breakeven_num_steps), last, so a gate cut short loses it first. ~18 min at run 17's
+   launch cost, with the payload and setup ~23; it does not fit beside training the draft.
+4. qwen-scaling (--run-from --draft-from): the data-scaling drafts (0.1, 0.3, 0.6 of the
+   sequences, a draft's worth of steps side by side: run 10 measured that side by side they take
+   about the sum of their times alone) trained online on the carried draft's vocabulary map, then
+   the baseline and the full draft at num_steps 3 twice and every scaling draft once (7 launches,
+   ~16 min at run 17's launch cost). Train them at the carried draft's epochs, so that the curve's
+   points share its recipe: `--set train.epochs=N`, N from train_epochs in the measurements of the
+   session that trained it (3 at run 17's costs: ~8 min of training, ~28 of 30 with the payload;
+   at 4 it does not fit). Without a carried draft the full draft trains too, and the node fits the
+   epochs of all four to the device time left as qwen-gate's: 1 epoch at run 17's costs, a curve
+   of little worth.
 
 5. The regeneration goal again: done, run 16 (2026-12-04, BENCHMARKS P17). qwen-generate without
    --run-from, its generation server without the prefix cache (`--disable-radix-cache`): 0.98x

@@ -415,14 +415,17 @@ def test_the_qwen_sessions_gate_the_launches_their_device_time_was_sized_for(
     assert profile.engine.concurrency_per_server > node_pipeline.SERVER_MAX_RUNNING
 
 
-def test_the_decision_gate_leaves_its_tree_out_when_the_whole_gate_would_not_end_in_time(
+def test_the_decision_gate_shrinks_to_what_ends_in_the_device_time_left(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """qwen-gate's 10 launches at QWEN_LAUNCH_S each and the fixed part: with less device time
-    left than that, the topk point is left out (8 launches) and measurements.json says so; with
-    enough, or without a budget, the gate is whole."""
+    """qwen-gate's 10 launches (the baseline, num_steps 1, 2 and 3, the tree; twice each) at
+    QWEN_LAUNCH_S and the fixed part: with less device time left, the shorter chains go first,
+    shortest first, then the tree; the baseline and num_steps 3 always stay (the least gate that
+    decides). measurements.json says what was left out; the overrides are ones the stages read."""
     import json
     import time
+
+    from tasks.config.loading import apply_overrides
 
     _on_node(monkeypatch, tmp_path)
     monkeypatch.setattr(node_env, "EXTRA_SETS", [])
@@ -431,21 +434,34 @@ def test_the_decision_gate_leaves_its_tree_out_when_the_whole_gate_would_not_end
     pipeline = node_pipeline.Pipeline()
     pipeline.write_params()
     assert pipeline.gate_within_budget() == []  # no `node start --budget`: nothing to fit
-    whole = node_pipeline.GATE_FIXED_S + 2 * 5 * node_pipeline.QWEN_LAUNCH_S  # baseline, 3 chains, the tree, twice
-    for left, trimmed in ((whole + 60, False), (whole - 60, True), (300.0, True)):
+    launch, fixed = node_pipeline.QWEN_LAUNCH_S, node_pipeline.GATE_FIXED_S
+    whole, no_1, no_chains = fixed + 2 * 5 * launch, fixed + 2 * 4 * launch, fixed + 2 * 3 * launch
+    tree = {"num_steps": 3, "topk": 4, "num_draft_tokens": 8}
+    expected = [(whole + 30, []), (whole - 30, ["gate.num_steps=[2, 3]"]), (no_1 - 30, ["gate.num_steps=[3]"]),
+                (no_chains - 30, ["gate.num_steps=[3]", "gate.topk_points=[]"]),
+                (300.0, ["gate.num_steps=[3]", "gate.topk_points=[]"])]  # fmt: skip
+    for left, sets in expected:
         (tmp_path / "deadline.json").write_text(json.dumps({"ends_at": time.time() + left, "budget_s": 1800}))
-        assert pipeline.gate_within_budget() == (["gate.topk_points=[]"] if trimmed else [])
+        assert pipeline.gate_within_budget() == sets, left
     said = json.loads((tmp_path / "measurements.json").read_text())["gate_trimmed"]
-    assert said["whole_gate_s"] == whole and said["seconds_left"] < 301
-    assert said["left_out"] == [{"num_steps": 3, "topk": 4, "num_draft_tokens": 8}]
+    assert said["whole_gate_s"] == whole and said["seconds_left"] < 301 and said["gate_s"] == fixed + 2 * 2 * launch
+    assert said["left_out"] == [{"num_steps": 1}, {"num_steps": 2}, tree]
+    gate = apply_overrides(pipeline.params_data(), ["gate.num_steps=[3]", "gate.topk_points=[]"])["gate"]
+    assert gate["num_steps"] == [3] and gate["topk_points"] == []
+    # Run 17's gate began with 612 s left: the least gate, where its 8 launches were cut short at the fifth.
+    assert node_pipeline.gate_seconds(gate) < 612 < no_chains
+    # The gate a session that trains its draft plans for keeps the tree: the tree and num_steps 3.
+    preferred = node_pipeline.preferred_gate(pipeline.params_data()["gate"])
+    assert preferred["num_steps"] == [3] and preferred["topk_points"] == [tree]
 
 
 def test_a_session_that_trains_its_draft_leaves_the_gate_its_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Before qwen-gate trains the draft it gates, the epochs are fitted to the device time left:
-    the profile's 4 when the draft at the measured pace and the gate without its tree both fit,
-    fewer when not (params.yaml and the stages' --set carry them), the profile's when nothing fits
-    (the watched draft then stops at its first checkpoint); a restart keeps the first choice, and
-    epochs given with --set stand. The watched draft is told what the gate needs."""
+    the profile's 4 when the draft at the measured pace and the gate it prefers (num_steps 3 and
+    the tree) both fit, fewer when not (params.yaml and the stages' --set carry them), the
+    profile's when nothing fits (the watched draft then stops at its first checkpoint); a restart
+    keeps the first choice, and epochs given with --set stand. The watched draft is told what the
+    least gate that decides needs."""
     import json
     import time
 
@@ -458,7 +474,8 @@ def test_a_session_that_trains_its_draft_leaves_the_gate_its_time(tmp_path: Path
     # Run 15's regenerated tokens: 204 steps an epoch as the trainer packed them, ~211 estimated.
     (tmp_path / "run/generate/progress.json").write_text(json.dumps(
         {"tokens": {"prompt_done": 1_286_841, "completion_done": 1_856_553}}))  # fmt: skip
-    gate = node_pipeline.GATE_FIXED_S + 2 * 4 * node_pipeline.QWEN_LAUNCH_S  # baseline and 3 chains, twice
+    gate = node_pipeline.GATE_FIXED_S + 2 * 3 * node_pipeline.QWEN_LAUNCH_S  # the baseline, 3 steps, the tree; twice
+    least = node_pipeline.GATE_FIXED_S + 2 * 2 * node_pipeline.QWEN_LAUNCH_S  # the baseline and 3 steps, twice
 
     def choose(left: float, sets: list[str] | None = None, plan: str = "qwen-gate",
                **drafts: float) -> tuple[node_pipeline.Pipeline, dict | None]:  # fmt: skip
@@ -476,13 +493,13 @@ def test_a_session_that_trains_its_draft_leaves_the_gate_its_time(tmp_path: Path
     def epochs() -> int:
         return yaml.safe_load((tmp_path / "params.yaml").read_text())["train"]["epochs"]
 
-    pipeline, said = choose(1550.0)  # run 16's budget at its start, less the setup
-    assert said["epochs"] == 4 and said["fits"] and said["gate_reserve_s"] == gate and said["needed_s"] <= 1550
+    pipeline, said = choose(1600.0)
+    assert said["epochs"] == 4 and said["fits"] and said["gate_reserve_s"] == gate and said["needed_s"] <= 1600
     assert epochs() == 4 and not any(s.startswith("train.epochs") for s in pipeline.sets)
-    pipeline, said = choose(1400.0)  # a slow first call and payload
-    assert said["epochs"] == 3 and said["profile_epochs"] == 4 and said["needed_s"] <= 1400
+    pipeline, said = choose(1516.0)  # run 17's start: it kept 4 epochs then, and its draft left the gate too little
+    assert said["epochs"] == 3 and said["profile_epochs"] == 4 and said["needed_s"] <= 1516
     assert epochs() == 3 and "train.epochs=3" in pipeline.sets
-    pipeline, said = choose(700.0)  # not even one epoch and the gate: the draft's own check stops it
+    pipeline, said = choose(1000.0)  # not even one epoch and the gate: the draft's own check stops it
     assert said["epochs"] == 4 and said["fits"] is False and epochs() == 4
     # A restart keeps what was chosen, whatever is left now: its checkpoints were planned for it.
     (tmp_path / "measurements.json").write_text(json.dumps({"train_epochs": {"epochs": 3, "profile_epochs": 4}}))
@@ -493,21 +510,20 @@ def test_a_session_that_trains_its_draft_leaves_the_gate_its_time(tmp_path: Path
     pipeline, said = choose(700.0, ["train.epochs=2"])  # given: it stands, nothing decided
     assert said is None and epochs() == 2
     # qwen-scaling without a carried draft: the full draft and its scaling drafts (0.1 + 0.3 + 0.6 of
-    # it) side by side, then a gate with each scaling draft once. Run 16's start leaves room for 2
-    # epochs; the runbook's smaller fractions (0.7 of a draft) for 3.
+    # it) side by side, then a gate with each scaling draft once (num_steps 3, no tree: the whole
+    # gate is the one it prefers). At run 17's launch cost a session's start leaves room for 1 epoch.
     scaling_gate = node_pipeline.GATE_FIXED_S + (2 * 2 + 3) * node_pipeline.QWEN_LAUNCH_S
     pipeline, said = choose(1550.0, plan="qwen-scaling", drafts=2.0, scaling_drafts=3)
-    assert said["epochs"] == 2 and said["gate_reserve_s"] == scaling_gate and "train.epochs=2" in pipeline.sets
-    pipeline, said = choose(1550.0, ["train.scaling_fractions=[0.1, 0.2, 0.4]"], plan="qwen-scaling", drafts=1.7,
-                            scaling_drafts=3)  # fmt: skip
-    assert said["epochs"] == 3 and epochs() == 3
-    # The watched draft leaves the gate without its tree its time (`node train-watched RESERVE`);
+    assert said["epochs"] == 1 and said["gate_reserve_s"] == scaling_gate and "train.epochs=1" in pipeline.sets
+    pipeline, said = choose(1900.0, plan="qwen-scaling", drafts=2.0, scaling_drafts=3)
+    assert said["epochs"] == 2 and epochs() == 2
+    # The watched draft leaves the least gate that decides its time (`node train-watched RESERVE`);
     # the trainer's process is recorded here, not started, so nothing finishes and no gate runs.
     pipeline, _ = choose(1550.0)
     started: list[list[str]] = []
     monkeypatch.setattr(node_pipeline.Pipeline, "py", lambda self, argv, log, env=None, wait=True: started.append(argv))
     assert pipeline.draft_to_gate() is False
-    assert [argv[-2:] for argv in started] == [["train-watched", str(gate)]]
+    assert [argv[-2:] for argv in started] == [["train-watched", str(least)]]
     assert json.loads((tmp_path / "status.json").read_text())["steps"]["gate"]["state"] == "skipped"
 
 
@@ -581,6 +597,36 @@ def test_node_start_refuses_what_cannot_run_before_starting_anything(tmp_path: P
     params = yaml.safe_load((tmp_path / "params.yaml").read_text())
     assert params["train"]["epochs"] == 2 and params["gate"]["num_steps"] == [3, 4]
     assert params["target"]["model_path"] == "multipart://qwen2.5-coder-1.5b-instruct"
+
+
+def test_node_wait_ends_when_a_draft_is_packed_so_that_it_travels_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Run 17's draft was packed before its gate, and 8 of its 15 parts came back before the
+    session's device time ran out in that gate. `node wait` now ends as soon as a draft is packed
+    during the call (the pipeline still running); a draft packed before the call does not end it."""
+    import json
+    import threading
+    import time
+
+    _on_node(monkeypatch, tmp_path)
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    (tmp_path / "options.json").write_text(json.dumps({"plan": "qwen-gate"}))
+
+    def status(packed_at: float) -> None:
+        (tmp_path / "status.json").write_text(json.dumps({"step": "gate", "state": "running", "steps": {
+            "draft-pack": {"state": "done", "began_at": packed_at}, "gate": {"state": "running"}}}))  # fmt: skip
+
+    status(time.time() - 100)  # packed before this call: fetched already, or announced by the last call
+    began = time.monotonic()
+    assert lifecycle.node_wait(timeout=3) == 0
+    assert time.monotonic() - began >= 3 and "just packed" not in capsys.readouterr().out
+    writer = threading.Timer(2.0, lambda: status(time.time()))
+    writer.start()
+    began = time.monotonic()
+    assert lifecycle.node_wait(timeout=60) == 0
+    writer.join()
+    assert time.monotonic() - began < 15 and "a draft was just packed" in capsys.readouterr().out
 
 
 def test_node_wait_on_a_machine_that_started_bare_says_so_at_once(

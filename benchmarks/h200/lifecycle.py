@@ -78,8 +78,11 @@ def node_start(budget_s: float | None, skip: list[str], plan: str = "full", vari
 
 def node_wait(timeout: float) -> int:
     """Follow the pipeline until it ends or `timeout` passes; leave the results so far in $OUT.
-    On a machine where no pipeline was started (a fresh one: the machine that ran it was given
-    back between calls) it says so at once, rather than spend the call's device time waiting."""
+    It also ends as soon as a draft is packed during the call, so that the draft travels at once
+    (`node drafts K`) while the pipeline goes on: run 17's came back 8 parts of 15 when the
+    session's device time ran out in the gate after it. On a machine where no pipeline was
+    started (a fresh one: the machine that ran it was given back between calls) it says so at
+    once, rather than spend the call's device time waiting."""
     if not (node_env.NODE / "options.json").is_file():  # node start writes it before the pipeline starts
         print("node wait: no pipeline was started on this machine (it started bare: the one that ran it was "
               "given back); what earlier `node wait` calls brought back is all there is", file=sys.stderr)  # fmt: skip
@@ -95,6 +98,11 @@ def node_wait(timeout: float) -> int:
                   f"{status.get('detail', '')}", flush=True)  # fmt: skip
             last = step
         if status.get("state") in ("done", "failed") or time.time() - began > timeout:
+            break
+        packed = (status.get("steps") or {}).get("draft-pack") or {}
+        if packed.get("state") == "done" and (packed.get("began_at") or 0) >= began:
+            print("node wait: a draft was just packed: fetch it now (`node drafts K`, below), then `node wait` "
+                  "again; the pipeline goes on", flush=True)  # fmt: skip
             break
         if time.time() - collected > 60:  # a call cut short by the session's device time still returns these
             collect_node_results(out)

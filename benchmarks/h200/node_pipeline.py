@@ -53,30 +53,54 @@ SPECFORGE_MIN_GRACE_S = 120.0
 # stop SpecForge's draft short of the steps ours trained, and that A/B is at equal steps.
 LAST_STEPS_RESERVE_S = 560.0
 PLAN_LAST_STEPS_RESERVE_S = {"recipe": 330.0}
-# A gate launch on Qwen2.5-Coder-1.5B before one was measured there: SmolLM2's took 27-45 s (runs
-# 9, 13), and this target loads 3.5 GB and decodes at ~2 ms a token instead of ~1.2. The upper
-# end, so that a decision session short of time leaves its tree out (gate_within_budget) rather
-# than be cut short, which decides nothing; GATE_FIXED_S is the replay before the launches and
-# the report after.
-QWEN_LAUNCH_S = 75.0
+# A gate launch on Qwen2.5-Coder-1.5B as run 17 measured it: 90-166 s from its start to its
+# figures (ready after 57-129 s, the first and cold launch the longest; 72 prompts in 27-42 s),
+# ~10 s between launches: four launches and the fifth past its start in 563 s, ~125 s a launch.
+# A gate that runs past the session decides nothing, so a session short of time runs a smaller
+# one (gate_trims, gate_within_budget); GATE_FIXED_S is the replay before the launches and the
+# report after.
+QWEN_LAUNCH_S = 125.0
 GATE_FIXED_S = 90.0
 # The draft a qwen session trains before it gates it (draft_to_gate), as measured on the node: the
-# first step after 98-127 s (runs 15 and 16: the target loaded, the untrained evaluation, the first
-# step's torch.compile), then 0.42-0.46 s a step of 16,384 tokens and 5-7 s an evaluation and save.
-# The upper ends. Steps per epoch come from the regenerated tokens: run 15 packed its 3.14 M into
-# 204 batches, 1.06x their own count.
-QWEN_TRAIN_READY_S = 130.0
-QWEN_STEP_S = 0.46
+# first step after 91-133 s (runs 15-17: the target loaded, the untrained evaluation, the first
+# step's torch.compile), then 0.42-0.51 s a step of 16,384 tokens and 5-7 s an evaluation and
+# save. The upper ends: run 17 planned with 0.46 s, and its draft's 0.51 left the gate too little.
+# Steps per epoch come from the regenerated tokens: run 15 packed its 3.14 M into 204 batches,
+# 1.06x their own count.
+QWEN_TRAIN_READY_S = 135.0
+QWEN_STEP_S = 0.52
 QWEN_EVAL_SAVE_S = 7.0
 PACKING_SLACK = 1.1
 
 
-def gate_seconds(gate: dict[str, Any], trees: bool = True, scaling_drafts: int = 0) -> float:
-    """A qwen gate's device time at QWEN_LAUNCH_S a launch: the baseline and each num_steps (and
-    the topk points when `trees`), `repetitions` times each, each scaling draft once, and
-    GATE_FIXED_S."""
-    launches = 1 + len(gate.get("num_steps") or []) + (len(gate.get("topk_points") or []) if trees else 0)
+def gate_seconds(gate: dict[str, Any], scaling_drafts: int = 0) -> float:
+    """A qwen gate's device time at QWEN_LAUNCH_S a launch: the baseline, each num_steps and each
+    topk point, `repetitions` times each, each scaling draft once, and GATE_FIXED_S."""
+    launches = 1 + len(gate.get("num_steps") or []) + len(gate.get("topk_points") or [])
     return GATE_FIXED_S + (int(gate.get("repetitions", 2)) * launches + scaling_drafts) * QWEN_LAUNCH_S
+
+
+def gate_trims(gate: dict[str, Any]) -> list[tuple[list[str], dict[str, Any]]]:
+    """The gates a qwen session may run for its device time, the whole first, each smaller than
+    the one before: the shorter chains left out one at a time, shortest first (run 17: num_steps 1
+    ran at 0.77x the baseline, 2 at 1.04x, level with 3), then the topk points. The baseline and
+    the longest chain always stay: the least gate that decides. Each with its --set overrides."""
+    steps = sorted(gate.get("num_steps") or [])
+    out: list[tuple[list[str], dict[str, Any]]] = [([], gate)]
+    for k in range(1, len(steps)):
+        out.append(([f"gate.num_steps={steps[k:]}"], {**gate, "num_steps": steps[k:]}))
+    if gate.get("topk_points"):
+        sets, last = out[-1]
+        out.append(([*sets, "gate.topk_points=[]"], {**last, "topk_points": []}))
+    return out
+
+
+def preferred_gate(gate: dict[str, Any]) -> dict[str, Any]:
+    """The least gate that still measures the topk points (the tree: on SmolLM2 it accepted 2.12
+    tokens a verify where the 3-step chain accepted 1.72, and ran 10% faster, P8): what a session
+    that trains its draft plans the draft's epochs around."""
+    trims = gate_trims(gate)
+    return trims[-2][1] if gate.get("topk_points") else trims[-1][1]
 
 
 def specforge_command() -> list[str]:
@@ -655,7 +679,7 @@ class Pipeline:
             return True
         self.epochs_within_budget()
         env = self.trainer_env()
-        self.train_watched(env, gate_seconds(self.params_data()["gate"], trees=False))
+        self.train_watched(env, gate_seconds(gate_trims(self.params_data()["gate"])[-1][1]))  # the least that decides
         if self.export_and_pack(env):
             return True
         why = ("the draft would not have finished in this session (train-fit.json): a session with more device "
@@ -676,8 +700,8 @@ class Pipeline:
 
     def epochs_within_budget(self, drafts: float = 1.0, scaling_drafts: int = 0) -> None:
         """Before the drafts a plan trains and then gates (draft_to_gate, qwen_scaling): the
-        profile's epochs, or the most that leave the least gate that decides (no topk points,
-        each of `scaling_drafts` once: gate_seconds) its time after the drafts at the measured
+        profile's epochs, or the most that leave the gate it prefers (preferred_gate, each of
+        `scaling_drafts` once: gate_seconds) its time after the drafts at the measured
         pace (QWEN_*; `drafts` full drafts' worth of steps: side by side on one GPU they take
         about the sum of their times alone, run 10), in the device time left (`node start
         --budget`). A draft that ends with no time to gate it decides nothing, a shorter one
@@ -696,7 +720,7 @@ class Pipeline:
         if chosen is None and ("train", "epochs") not in self.settings and deadline and progress and sized:
             tokens = progress["tokens"]
             per_epoch = PACKING_SLACK * (tokens["prompt_done"] + tokens["completion_done"]) / train["batch_tokens"]
-            gate = gate_seconds(params["gate"], trees=False, scaling_drafts=scaling_drafts)
+            gate = gate_seconds(preferred_gate(params["gate"]), scaling_drafts=scaling_drafts)
             left = deadline["ends_at"] - time.time()
 
             def need(epochs: int) -> float:
@@ -716,21 +740,24 @@ class Pipeline:
             self.write_params()
 
     def gate_within_budget(self) -> list[str]:
-        """The gate's --set overrides for the device time left (`node start --budget`): its topk
-        points left out when the whole gate, at QWEN_LAUNCH_S a launch, would not end in it;
-        measurements.json says so. A gate cut short decides nothing, so the fewer launches are
-        the better chance even when they too look long."""
+        """The gate's --set overrides for the device time left (`node start --budget`): the
+        largest of gate_trims that ends in it at QWEN_LAUNCH_S a launch, else the least that
+        decides; measurements.json's gate_trimmed says what was left out. A gate cut short
+        decides nothing, so fewer launches are the better chance even when they too look long."""
         deadline = read_json(node_env.NODE / "deadline.json")
         gate = self.params_data()["gate"]
-        if not deadline or not gate.get("topk_points"):
+        trims = gate_trims(gate)
+        if not deadline or len(trims) == 1:
             return []
         left = deadline["ends_at"] - time.time()
-        whole, without = gate_seconds(gate), gate_seconds(gate, trees=False)
-        if left >= whole:
+        sets, chosen = next(((sets, g) for sets, g in trims if gate_seconds(g) <= left), trims[-1])
+        if not sets:
             return []
-        self.save_measure("gate_trimmed", {"seconds_left": left, "whole_gate_s": whole, "without_trees_s": without,
-                                           "left_out": gate["topk_points"]})  # fmt: skip
-        return ["gate.topk_points=[]"]
+        left_out = [{"num_steps": k} for k in gate.get("num_steps") or [] if k not in chosen["num_steps"]]
+        left_out += [p for p in gate.get("topk_points") or [] if p not in (chosen.get("topk_points") or [])]
+        self.save_measure("gate_trimmed", {"seconds_left": left, "whole_gate_s": gate_seconds(gate),
+                                           "gate_s": gate_seconds(chosen), "left_out": left_out})  # fmt: skip
+        return sets
 
     def verify_probe(self) -> None:
         """The "verify-probe" plan (PLANS): the carried draft's speculative server and the logprob
