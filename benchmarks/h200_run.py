@@ -171,7 +171,9 @@ The sessions, in order:
    ~840 s), both end in the session (measurements.json's train_epochs; run 17's start gives 3
    epochs); `node train-watched` then stops the draft at its first checkpoint only if its own
    pace leaves too little for the least gate that decides (the baseline and num_steps 3,
-   ~590 s). At the gate the node runs the largest gate that ends in the time left, leaving out
+   ~590 s). A draft stopped so resumes from its checkpoint when `node start --plan P --budget S`
+   is called again on the same machine, and decides again at its next checkpoint (run 17's
+   stopped at step 200 under the old costs; resumed by hand, it finished 454 s later). At the gate the node runs the largest gate that ends in the time left, leaving out
    num_steps 1, then 2, then the tree (gate_trims; measurements.json's gate_trimmed). Without a
    draft: ~2.5 min of payload, ~1.5 of setup, the draft ~8 (3 epochs) and its export ~1.5, the
    gate of 6 launches ~14: ~28 of 30 min. With the draft carried (~6 payload calls more) the

@@ -525,6 +525,14 @@ def test_a_session_that_trains_its_draft_leaves_the_gate_its_time(tmp_path: Path
     assert pipeline.draft_to_gate() is False
     assert [argv[-2:] for argv in started] == [["train-watched", str(least)]]
     assert json.loads((tmp_path / "status.json").read_text())["steps"]["gate"]["state"] == "skipped"
+    # A draft its watch stopped (train-fit.json) resumes when the pipeline is started again on the
+    # same machine (run 17, by hand then); one whose training failed outright does not.
+    started.clear()
+    assert node_pipeline.Pipeline().draft_to_gate() is False and started == []
+    (tmp_path / "train-fit.json").write_text(json.dumps({"finished": False, "decided_at_step": 200, "fits": False}))
+    assert node_pipeline.Pipeline().draft_to_gate() is False
+    assert [argv[-2:] for argv in started] == [["train-watched", str(least)]]
+    assert "`node start` again on this machine resumes it" in json.loads((tmp_path / "status.json").read_text())["detail"]
 
 
 def test_node_receive_keeps_a_part_that_arrives_on_a_replaced_machine(

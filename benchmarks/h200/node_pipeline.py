@@ -650,8 +650,12 @@ class Pipeline:
     def train_watched(self, env: dict[str, str], reserve_s: float = 0.0) -> None:
         """The full draft trained online while its measured pace says it ends in the session with
         `reserve_s` to spare (`node train-watched`, against `node start --budget`); else stopped
-        at its first checkpoint, train-fit.json saying so."""
-        if not self.done_before("train-watched"):
+        at its first checkpoint, train-fit.json saying so. A draft stopped so resumes from that
+        checkpoint when the pipeline is started again on the same machine (`node start --budget`
+        with the device time left then), and decides again at its next checkpoint: run 17's,
+        stopped at step 200 by a reserve too large, finished in 454 s more and was gated."""
+        stopped = (read_json(node_env.NODE / "train-fit.json") or {}).get("finished") is False
+        if not self.done_before("train-watched") or stopped:
             self.note("train-watched", "running")
             watched = [str(node_env.RUNNER), "node", "train-watched", str(reserve_s)]
             self.optional(lambda: self.py(watched, "train-draft", env), "train-watched", mark=True)
@@ -682,8 +686,9 @@ class Pipeline:
         self.train_watched(env, gate_seconds(gate_trims(self.params_data()["gate"])[-1][1]))  # the least that decides
         if self.export_and_pack(env):
             return True
-        why = ("the draft would not have finished in this session (train-fit.json): a session with more device "
-               "time left after the payload trains it" if read_json(node_env.NODE / "train-fit.json")
+        why = ("the draft would not have finished in this session (train-fit.json): `node start` again on this "
+               "machine resumes it from its checkpoint, or a session with more device time left trains it"
+               if read_json(node_env.NODE / "train-fit.json")
                else "no draft: its training failed (logs/train-draft.log)")  # fmt: skip
         self.note("gate", "skipped", why)
         return False
