@@ -225,6 +225,31 @@ def test_the_progress_record_keeps_no_credentials(tmp_path: Path) -> None:
     assert data["finished"][0]["error"] == "not healthy: http://***@10.0.0.1:30000"
 
 
+def test_a_launch_keeps_its_server_logs_start_and_end(tmp_path: Path) -> None:
+    """Run 17's launches took 57-129 s to be ready and kept only their logs' ends: the start-up
+    (arguments, weights, captures, with their clocks) is kept now, beside the end."""
+    from tasks.gate.plan import LaunchRecord
+    from tasks.gate.progress import LOG_HEAD_BYTES, LOG_TAIL_BYTES, GateProgress
+
+    start = b"".join(b"[12:00:%02d] Load weight end. mem usage=3.1 GB\n" % k for k in range(60))
+    middle = b"Decode batch, #running-req: 1\n" * 20_000
+    end = b"SIGTERM received. Draining requests and shutting down...\n"
+    log = tmp_path / "000-baseline-rep0.log"
+    log.write_bytes(start + middle + end)
+    progress = GateProgress(RunFolder(str(tmp_path / "run")))
+    progress.planned(1)
+    progress.launch_done(0, LaunchRecord("baseline", "default", 0, "", str(log)))
+    kept = (tmp_path / "run/gate/server-logs/000-baseline-rep0.log").read_bytes()
+    assert kept.startswith(start) and kept.endswith(end) and start[:LOG_HEAD_BYTES] in kept
+    left_out = len(start + middle + end) - LOG_HEAD_BYTES - LOG_TAIL_BYTES
+    assert f"[... {left_out} bytes left out ...]".encode() in kept
+    assert len(kept) < LOG_HEAD_BYTES + LOG_TAIL_BYTES + 100
+    short = tmp_path / "001-baseline-rep1.log"
+    short.write_bytes(start + end)  # a log that fits is kept whole
+    progress.launch_done(0, LaunchRecord("baseline", "default", 1, "", str(short)))
+    assert (tmp_path / "run/gate/server-logs/001-baseline-rep1.log").read_bytes() == start + end
+
+
 def _emulate(run_root: Path, accept_probs: list[float]) -> None:
     """Give the run's exported draft its emulated acceptance (tasks.sglang.server_process: a draft's
     config.json `eaglescale_emulator`); a new config.json makes it a new draft too."""

@@ -637,6 +637,25 @@ def test_node_wait_ends_when_a_draft_is_packed_so_that_it_travels_at_once(
     assert time.monotonic() - began < 15 and "a draft was just packed" in capsys.readouterr().out
 
 
+def test_what_node_wait_brings_back_of_a_server_log_is_its_start_and_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run 17's launches were ready after 57-129 s, and what came back of their logs was the end:
+    the decode lines. The start-up, with its clocks, comes back beside it now."""
+    import tarfile
+
+    _on_node(monkeypatch, tmp_path)
+    logs = tmp_path / "run/gate/server-logs"
+    logs.mkdir(parents=True)
+    start, end = b"server_args=ServerArgs(model_path=...)\n" * 100, b"Decode batch, accept len: 1.92\n" * 500
+    (logs / "003-eagle3-s3-k1-n4-rep0.log").write_bytes(start + b"x" * 50_000 + end)
+    lifecycle.collect_node_results(tmp_path / "out")
+    with tarfile.open(tmp_path / "out/results.tar.gz") as tar:
+        kept = tar.extractfile("server-logs/003-eagle3-s3-k1-n4-rep0.log").read()
+    assert kept.startswith(start[:10_000]) and kept.endswith(end[-16_000:]) and b"bytes left out" in kept
+    assert len(kept) < 27_000
+
+
 def test_node_wait_on_a_machine_that_started_bare_says_so_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -145,8 +145,12 @@ def _add_root(tar: tarfile.TarFile, root: Path, rels: tuple[str, ...]) -> None:
         tar.add(path, f"{root.name}/{path.relative_to(root)}")
 
 
-def _add_tail(tar: tarfile.TarFile, path: Path, name: str, limit: int) -> None:
-    data = path.read_bytes()[-limit:]
+def _add_tail(tar: tarfile.TarFile, path: Path, name: str, limit: int, head: int = 0) -> None:
+    """The last `limit` bytes of `path` in `tar` as `name`, after its first `head` bytes."""
+    data = path.read_bytes()
+    if len(data) > head + limit:
+        cut = f"\n[... {len(data) - head - limit} bytes left out ...]\n".encode() if head else b""
+        data = data[:head] + cut + data[-limit:]
     info = tarfile.TarInfo(name)
     info.size = len(data)
     tar.addfile(info, io.BytesIO(data))
@@ -182,7 +186,7 @@ def collect_node_results(out: Path) -> None:
         for path in sorted((node_env.NODE / "logs").glob("*.log")):
             _add_tail(tar, path, f"logs/{path.name}", 200_000)  # the tail: what says why
         for path in sorted(run.glob("gate/server-logs/*.log")):  # the gate keeps their tails
-            _add_tail(tar, path, f"server-logs/{path.name}", 20_000)
+            _add_tail(tar, path, f"server-logs/{path.name}", 16_000, head=10_000)  # the start-up, too
         for path in (node_env.NODE / "specforge/specforge_train.json", node_env.NODE / "specforge/draft/config.json"):
             if path.is_file():
                 tar.add(path, f"specforge/{path.name}")

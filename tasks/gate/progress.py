@@ -25,17 +25,30 @@ from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import GATE_PROGRESS
 
 SERVER_LOGS = "gate/server-logs"
-LOG_TAIL_BYTES = 64 * 1024
+# What is kept of a launch's server log: its start (the arguments, the weights' load, the KV pool,
+# the CUDA-graph captures, with their clocks: where a launch's ~60 s before it is ready go) and its
+# end (the decode lines, and why it failed).
+LOG_HEAD_BYTES = 16 * 1024
+LOG_TAIL_BYTES = 48 * 1024
 
 Logger = logging.Logger | logging.LoggerAdapter
 
 
-def keep_server_log_tail(run: RunFolder, log_path: str | None) -> None:
-    """The end of one launch's server log in the run folder: the evidence of its CUDA-graph
-    captures and decode lines, and why it failed, outlive the gate's temporary folder."""
+def log_head_and_tail(data: bytes, head: int = LOG_HEAD_BYTES, tail: int = LOG_TAIL_BYTES) -> bytes:
+    """`data` whole when it fits in head + tail bytes, else its first `head` and last `tail`
+    bytes with a line between them saying how many were left out."""
+    if len(data) <= head + tail:
+        return data
+    return data[:head] + f"\n[... {len(data) - head - tail} bytes left out ...]\n".encode() + data[-tail:]
+
+
+def keep_server_log(run: RunFolder, log_path: str | None) -> None:
+    """The start and end of one launch's server log in the run folder (log_head_and_tail): the
+    evidence of its start-up, its CUDA-graph captures and decode lines, and why it failed,
+    outlive the gate's temporary folder."""
     path = Path(log_path) if log_path else None
     if path is not None and path.is_file():
-        run.write_bytes_atomic(f"{SERVER_LOGS}/{path.name}", path.read_bytes()[-LOG_TAIL_BYTES:])
+        run.write_bytes_atomic(f"{SERVER_LOGS}/{path.name}", log_head_and_tail(path.read_bytes()))
 
 
 def _clean(text: str | None) -> str | None:
@@ -100,7 +113,7 @@ class GateProgress:
         self._write()
 
     def launch_done(self, index: int, record: LaunchRecord) -> None:
-        keep_server_log_tail(self.run, record.log_path)
+        keep_server_log(self.run, record.log_path)
         counts = self.data["launches"]
         counts["done"] += 1
         counts["failed"] += bool(record.error)
