@@ -13,7 +13,9 @@ measured at num_steps 3 (qwen-sweep's, unless the deciding gate measured it); th
 curve (measured and replayed points, the fits, the training sequences the fits say an accept
 length of 2.5 and the break-even need); and the issue's goals, each met or missed by how much. The decision of record is qwen-gate's (its gate
 decides); the other gates' decisions are reported beside it. Writes `qwen-run.json` (in the
-first RESULTS_DIR unless --out says where) and prints a summary.
+first RESULTS_DIR unless --out says where), `qwen-run-gates.png` beside it (every config a gate
+measured: its speed against the baseline, its accept length against its break-even) and prints
+a summary.
 """
 
 from __future__ import annotations
@@ -234,6 +236,68 @@ def build(folders: list[Path]) -> dict[str, Any]:
     return result
 
 
+def gate_points(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every speculative config a session's gate measured, one point each for the plot: its
+    speed against the baseline (a decided gate's speedup and CI, else the ratio of each launch to
+    the baseline's launch of the same repetition), its accept length on real SGLang, offline
+    replay's where it ran, and the accept length at which it would break even."""
+    points = []
+    for s in result["sessions"]:
+        label = f"{Path(s['folder']).name} {s['plan']}"
+        for c in (s.get("gate") or {}).get("configs", []):
+            if c["name"] != "baseline" and c.get("speedup"):
+                points.append({"session": label, "config": c["name"], "vs_baseline": [c["speedup"]],
+                               "ci": [c["ci_low"], c["ci_high"]], "accept_length": c["accept_length"],
+                               "break_even": c["accept_length"] / c["speedup"] if c["accept_length"] else None})  # fmt: skip
+        for c in (s.get("gate_cut_short") or {}).get("configs", []):
+            if c["config"] != "baseline" and c.get("vs_baseline_same_repetition"):
+                points.append({"session": f"{label} (cut short)", "config": c["config"],
+                               "vs_baseline": list(c["vs_baseline_same_repetition"].values()), "ci": None,
+                               "accept_length": c["accept_length"], "replay": c.get("replay_accept_length"),
+                               "break_even": c.get("break_even_accept_length")})  # fmt: skip
+    return points
+
+
+def plot_gates(points: list[dict[str, Any]]) -> bytes:
+    """Left: each config's tok/s against the baseline (a dot per launch of a gate cut short; a
+    decided gate's speedup with its CI), with 1 and the 1.3x goal. Right: each config's accept
+    length on real SGLang (offline replay's beside it) and the accept length at which its
+    measured cycle cost breaks even: a config wins where its bar stands above its break-even."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    names = [f"{p['config']}\n{p['session']}" for p in points]
+    for i, p in enumerate(points):
+        left.scatter([i] * len(p["vs_baseline"]), p["vs_baseline"], color="tab:blue", zorder=3)
+        if p["ci"] and None not in p["ci"]:
+            left.vlines(i, p["ci"][0], p["ci"][1], color="tab:blue")
+    left.axhline(1.0, color="tab:gray", linestyle=":", label="the baseline")
+    left.axhline(GOAL_SPEEDUP, color="tab:green", linestyle="--", label=f"the goal, {GOAL_SPEEDUP}x")
+    left.set_xticks(range(len(points)), names, rotation=70, fontsize=7)
+    left.set_ylabel("tok/s / the baseline's, concurrency 1")
+    left.set_title("real SGLang 0.5.14 on one H200, CUDA graphs")
+    left.legend()
+    x = list(range(len(points)))
+    right.bar([i - 0.2 for i in x], [p["accept_length"] or 0 for p in points], width=0.4, label="accept length, real SGLang")
+    right.bar([i + 0.2 for i in x], [p.get("replay") or 0 for p in points], width=0.4, label="offline replay", alpha=0.6)
+    right.scatter(x, [p["break_even"] for p in points], marker="_", s=600, color="tab:red", zorder=3,
+                  label="break-even at its measured cycle cost")  # fmt: skip
+    right.axhline(GOAL_ACCEPT, color="tab:green", linestyle="--", label=f"the goal at 3 steps, {GOAL_ACCEPT}")
+    right.set_xticks(x, names, rotation=70, fontsize=7)
+    right.set_ylabel("tokens per verify")
+    right.set_title("accept length against what each config needs")
+    right.legend(fontsize=7)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
 def _print(result: dict[str, Any]) -> None:
     for s in result["sessions"]:
         print(f"{s['folder']}: plan {s['plan']}, {s['state']}, steps {s['steps_s']}")
@@ -276,6 +340,11 @@ def main() -> int:
     result = build(args.results)
     out = args.out or args.results[0] / "qwen-run.json"
     out.write_text(json.dumps(result, indent=1, default=str))
+    points = gate_points(result)
+    if points:  # beside the JSON: qwen-run-gates.png
+        plot = out.with_name(f"{out.stem}-gates.png")
+        plot.write_bytes(plot_gates(points))
+        print(plot)
     _print(result)
     print(out)
     return 0

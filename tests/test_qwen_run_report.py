@@ -213,3 +213,12 @@ def test_the_script_writes_its_json_beside_the_results(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     written = json.loads((folders[0] / "qwen-run.json").read_text())
     assert written["decision"]["outcome"] == "promote" and "MISSED by" in out.stdout
+    # and the plot of every config the gates measured, beside it
+    assert (folders[0] / "qwen-run-gates.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from benchmarks.qwen_run_report import gate_points
+
+    points = gate_points(build(folders))
+    decided = next(p for p in points if p["session"] == "run-11 qwen-gate" and p["config"] == S3)
+    assert decided["vs_baseline"] == [1.40] and decided["ci"] == [1.21, 1.55]
+    assert math.isclose(decided["break_even"], 2.41 / 1.40)
+    assert {p["session"] for p in points} == {"run-11 qwen-gate", "run-11b qwen-sweep", "run-12 qwen-scaling"}
