@@ -89,7 +89,7 @@ def gate_trims(gate: dict[str, Any]) -> list[tuple[list[str], dict[str, Any]]]:
     out: list[tuple[list[str], dict[str, Any]]] = [([], gate)]
     for k in range(1, len(steps)):
         out.append(([f"gate.num_steps={steps[k:]}"], {**gate, "num_steps": steps[k:]}))
-    if gate.get("topk_points"):
+    if gate.get("topk_points") and steps:  # a gate of topk points alone keeps them
         sets, last = out[-1]
         out.append(([*sets, "gate.topk_points=[]"], {**last, "topk_points": []}))
     return out
@@ -99,8 +99,8 @@ def preferred_gate(gate: dict[str, Any]) -> dict[str, Any]:
     """The least gate that still measures the topk points (the tree: on SmolLM2 it accepted 2.12
     tokens a verify where the 3-step chain accepted 1.72, and ran 10% faster, P8): what a session
     that trains its draft plans the draft's epochs around."""
-    trims = gate_trims(gate)
-    return trims[-2][1] if gate.get("topk_points") else trims[-1][1]
+    gates = [g for _, g in gate_trims(gate)]
+    return next((g for g in reversed(gates) if g.get("topk_points")), gates[-1])
 
 
 def specforge_command() -> list[str]:
@@ -758,7 +758,7 @@ class Pipeline:
         sets, chosen = next(((sets, g) for sets, g in trims if gate_seconds(g) <= left), trims[-1])
         if not sets:
             return []
-        left_out = [{"num_steps": k} for k in gate.get("num_steps") or [] if k not in chosen["num_steps"]]
+        left_out = [{"num_steps": k} for k in gate.get("num_steps") or [] if k not in (chosen.get("num_steps") or [])]
         left_out += [p for p in gate.get("topk_points") or [] if p not in (chosen.get("topk_points") or [])]
         self.save_measure("gate_trimmed", {"seconds_left": left, "whole_gate_s": gate_seconds(gate),
                                            "gate_s": gate_seconds(chosen), "left_out": left_out})  # fmt: skip
