@@ -440,9 +440,16 @@ def test_the_decision_gate_shrinks_to_what_ends_in_the_device_time_left(
     expected = [(whole + 30, []), (whole - 30, ["gate.num_steps=[2, 3]"]), (no_1 - 30, ["gate.num_steps=[3]"]),
                 (no_chains - 30, ["gate.num_steps=[3]", "gate.topk_points=[]"]),
                 (300.0, ["gate.num_steps=[3]", "gate.topk_points=[]"])]  # fmt: skip
+    from tasks.config import load_config
+    from tasks.gate.plan import launch_order, plan_configs
+
     for left, sets in expected:
         (tmp_path / "deadline.json").write_text(json.dumps({"ends_at": time.time() + left, "budget_s": 1800}))
         assert pipeline.gate_within_budget() == sets, left
+        # the gate stage loads them, and makes the launches the estimate counted
+        cfg = load_config(QWEN, overrides=[*pipeline.sets, *sets])
+        launches = launch_order(plan_configs(cfg.gate, "/draft", []), cfg.gate.repetitions)
+        assert fixed + len(launches) * launch == node_pipeline.gate_seconds(cfg.gate.model_dump())
     said = json.loads((tmp_path / "measurements.json").read_text())["gate_trimmed"]
     assert said["whole_gate_s"] == whole and said["seconds_left"] < 301 and said["gate_s"] == fixed + 2 * 2 * launch
     assert said["left_out"] == [{"num_steps": 1}, {"num_steps": 2}, tree]
