@@ -179,9 +179,10 @@ The sessions, in order:
    payload, ~1.5 of setup, the draft ~8 (3 epochs) and its export ~1.5, the gate of 6 launches
    ~14: ~28 of 30 min. Give `--budget` the device time left less ~10 s (run 17 kept 30 s back):
    at run 17's start the draft's 4 epochs needed ~55 s more than there was. With the draft
-   carried (~6 payload calls more) the whole gate fits; add `--set gate.verify_logprobs=diverged` if ~2 min are spare (every
-   diverging request sent again, Qwen's verify path measured against its prefill where it
-   matters: gate.near_tie_nats, 0.625, was set on SmolLM2, BENCHMARKS P13).
+   carried (~6 payload calls more) the whole gate fits; add `--set
+   gate.verify_logprobs=diverged` if ~2 min are spare (every diverging request sent again, Qwen's
+   verify path measured against its prefill where it matters: gate.near_tie_nats, 0.625, was set
+   on SmolLM2, BENCHMARKS P13).
    When `node wait` says a draft was just packed, fetch it at once, `node drafts 0` to `node
    drafts 3` back to back (~1 s of device time each), then `node wait` again: run 17 brought back
    8 of its 15 parts before the device time ran out, and the sessions after this one need it.
