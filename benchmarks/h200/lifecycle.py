@@ -145,8 +145,10 @@ def _add_root(tar: tarfile.TarFile, root: Path, rels: tuple[str, ...]) -> None:
         tar.add(path, f"{root.name}/{path.relative_to(root)}")
 
 
-def _add_tail(tar: tarfile.TarFile, path: Path, name: str, limit: int, head: int = 0) -> None:
-    """The last `limit` bytes of `path` in `tar` as `name`, after its first `head` bytes."""
+def _add_ends(tar: tarfile.TarFile, path: Path, name: str, limit: int, head: int = 0) -> None:
+    """The last `limit` bytes of `path` in `tar` as `name`, after its first `head` bytes. (The
+    gate's own cut, tasks.gate.progress.log_head_and_tail, is not importable here: `node wait`
+    runs without the packages tasks/ needs.)"""
     data = path.read_bytes()
     if len(data) > head + limit:
         cut = f"\n[... {len(data) - head - limit} bytes left out ...]\n".encode() if head else b""
@@ -158,7 +160,7 @@ def _add_tail(tar: tarfile.TarFile, path: Path, name: str, limit: int, head: int
 
 def collect_node_results(out: Path) -> None:
     """status.json, pipeline.log's tail and results.tar.gz (the run folder's reports, the
-    measurements' JSON, server log tails) in `out`: at most a few MB, whatever stage it is in."""
+    measurements' JSON, the ends of the logs) in `out`: at most a few MB, whatever stage it is in."""
     out.mkdir(parents=True, exist_ok=True)
     for name in ("status.json", "measurements.json"):
         if (node_env.NODE / name).is_file():
@@ -184,9 +186,9 @@ def collect_node_results(out: Path) -> None:
             if path.is_file():
                 tar.add(path, str(path.relative_to(node_env.NODE)))
         for path in sorted((node_env.NODE / "logs").glob("*.log")):
-            _add_tail(tar, path, f"logs/{path.name}", 200_000)  # the tail: what says why
-        for path in sorted(run.glob("gate/server-logs/*.log")):  # the gate keeps their tails
-            _add_tail(tar, path, f"server-logs/{path.name}", 16_000, head=10_000)  # the start-up, too
+            _add_ends(tar, path, f"logs/{path.name}", 200_000)  # the tail: what says why
+        for path in sorted(run.glob("gate/server-logs/*.log")):  # the gate keeps their start and end
+            _add_ends(tar, path, f"server-logs/{path.name}", 16_000, head=10_000)
         for path in (node_env.NODE / "specforge/specforge_train.json", node_env.NODE / "specforge/draft/config.json"):
             if path.is_file():
                 tar.add(path, f"specforge/{path.name}")

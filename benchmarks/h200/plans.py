@@ -59,7 +59,8 @@ SKIPPABLE: dict[str, dict[tuple[str, str], Any]] = {
 # its measured pace says it ends in the session (`node train-watched`); its draft packed to travel.
 # "qwen-gate": the decision, at num_steps 1, 2 and 3 (topk 1) and the topk point (3 steps, topk
 # 4): the configs a draft near 1.8 tokens per verify at 3 steps (run 15's, in training's
-# evaluation) can win at, the short chains and the tree. "qwen-sweep": num_steps 4 and 5, and the
+# evaluation) can win at, the short chains and the tree (run 17: num_steps 1 at 0.77x, so a
+# session short of time leaves it out first, node_pipeline.gate_trims). "qwen-sweep": num_steps 4 and 5, and the
 # break-even at num_steps 3. "qwen-scaling": the data-scaling drafts trained and gated beside the
 # full draft at num_steps 3 (a scaling draft is gated where it was trained).
 # "verify-probe": the lossless threshold's evidence on the real parts, for a carried draft (`prepare
