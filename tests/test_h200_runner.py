@@ -396,11 +396,11 @@ def test_the_qwen_sessions_gate_the_launches_their_device_time_was_sized_for(
     gate = _qwen_launches(tmp_path, "qwen-gate")
     assert sorted(gate) == sorted(["baseline"] * 2 + [f"eagle3-s{k}-k1-n{k + 1}" for k in (1, 2, 3)] * 2
                                   + ["eagle3-s3-k4-n8"] * 2)  # fmt: skip
-    # The break-even at num_steps 3 rides with the sweep's 4 and 5 (gate.breakeven_num_steps), after
-    # the configs the decision needs: a gate cut short loses the break-even first.
+    # The break-even at num_steps 3 rides with the sweep's 3, 4 and 5 (gate.breakeven_num_steps),
+    # after the configs the decision needs: a gate cut short loses the break-even first.
     sweep = _qwen_launches(tmp_path, "qwen-sweep")
     assert sweep[-3:] == [f"eagle3-s3-k1-n4+acc{x}" for x in ("1.5", "2", "2.5")]
-    assert sorted(sweep[:-3]) == sorted(["baseline"] * 2 + [f"eagle3-s{k}-k1-n{k + 1}" for k in (4, 5)] * 2)
+    assert sorted(sweep[:-3]) == sorted(["baseline"] * 2 + [f"eagle3-s{k}-k1-n{k + 1}" for k in (3, 4, 5)] * 2)
     scaling = _qwen_launches(tmp_path, "qwen-scaling")
     assert sorted(scaling) == sorted(["baseline"] * 2 + ["eagle3-s3-k1-n4"] * 2
                                      + [f"scaling-{n}:eagle3-s3-k1-n4" for n in (1024, 3073, 6147)])  # fmt: skip
@@ -460,6 +460,38 @@ def test_the_decision_gate_shrinks_to_what_ends_in_the_device_time_left(
     # The gate a session that trains its draft plans for keeps the tree: the tree and num_steps 3.
     preferred = node_pipeline.preferred_gate(pipeline.params_data()["gate"])
     assert preferred["num_steps"] == [3] and preferred["topk_points"] == [tree]
+
+
+def test_the_sweep_counts_its_break_even_launches_and_shrinks_to_the_time_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """qwen-sweep's gate: num_steps 3, 4 and 5 with the baseline, twice each, then the break-even's
+    three launches at num_steps 3 (acceptance forced). The estimate counts every launch the gate
+    stage makes, the break-even's at their own cost; with less time left num_steps 3 goes first,
+    then 4, and the break-even stays with the least gate (it is what the session is for)."""
+    import json
+    import time
+
+    from tasks.config import load_config
+    from tasks.gate.plan import BREAKEVEN, launch_order, plan_configs
+
+    _on_node(monkeypatch, tmp_path)
+    monkeypatch.setattr(node_env, "EXTRA_SETS", [])
+    (tmp_path / "manifest.json").write_text(json.dumps({"parts": [], "profile": str(QWEN.relative_to(RUNNER.parents[1]))}))
+    (tmp_path / "options.json").write_text(json.dumps(plans.plan_options([], "qwen-sweep", None)))
+    pipeline = node_pipeline.Pipeline()
+    pipeline.write_params()
+    launch, fixed, breakeven = node_pipeline.QWEN_LAUNCH_S, node_pipeline.GATE_FIXED_S, node_pipeline.QWEN_BREAKEVEN_LAUNCH_S
+    for left, sets in [(1_400.0, []), (1_200.0, ["gate.num_steps=[4, 5]"]), (500.0, ["gate.num_steps=[5]"])]:
+        (tmp_path / "deadline.json").write_text(json.dumps({"ends_at": time.time() + left, "budget_s": 1800}))
+        assert pipeline.gate_within_budget() == sets, left
+        cfg = load_config(QWEN, overrides=[*pipeline.sets, *sets])
+        launches = [c for _, c in launch_order(plan_configs(cfg.gate, "/draft", []), cfg.gate.repetitions)]
+        forced = [c for c in launches if c.role == BREAKEVEN]
+        assert len(forced) == 3 and len(launches) == 3 + 2 * (1 + len(cfg.gate.num_steps))
+        assert node_pipeline.gate_seconds(cfg.gate.model_dump()) == fixed + (len(launches) - 3) * launch + 3 * breakeven
+    assert json.loads((tmp_path / "measurements.json").read_text())["gate_trimmed"]["left_out"] == [{"num_steps": 3},
+                                                                                                   {"num_steps": 4}]  # fmt: skip
 
 
 def test_a_session_that_trains_its_draft_leaves_the_gate_its_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -654,13 +686,20 @@ def test_what_node_wait_brings_back_of_a_server_log_is_its_start_and_its_end(
     _on_node(monkeypatch, tmp_path)
     logs = tmp_path / "run/gate/server-logs"
     logs.mkdir(parents=True)
-    start, end = b"server_args=ServerArgs(model_path=...)\n" * 100, b"Decode batch, accept len: 1.92\n" * 500
-    (logs / "003-eagle3-s3-k1-n4-rep0.log").write_bytes(start + b"x" * 50_000 + end)
+    args = b"[20:19:24] server_args=ServerArgs(" + b"a" * 9_400 + b")\n"  # one line, as SGLang writes it
+    start = b"".join(b"[20:19:%02d] Load weight end. mem usage=3.1 GB\n" % k for k in range(60))
+    end = b"Decode batch, accept len: 1.92\n" * 1_000
+    (logs / "003-eagle3-s3-k1-n4-rep0.log").write_bytes(args + start + b"x\n" * 25_000 + end)
     lifecycle.collect_node_results(tmp_path / "out")
     with tarfile.open(tmp_path / "out/results.tar.gz") as tar:
         kept = tar.extractfile("server-logs/003-eagle3-s3-k1-n4-rep0.log").read()
-    assert kept.startswith(start[:10_000]) and kept.endswith(end[-16_000:]) and b"bytes left out" in kept
-    assert len(kept) < 27_000
+    # Run 18's heads held the server_args line and nothing after it: the line is cut now, and the
+    # start-up after it comes back whole.
+    short_args = args[:1_000] + f" [... {len(args) - 1_000} bytes of this line left out]\n".encode()
+    assert kept.startswith(short_args + start) and kept.endswith(end[-16_000:]) and len(kept) < 27_000
+    filler_lines = (10_000 - len(short_args) - len(start)) // 2  # the "x" lines that fit after the start-up
+    left_out = len(args + start) + 50_000 + len(end) - 16_000 - (len(args + start) + 2 * filler_lines)
+    assert f"[... {left_out} bytes left out ...]".encode() in kept
 
 
 def test_node_wait_on_a_machine_that_started_bare_says_so_at_once(

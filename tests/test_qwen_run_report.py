@@ -115,6 +115,7 @@ def test_the_sessions_figures_and_the_goals_with_their_misses(tmp_path: Path) ->
     assert result["decision"]["ci"] == [1.21, 1.55]
     assert result["accept_length_at_3_steps_per_domain"]["qwen-gate"]["coding"] == 2.62
     assert result["accept_length_at_3_steps_per_domain"]["qwen-scaling"] == {"coding": 2.55}
+    assert result["accept_length_at_3_steps_per_domain"][f"qwen-gate {TOPK}"]["humaneval"] == 3.1  # the tree beside
     assert result["breakeven_at_3_steps"]["break_even"] == 1.93
     # The node left the tree out of the decision for the device time: the report says so.
     assert result["sessions"][1]["gate"]["trimmed"]["left_out"][0]["topk"] == 4
@@ -149,6 +150,8 @@ def test_a_rejection_is_a_miss_with_its_distance_and_a_flat_fit_needs_no_figure(
     result = build([folder])
     promote = next(g for g in result["goals"] if g["goal"].startswith("the gate promotes"))
     assert promote["met"] is False and math.isclose(promote["short_by"]["speedup"], 0.34)
+    # a decided gate's configs give their break-even too (accept length / speedup)
+    assert math.isclose(result["if_missed"]["break_even_from_launches"]["run qwen-gate"][S3], 1.9 / 0.96)
     assert math.isclose(promote["short_by"]["ci_low_below_1"], 0.15)
     regeneration = next(g for g in result["goals"] if g["goal"].startswith("regeneration"))
     assert regeneration["met"] is None  # no session of this set generated
@@ -203,7 +206,7 @@ def test_a_gate_cut_short_shows_its_launches_and_judges_accept_length_but_decide
     assert math.isclose(accept["short_by"]["coding"], 2.5 - 1.94)
     assert result["accept_length_at_3_steps_per_domain"] == {f"{folder} (a gate cut short)": {"coding": 1.94,
                                                                                             "humaneval": 1.98}}  # fmt: skip
-    assert math.isclose(result["if_missed"]["break_even_from_launches"][S3], 1.92 * 475 / 494)
+    assert math.isclose(result["if_missed"]["break_even_from_launches"]["run-17 qwen-gate (cut short)"][S3], 1.92 * 475 / 494)
 
 
 def test_the_script_writes_its_json_beside_the_results(tmp_path: Path) -> None:

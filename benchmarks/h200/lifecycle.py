@@ -145,14 +145,35 @@ def _add_root(tar: tarfile.TarFile, root: Path, rels: tuple[str, ...]) -> None:
         tar.add(path, f"{root.name}/{path.relative_to(root)}")
 
 
+HEAD_LINE_BYTES = 1_000  # a server log's head line is kept up to this: its server_args line is ~9.4 KB
+
+
+def _head_lines(data: bytes, head: int) -> tuple[bytes, int]:
+    """The first lines of `data` in about `head` bytes, each line longer than HEAD_LINE_BYTES cut
+    to that with the count of what was cut, and how many bytes of `data` they stand for. Run 18's
+    10 KB heads held the warnings and SGLang's one 9.4 KB server_args line, and none of the
+    start-up after it."""
+    kept, size, consumed = [], 0, 0
+    for line in data.splitlines(keepends=True):
+        short = line
+        if len(line) > HEAD_LINE_BYTES:
+            short = line[:HEAD_LINE_BYTES] + f" [... {len(line) - HEAD_LINE_BYTES} bytes of this line left out]\n".encode()
+        if size + len(short) > head:
+            break
+        kept.append(short)
+        size, consumed = size + len(short), consumed + len(line)
+    return b"".join(kept), consumed
+
+
 def _add_ends(tar: tarfile.TarFile, path: Path, name: str, limit: int, head: int = 0) -> None:
-    """The last `limit` bytes of `path` in `tar` as `name`, after its first `head` bytes. (The
-    gate's own cut, tasks.gate.progress.log_head_and_tail, is not importable here: `node wait`
-    runs without the packages tasks/ needs.)"""
+    """The last `limit` bytes of `path` in `tar` as `name`, after its first lines in `head` bytes
+    (_head_lines). (The gate's own cut, tasks.gate.progress.log_head_and_tail, is not importable
+    here: `node wait` runs without the packages tasks/ needs.)"""
     data = path.read_bytes()
     if len(data) > head + limit:
-        cut = f"\n[... {len(data) - head - limit} bytes left out ...]\n".encode() if head else b""
-        data = data[:head] + cut + data[-limit:]
+        first, consumed = _head_lines(data[:-limit], head) if head else (b"", 0)
+        cut = f"[... {len(data) - limit - consumed} bytes left out ...]\n".encode() if head else b""
+        data = first + cut + data[-limit:]
     info = tarfile.TarInfo(name)
     info.size = len(data)
     tar.addfile(info, io.BytesIO(data))

@@ -61,6 +61,11 @@ PLAN_LAST_STEPS_RESERVE_S = {"recipe": 330.0}
 # report after.
 QWEN_LAUNCH_S = 125.0
 GATE_FIXED_S = 90.0
+# Run 18's six launches took 102-167 s each from their start to their figures (ready after 65-129 s,
+# 72 prompts in 37-40 s): 118 s on average, under QWEN_LAUNCH_S. A break-even launch (acceptance
+# forced, gate.breakeven_prompts = 8 prompts) is ready as soon and measures in ~5 s: not measured
+# on this target yet, taken as the readiness of a warm launch (65-85 s) and the time between.
+QWEN_BREAKEVEN_LAUNCH_S = 90.0
 # The draft a qwen session trains before it gates it (draft_to_gate), as measured on the node: the
 # first step after 91-133 s (runs 15-17: the target loaded, the untrained evaluation, the first
 # step's torch.compile), then 0.42-0.51 s a step of 16,384 tokens and 5-7 s an evaluation and
@@ -75,9 +80,15 @@ PACKING_SLACK = 1.1
 
 def gate_seconds(gate: dict[str, Any], scaling_drafts: int = 0) -> float:
     """A qwen gate's device time at QWEN_LAUNCH_S a launch: the baseline, each num_steps and each
-    topk point, `repetitions` times each, each scaling draft once, and GATE_FIXED_S."""
+    topk point, `repetitions` times each, each scaling draft once, and GATE_FIXED_S; and each
+    break-even launch at QWEN_BREAKEVEN_LAUNCH_S (tasks/gate/plan.py's breakeven_configs: per
+    num_steps it runs at, each forced accept length up to num_steps + 1)."""
     launches = 1 + len(gate.get("num_steps") or []) + len(gate.get("topk_points") or [])
-    return GATE_FIXED_S + (int(gate.get("repetitions", 2)) * launches + scaling_drafts) * QWEN_LAUNCH_S
+    at = gate.get("breakeven_num_steps")
+    at = gate.get("num_steps") or [] if at is None else at
+    breakeven = sum(1 for k in at for x in gate.get("breakeven_accept_lengths") or [] if x <= k + 1)
+    return (GATE_FIXED_S + (int(gate.get("repetitions", 2)) * launches + scaling_drafts) * QWEN_LAUNCH_S
+            + breakeven * QWEN_BREAKEVEN_LAUNCH_S)  # fmt: skip
 
 
 def gate_trims(gate: dict[str, Any]) -> list[tuple[list[str], dict[str, Any]]]:
@@ -775,13 +786,14 @@ class Pipeline:
         self.note("verify-probe", "done")
 
     def qwen_sweep(self) -> None:
-        """The "qwen-sweep" plan (PLANS): num_steps 4 and 5 and the break-even at num_steps 3, on
-        the carried draft or one trained here (draft_to_gate)."""
+        """The "qwen-sweep" plan (PLANS): num_steps 3, 4 and 5 and the break-even at num_steps 3,
+        on the carried draft or one trained here (draft_to_gate), as much of it as ends in the
+        device time left (gate_within_budget: num_steps 3, then 4, left out first)."""
         self.setup()
         self.write_params()
         self.generate_once(reference=False)
         if self.draft_to_gate() and not self.done_before("gate"):
-            self.stage("gate", *self.emulated)
+            self.stage("gate", *self.emulated, *self.gate_within_budget())
 
     def qwen_scaling(self) -> None:
         """The "qwen-scaling" plan (PLANS): the data-scaling drafts trained online, then the gate

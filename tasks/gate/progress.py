@@ -27,8 +27,8 @@ from tasks.runfolder.layout import GATE_PROGRESS
 SERVER_LOGS = "gate/server-logs"
 # What is kept of a launch's server log: its start (the arguments, the weights' load, the KV pool,
 # the CUDA-graph captures, with their clocks: where a launch's ~60 s before it is ready go) and its
-# end (the decode lines, and why it failed).
-LOG_HEAD_BYTES = 16 * 1024
+# end (the decode lines, and why it failed). SGLang's server_args line alone is ~9.4 KB.
+LOG_HEAD_BYTES = 24 * 1024
 LOG_TAIL_BYTES = 48 * 1024
 
 Logger = logging.Logger | logging.LoggerAdapter
