@@ -36,6 +36,7 @@ from benchmarks.real_run_report import (  # noqa: E402
     generation_figures,
     measured_launches,
     prediction_rows,
+    replay_accept_length,
 )
 
 S3 = "eagle3-s3-k1-n4"  # num_steps 3, topk 1: the goals' config
@@ -74,7 +75,7 @@ def session(folder: Path) -> dict[str, Any]:
                            "epochs_for_budget": measure.get("train_epochs")}  # epochs_within_budget's choice  # fmt: skip
     report = results.json("run/gate/report.json")
     if report:
-        out["gate"] = gate_figures(report, results.json("run/gate/prediction.json"))
+        out["gate"] = gate_figures(report, results.json("run/gate/prediction.json"), results.json("run/gate/replay.json"))
     else:  # a gate cut short: its finished launches, no decision
         cut = measured_launches(results.json("run/gate/progress.json"), results.json("run/gate/replay.json"))
         if cut:
@@ -88,11 +89,13 @@ def session(folder: Path) -> dict[str, Any]:
     return out
 
 
-def gate_figures(report: dict[str, Any], prediction: dict[str, Any] | None) -> dict[str, Any]:
+def gate_figures(report: dict[str, Any], prediction: dict[str, Any] | None,
+                 replay: dict[str, Any] | None = None) -> dict[str, Any]:
     decision = report["decision"]
     rows = config_rows(report)
     for row, c in zip(rows, decision["configs"], strict=True):
         row["lossless"] = c.get("lossless")
+        row["replay_accept_length"] = replay_accept_length(row["name"], replay)
     breakeven = (decision.get("breakeven") or {}).get("per_steps") or {}
     return {
         "outcome": decision["outcome"], "best": decision.get("best"), "speedup": decision.get("speedup"),
@@ -254,6 +257,7 @@ def gate_points(result: dict[str, Any]) -> list[dict[str, Any]]:
             if c["name"] != "baseline" and c.get("speedup"):
                 points.append({"session": label, "config": c["name"], "vs_baseline": [c["speedup"]],
                                "ci": [c["ci_low"], c["ci_high"]], "accept_length": c["accept_length"],
+                               "replay": c.get("replay_accept_length"),
                                "break_even": c["accept_length"] / c["speedup"] if c["accept_length"] else None})  # fmt: skip
         for c in (s.get("gate_cut_short") or {}).get("configs", []):
             if c["config"] != "baseline" and c.get("vs_baseline_same_repetition"):

@@ -183,6 +183,21 @@ def _offline_curve(results: Results, train: dict[str, Any] | None, index: dict[s
 _CONFIG = re.compile(r"^(?:(?P<draft>[\w.-]+):)?eagle3-s(?P<s>\d+)-k(?P<k>\d+)-n(?P<n>\d+)$")
 
 
+def replay_accept_length(config: str, replay: dict[str, Any] | None,
+                         scaling_replay: dict[str, Any] | None = None) -> float | None:
+    """Offline replay's accept length for a gate config: the candidate's chains (topk 1) from the
+    gate's replay.json, a scaling draft's from the scaling replay; None for anything else."""
+    m = _CONFIG.match(config)
+    if m is None:
+        return None
+    steps, draft = m["s"], m["draft"]
+    if draft is None and m["k"] == "1":
+        return ((replay or {}).get("overall") or {}).get(steps, {}).get("accept_length")
+    if draft and draft.startswith("scaling-"):
+        return (((scaling_replay or {}).get(draft.split("-", 1)[1]) or {}).get("overall") or {}).get(steps, {}).get("accept_length")
+    return None
+
+
 def measured_launches(progress: dict[str, Any] | None, replay: dict[str, Any] | None,
                       scaling_replay: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """What the finished launches of a gate measured, from gate/progress.json: for a gate cut
@@ -208,14 +223,9 @@ def measured_launches(progress: dict[str, Any] | None, replay: dict[str, Any] | 
         accept = row["accept_length"]
         if m is None or accept is None:
             continue
-        steps, draft = m["s"], m["draft"]
         ratios = list(row["vs_baseline_same_repetition"].values())
         row["break_even_accept_length"] = accept / statistics.median(ratios) if ratios else None
-        replayed = None
-        if draft is None and m["k"] == "1":
-            replayed = ((replay or {}).get("overall") or {}).get(steps, {}).get("accept_length")
-        elif draft and draft.startswith("scaling-"):
-            replayed = (((scaling_replay or {}).get(draft.split("-", 1)[1]) or {}).get("overall") or {}).get(steps, {}).get("accept_length")
+        replayed = replay_accept_length(row["config"], replay, scaling_replay)
         if replayed is not None:
             row["replay_accept_length"] = replayed
             row["replay_error"] = replayed / accept - 1

@@ -74,6 +74,7 @@ def sessions(tmp_path: Path) -> list[Path]:
             config(TOPK, 700.0, 1.35, (1.10, 1.50), 2.90, {"coding": 3.0, "general_chat": 2.6, "humaneval": 3.1}),
         ], "promote", S3),
         "run/gate/prediction.json": {"baseline_tok_s": 540.0},
+        "run/gate/replay.json": {"overall": {"3": {"accept_length": 2.3}}},
     }, {"gate_trimmed": {"seconds_left": 700.0, "whole_gate_s": 840.0, "without_trees_s": 690.0,
                          "left_out": [{"num_steps": 3, "topk": 4, "num_draft_tokens": 8}]}})  # fmt: skip
     # The break-even at num_steps 3 comes with the sweep of 4 and 5 (gate.breakeven_num_steps).
@@ -117,6 +118,9 @@ def test_the_sessions_figures_and_the_goals_with_their_misses(tmp_path: Path) ->
     assert result["accept_length_at_3_steps_per_domain"]["qwen-scaling"] == {"coding": 2.55}
     assert result["accept_length_at_3_steps_per_domain"][f"qwen-gate {TOPK}"]["humaneval"] == 3.1  # the tree beside
     assert result["breakeven_at_3_steps"]["break_even"] == 1.93
+    # offline replay beside the chain the gate measured (the tree has none)
+    rows = {c["name"]: c for c in result["sessions"][1]["gate"]["configs"]}
+    assert rows[S3]["replay_accept_length"] == 2.3 and rows[TOPK]["replay_accept_length"] is None
     # The node left the tree out of the decision for the device time: the report says so.
     assert result["sessions"][1]["gate"]["trimmed"]["left_out"][0]["topk"] == 4
     assert "trimmed" not in result["sessions"][2]["gate"]
