@@ -158,46 +158,44 @@ The sessions, in order:
    46 s. ~900 s from setup to the packed draft.
 2. qwen-gate (--run-from; --draft-from if the workspace kept the draft): the decision, at num_steps
    1, 2 and 3 (topk 1) and the topk point (3 steps, topk 4), baseline and each config twice: 10
-   launches. Run 17 (2026-12-04, BENCHMARKS P18) ran it with the draft trained in the session and
-   was cut short 4 launches into its gate, one repetition each: the baseline 475 tok/s, num_steps
-   1 0.77x (accept length 1.53), 2 1.04x (1.78), 3 1.04x (1.92). Its times: payload 157 s (the
-   first call 28 s), setup 93 s, the draft's first step after 133 s and 0.51 s a step (91 s and
-   0.43 s after a restart on the same machine), the train stage's export 78 s, and a gate launch
-   ~125 s all in (ready after 57-129 s, 72 prompts in 27-42 s; QWEN_LAUNCH_S), not the 75 s the
-   node assumed. So a session that trains its draft cannot run the whole gate (~1,340 s): the
-   node sizes both. Before the draft trains it fits the epochs (the profile's 4, else 3, 2 or 1)
-   so that the draft at the measured pace (QWEN_STEP_S, from the regenerated tokens) and the gate
-   the node prefers, num_steps 3 and the tree twice each with the baseline (preferred_gate,
-   ~840 s), both end in the session (measurements.json's train_epochs; run 17's start gives 3
-   epochs); `node train-watched` then stops the draft at its first checkpoint only if its own
-   pace leaves too little for the least gate that decides (the baseline and num_steps 3,
-   ~590 s). A draft stopped so resumes from its checkpoint when `node start --plan P --budget S`
-   is called again on the same machine, and decides again at its next checkpoint (run 17's
-   stopped at step 200 under the old costs; resumed by hand, it finished 454 s later). At the
-   gate the node runs the largest gate that ends in the time left, leaving out num_steps 1, then
-   2, then the tree (gate_trims; measurements.json's gate_trimmed). Without a draft: ~2.5 min of
-   payload, ~1.5 of setup, the draft ~8 (3 epochs) and its export ~1.5, the gate of 6 launches
-   ~14: ~28 of 30 min. Give `--budget` the device time left less ~10 s (run 17 kept 30 s back):
-   at run 17's start the draft's 4 epochs needed ~55 s more than there was. With the draft
-   carried (~6 payload calls more) the whole gate fits; add `--set
-   gate.verify_logprobs=diverged` if ~2 min are spare (every diverging request sent again, Qwen's
-   verify path measured against its prefill where it matters: gate.near_tie_nats, 0.625, was set
-   on SmolLM2, BENCHMARKS P13).
-   When `node wait` says a draft was just packed, fetch it at once, `node drafts 0` to `node
-   drafts 3` back to back (~1 s of device time each), then `node wait` again: run 17 brought back
-   8 of its 15 parts before the device time ran out, and the sessions after this one need it.
-3. qwen-sweep (--run-from --draft-from): num_steps 4 and 5, twice each, with the baseline: 6
-   launches, then the break-even at num_steps 3 (accept lengths 1.5, 2.0, 2.5 forced, 8 prompts
-   each: gate.breakeven_num_steps), last, so a gate cut short loses it first. ~18 min at run 17's
-   launch cost, with the payload and setup ~23; it does not fit beside training the draft.
+   launches. Done, run 18 (2026-12-04, BENCHMARKS P19): REJECT, the tree at 0.86x the baseline
+   (accept length 2.16), 3 steps at 0.80x (1.87), the prediction within 5.2%. Run 18 trained its
+   draft in the session and gated it in 28 of 30 min: payload 32 calls (~160 s; the first 27 s),
+   setup 81 s, 3 epochs chosen (epochs_within_budget), the draft's first step after 120 s and
+   0.45 s a step (451 s in all), the train stage's export 63 s, the 15 draft parts fetched at once
+   (`node drafts 0..3`, 30 s), then the gate with num_steps 1 and 2 left out for the time
+   (gate_trims), 6 launches in 770 s (ready after 65-129 s, 72 prompts in 37-40 s, 118 s a launch
+   on average). Run 17 (P18) before it was cut short 4 launches in, one repetition each: the
+   baseline 475 tok/s, num_steps 1 0.77x, 2 1.04x, 3 1.04x (1.92), with a 3-step cycle at 1.84
+   baseline steps where run 18's cost 2.15-2.33. How the node sizes a session that trains its
+   draft: before the draft trains it fits the epochs (the profile's 4, else 3, 2 or 1) so that the
+   draft at the measured pace (QWEN_STEP_S, from the regenerated tokens) and the gate the node
+   prefers, num_steps 3 and the tree twice each with the baseline (preferred_gate, ~840 s), both
+   end in the session (measurements.json's train_epochs); `node train-watched` then stops the
+   draft at its first checkpoint only if its own pace leaves too little for the least gate that
+   decides (the baseline and num_steps 3, ~590 s). A draft stopped so resumes from its checkpoint
+   when `node start --plan P --budget S` is called again on the same machine. At the gate the node
+   runs the largest gate that ends in the time left, leaving out num_steps 1, then 2, then the
+   tree (gate_trims; measurements.json's gate_trimmed). Give `--budget` the device time left less
+   ~10 s. When `node wait` says a draft was just packed, fetch it at once, `node drafts 0` to
+   `node drafts 3` back to back (~1 s of device time each), then `node wait` again: run 17 brought
+   back 8 of its 15 parts before the device time ran out; run 18 all of them, in /work/drafts-run18
+   while this workspace lasts.
+3. qwen-sweep (--run-from --draft-from): num_steps 3, 4 and 5, twice each, with the baseline (8
+   launches; 3 again so that 4 and 5 compare with it in one session, as run 17 and run 18 measured
+   3 at 1.04x and 0.80x), then the break-even at num_steps 3 (accept lengths 1.5, 2.0, 2.5 forced,
+   8 prompts each: gate.breakeven_num_steps), last, so a gate cut short loses it first. The gate
+   ~1,360 s at run 17's launch cost (QWEN_LAUNCH_S, QWEN_BREAKEVEN_LAUNCH_S), with the payload (37
+   parts with run 18's draft) and setup ~27 min; a session with less leaves num_steps 3, then 4,
+   out (gate_within_budget). It does not fit beside training the draft.
 4. qwen-scaling (--run-from --draft-from): the data-scaling drafts (0.1, 0.3, 0.6 of the
    sequences, a draft's worth of steps side by side: run 10 measured that side by side they take
    about the sum of their times alone) trained online on the carried draft's vocabulary map, then
    the baseline and the full draft at num_steps 3 twice and every scaling draft once (7 launches,
-   ~16 min at run 17's launch cost). Train them at the carried draft's epochs, so that the curve's
-   points share its recipe: `--set train.epochs=N`, N from train_epochs in the measurements of the
-   session that trained it (3 at run 17's costs: ~8 min of training, ~28 of 30 with the payload;
-   at 4 it does not fit). Without a carried draft the full draft trains too, and the node fits the
+   ~16 min at run 17's launch cost). They train at the carried draft's epochs, so that the
+   curve's points share its recipe: the node reads them from the draft's record
+   (epochs_of_carried_draft; run 18's draft: 3, ~8 min of training, ~28 of 30 with the payload;
+   at 4 it would not fit), and `--set train.epochs=N` overrides it. Without a carried draft the full draft trains too, and the node fits the
    epochs of all four to the device time left as qwen-gate's: 1 epoch at run 17's costs, a curve
    of little worth.
 

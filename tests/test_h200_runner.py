@@ -574,6 +574,42 @@ def test_a_session_that_trains_its_draft_leaves_the_gate_its_time(tmp_path: Path
     assert "`node start` again on this machine resumes it" in json.loads((tmp_path / "status.json").read_text())["detail"]
 
 
+def test_scaling_drafts_beside_a_carried_draft_train_at_its_epochs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """qwen-scaling with run 18's draft carried (612 steps: 3 epochs of run 15's replies, where the
+    profile says 4): the scaling drafts train 3 epochs, read from the carried draft's record, so
+    that the curve's points share its recipe; epochs given with --set stand; a draft of 816 steps
+    reads as the profile's 4 and changes nothing."""
+    import json
+
+    import yaml
+
+    _on_node(monkeypatch, tmp_path)
+    monkeypatch.setattr(node_env, "EXTRA_SETS", [])
+    (tmp_path / "manifest.json").write_text(json.dumps({"parts": [], "profile": str(QWEN.relative_to(RUNNER.parents[1]))}))
+    (tmp_path / "run/generate").mkdir(parents=True)
+    (tmp_path / "run/generate/progress.json").write_text(json.dumps(
+        {"tokens": {"prompt_done": 1_286_841, "completion_done": 1_856_553}}))  # fmt: skip
+    (tmp_path / "run/train").mkdir(parents=True)
+
+    def read_as(steps: int, sets: list[str] | None = None) -> tuple[node_pipeline.Pipeline, int]:
+        (tmp_path / "measurements.json").unlink(missing_ok=True)
+        (tmp_path / "run/train/result.json").write_text(json.dumps({"steps": steps, "recipe": {"total_steps": steps}}))
+        (tmp_path / "options.json").write_text(json.dumps(plans.plan_options([], "qwen-scaling", None, plans.parse_settings(sets or []))))
+        pipeline = node_pipeline.Pipeline()
+        pipeline.write_params()
+        pipeline.epochs_of_carried_draft()
+        return pipeline, yaml.safe_load((tmp_path / "params.yaml").read_text())["train"]["epochs"]
+
+    pipeline, epochs = read_as(612)
+    assert epochs == 3 and "train.epochs=3" in pipeline.sets
+    said = json.loads((tmp_path / "measurements.json").read_text())["train_epochs"]
+    assert said["carried_draft_steps"] == 612 and said["profile_epochs"] == 4
+    pipeline, epochs = read_as(816)
+    assert epochs == 4 and not any(s.startswith("train.epochs") for s in pipeline.sets)
+    pipeline, epochs = read_as(612, ["train.epochs=2"])
+    assert epochs == 2 and not (tmp_path / "measurements.json").exists()
+
+
 def test_node_receive_keeps_a_part_that_arrives_on_a_replaced_machine(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -755,6 +755,31 @@ class Pipeline:
             self.sets.append(f"train.epochs={chosen['epochs']}")
             self.write_params()
 
+    def epochs_of_carried_draft(self) -> None:
+        """Beside a carried draft (qwen_scaling), the scaling drafts train at its epochs, so that
+        the curve's points share its recipe: its total steps (run/train/result.json's recipe)
+        over the steps an epoch of the run's regenerated tokens makes (PACKING_SLACK: run 15's
+        612 steps of 3 epochs read as 2.9). measurements.json's train_epochs says so; epochs
+        given with --set stand, and a restart keeps the first reading."""
+        if ("train", "epochs") in self.settings:
+            return
+        chosen = self.measure.get("train_epochs")
+        if chosen is None:
+            total = ((read_json(self.run_root / "train/result.json") or {}).get("recipe") or {}).get("total_steps")
+            progress = read_json(self.run_root / "generate/progress.json")
+            train = self.params_data()["train"]
+            if not total or not progress:
+                return
+            tokens = progress["tokens"]
+            per_epoch = PACKING_SLACK * (tokens["prompt_done"] + tokens["completion_done"]) / train["batch_tokens"]
+            chosen = {"epochs": max(1, round(total / per_epoch)), "profile_epochs": int(train["epochs"]),
+                      "carried_draft_steps": total, "steps_per_epoch_estimate": per_epoch}  # fmt: skip
+            self.save_measure("train_epochs", chosen)
+        if chosen["epochs"] != chosen["profile_epochs"]:
+            self.settings[("train", "epochs")] = chosen["epochs"]
+            self.sets.append(f"train.epochs={chosen['epochs']}")
+            self.write_params()
+
     def gate_within_budget(self) -> list[str]:
         """The gate's --set overrides for the device time left (`node start --budget`): the
         largest of gate_trims that ends in it at QWEN_LAUNCH_S a launch, else the least that
@@ -814,6 +839,7 @@ class Pipeline:
             if not self.done_before("train-parallel"):
                 self.train()  # its trainers' environment is its own
         elif not self.done_before("train-scaling"):
+            self.epochs_of_carried_draft()
             env = self.trainer_env()
             self.note("train-scaling", "running")
             codes = {name: proc.wait() for name, proc in self.start_scaling(env).items()}
