@@ -64,6 +64,7 @@ def session(folder: Path) -> dict[str, Any]:
         "state": status.get("state"), "carried": results.json("carried.json"),
         "steps_s": {k: v.get("seconds") for k, v in (status.get("steps") or {}).items()},
         "versions": measure.get("versions"), "target_resolve_s": measure.get("target_resolve_s"),
+        "host": measure.get("host"),  # the machine (node_pipeline.host_facts): runs 17 and 18 differ in cycle cost
     }  # fmt: skip
     progress = results.json("run/generate/progress.json")
     if progress and not (out["carried"] or {}).get("generation"):
@@ -311,6 +312,8 @@ def plot_gates(points: list[dict[str, Any]]) -> bytes:
 def _print(result: dict[str, Any]) -> None:
     for s in result["sessions"]:
         print(f"{s['folder']}: plan {s['plan']}, {s['state']}, steps {s['steps_s']}")
+        if s.get("host"):
+            print(f"  host: {s['host']}")
         if s.get("generation"):
             g = s["generation"]
             print(f"  regeneration {g.get('stage_tok_s')} tok/s vs plain batched {g.get('reference_tok_s')}: "

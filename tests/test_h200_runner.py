@@ -610,6 +610,30 @@ def test_scaling_drafts_beside_a_carried_draft_train_at_its_epochs(tmp_path: Pat
     assert epochs == 2 and not (tmp_path / "measurements.json").exists()
 
 
+def test_a_session_records_the_machine_it_ran_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs 17 and 18: the same code and flags, the baselines level, a 3-step cycle 1.84 baseline
+    steps on one machine and 2.15-2.33 on the other. Each session now records its CPU and its
+    GPU's clocks and power (nvidia-smi here a stand-in script with the real tool's CSV output);
+    a machine without nvidia-smi says so instead of failing setup."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8480C\nprocessor\t: 1\n"
+                       "model name\t: Intel(R) Xeon(R) Platinum 8480C\n")  # fmt: skip
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H200, 580.95.05, 1980 MHz, 1980 MHz, 3201 MHz, 700.00 W, P0, 31, Enabled'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    facts = node_pipeline.host_facts(cpuinfo)
+    assert facts["cpu_model"] == "Intel(R) Xeon(R) Platinum 8480C" and facts["cpu_count"] >= 1
+    gpu = facts["gpus"][0]
+    assert gpu["name"] == "NVIDIA H200" and gpu["clocks.max.sm"] == "1980 MHz" and gpu["power.limit"] == "700.00 W"
+    assert gpu["persistence_mode"] == "Enabled"
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    bare = node_pipeline.host_facts(tmp_path / "no-cpuinfo")
+    assert bare["gpus"].startswith("nvidia-smi:") and bare["cpu_model"].startswith("unreadable:")
+
+
 def test_node_receive_keeps_a_part_that_arrives_on_a_replaced_machine(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

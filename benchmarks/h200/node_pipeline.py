@@ -114,6 +114,34 @@ def preferred_gate(gate: dict[str, Any]) -> dict[str, Any]:
     return next((g for g in reversed(gates) if g.get("topk_points")), gates[-1])
 
 
+# What nvidia-smi says of the GPU: the name and driver, and the clocks, power and state that can
+# differ from one machine to the next of the same kind.
+GPU_QUERY = ("name", "driver_version", "clocks.sm", "clocks.max.sm", "clocks.mem", "power.limit", "pstate",
+             "temperature.gpu", "persistence_mode")  # fmt: skip
+
+
+def host_facts(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
+    """The machine a session ran on: its CPU's model and count, and its GPU's name, clocks and
+    power (GPU_QUERY). Runs 17 and 18 ran the same code and server flags on two machines: the
+    baselines agreed (475 and 483 tok/s) and a 3-step cycle cost 1.84 baseline steps on one and
+    2.15-2.33 on the other. At concurrency 1 the speculative path does more host work a token than
+    the baseline, so the host is the first suspect, and a session's record says which it was."""
+    facts: dict[str, Any] = {"cpu_count": os.cpu_count()}
+    try:
+        models = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
+        facts["cpu_model"] = models[0] if models else None
+    except OSError as e:
+        facts["cpu_model"] = f"unreadable: {e}"
+    try:
+        smi = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(GPU_QUERY)}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)  # fmt: skip
+        rows = [[v.strip() for v in line.split(",")] for line in smi.stdout.strip().splitlines()]
+        facts["gpus"] = [dict(zip(GPU_QUERY, row, strict=False)) for row in rows] or smi.stderr[-300:]
+    except (OSError, subprocess.TimeoutExpired) as e:
+        facts["gpus"] = f"nvidia-smi: {e}"
+    return facts
+
+
 def specforge_command() -> list[str]:
     """SpecForge's draft on the run's extracted states (benchmarks/specforge_anchor.py), stopped
     early through the stop file when the device time runs short."""
@@ -265,6 +293,7 @@ class Pipeline:
                                    "print(sglang.__version__, torch.__version__, transformers.__version__, prefect.__version__)"],
                                   env=self.env, capture_output=True, text=True)  # fmt: skip
         self.save_measure("versions", versions.stdout.strip() or versions.stderr[-500:])
+        self.save_measure("host", host_facts())
         (node_env.NODE / "setup.done").write_text("ok")
         self.note("setup", "done", self.model_dir)
 
