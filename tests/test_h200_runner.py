@@ -832,7 +832,7 @@ def test_a_draft_trained_in_one_session_is_gated_in_the_next(
 
     from safetensors import safe_open
 
-    from tests.draft_support import extracted_run
+    from tests.draft_support import extracted_run, params_for
 
     node = tmp_path / "node"
     extracted_run(tmp_path_factory.getbasetemp(), tiny_target_dir, node, hidden_states="online", max_steps=4,
@@ -867,10 +867,15 @@ def test_a_draft_trained_in_one_session_is_gated_in_the_next(
     assert json.loads((train / "final/config.json").read_text())["torch_dtype"] == "bfloat16"
     with pytest.raises(ValueError, match=r"generation\.tar: members outside run/train/"):
         travel.unpack_draft(_tar_of(tmp_path, node), tmp_path / "bad")
+    # The next session's node: the run folder as `prepare --run-from --draft-from` carries it (the
+    # generation as `node wait` brought it back, the draft unpacked into its train/), nothing else.
+    travel.collect_generation(out)
+    generation = tmp_path / "generation.tar"
+    generation.write_bytes(b"".join(p.read_bytes() for p in sorted(out.glob("generation.tar.part-*"))))
     fresh = tmp_path / "node2"
-    shutil.copytree(node / "run", fresh / "run")
-    shutil.rmtree(fresh / "run/train")
-    shutil.copytree(train, fresh / "run/train")
+    travel.unpack_generation(generation, fresh / "src")
+    travel.unpack_draft(packed, fresh / "src")
+    shutil.copytree(fresh / "src/run", fresh / "run")
     monkeypatch.setattr(node_env, "NODE", fresh)
     pipeline = node_pipeline.Pipeline()
     pipeline._note_carried()
@@ -878,6 +883,17 @@ def test_a_draft_trained_in_one_session_is_gated_in_the_next(
     (tmp_path / "out2").mkdir()
     travel.collect_generation(tmp_path / "out2")
     assert list((tmp_path / "out2").iterdir()) == []
+    # ... where the gate stage gates the carried draft (run 18's draft is carried so; no session has
+    # gated one yet): emulated SGLang, the baseline and 3 steps twice each.
+    params_for(fresh, tiny_target_dir, hidden_states="online", max_steps=4, eval_every=2, save_every=2,
+               scaling_fractions=[])  # fmt: skip
+    gate = ["gate.engine=emulated", "gate.num_steps=[3]", "gate.topk_points=[]", "gate.repetitions=2",
+            "gate.num_prompts=4", "gate.max_new_tokens=8", "gate.replay_sequences=8", "gate.n_bootstrap=200",
+            "gate.cost_iters=2", "gate.breakeven_accept_lengths=[]", 'gate.incumbent="off"']  # fmt: skip
+    assert node_steps.node_plain("gate", gate) == 0
+    report = json.loads((fresh / "run/gate/report.json").read_text())
+    assert [c["name"] for c in report["decision"]["configs"]] == ["baseline", "eagle3-s3-k1-n4"]
+    assert report["decision"]["outcome"] in ("promote", "reject")
 
 
 def _tar_of(tmp_path: Path, node: Path) -> Path:
