@@ -883,16 +883,20 @@ def test_a_draft_trained_in_one_session_is_gated_in_the_next(
     (tmp_path / "out2").mkdir()
     travel.collect_generation(tmp_path / "out2")
     assert list((tmp_path / "out2").iterdir()) == []
-    # ... where the gate stage gates the carried draft (run 18's draft is carried so; no session has
-    # gated one yet): emulated SGLang, the baseline and 3 steps twice each.
+    # ... where a scaling draft trains online beside it, on its vocabulary map (qwen-scaling), and
+    # the gate stage gates the carried draft with it (run 18's draft is carried so; no session has
+    # gated one yet): emulated SGLang, the baseline and 3 steps twice each, the scaling draft once.
     params_for(fresh, tiny_target_dir, hidden_states="online", max_steps=4, eval_every=2, save_every=2,
-               scaling_fractions=[])  # fmt: skip
+               scaling_fractions=[0.5])  # fmt: skip
+    assert node_steps.node_scaling(None) == 0
     gate = ["gate.engine=emulated", "gate.num_steps=[3]", "gate.topk_points=[]", "gate.repetitions=2",
             "gate.num_prompts=4", "gate.max_new_tokens=8", "gate.replay_sequences=8", "gate.n_bootstrap=200",
             "gate.cost_iters=2", "gate.breakeven_accept_lengths=[]", 'gate.incumbent="off"']  # fmt: skip
     assert node_steps.node_plain("gate", gate) == 0
     report = json.loads((fresh / "run/gate/report.json").read_text())
-    assert [c["name"] for c in report["decision"]["configs"]] == ["baseline", "eagle3-s3-k1-n4"]
+    names = [c["name"] for c in report["decision"]["configs"]]
+    assert names[:2] == ["baseline", "eagle3-s3-k1-n4"] and len(names) == 3
+    assert names[2].startswith("scaling-") and names[2].endswith(":eagle3-s3-k1-n4")
     assert report["decision"]["outcome"] in ("promote", "reject")
 
 
