@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.real_run_report import (  # noqa: E402
+    CONFIG_NAME,
     Results,
     config_rows,
     generation_figures,
@@ -40,7 +41,6 @@ from benchmarks.real_run_report import (  # noqa: E402
 )
 
 S3 = "eagle3-s3-k1-n4"  # num_steps 3, topk 1: the goals' config
-S3_TREES = tuple(f"eagle3-s3-k{k}-" for k in range(2, 11))  # num_steps 3, topk > 1
 GOAL_SPEEDUP = 1.3
 GOAL_ACCEPT = 2.5
 GOAL_ACCEPT_DOMAINS = ("humaneval", "coding")  # held-out HumanEval, ShareGPT code
@@ -150,6 +150,12 @@ def _cut_short_s3(sessions: list[dict[str, Any]]) -> tuple[dict[str, Any], str |
     return {}, None
 
 
+def _tree_at_3_steps(name: str) -> bool:
+    """The candidate's config at num_steps 3 with topk > 1 (CONFIG_NAME)."""
+    m = CONFIG_NAME.match(name)
+    return bool(m) and m["draft"] is None and m["s"] == "3" and m["k"] != "1"
+
+
 def _scaling(sessions: list[dict[str, Any]]) -> dict[str, Any] | None:
     return next((s["scaling"] for s in sessions if s.get("scaling")), None)
 
@@ -216,7 +222,7 @@ def build(folders: list[Path]) -> dict[str, Any]:
                      for s in sessions if _config(s.get("gate"), S3)}  # fmt: skip
     # 3 steps with topk > 1 beside the chain (run 18's tree: 2.24 on HumanEval where the chain had 1.92)
     measured_at_3 |= {f"{s['plan']} {c['name']}": c.get("accept_length_per_domain") for s in sessions
-                      for c in (s.get("gate") or {}).get("configs", []) if c["name"].startswith(S3_TREES)}  # fmt: skip
+                      for c in (s.get("gate") or {}).get("configs", []) if _tree_at_3_steps(c["name"])}  # fmt: skip
     scaling = _scaling(sessions)
     cut_s3, cut_folder = _cut_short_s3(sessions)
     if cut_s3 and cut_folder not in {s["folder"] for s in sessions if _config(s.get("gate"), S3)}:

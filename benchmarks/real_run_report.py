@@ -180,14 +180,16 @@ def _offline_curve(results: Results, train: dict[str, Any] | None, index: dict[s
     return points
 
 
-_CONFIG = re.compile(r"^(?:(?P<draft>[\w.-]+):)?eagle3-s(?P<s>\d+)-k(?P<k>\d+)-n(?P<n>\d+)$")
+# A gate config's name: eagle3-s<num_steps>-k<topk>-n<draft tokens>, with the draft's name before
+# a colon when it is not the candidate ("scaling-1024:eagle3-s3-k1-n4").
+CONFIG_NAME = re.compile(r"^(?:(?P<draft>[\w.-]+):)?eagle3-s(?P<s>\d+)-k(?P<k>\d+)-n(?P<n>\d+)$")
 
 
 def replay_accept_length(config: str, replay: dict[str, Any] | None,
                          scaling_replay: dict[str, Any] | None = None) -> float | None:
     """Offline replay's accept length for a gate config: the candidate's chains (topk 1) from the
     gate's replay.json, a scaling draft's from the scaling replay; None for anything else."""
-    m = _CONFIG.match(config)
+    m = CONFIG_NAME.match(config)
     if m is None:
         return None
     steps, draft = m["s"], m["draft"]
@@ -219,7 +221,7 @@ def measured_launches(progress: dict[str, Any] | None, replay: dict[str, Any] | 
     for row in rows.values():
         row["median_tok_s"] = statistics.median(row["tok_s"].values())
         row["vs_baseline_same_repetition"] = {r: t / base[r] for r, t in row["tok_s"].items() if r in base}
-        m = _CONFIG.match(row["config"])
+        m = CONFIG_NAME.match(row["config"])
         accept = row["accept_length"]
         if m is None or accept is None:
             continue
@@ -250,13 +252,13 @@ def curve_from_launches(progress: dict[str, Any] | None, replay: dict[str, Any] 
     from tasks.gate.scaling import MEASURED, OVERALL, ScalingPoint, replay_points, scaling_report
 
     finished = [f for f in (progress or {}).get("finished", []) if not f.get("error") and f.get("accept_length")]
-    steps = {m["s"] for f in finished if (m := _CONFIG.match(f["config"])) and (m["draft"] or "").startswith("scaling-")}
+    steps = {m["s"] for f in finished if (m := CONFIG_NAME.match(f["config"])) and (m["draft"] or "").startswith("scaling-")}
     if len(steps) != 1 or not train_sequences:
         return None
     (k,) = steps
     by_samples: dict[int, list[dict[str, Any]]] = {}
     for f in finished:
-        m = _CONFIG.match(f["config"])
+        m = CONFIG_NAME.match(f["config"])
         if m is None or m["s"] != k or m["k"] != "1":
             continue
         if m["draft"] is None:
@@ -302,7 +304,7 @@ def plot_measured_launches(measured: dict[str, Any], curve: list[dict[str, Any]]
     k3 = {r["config"]: r for r in rows}
     points = []
     for r in rows:
-        m = _CONFIG.match(r["config"])
+        m = CONFIG_NAME.match(r["config"])
         if m and m["draft"] and m["draft"].startswith("scaling-") and m["s"] == "3":
             points.append((int(m["draft"].split("-", 1)[1]), r))
     full = k3.get("eagle3-s3-k1-n4")

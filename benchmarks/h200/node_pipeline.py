@@ -78,6 +78,13 @@ QWEN_EVAL_SAVE_S = 7.0
 PACKING_SLACK = 1.1
 
 
+def steps_per_epoch(progress: dict[str, Any], train: dict[str, Any]) -> float:
+    """The training steps an epoch of the run's regenerated tokens makes, estimated from the
+    generation's token counts (PACKING_SLACK): run 15's 3.14 M tokens, 204 steps packed, ~211 read."""
+    tokens = progress["tokens"]
+    return PACKING_SLACK * (tokens["prompt_done"] + tokens["completion_done"]) / train["batch_tokens"]
+
+
 def gate_seconds(gate: dict[str, Any], scaling_drafts: int = 0) -> float:
     """A qwen gate's device time at QWEN_LAUNCH_S a launch: the baseline, each num_steps and each
     topk point, `repetitions` times each, each scaling draft once, and GATE_FIXED_S; and each
@@ -763,8 +770,7 @@ class Pipeline:
         # A schedule in epochs that the profile spells out (a rehearsal's max_steps is its own).
         sized = all(key in train for key in ("epochs", "batch_tokens", "eval_every")) and not train.get("max_steps")
         if chosen is None and ("train", "epochs") not in self.settings and deadline and progress and sized:
-            tokens = progress["tokens"]
-            per_epoch = PACKING_SLACK * (tokens["prompt_done"] + tokens["completion_done"]) / train["batch_tokens"]
+            per_epoch = steps_per_epoch(progress, train)
             gate = gate_seconds(preferred_gate(params["gate"]), scaling_drafts=scaling_drafts)
             left = deadline["ends_at"] - time.time()
 
@@ -779,7 +785,13 @@ class Pipeline:
                       "fits": bool(fitting), "seconds_left": left, "steps_per_epoch_estimate": per_epoch,
                       "drafts": drafts, "gate_reserve_s": gate, "needed_s": need(fitting[0] if fitting else 1)}  # fmt: skip
             self.save_measure("train_epochs", chosen)
-        if chosen and chosen["epochs"] != chosen["profile_epochs"]:
+        if chosen:
+            self._train_at(chosen)
+
+    def _train_at(self, chosen: dict[str, Any]) -> None:
+        """The epochs measurements.json's train_epochs chose, on params.yaml and every stage's
+        --set, where they differ from the profile's."""
+        if chosen["epochs"] != chosen["profile_epochs"]:
             self.settings[("train", "epochs")] = chosen["epochs"]
             self.sets.append(f"train.epochs={chosen['epochs']}")
             self.write_params()
@@ -799,15 +811,11 @@ class Pipeline:
             train = self.params_data()["train"]
             if not total or not progress:
                 return
-            tokens = progress["tokens"]
-            per_epoch = PACKING_SLACK * (tokens["prompt_done"] + tokens["completion_done"]) / train["batch_tokens"]
+            per_epoch = steps_per_epoch(progress, train)
             chosen = {"epochs": max(1, round(total / per_epoch)), "profile_epochs": int(train["epochs"]),
                       "carried_draft_steps": total, "steps_per_epoch_estimate": per_epoch}  # fmt: skip
             self.save_measure("train_epochs", chosen)
-        if chosen["epochs"] != chosen["profile_epochs"]:
-            self.settings[("train", "epochs")] = chosen["epochs"]
-            self.sets.append(f"train.epochs={chosen['epochs']}")
-            self.write_params()
+        self._train_at(chosen)
 
     def gate_within_budget(self) -> list[str]:
         """The gate's --set overrides for the device time left (`node start --budget`): the
