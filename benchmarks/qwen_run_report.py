@@ -39,6 +39,7 @@ from benchmarks.real_run_report import (  # noqa: E402
     prediction_rows,
     replay_accept_length,
 )
+from tasks.gate.report import figure_png  # noqa: E402
 
 S3 = "eagle3-s3-k1-n4"  # num_steps 3, topk 1: the goals' config
 GOAL_SPEEDUP = 1.3
@@ -280,8 +281,6 @@ def plot_gates(points: list[dict[str, Any]]) -> bytes:
     decided gate's speedup with its CI), with 1 and the 1.3x goal. Right: each config's accept
     length on real SGLang (offline replay's beside it) and the accept length at which its
     measured cycle cost breaks even: a config wins where its bar stands above its break-even."""
-    import io
-
     import matplotlib
 
     matplotlib.use("Agg")
@@ -309,10 +308,7 @@ def plot_gates(points: list[dict[str, Any]]) -> bytes:
     right.set_ylabel("tokens per verify")
     right.set_title("accept length against what each config needs")
     right.legend(fontsize=7)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
+    return figure_png(fig)
 
 
 def _print(result: dict[str, Any]) -> None:

@@ -127,6 +127,8 @@ def plot_scaling_training(drafts: list[dict[str, Any]]) -> bytes | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from tasks.gate.report import figure_png
+
     fig, ax = plt.subplots(figsize=(6, 4))
     xs = [n for n, _ in rows]
     ax.plot(xs, [b["sim_accept_len"] for _, b in rows], marker="o", label="simulated accept length (held out)")
@@ -142,10 +144,7 @@ def plot_scaling_training(drafts: list[dict[str, Any]]) -> bytes | None:
     ax.set_ylabel("tokens per verify (simulated, 7 steps)")
     ax.set_title("SmolLM2 drafts on real ShareGPT data (the same recipe each)")
     ax.legend(loc="upper left")
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
+    return figure_png(fig)
 
 
 def _extraction(results: Results) -> dict[str, Any] | None:
@@ -290,6 +289,8 @@ def plot_measured_launches(measured: dict[str, Any], curve: list[dict[str, Any]]
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from tasks.gate.report import figure_png
+
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     rows = measured["configs"]
     for i, row in enumerate(rows):
@@ -327,10 +328,7 @@ def plot_measured_launches(measured: dict[str, Any], curve: list[dict[str, Any]]
     right.set_ylabel("tokens per verify")
     right.set_title("accept length against training data")
     right.legend()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
+    return figure_png(fig)
 
 
 def _goal(name: str, target: str, value: Any, met: bool | None) -> dict[str, Any]:

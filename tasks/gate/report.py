@@ -196,7 +196,9 @@ def render_markdown(decision: GateDecision, result: BenchResult, cfg: GateConfig
     return "\n".join(lines)
 
 
-def _png(fig: Any) -> bytes:
+def figure_png(fig: Any) -> bytes:
+    """A matplotlib figure as PNG bytes (100 dpi, tight), the figure closed: every plot the gate
+    and the benchmark reports write."""
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
@@ -223,7 +225,7 @@ def plot_tok_s(decision: GateDecision, result: BenchResult) -> bytes:
     ax.set_xticks(range(len(decision.configs)), [s.name for s in decision.configs], rotation=30, ha="right")
     ax.set_ylabel("tok/s per request")
     ax.set_title(f"Decode speed per config (dots: requests, bars: repetition medians) - {decision.outcome}")
-    return _png(fig)
+    return figure_png(fig)
 
 
 def plot_acceptance(decision: GateDecision) -> bytes:
@@ -246,7 +248,7 @@ def plot_acceptance(decision: GateDecision) -> bytes:
         ax.set_ylabel("accept length (tokens per verify)")
         ax.tick_params(axis="x", rotation=30)
     ax.set_title("Acceptance per position")
-    return _png(fig)
+    return figure_png(fig)
 
 
 def plot_predicted(decision: GateDecision, predictions: dict[str, float]) -> bytes:
@@ -264,7 +266,7 @@ def plot_predicted(decision: GateDecision, predictions: dict[str, float]) -> byt
     ax.set_xlabel("predicted tok/s")
     ax.set_ylabel("measured median tok/s")
     ax.set_title("Predicted vs measured")
-    return _png(fig)
+    return figure_png(fig)
 
 
 def plot_breakeven(breakeven: dict[str, Any]) -> bytes:
@@ -290,7 +292,7 @@ def plot_breakeven(breakeven: dict[str, Any]) -> bytes:
     ax.set_ylabel("decode tok/s")
     ax.set_title("Break-even on this server (acceptance forced)")
     ax.legend(loc="best", fontsize="small")
-    return _png(fig)
+    return figure_png(fig)
 
 
 def write_gate_report(
