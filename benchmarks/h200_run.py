@@ -131,20 +131,29 @@ and only what earlier `node wait` calls brought back remains (run 16 lost a qwen
 
 What a session makes travels to the next through $OUT: the regenerated shards (`node wait` leaves
 generation.tar.part-NN once generation is complete; run 15's 10,245 Qwen replies are 9.1 MB, kept
-in the repository as benchmarks/results/real-run-node/run-15/generation.tar) and the trained draft
-(bf16, 213 MB with its vocabulary map and records: 15 parts, `node drafts K` for K = 0..3). The
-draft is too large for the repository, so it travels only while this workspace keeps it (a
-workspace started afresh holds only what landed); a plan that comes without one trains it first
-(~450 s at 3 epochs, ~550 s at the profile's 4), then gates it:
+in the repository as benchmarks/results/real-run-node/run-15/generation.tar), the trained draft
+(bf16, 213 MB with its vocabulary map and records: 15 parts, `node drafts K` for K = 0..3), and
+the training checkpoint of a draft that did not end in its session. The draft is too large for
+the repository, so it travels only while this workspace keeps it (a workspace started afresh
+holds only what landed); a plan that comes without one trains it first (~450 s at 3 epochs, ~550
+s at the profile's 4), then gates it. A draft whose measured pace says it will not end in the
+session (`node train-watched`) trains on while its next checkpoint and that checkpoint's way back
+still fit, then stops; the pipeline packs that checkpoint whole (weights, optimizer and RNG state,
+meta.json: ~1.27 GB for this draft, 85 parts of 15 MB, `node checkpoint K` for K = 0..21, ~8 s
+each), and `prepare --checkpoint-from checkpoint.tar` carries it to the next session's fresh node
+(~32 more payload parts), where the draft resumes at that step and at its epochs, to the weights
+a resume on the first machine gives (tests/test_h200_runner.py). Not run on the H200 yet.
 
     .venv/bin/python benchmarks/h200_run.py prepare --bundle DIR \
         --profile deployments/params/qwen25-coder.yaml \
         --run-from benchmarks/results/real-run-node/run-15/generation.tar \
-        [--draft-from drafts.tar]                                 # prints the part count
+        [--draft-from drafts.tar | --checkpoint-from checkpoint.tar]   # prints the part count
     python3 benchmarks/h200_run.py node receive N                # N = 1..31 (~37 with a draft; prepare prints the count)
     python3 benchmarks/h200_run.py node start --plan PLAN --budget S   # with the last part; S = device seconds left
     python3 benchmarks/h200_run.py node wait --timeout 540      # back to back until done
     python3 benchmarks/h200_run.py node drafts K                # when `node wait` says a draft is packed
+    python3 benchmarks/h200_run.py node checkpoint K            # when it says a checkpoint is packed
+    cat DIR*/checkpoint.tar.part-* > checkpoint.tar             # here; its sha256 is the index.json's
     .venv/bin/python benchmarks/qwen_run_report.py DIR1 DIR2 ... # here, at the end: qwen-run.json
 
 The sessions, in order:
@@ -171,10 +180,13 @@ The sessions, in order:
    draft: before the draft trains it fits the epochs (the profile's 4, else 3, 2 or 1) so that the
    draft at the measured pace (QWEN_STEP_S, from the regenerated tokens) and the gate the node
    prefers, num_steps 3 and the tree twice each with the baseline (preferred_gate, ~840 s), both
-   end in the session (measurements.json's train_epochs); `node train-watched` then stops the
-   draft at its first checkpoint only if its own pace leaves too little for the least gate that
-   decides (the baseline and num_steps 3, ~590 s). A draft stopped so resumes from its checkpoint
-   when `node start --plan P --budget S` is called again on the same machine. At the gate the node
+   end in the session (measurements.json's train_epochs); `node train-watched` records at its
+   first checkpoint whether its own pace leaves the least gate that decides (the baseline and
+   num_steps 3, ~590 s) its time (train-fit.json's fits), and trains on either way: to its end
+   when it gets there (then the gate, as much of it as fits), else to the last checkpoint that
+   can still come back (above: `node checkpoint K`, `prepare --checkpoint-from`). A draft stopped
+   so also resumes from its checkpoint when `node start --plan P --budget S` is called again on
+   the same machine (run 17 did so by hand, from step 200). At the gate the node
    runs the largest gate that ends in the time left, leaving out num_steps 1, then 2, then the
    tree (gate_trims; measurements.json's gate_trimmed). Give `--budget` the device time left less
    ~10 s. When `node wait` says a draft was just packed, fetch it at once, `node drafts 0` to
@@ -234,7 +246,7 @@ from benchmarks.h200.node_steps import (  # noqa: E402
 )
 from benchmarks.h200.payload import prepare  # noqa: E402
 from benchmarks.h200.plans import PLANS, RECIPE_PLANNED, RECIPE_VARIANTS, SKIPPABLE  # noqa: E402
-from benchmarks.h200.travel import node_drafts  # noqa: E402
+from benchmarks.h200.travel import node_packed  # noqa: E402
 
 
 def collect(args: argparse.Namespace) -> int:
@@ -259,6 +271,9 @@ def main() -> int:
                    "folder, generation complete, travels instead of a fresh discovery, and the node does not regenerate")  # fmt: skip
     p.add_argument("--draft-from", help="an earlier session's drafts.tar (`node drafts K`'s parts joined) of a qwen plan: "
                    "its draft travels in the run folder, and the node gates it instead of training one")  # fmt: skip
+    p.add_argument("--checkpoint-from", help="an earlier session's checkpoint.tar (`node checkpoint K`'s parts joined) of a "
+                   "watched draft its session stopped before the end of its schedule: it travels in the run folder, and "
+                   "the node resumes that draft at its step, at its epochs")  # fmt: skip
     p.add_argument("--anchor-from", help="an earlier recipe session's drafts.tar (`node drafts K`'s parts joined): "
                    "SpecForge's draft in it travels, and the recipe plan gates and replays it beside this session's "
                    "variants instead of training SpecForge's again (needs --run-from, the generation it was trained on)")  # fmt: skip
@@ -272,7 +287,8 @@ def main() -> int:
                    help="an earlier run's results folder, kept beside it under earlier_runs (repeatable, newest first)")
     n = sub.add_parser("node", help="on the H200 node")
     n.add_argument("what", choices=["receive", "start", "wait", "pipeline", "reference", "agreement", "scaling", "replay",
-                                    "recipe-replay", "recipe-variant", "drafts", "plain", "train-watched", "verify-probe"])  # fmt: skip
+                                    "recipe-replay", "recipe-variant", "drafts", "checkpoint", "plain", "train-watched",
+                                    "verify-probe"])  # fmt: skip
     n.add_argument("arg", nargs="?")
     n.add_argument("--timeout", type=float, default=540.0)
     n.add_argument("--budget", type=float, help="start: the device seconds the pipeline has (bounds SpecForge)")
@@ -304,8 +320,8 @@ def main() -> int:
         return node_recipe_replay()
     if what == "recipe-variant":
         return Pipeline().recipe_variant(args.arg or "")
-    if what == "drafts":
-        return node_drafts(int(args.arg or 0))
+    if what in ("drafts", "checkpoint"):
+        return node_packed(what, int(args.arg or 0))
     if what == "reference":
         return node_reference()
     if what == "agreement":

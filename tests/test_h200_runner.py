@@ -306,7 +306,7 @@ def test_the_recipe_plan_packs_the_best_draft_and_specforge_s_and_node_drafts_re
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """pack_drafts picks our variant with the best accept length on the gate, packs it with
-    SpecForge's; `node drafts K` returns parts DRAFT_PARTS_PER_CALL at a time, and the parts
+    SpecForge's; `node drafts K` returns parts PARTS_PER_CALL at a time, and the parts
     joined are the tar index.json's sha256 names; SpecForge's draft unpacked from them is what
     `prepare --anchor-from` carries, a tar without it is refused naming it, and a node that
     carried it packs ours alone."""
@@ -316,7 +316,7 @@ def test_the_recipe_plan_packs_the_best_draft_and_specforge_s_and_node_drafts_re
     import tarfile
 
     _on_node(monkeypatch, tmp_path)
-    monkeypatch.setattr(travel, "DRAFT_PART_BYTES", 1000)
+    monkeypatch.setattr(travel, "PART_BYTES", 1000)
     finals = {}
     for name, size in (("default", 1500), ("betas", 2500), ("specforge", 900)):
         folder = tmp_path / (f"recipe-{name}/train/final" if name != "specforge" else "specforge/draft")
@@ -332,12 +332,12 @@ def test_the_recipe_plan_packs_the_best_draft_and_specforge_s_and_node_drafts_re
     node_pipeline.Pipeline().pack_drafts(finals, gated)
     index = json.loads((tmp_path / "drafts/index.json").read_text())
     assert list(index["drafts"]) == ["betas", "specforge"] and index["best_by"] == "gate"
-    assert len(index["parts"]) > travel.DRAFT_PARTS_PER_CALL
+    assert len(index["parts"]) > travel.PARTS_PER_CALL
     joined = b""
-    for k in range(-(-len(index["parts"]) // travel.DRAFT_PARTS_PER_CALL)):  # the calls `node drafts` names
+    for k in range(-(-len(index["parts"]) // travel.PARTS_PER_CALL)):  # the calls `node drafts` names
         out = tmp_path / f"out-{k}"
         monkeypatch.setenv("OUT", str(out))
-        assert travel.node_drafts(k) == 0
+        assert travel.node_packed("drafts", k) == 0
         joined += b"".join((out / p).read_bytes() for p in sorted(o.name for o in out.glob("drafts.tar.part-*")))
     assert hashlib.sha256(joined).hexdigest() == index["sha256"]
     with tarfile.open(fileobj=io.BytesIO(joined)) as tar:
@@ -568,10 +568,12 @@ def test_a_session_that_trains_its_draft_leaves_the_gate_its_time(tmp_path: Path
     # same machine (run 17, by hand then); one whose training failed outright does not.
     started.clear()
     assert node_pipeline.Pipeline().draft_to_gate() is False and started == []
-    (tmp_path / "train-fit.json").write_text(json.dumps({"finished": False, "decided_at_step": 200, "fits": False}))
+    (tmp_path / "train-fit.json").write_text(json.dumps({"finished": False, "decided_at_step": 200, "fits": False,
+                                                          "stopped_at_step": 400}))  # fmt: skip
     assert node_pipeline.Pipeline().draft_to_gate() is False
     assert [argv[-2:] for argv in started] == [["train-watched", str(least)]]
-    assert "`node start` again on this machine resumes it" in json.loads((tmp_path / "status.json").read_text())["detail"]
+    detail = json.loads((tmp_path / "status.json").read_text())["detail"]
+    assert "stopped at step 400, whose checkpoint travels" in detail and "`node start` again on this machine" in detail
 
 
 def test_scaling_drafts_beside_a_carried_draft_train_at_its_epochs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -597,7 +599,7 @@ def test_scaling_drafts_beside_a_carried_draft_train_at_its_epochs(tmp_path: Pat
         (tmp_path / "options.json").write_text(json.dumps(plans.plan_options([], "qwen-scaling", None, plans.parse_settings(sets or []))))
         pipeline = node_pipeline.Pipeline()
         pipeline.write_params()
-        pipeline.epochs_of_carried_draft()
+        pipeline.epochs_carried()
         return pipeline, yaml.safe_load((tmp_path / "params.yaml").read_text())["train"]["epochs"]
 
     pipeline, epochs = read_as(612)
@@ -607,6 +609,56 @@ def test_scaling_drafts_beside_a_carried_draft_train_at_its_epochs(tmp_path: Pat
     pipeline, epochs = read_as(816)
     assert epochs == 4 and not any(s.startswith("train.epochs") for s in pipeline.sets)
     pipeline, epochs = read_as(612, ["train.epochs=2"])
+    assert epochs == 2 and not (tmp_path / "measurements.json").exists()
+
+
+def test_a_draft_resumed_from_a_carried_checkpoint_trains_at_its_epochs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint carried in (`prepare --checkpoint-from`) of a draft scheduled for 3 epochs of
+    204 steps, where the profile says 4: the node resumes it at 3 epochs, exactly (the trainer
+    refuses a resume at other total steps), whatever the device time left would choose; a
+    restart keeps that, and epochs given with --set stand."""
+    import json
+    import time
+
+    import yaml
+
+    _on_node(monkeypatch, tmp_path)
+    monkeypatch.setattr(node_env, "EXTRA_SETS", [])
+    (tmp_path / "manifest.json").write_text(json.dumps({"parts": [], "profile": str(QWEN.relative_to(RUNNER.parents[1]))}))
+    (tmp_path / "run/generate").mkdir(parents=True)
+    (tmp_path / "run/generate/progress.json").write_text(json.dumps(
+        {"tokens": {"prompt_done": 1_286_841, "completion_done": 1_856_553}}))  # fmt: skip
+    step = tmp_path / "run/train/checkpoints/step-400"
+    step.mkdir(parents=True)
+    (step / "trainer_state.json").write_text(json.dumps({"step": 400, "total_steps": 612, "steps_per_epoch": 204}))
+    (tmp_path / "carried.json").write_text(json.dumps({"generation": True, "draft": False, "checkpoint": False}))
+
+    def fitted(sets: list[str] | None = None) -> tuple[node_pipeline.Pipeline, int]:
+        (tmp_path / "options.json").write_text(json.dumps(plans.plan_options([], "qwen-gate", None, plans.parse_settings(sets or []))))
+        # 1,600 s left: a draft trained from its start here would keep the profile's 4 epochs.
+        (tmp_path / "deadline.json").write_text(json.dumps({"ends_at": time.time() + 1600, "budget_s": 1800}))
+        pipeline = node_pipeline.Pipeline()
+        pipeline.write_params()
+        pipeline.epochs_within_budget()
+        return pipeline, yaml.safe_load((tmp_path / "params.yaml").read_text())["train"]["epochs"]
+
+    # A checkpoint without its meta.json is no checkpoint (a save cut short): nothing carried.
+    assert node_pipeline.run_holds(tmp_path / "run")["checkpoint"] is False
+    (step / "meta.json").write_text(json.dumps({"step": 400, "sha256": {}}))
+    assert node_pipeline.run_holds(tmp_path / "run")["checkpoint"] is True
+    (tmp_path / "carried.json").write_text(json.dumps(node_pipeline.run_holds(tmp_path / "run")))
+    pipeline, epochs = fitted()
+    said = json.loads((tmp_path / "measurements.json").read_text())["train_epochs"]
+    assert epochs == 3 and "train.epochs=3" in pipeline.sets
+    assert said["carried_checkpoint"] == "step-400" and said["carried_checkpoint_steps"] == 612 and said["profile_epochs"] == 4
+    (step / "trainer_state.json").write_text(json.dumps({"step": 400, "total_steps": 816, "steps_per_epoch": 204}))
+    pipeline, epochs = fitted()  # a restart keeps its first reading
+    assert epochs == 3
+    (tmp_path / "measurements.json").unlink()
+    pipeline, epochs = fitted()
+    assert epochs == 4 and not any(s.startswith("train.epochs") for s in pipeline.sets)
+    (tmp_path / "measurements.json").unlink()
+    pipeline, epochs = fitted(["train.epochs=2"])
     assert epochs == 2 and not (tmp_path / "measurements.json").exists()
 
 
@@ -710,8 +762,9 @@ def test_node_wait_ends_when_a_draft_is_packed_so_that_it_travels_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Run 17's draft was packed before its gate, and 8 of its 15 parts came back before the
-    session's device time ran out in that gate. `node wait` now ends as soon as a draft is packed
-    during the call (the pipeline still running); a draft packed before the call does not end it."""
+    session's device time ran out in that gate. `node wait` now ends as soon as a draft, or a
+    stopped draft's checkpoint, is packed during the call (the pipeline still running); one packed
+    before the call does not end it."""
     import json
     import threading
     import time
@@ -733,7 +786,18 @@ def test_node_wait_ends_when_a_draft_is_packed_so_that_it_travels_at_once(
     began = time.monotonic()
     assert lifecycle.node_wait(timeout=60) == 0
     writer.join()
-    assert time.monotonic() - began < 15 and "a draft was just packed" in capsys.readouterr().out
+    assert time.monotonic() - began < 15 and "just packed: drafts;" in capsys.readouterr().out
+    # A checkpoint packed during the call (a watched draft stopped before its end) ends it too.
+    writer = threading.Timer(2.0, lambda: (tmp_path / "status.json").write_text(json.dumps({
+        "step": "checkpoint-pack", "state": "running", "steps": {
+            "draft-pack": {"state": "done", "began_at": time.time() - 100},
+            "checkpoint-pack": {"state": "done", "began_at": time.time()}}})))  # fmt: skip
+    writer.start()
+    began = time.monotonic()
+    assert lifecycle.node_wait(timeout=60) == 0
+    writer.join()
+    said = capsys.readouterr().out
+    assert time.monotonic() - began < 15 and "just packed: checkpoint;" in said and "`node checkpoint K`" in said
 
 
 def test_what_node_wait_brings_back_of_a_server_log_is_its_start_and_its_end(
@@ -796,6 +860,45 @@ def test_prepare_ships_the_profile_s_target_wheels(tmp_path: Path, monkeypatch: 
         payload.target_wheels(qwen, tmp_path)
 
 
+def test_prepare_refuses_a_checkpoint_it_cannot_carry_before_anything_is_downloaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`prepare --checkpoint-from` needs the generation the draft trained on (--run-from), is one
+    draft or the other with --draft-from, and a checkpoint.tar that is not one is refused, naming
+    the file, before the bundle is read or a wheel downloaded."""
+    import argparse
+    import tarfile
+
+    monkeypatch.setattr(node_env, "LOCAL", tmp_path / "local")
+    commands: list[list[str]] = []
+    monkeypatch.setattr(payload, "run_command", lambda cmd, **kw: commands.append(cmd))
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "part-aa").write_bytes(b"not a bundle")
+    (bundle / "SHA256").write_text("0" * 64 + "  bundle.tar.xz\n")
+    generation = tmp_path / "generation.tar"
+    (tmp_path / "run/generate").mkdir(parents=True)
+    (tmp_path / "run/generate/_COMPLETE").write_text("")
+    with tarfile.open(generation, "w") as tar:
+        tar.add(tmp_path / "run", "run")
+
+    def prepare(**given: str) -> tuple[int, str]:
+        args = {"bundle": str(bundle), "profile": str(QWEN), "run_from": None, "draft_from": None,
+                "checkpoint_from": None, "anchor_from": None, "target_wheels": None, **given}  # fmt: skip
+        code = payload.prepare(argparse.Namespace(**args))
+        return code, capsys.readouterr().err
+
+    code, said = prepare(checkpoint_from=str(generation))
+    assert code == 2 and "prepare --checkpoint-from needs --run-from" in said
+    code, said = prepare(run_from=str(generation), draft_from="drafts.tar", checkpoint_from="checkpoint.tar")
+    assert code == 2 and "one draft or the other" in said
+    code, said = prepare(run_from=str(generation), checkpoint_from=str(generation))
+    assert code == 2 and f"{generation}: members outside run/train/" in said
+    assert commands == [] and not (tmp_path / "local/payload").exists()
+    code, said = prepare(run_from=str(generation))  # what is carried is fine: the bundle is read, and refused
+    assert code == 2 and "the parts do not add up to SHA256" in said and commands == []
+
+
 def test_a_payload_part_fills_what_a_call_leaves_beside_the_working_tree(tmp_path: Path) -> None:
     """A device call carries the working tree (tracked and untracked-not-ignored files) beside
     its part: the part is sized from the tree as it is (run 16's first calls were refused once
@@ -818,19 +921,25 @@ def test_a_payload_part_fills_what_a_call_leaves_beside_the_working_tree(tmp_pat
         payload.part_bytes(repo)
 
 
-def test_a_draft_trained_in_one_session_is_gated_in_the_next(
+def test_a_draft_trained_across_sessions_resumes_on_a_fresh_node_and_is_gated_in_the_next(
     tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`node train-watched` stops the draft at its first checkpoint when its measured pace says
-    the rest would outrun the session (train-fit.json says so), and trains it to the end when
-    it fits; the draft packed to travel (`node drafts K`) is its best checkpoint in bf16 with the
-    files the gate and the scaling drafts read, and what `prepare --draft-from` unpacks; a node
-    given it knows it carried a draft and sends no generation back."""
+    """A watched draft that will not end in its session stops at the last checkpoint whose way
+    back still fits (train-fit.json says where); that checkpoint, packed whole (`node checkpoint
+    K`), is what `prepare --checkpoint-from` unpacks, sha256-checked, and a fresh node given it
+    (with the generation) knows it carried a checkpoint, keeps the recorded schedule and resumes
+    the draft at that step, to the same weights as a resume on the machine that stopped it. The
+    draft it finishes, packed to travel (`node drafts K`), is its best checkpoint in bf16 with the
+    files the gate and the scaling drafts read, what `prepare --draft-from` unpacks; the next
+    node gates it beside a scaling draft."""
     import json
     import shutil
+    import tarfile
     import time
 
+    import torch
     from safetensors import safe_open
+    from safetensors.torch import load_file
 
     from tests.draft_support import extracted_run, params_for
 
@@ -839,23 +948,69 @@ def test_a_draft_trained_in_one_session_is_gated_in_the_next(
                   eval_every=2, save_every=2, scaling_fractions=[])  # fmt: skip
     _on_node(monkeypatch, node)
     monkeypatch.setattr(node_steps, "PACE_WARMUP_STEPS", 0)
-    # An hour left, but what follows the draft (its gate) needs more: it stops at its first checkpoint.
-    (node / "deadline.json").write_text(json.dumps({"ends_at": time.time() + 3600, "budget_s": 3600.0}))
-    assert node_steps.node_train_watched(reserve_s=4000.0) == 0
+    # 20 s left: less than the draft and its gate need, and less than its checkpoint's way back
+    # would need after one more checkpoint: it stops at its first, step 2 of 4.
+    (node / "deadline.json").write_text(json.dumps({"ends_at": time.time() + 20, "budget_s": 1800.0}))
+    assert node_steps.node_train_watched(reserve_s=600.0) == 0
     fit = json.loads((node / "train-fit.json").read_text())
     assert fit["fits"] is False and fit["finished"] is False and fit["decided_at_step"] == 2
-    assert fit["reserve_s"] == 4000.0 and fit["remaining_s"] < fit["seconds_left"]  # the draft alone would fit
-    assert fit["total_steps"] == 4 and fit["pace_s"] > 0 and fit["steps_trained"] == 2
+    assert fit["stopped_at_step"] == 2 and fit["resumed_from"] is None and fit["steps_trained"] == 2
+    assert fit["checkpoint_travel_s"] >= node_steps.CHECKPOINT_PACK_S + travel.SECONDS_PER_CALL
+    assert fit["total_steps"] == 4 and fit["pace_s"] > 0
+    assert node_steps.trains_on(2, 4, 2, fit["pace_s"], 0.0, 3600.0, fit["checkpoint_travel_s"])  # an hour: on
+    node_pipeline.Pipeline().pack_run_checkpoint()
+    index = json.loads((node / "checkpoint/index.json").read_text())
+    assert index["checkpoint"] == "train/checkpoints/step-2" and index["step"] == 2 and index["total_steps"] == 4
+    out = tmp_path / "out-checkpoint"
+    monkeypatch.setenv("OUT", str(out))
+    for k in range(travel.calls_for(index["bytes"])):
+        assert travel.node_packed("checkpoint", k) == 0
+    packed_checkpoint = tmp_path / "checkpoint.tar"
+    packed_checkpoint.write_bytes(b"".join((out / p).read_bytes() for p in index["parts"]))
+    assert node_env.sha256(packed_checkpoint) == index["sha256"]
+    # The machine that stopped it resumes it (`node start` again there; no deadline: to the end).
     (node / "deadline.json").unlink()
-    assert node_steps.node_train_watched() == 0  # resumes at step 2, no deadline: to the end (its last checkpoint decides nothing)
+    assert node_steps.node_train_watched() == 0
     fit = json.loads((node / "train-fit.json").read_text())
-    assert fit["finished"] is True and fit["steps_trained"] == 2 and fit["decided_at_step"] is None
+    assert fit["finished"] is True and fit["resumed_from"] == "step-2" and fit["steps_trained"] == 2
+    # The next session's node: the run folder as `prepare --run-from --checkpoint-from` carries it.
+    (tmp_path / "out-generation").mkdir()
+    travel.collect_generation(tmp_path / "out-generation")
+    generation = tmp_path / "out-generation/generation.tar"
+    generation.write_bytes(b"".join(p.read_bytes() for p in sorted(generation.parent.glob("generation.tar.part-*"))))
+    resumed = tmp_path / "node-resumed"
+    travel.unpack_generation(generation, resumed / "src")
+    train = travel.unpack_checkpoint(packed_checkpoint, resumed / "src")
+    assert sorted(p.name for p in train.iterdir()) == ["best.json", "checkpoints", "vocab_map.safetensors"]
+    shutil.copytree(resumed / "src/run", resumed / "run")
+    params_for(resumed, tiny_target_dir, hidden_states="online", max_steps=4, eval_every=2, save_every=2,
+               scaling_fractions=[])  # fmt: skip
+    monkeypatch.setattr(node_env, "NODE", resumed)
+    node_pipeline.Pipeline()._note_carried()
+    assert travel.carried() == {"generation": True, "draft": False, "checkpoint": True}
+    assert node_steps.node_train_watched() == 0
+    fit = json.loads((resumed / "train-fit.json").read_text())
+    assert fit["finished"] is True and fit["resumed_from"] == "step-2" and fit["steps_trained"] == 2
+    here, there = (load_file(n / "run/train/checkpoints/step-4/model.safetensors") for n in (node, resumed))
+    assert here.keys() == there.keys() and all(torch.equal(here[k], there[k]) for k in here)
+    # A checkpoint brought back broken is refused before anything is unpacked, naming the file.
+    broken = tmp_path / "broken.tar"
+    data = bytearray(packed_checkpoint.read_bytes())
+    with tarfile.open(packed_checkpoint) as tar:
+        data[tar.getmember("run/train/checkpoints/step-2/optimizer.pt").offset_data + 100] ^= 0xFF
+    broken.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"broken\.tar: run/train/checkpoints/step-2/optimizer\.pt does not match the sha256"):
+        travel.unpack_checkpoint(broken, tmp_path / "bad-checkpoint")
+    assert not (tmp_path / "bad-checkpoint").exists()
+    with pytest.raises(ValueError, match=r"generation\.tar: members outside run/train/"):
+        travel.unpack_checkpoint(generation, tmp_path / "bad-checkpoint")
+    # The finished draft travels as a draft: its best checkpoint in bf16.
     assert node_steps.node_plain("train", []) == 0  # the train stage: resumes at its end, exports
     node_pipeline.Pipeline().pack_run_draft()
-    index = json.loads((node / "drafts/index.json").read_text())
+    index = json.loads((resumed / "drafts/index.json").read_text())
     out = tmp_path / "out"
     monkeypatch.setenv("OUT", str(out))
-    assert travel.node_drafts(0) == 0
+    assert travel.node_packed("drafts", 0) == 0
     packed = tmp_path / "drafts.tar"
     packed.write_bytes(b"".join((out / p).read_bytes() for p in index["parts"]))
     train = travel.unpack_draft(packed, tmp_path / "src")
@@ -867,11 +1022,7 @@ def test_a_draft_trained_in_one_session_is_gated_in_the_next(
     assert json.loads((train / "final/config.json").read_text())["torch_dtype"] == "bfloat16"
     with pytest.raises(ValueError, match=r"generation\.tar: members outside run/train/"):
         travel.unpack_draft(_tar_of(tmp_path, node), tmp_path / "bad")
-    # The next session's node: the run folder as `prepare --run-from --draft-from` carries it (the
-    # generation as `node wait` brought it back, the draft unpacked into its train/), nothing else.
-    travel.collect_generation(out)
-    generation = tmp_path / "generation.tar"
-    generation.write_bytes(b"".join(p.read_bytes() for p in sorted(out.glob("generation.tar.part-*"))))
+    # The session after: the run folder as `prepare --run-from --draft-from` carries it, nothing else.
     fresh = tmp_path / "node2"
     travel.unpack_generation(generation, fresh / "src")
     travel.unpack_draft(packed, fresh / "src")
@@ -879,7 +1030,7 @@ def test_a_draft_trained_in_one_session_is_gated_in_the_next(
     monkeypatch.setattr(node_env, "NODE", fresh)
     pipeline = node_pipeline.Pipeline()
     pipeline._note_carried()
-    assert travel.carried() == {"generation": True, "draft": True}
+    assert travel.carried() == {"generation": True, "draft": True, "checkpoint": False}
     (tmp_path / "out2").mkdir()
     travel.collect_generation(tmp_path / "out2")
     assert list((tmp_path / "out2").iterdir()) == []

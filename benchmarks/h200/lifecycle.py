@@ -18,7 +18,7 @@ from typing import Any
 from benchmarks.h200 import node_env
 from benchmarks.h200.node_env import read_json, sha256
 from benchmarks.h200.plans import NEEDS_DRAFT, RECIPE_ROOT, parse_settings, plan_options
-from benchmarks.h200.travel import DRAFT_PARTS_PER_CALL, collect_generation
+from benchmarks.h200.travel import PACKED, PARTS_PER_CALL, collect_generation
 
 
 def node_receive(k: int) -> int:
@@ -99,10 +99,10 @@ def node_wait(timeout: float) -> int:
             last = step
         if status.get("state") in ("done", "failed") or time.time() - began > timeout:
             break
-        packed = (status.get("steps") or {}).get("draft-pack") or {}
-        if packed.get("state") == "done" and (packed.get("began_at") or 0) >= began:
-            print("node wait: a draft was just packed: fetch it now (`node drafts K`, below), then `node wait` "
-                  "again; the pipeline goes on", flush=True)  # fmt: skip
+        just = [name for name in PACKED if _packed_since(status, name, began)]
+        if just:
+            print(f"node wait: just packed: {', '.join(just)}; fetch it now ({', '.join(f'`node {n} K`' for n in just)}, "
+                  "below), then `node wait` again; the pipeline goes on", flush=True)  # fmt: skip
             break
         if time.time() - collected > 60:  # a call cut short by the session's device time still returns these
             collect_node_results(out)
@@ -110,11 +110,20 @@ def node_wait(timeout: float) -> int:
         time.sleep(5)
     collect_node_results(out)
     print(json.dumps({k: status.get(k) for k in ("step", "state", "detail", "steps")}, indent=1)[-3000:])
-    drafts = read_json(node_env.NODE / "drafts/index.json")
-    if drafts:  # the recipe plan's drafts, too big for this call's files
-        calls = -(-len(drafts["parts"]) // DRAFT_PARTS_PER_CALL)
-        print(f"drafts {list(drafts['drafts'])} packed in {len(drafts['parts'])} parts: `node drafts K` for K in 0..{calls - 1}")
+    for name in PACKED:  # drafts, a checkpoint: too big for this call's files
+        index = read_json(node_env.NODE / name / "index.json")
+        if index:
+            calls = -(-len(index["parts"]) // PARTS_PER_CALL)
+            what = list(index["drafts"]) if name == "drafts" else index["checkpoint"]
+            print(f"{name} {what} packed in {len(index['parts'])} parts ({index['bytes'] / 1e6:.0f} MB): "
+                  f"`node {name} K` for K in 0..{calls - 1}")  # fmt: skip
     return 0 if status.get("state") != "failed" else 1
+
+
+def _packed_since(status: dict[str, Any], name: str, since: float) -> bool:
+    """Whether the pipeline's step that packs `name` (PACKED) ended since."""
+    step = (status.get("steps") or {}).get(PACKED[name]) or {}
+    return step.get("state") == "done" and (step.get("began_at") or 0) + (step.get("seconds") or 0) >= since
 
 
 # What `node wait` brings back of the run folder. gate/scaling/replay.json and gate/progress.json
@@ -201,7 +210,7 @@ def collect_node_results(out: Path) -> None:
         for name in ("run-online", "run-1k", "run-penalty", *recipe):
             _add_root(tar, node_env.NODE / name, SIBLING_RESULT_FILES)
         for path in [node_env.NODE / "replay-compare.json", node_env.NODE / "recipe-replay.json", node_env.NODE / "drafts/index.json",
-                     node_env.NODE / "train-fit.json", node_env.NODE / "carried.json", node_env.NODE / "options.json",
+                     node_env.NODE / "checkpoint/index.json", node_env.NODE / "train-fit.json", node_env.NODE / "carried.json", node_env.NODE / "options.json",
                      *sorted(node_env.NODE.glob("recorded/*.json")), *sorted(node_env.NODE.glob("registry/*.json")),
                      *sorted(node_env.NODE.glob("registry/history/*.json"))]:  # fmt: skip
             if path.is_file():

@@ -38,7 +38,15 @@ from benchmarks.h200.plans import (
     contender_name,
     recipe_gate_sets,
 )
-from benchmarks.h200.travel import carried, carried_anchor, pack_parts, run_holds
+from benchmarks.h200.travel import (
+    carried,
+    carried_anchor,
+    checkpoint_members,
+    members_bytes,
+    newest_checkpoint,
+    pack_parts,
+    run_holds,
+)
 
 SGLANG = "0.5.14"  # the node's bundle: what the generation server runs
 # The session's device time is the run's hard limit: once eaglescale's drafts are trained,
@@ -676,10 +684,10 @@ class Pipeline:
 
     def qwen_generate(self) -> None:
         """The "qwen-generate" plan (PLANS): the generation and its plain batched request; then,
-        beside the agreement check, the full draft trained online for as long as its measured
-        pace says it ends in the session (`node train-watched`, against `node start --budget`),
-        exported by the train stage and packed to travel (`node drafts K`); else stopped at its
-        first checkpoint, and the next session trains it."""
+        beside the agreement check, the full draft trained online, watched (train_watched):
+        exported by the train stage and packed to travel (`node drafts K`) when it ends in the
+        session, else stopped at the last checkpoint that can still come back, packed to travel
+        (`node checkpoint K`), and the next session resumes it."""
         self.setup()
         self.write_params()
         self.generate_once(reference=True)
@@ -695,18 +703,27 @@ class Pipeline:
         self.export_and_pack(env)
 
     def train_watched(self, env: dict[str, str], reserve_s: float = 0.0) -> None:
-        """The full draft trained online while its measured pace says it ends in the session with
-        `reserve_s` to spare (`node train-watched`, against `node start --budget`); else stopped
-        at its first checkpoint, train-fit.json saying so. A draft stopped so resumes from that
-        checkpoint when the pipeline is started again on the same machine (`node start --budget`
-        with the device time left then), and decides again at its next checkpoint: run 17's,
-        stopped at step 200 by a reserve too large, finished in 454 s more and was gated."""
-        stopped = (read_json(node_env.NODE / "train-fit.json") or {}).get("finished") is False
-        if not self.done_before("train-watched") or stopped:
+        """The full draft trained online, watched against the session's device time (`node
+        train-watched`, against `node start --budget`; `reserve_s`: what follows it, its gate,
+        which train-fit.json's `fits` counts): to its end when it gets there in the session, else
+        as far as its last checkpoint that can still be brought back, which is then packed to
+        travel (`node checkpoint K`, `prepare --checkpoint-from`) and resumed by the next session's
+        node. A draft stopped so also resumes from that checkpoint when the pipeline is started
+        again on the same machine (`node start --budget` with the device time left then), as run
+        17's did, by hand, from step 200. With a carried checkpoint the draft trains at its epochs
+        (epochs_carried): a resume on another recipe is refused."""
+        fit = read_json(node_env.NODE / "train-fit.json") or {}
+        if not self.done_before("train-watched") or fit.get("finished") is False:
+            if carried()["checkpoint"]:
+                self.epochs_carried()
             self.note("train-watched", "running")
             watched = [str(node_env.RUNNER), "node", "train-watched", str(reserve_s)]
             self.optional(lambda: self.py(watched, "train-draft", env), "train-watched", mark=True)
-            self.save_measure("train_fit", read_json(node_env.NODE / "train-fit.json"))
+            fit = read_json(node_env.NODE / "train-fit.json") or {}
+            self.save_measure("train_fit", fit)
+            if fit.get("stopped_at_step") is not None:  # this pass's checkpoint, whichever an earlier pass packed
+                self.note("checkpoint-pack", "running")  # timed: what the travel costs on the node
+                self.optional(self.pack_run_checkpoint, "checkpoint-pack", mark=True)
 
     def export_and_pack(self, env: dict[str, str]) -> bool:
         """A watched draft that finished: exported by the train stage (it resumes at its last
@@ -723,9 +740,11 @@ class Pipeline:
         """The draft a qwen plan gates: the carried one (`prepare --draft-from`), else this run's,
         trained here first, watched as qwen-generate's is, exported and packed (so that `node
         drafts K` can fetch it while the gate runs). A draft does not outlive the workspace that
-        received it, so a session often trains its own (run 15: 454 s at 3 epochs). False, with
-        status.json's gate step saying why, when it stopped at its first checkpoint (it would not
-        have ended in the session) or its training failed: no gate runs then."""
+        received it, so a session often trains its own (run 15: 454 s at 3 epochs), or resumes one
+        from the checkpoint an earlier session brought back (`prepare --checkpoint-from`). False,
+        with status.json's gate step saying why, when it stopped at a checkpoint (it would not
+        have ended in the session: that checkpoint travels) or its training failed: no gate runs
+        then."""
         if carried()["draft"]:
             return True
         self.epochs_within_budget()
@@ -733,10 +752,11 @@ class Pipeline:
         self.train_watched(env, gate_seconds(gate_trims(self.params_data()["gate"])[-1][1]))  # the least that decides
         if self.export_and_pack(env):
             return True
-        why = ("the draft would not have finished in this session (train-fit.json): `node start` again on this "
-               "machine resumes it from its checkpoint, or a session with more device time left trains it"
-               if read_json(node_env.NODE / "train-fit.json")
-               else "no draft: its training failed (logs/train-draft.log)")  # fmt: skip
+        fit = read_json(node_env.NODE / "train-fit.json")
+        why = (f"the draft would not have finished in this session (train-fit.json): it stopped at step "
+               f"{fit.get('stopped_at_step')}, whose checkpoint travels (`node checkpoint K`, then the next session's "
+               "`prepare --checkpoint-from`); `node start` again on this machine also resumes it"
+               if fit else "no draft: its training failed (logs/train-draft.log)")  # fmt: skip
         self.note("gate", "skipped", why)
         return False
 
@@ -762,6 +782,9 @@ class Pipeline:
         stand."""
         import math
 
+        if carried()["checkpoint"]:  # the draft resumes: at the epochs it was started with
+            self.epochs_carried()
+            return
         chosen = self.measure.get("train_epochs")
         deadline = read_json(node_env.NODE / "deadline.json")
         progress = read_json(self.run_root / "generate/progress.json")
@@ -796,24 +819,34 @@ class Pipeline:
             self.sets.append(f"train.epochs={chosen['epochs']}")
             self.write_params()
 
-    def epochs_of_carried_draft(self) -> None:
-        """Beside a carried draft (qwen_scaling), the scaling drafts train at its epochs, so that
-        the curve's points share its recipe: its total steps (run/train/result.json's recipe)
-        over the steps an epoch of the run's regenerated tokens makes (PACKING_SLACK: run 15's
-        612 steps of 3 epochs read as 2.9). measurements.json's train_epochs says so; epochs
-        given with --set stand, and a restart keeps the first reading."""
-        if ("train", "epochs") in self.settings:
+    def epochs_carried(self) -> None:
+        """Beside a carried draft (qwen_scaling) or from a carried checkpoint (train_watched), the
+        drafts train at its epochs: the scaling drafts so that the curve's points share the
+        draft's recipe, the resumed draft because the trainer refuses a resume on another. A
+        checkpoint's are exact (its trainer state's total steps over its steps an epoch); a
+        draft's, its total steps (run/train/result.json's recipe) over the steps an epoch of the
+        run's regenerated tokens makes (PACKING_SLACK: run 15's 612 steps of 3 epochs read as
+        2.9). measurements.json's train_epochs says so; epochs given with --set stand, and a
+        restart keeps the first reading; a schedule in steps (a rehearsal's max_steps) is its own."""
+        train = self.params_data()["train"]
+        if ("train", "epochs") in self.settings or train.get("max_steps"):
             return
         chosen = self.measure.get("train_epochs")
         if chosen is None:
-            total = ((read_json(self.run_root / "train/result.json") or {}).get("recipe") or {}).get("total_steps")
-            progress = read_json(self.run_root / "generate/progress.json")
-            train = self.params_data()["train"]
-            if not total or not progress:
+            checkpoint = newest_checkpoint(self.run_root) if carried()["checkpoint"] else None
+            if checkpoint is not None:
+                state = read_json(checkpoint / "trainer_state.json") or {}
+                total, per_epoch = state.get("total_steps"), state.get("steps_per_epoch")
+                source = {"carried_checkpoint": checkpoint.name, "carried_checkpoint_steps": total}
+            else:
+                total = ((read_json(self.run_root / "train/result.json") or {}).get("recipe") or {}).get("total_steps")
+                progress = read_json(self.run_root / "generate/progress.json")
+                per_epoch = steps_per_epoch(progress, train) if progress else None
+                source = {"carried_draft_steps": total}
+            if not total or not per_epoch:
                 return
-            per_epoch = steps_per_epoch(progress, train)
             chosen = {"epochs": max(1, round(total / per_epoch)), "profile_epochs": int(train["epochs"]),
-                      "carried_draft_steps": total, "steps_per_epoch_estimate": per_epoch}  # fmt: skip
+                      **source, "steps_per_epoch_estimate": per_epoch}  # fmt: skip
             self.save_measure("train_epochs", chosen)
         self._train_at(chosen)
 
@@ -876,7 +909,7 @@ class Pipeline:
             if not self.done_before("train-parallel"):
                 self.train()  # its trainers' environment is its own
         elif not self.done_before("train-scaling"):
-            self.epochs_of_carried_draft()
+            self.epochs_carried()
             env = self.trainer_env()
             self.note("train-scaling", "running")
             codes = {name: proc.wait() for name, proc in self.start_scaling(env).items()}
@@ -929,8 +962,9 @@ class Pipeline:
         serves it in (half the fp32 export's bytes: 212 MB for this draft of a 1536-wide target
         over 32k draft tokens), as run/train/final, beside what the gate and the scaling drafts
         read (data.json, the vocabulary map) and the training's record (result, best, its
-        plot). No checkpoint travels (1.27 GB each with the optimizer's state), nor the vLLM
-        export: a later session gates this draft and trains none from it."""
+        plot). Not its checkpoints (1.27 GB each with the optimizer's state: a draft that did not
+        finish travels so instead, pack_run_checkpoint), nor the vLLM export: a later session
+        gates this draft and trains none from it."""
         best = read_json(self.run_root / "train/best.json")
         if not best:
             raise RuntimeError(f"{self.run_root}/train/best.json is missing: no trained draft to pack")
@@ -946,6 +980,22 @@ class Pipeline:
         index = pack_parts(members, {"drafts": {"run": str(train / "final")}, "dtype": "bfloat16",
                                      "checkpoint": best["checkpoint"]})  # fmt: skip
         self.save_measure("drafts", index)
+
+    def pack_run_checkpoint(self) -> None:
+        """The watched draft's newest checkpoint, stopped before the end of its schedule, for the
+        next session's fresh node (`prepare --checkpoint-from`, its parts brought back by `node
+        checkpoint K`): whole, optimizer and RNG state with it, so that the resume there is the
+        resume here (checkpoint_members). 1.27 GB for this draft: ~22 calls back, ~32 payload
+        parts forward."""
+        newest = newest_checkpoint(self.run_root)
+        if newest is None:
+            raise RuntimeError(f"{self.run_root}/train/checkpoints holds no complete checkpoint: nothing to pack")
+        members = checkpoint_members(self.run_root)
+        state = read_json(newest / "trainer_state.json") or {}
+        index = pack_parts(members, {"checkpoint": f"train/checkpoints/{newest.name}", "step": state.get("step"),
+                                     "total_steps": state.get("total_steps"), "members_bytes": members_bytes(members)},
+                           name="checkpoint")  # fmt: skip
+        self.save_measure("checkpoint", index)
 
     def optional(self, step: Any, label: str, mark: bool = False) -> None:
         """Run `step` (the step `label`); a failure is recorded in status.json and the plan goes

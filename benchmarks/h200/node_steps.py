@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
-from benchmarks.h200 import node_env
+from benchmarks.h200 import node_env, travel
 from benchmarks.h200.node_env import read_json
 from benchmarks.h200.plans import RECIPE_ROOT
 
@@ -57,10 +58,30 @@ def node_reference(n: int = 2048) -> int:
 # draft, ~5 s for the four `node drafts K` calls; 240 s before run 17, whose draft it stopped.
 TRAIN_TAIL_S = 120.0
 PACE_WARMUP_STEPS = 10  # left out of the pace: torch.compile's first batch shapes
+# A checkpoint that travels (`node checkpoint K`): packed on the node (tar and parts: it writes
+# its bytes twice, 1.27 GB for this draft with its optimizer's state), then brought back
+# travel.PARTS_PER_CALL parts a call at travel.SECONDS_PER_CALL each.
+CHECKPOINT_PACK_S = 30.0
 
 
 class DoesNotFit(Exception):
     """The watched draft's remaining steps would run past the session's device time."""
+
+
+def checkpoint_travel_s(nbytes: int) -> float:
+    """Device seconds from a stopped draft's last checkpoint to its parts here: the pack, then
+    the `node checkpoint K` calls."""
+    return CHECKPOINT_PACK_S + travel.calls_for(nbytes) * travel.SECONDS_PER_CALL
+
+
+def trains_on(step: int, total: int, save_every: int, pace_s: float, eval_save_s: float, left_s: float,
+              travel_s: float) -> bool:  # fmt: skip
+    """Whether a draft that will not end in the session trains on past the checkpoint it just
+    saved at `step`: only while its next checkpoint (save_every steps on, at most the last) and
+    that checkpoint's way back (`travel_s`) both end in the `left_s` seconds left. The training
+    done in a session then reaches the next one, on a fresh node, as a checkpoint."""
+    steps = min(save_every - step % save_every, total - step)
+    return steps * pace_s + eval_save_s + travel_s <= left_s
 
 
 def node_train_watched(reserve_s: float = 0.0) -> int:
@@ -68,11 +89,12 @@ def node_train_watched(reserve_s: float = 0.0) -> int:
     first checkpoint the pace so far (the median step after PACE_WARMUP_STEPS, the evaluation and
     save just made) gives what its remaining steps need; when that, TRAIN_TAIL_S and `reserve_s`
     (what the session does with the draft afterwards: its gate) would run past the session's
-    device time (`node start --budget`), it stops there, for the next session to train it (a
-    checkpoint, 1.27 GB with this draft's optimizer state, does not travel).
-    train-fit.json says which, with the measured pace and the steps it counted, and how long the
-    set-up took before the first step (ready_after_s) beside the first step itself
-    (first_step_after_s)."""
+    device time (`node start --budget`), the draft will not end in the session, and it trains on
+    only while its next checkpoint and that checkpoint's way back fit (trains_on), then stops;
+    the pipeline packs that checkpoint (`node checkpoint K`) and the next session's node resumes
+    it (`prepare --checkpoint-from`). train-fit.json says which, with the measured pace and the
+    steps it counted, where it stopped, and how long the set-up took before the first step
+    (ready_after_s) beside the first step itself (first_step_after_s)."""
     import statistics
 
     from tasks.draft.checkpoint import read_trainer_state
@@ -82,11 +104,14 @@ def node_train_watched(reserve_s: float = 0.0) -> int:
 
     cfg = _config()
     run = RunFolder(cfg.run_root, cfg.storage_options)
+    run_root = Path(cfg.run_root)  # the node's run roots are local folders
     deadline = read_json(node_env.NODE / "deadline.json")
     began = time.time()
     stamps: list[float] = []
+    resumes = travel.newest_checkpoint(run_root)  # where train_draft resumes: its newest complete checkpoint
     fit: dict[str, Any] = {"budget_s": deadline and deadline["budget_s"], "decided_at_step": None, "fits": None,
-                           "finished": False, "tail_allowance_s": TRAIN_TAIL_S, "reserve_s": reserve_s}  # fmt: skip
+                           "finished": False, "stopped_at_step": None, "tail_allowance_s": TRAIN_TAIL_S,
+                           "reserve_s": reserve_s, "resumed_from": resumes and resumes.name}  # fmt: skip
 
     def write() -> None:
         (node_env.NODE / "train-fit.json").write_text(json.dumps(fit, indent=1))
@@ -94,21 +119,29 @@ def node_train_watched(reserve_s: float = 0.0) -> int:
     def on_checkpoint(key: str) -> None:
         state = read_trainer_state(run, key)
         step, total = int(state["step"]), int(state["total_steps"])
-        if fit["decided_at_step"] is not None or step >= total:
+        if fit["fits"] or step >= total:
             return
         steady = stamps[min(PACE_WARMUP_STEPS, len(stamps) // 2) :]
         intervals = [b - a for a, b in zip(steady, steady[1:], strict=False)]
         pace = statistics.median(intervals) if intervals else stamps[-1] - began
         eval_save_s = time.time() - stamps[-1]
-        remaining = (total - step) * pace + ((total - step) // cfg.train.eval_every + 1) * eval_save_s + TRAIN_TAIL_S
         left = deadline["ends_at"] - time.time() if deadline else None
-        fit.update(decided_at_step=step, total_steps=total, steps_per_epoch=state.get("steps_per_epoch"), pace_s=pace,
-                   eval_save_s=eval_save_s, first_step_after_s=stamps[0] - began, remaining_s=remaining,
-                   seconds_left=left, fits=left is None or remaining + reserve_s <= left)  # fmt: skip
+        if fit["decided_at_step"] is None:
+            remaining = (total - step) * pace + ((total - step) // cfg.train.eval_every + 1) * eval_save_s + TRAIN_TAIL_S
+            fit.update(decided_at_step=step, total_steps=total, steps_per_epoch=state.get("steps_per_epoch"),
+                       pace_s=pace, eval_save_s=eval_save_s, first_step_after_s=stamps[0] - began,
+                       remaining_s=remaining, seconds_left=left, fits=left is None or remaining + reserve_s <= left)  # fmt: skip
+            write()
+            if fit["fits"]:
+                return
+        assert left is not None  # without a deadline it fits
+        travel_s = checkpoint_travel_s(travel.members_bytes(travel.checkpoint_members(run_root)))
+        if trains_on(step, total, cfg.train.save_every, pace, eval_save_s, left, travel_s):
+            return
+        fit.update(stopped_at_step=step, stopped_seconds_left=left, checkpoint_travel_s=travel_s)
         write()
-        if not fit["fits"]:
-            raise DoesNotFit(f"{total - step} steps at {pace:.3f} s/step and the tail need {remaining:.0f} s, and what "
-                             f"follows {reserve_s:.0f} s; {left:.0f} s are left")  # fmt: skip
+        raise DoesNotFit(f"{total - step} steps remain at {pace:.3f} s/step; {left:.0f} s are left, and the "
+                         f"checkpoint's way back needs {travel_s:.0f} s: it travels from step {step}")  # fmt: skip
 
     def on_ready() -> None:  # run 15's 127 s before the first step: set-up, or the first step's own?
         fit["ready_after_s"] = time.time() - began
@@ -119,7 +152,7 @@ def node_train_watched(reserve_s: float = 0.0) -> int:
         train_draft(run, cfg.train, cfg.target.model_path, callbacks=callbacks, online=OnlineTarget.from_config(cfg))
         fit["finished"] = True
     except DoesNotFit as e:
-        print(f"node train-watched: stopped at step {fit['decided_at_step']}: {e}", flush=True)
+        print(f"node train-watched: stopped at step {fit['stopped_at_step']}: {e}", flush=True)
     fit.update(steps_trained=len(stamps), seconds=time.time() - began)
     write()
     print(json.dumps(fit))

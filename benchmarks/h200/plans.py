@@ -54,9 +54,11 @@ SKIPPABLE: dict[str, dict[tuple[str, str], Any]] = {
 # (`prepare --profile deployments/params/qwen25-coder.yaml`), which no one session holds: each plan
 # is one session's share (benchmarks/h200_run.py's docstring, "Issue 28"), the next starting from
 # what the last brought back (`prepare --run-from` the generation; `--draft-from` the draft, when
-# the workspace still holds it: a plan that came without one trains it first, ~450 s in run 15).
-# "qwen-generate": the generation and the plain batched request, then the full draft online when
-# its measured pace says it ends in the session (`node train-watched`); its draft packed to travel.
+# the workspace still holds it: a plan that came without one trains it first, ~450 s in run 15, or
+# resumes it from `--checkpoint-from`).
+# "qwen-generate": the generation and the plain batched request, then the full draft online,
+# watched (`node train-watched`): packed to travel when it ends in the session, else its last
+# checkpoint that can still come back (`node checkpoint K`; the next session resumes it).
 # "qwen-gate": the decision, at num_steps 1, 2 and 3 (topk 1) and the topk point (3 steps, topk
 # 4): the configs a draft near 1.8 tokens per verify at 3 steps (run 15's, in training's
 # evaluation) can win at, the short chains and the tree (run 17: num_steps 1 at 0.77x, so a

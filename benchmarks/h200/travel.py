@@ -1,14 +1,16 @@
 """What travels from one session to the next (issue 28's run spans sessions, each on a fresh node):
-the regenerated shards and a trained draft, packed on the node in parts small enough for what one
-call brings back through $OUT, and unpacked here into the next payload's run folder
-(`prepare --run-from` / `--draft-from`, and SpecForge's draft of a recipe session:
-`--anchor-from`); what a node's run folder came with (carried.json).
+the regenerated shards, a trained draft and a training checkpoint, packed on the node in parts
+small enough for what one call brings back through $OUT, and unpacked here into the next
+payload's run folder (`prepare --run-from` / `--draft-from` / `--checkpoint-from`, and SpecForge's
+draft of a recipe session: `--anchor-from`); what a node's run folder came with (carried.json).
 
 Standard library only: the pipeline process packs them on the node's own Python."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import shutil
 import sys
 import tarfile
@@ -20,14 +22,29 @@ from benchmarks.h200.node_env import read_json, sha256
 
 
 def run_holds(run: Path) -> dict[str, bool]:
-    """What a run folder holds of what travels: its generation complete, an exported draft."""
-    return {"generation": (run / "generate/_COMPLETE").is_file(), "draft": (run / "train/final/config.json").is_file()}
+    """What a run folder holds of what travels: its generation complete, an exported draft, a
+    complete training checkpoint of its draft (one to resume from)."""
+    return {"generation": (run / "generate/_COMPLETE").is_file(), "draft": (run / "train/final/config.json").is_file(),
+            "checkpoint": newest_checkpoint(run) is not None}  # fmt: skip
+
+
+# A training checkpoint counts once its meta.json exists (tasks/draft/checkpoint.py, which this
+# module cannot import: the pipeline process has no torch).
+_CHECKPOINT = re.compile(r"^step-(\d+)$")
+
+
+def newest_checkpoint(run: Path) -> Path | None:
+    """The newest complete checkpoint of the run's draft (train/checkpoints/step-N with its
+    meta.json), or None."""
+    steps = [(int(m.group(1)), p) for p in (run / "train/checkpoints").glob("step-*")
+             if (m := _CHECKPOINT.match(p.name)) and (p / "meta.json").is_file()]  # fmt: skip
+    return max(steps)[1] if steps else None
 
 
 def carried() -> dict[str, bool]:
-    """What this node's run folder came with from an earlier session (`prepare --run-from` and
-    `--draft-from`), as setup recorded it before any stage ran."""
-    return read_json(node_env.NODE / "carried.json") or run_holds(node_env.NODE / "src/run")
+    """What this node's run folder came with from an earlier session (`prepare --run-from`,
+    `--draft-from` and `--checkpoint-from`), as setup recorded it before any stage ran."""
+    return {"checkpoint": False, **(read_json(node_env.NODE / "carried.json") or run_holds(node_env.NODE / "src/run"))}
 
 
 # The run's prompts and regenerated shards, brought back whole once generation is complete, so a
@@ -71,24 +88,36 @@ def unpack_generation(packed: Path, dest: Path) -> Path:
     return dest / "run"
 
 
-DRAFT_PART_BYTES = 15_000_000  # the drafts that come back (`node drafts K`), in parts of this many bytes
-DRAFT_PARTS_PER_CALL = 4  # 60 MB: what one call brings back (8 files, 64 MiB together)
+PART_BYTES = 15_000_000  # what comes back in parts (`node drafts K`, `node checkpoint K`), in parts of this many bytes
+PARTS_PER_CALL = 4  # 60 MB: what one call brings back (8 files, 64 MiB together)
+# Device seconds a call that brings back PARTS_PER_CALL parts costs: run 18's four `node drafts`
+# calls (213 MB) took 30 s of device time.
+SECONDS_PER_CALL = 8.0
+# What travels in parts, each under NODE/<name>/ as <name>.tar.part-NN with index.json, and the
+# pipeline's step that packs it: the drafts a plan trained, and a watched draft's training
+# checkpoint when it stopped mid-schedule.
+PACKED = {"drafts": "draft-pack", "checkpoint": "checkpoint-pack"}
 
 
-def pack_parts(members: dict[str, Path], index: dict[str, Any]) -> dict[str, Any]:
-    """`members` (name in the tar -> file or folder) as NODE/drafts/drafts.tar.part-NN of
-    DRAFT_PART_BYTES each and index.json (`index` with the parts, the whole's sha256 and bytes):
-    what `node drafts K` returns. Returns the index."""
-    folder, packed = node_env.NODE / "drafts", node_env.NODE / "drafts.tar"
+def calls_for(nbytes: int) -> int:
+    """How many `node drafts K` / `node checkpoint K` calls bring back `nbytes` packed."""
+    return -(-nbytes // (PART_BYTES * PARTS_PER_CALL))
+
+
+def pack_parts(members: dict[str, Path], index: dict[str, Any], name: str = "drafts") -> dict[str, Any]:
+    """`members` (name in the tar -> file or folder) as NODE/<name>/<name>.tar.part-NN of
+    PART_BYTES each and index.json (`index` with the parts, the whole's sha256 and bytes):
+    what `node <name> K` returns. Returns the index."""
+    folder, packed = node_env.NODE / name, node_env.NODE / f"{name}.tar"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir()
     with tarfile.open(packed, "w") as tar:
-        for name, path in members.items():
-            tar.add(path, name)
+        for member, path in members.items():
+            tar.add(path, member)
     parts = []
     with packed.open("rb") as f:
-        while data := f.read(DRAFT_PART_BYTES):
-            parts.append(f"drafts.tar.part-{len(parts):02d}")
+        while data := f.read(PART_BYTES):
+            parts.append(f"{name}.tar.part-{len(parts):02d}")
             (folder / parts[-1]).write_bytes(data)
     index = {**index, "parts": parts, "sha256": sha256(packed), "bytes": packed.stat().st_size}
     (folder / "index.json").write_text(json.dumps(index, indent=1))
@@ -96,24 +125,26 @@ def pack_parts(members: dict[str, Path], index: dict[str, Any]) -> dict[str, Any
     return index
 
 
-def node_drafts(k: int) -> int:
-    """Parts DRAFT_PARTS_PER_CALL*k onwards of the drafts the recipe plan packed (NODE/drafts),
-    and their index.json, into $OUT. Here: `cat DIR*/drafts.tar.part-* > drafts.tar`, checked
+def node_packed(name: str, k: int) -> int:
+    """Parts PARTS_PER_CALL*k onwards of what the pipeline packed under NODE/<name> (PACKED),
+    and their index.json, into $OUT. Here: `cat DIR*/<name>.tar.part-* > <name>.tar`, checked
     against index.json's sha256."""
     out = node_env.out_dir()
-    index = read_json(node_env.NODE / "drafts/index.json")
+    index = read_json(node_env.NODE / name / "index.json")
     if index is None:
-        print("node drafts: nothing packed (the recipe plan packs its drafts after its gate, the qwen plans theirs "
-              "once trained)", file=sys.stderr)
+        print(f"node {name}: nothing packed (drafts: the recipe plan packs its drafts after its gate, the qwen plans "
+              "theirs once trained; checkpoint: a watched draft's, when it stopped before the end of its schedule)",
+              file=sys.stderr)  # fmt: skip
         return 3
     out.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(node_env.NODE / "drafts/index.json", out / "index.json")
-    mine = index["parts"][DRAFT_PARTS_PER_CALL * k : DRAFT_PARTS_PER_CALL * (k + 1)]
-    for name in mine:
-        shutil.copyfile(node_env.NODE / "drafts" / name, out / name)
-    calls = -(-len(index["parts"]) // DRAFT_PARTS_PER_CALL)
-    print(f"node drafts {k}: {mine} of {len(index['parts'])} parts ({calls} calls: node drafts 0..{calls - 1}); "
-          f"drafts {index['drafts']}")  # fmt: skip
+    shutil.copyfile(node_env.NODE / name / "index.json", out / "index.json")
+    mine = index["parts"][PARTS_PER_CALL * k : PARTS_PER_CALL * (k + 1)]
+    for part in mine:
+        shutil.copyfile(node_env.NODE / name / part, out / part)
+    calls = -(-len(index["parts"]) // PARTS_PER_CALL)
+    what = index["drafts"] if name == "drafts" else index["checkpoint"]
+    print(f"node {name} {k}: {mine} of {len(index['parts'])} parts ({calls} calls: node {name} 0..{calls - 1}); "
+          f"{name} {what}")  # fmt: skip
     return 0
 
 
@@ -124,6 +155,59 @@ def unpack_draft(packed: Path, dest: Path) -> Path:
     an exported draft. A node that finds it does not train that draft again."""
     _unpack(packed, dest, "run/train/", "not a draft of `node drafts`",
             "run/train/final/config.json", "no exported draft")  # fmt: skip
+    return dest / "run/train"
+
+
+def checkpoint_members(run: Path) -> dict[str, Path]:
+    """What a watched draft stopped mid-schedule leaves for the next session's node to resume
+    from, by name in the tar: its newest checkpoint whole (weights, optimizer, RNG, trainer
+    state, meta.json), its best one too where that is another (the export reads it), the
+    vocabulary map it trained on and best.json. Empty when it has no complete checkpoint."""
+    newest = newest_checkpoint(run)
+    if newest is None:
+        return {}
+    train = run / "train"
+    members = {f"run/train/checkpoints/{newest.name}": newest}
+    best = (read_json(train / "best.json") or {}).get("checkpoint")
+    if best and (run / best / "meta.json").is_file() and (run / best) != newest:
+        members[f"run/{best}"] = run / best
+    for rel in ("vocab_map.safetensors", "best.json"):
+        if (train / rel).is_file():
+            members[f"run/train/{rel}"] = train / rel
+    return members
+
+
+def members_bytes(members: dict[str, Path]) -> int:
+    return sum(f.stat().st_size for p in members.values() for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file())
+
+
+def unpack_checkpoint(packed: Path, dest: Path) -> Path:
+    """An earlier session's training checkpoint (what `node checkpoint K` brought back, its parts
+    joined) unpacked into dest/run/train, which it returns; refused, naming the file and what is
+    wrong, with nothing extracted, unless every member lies under run/train/, it holds a complete
+    checkpoint (train/checkpoints/step-N/meta.json) and every file each meta.json names is in it
+    with that sha256. A node that finds it resumes the draft at that step."""
+    with tarfile.open(packed) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+        outside = [n for n in members if not (n + "/").startswith("run/train/")]
+        if outside:
+            raise ValueError(f"{packed}: members outside run/train/ ({outside[:3]}): not a checkpoint of `node checkpoint`")
+        metas = sorted(n for n in members if re.fullmatch(r"run/train/checkpoints/step-\d+/meta.json", n))
+        if not metas:
+            raise ValueError(f"{packed}: no run/train/checkpoints/step-N/meta.json in it: no complete checkpoint")
+        for meta_name in metas:
+            folder = meta_name.rsplit("/", 1)[0]
+            meta = json.load(tar.extractfile(members[meta_name]))  # type: ignore[arg-type]
+            for name, want in meta["sha256"].items():
+                member = members.get(f"{folder}/{name}")
+                if member is None or not member.isfile():
+                    raise ValueError(f"{packed}: {folder}/{name} is missing: the checkpoint is incomplete")
+                digest, f = hashlib.sha256(), tar.extractfile(member)
+                for block in iter(lambda f=f: f.read(1 << 22), b""):  # type: ignore[union-attr]
+                    digest.update(block)
+                if digest.hexdigest() != want:
+                    raise ValueError(f"{packed}: {folder}/{name} does not match the sha256 its meta.json records")
+        tar.extractall(dest, filter="data")
     return dest / "run/train"
 
 
