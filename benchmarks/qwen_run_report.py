@@ -6,7 +6,8 @@ h200_run.py's qwen plans), each session's results folder as `node wait` left it:
 The plan of each folder is read from its options.json (the node's, inside results.tar.gz).
 Reported: regeneration against one plain batched request on the same server (qwen-generate);
 where the draft was trained and how fast (train-fit.json: the pace `node train-watched`
-measured); every gate's decision with each config's speedup and CI, accept length per domain and
+measured), and what the session packed to travel (a draft, or a stopped draft's checkpoint);
+every gate's decision with each config's speedup and CI, accept length per domain and
 lossless counts; the accept length at 3 steps per domain (the goal: >= 2.5 on held-out HumanEval
 and ShareGPT code); the gate's predicted tok/s against the measured; the break-even the server
 measured at num_steps 3 (qwen-sweep's, unless the deciding gate measured it); the data-scaling
@@ -30,6 +31,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.h200.travel import PACKED, PARTS_PER_CALL  # noqa: E402
 from benchmarks.real_run_report import (  # noqa: E402
     CONFIG_NAME,
     Results,
@@ -88,6 +90,25 @@ def session(folder: Path) -> dict[str, Any]:
     scaling = results.json("run/gate/scaling/report.json")
     if scaling:
         out["scaling"] = scaling_figures(scaling)
+    packed = travelled(measure, out["steps_s"])
+    if packed:
+        out["travelled"] = packed
+    return out
+
+
+def travelled(measure: dict[str, Any], steps_s: dict[str, Any]) -> dict[str, Any]:
+    """What the session packed for the next one to carry in (the draft, or the checkpoint of a
+    draft stopped mid-schedule): its bytes, parts and the calls that bring it back, the step it
+    stopped at, and how long the node took to pack it."""
+    out = {}
+    for name, step in PACKED.items():
+        index = measure.get(name)
+        if index:
+            # Before run 19 the pack was noted done without a start: ~0 s, not a time (None).
+            pack_s = steps_s.get(step) if (steps_s.get(step) or 0) > 0.01 else None
+            out[name] = {"bytes": index.get("bytes"), "parts": len(index.get("parts") or []),
+                         "calls": -(-len(index.get("parts") or []) // PARTS_PER_CALL), "pack_s": pack_s,
+                         **({"step": index.get("step"), "total_steps": index.get("total_steps")} if name == "checkpoint" else {})}  # fmt: skip
     return out
 
 
@@ -322,6 +343,9 @@ def _print(result: dict[str, Any]) -> None:
                   f"{g.get('vs_plain_batched_request')}")  # fmt: skip
         if s.get("training"):
             print(f"  training: {s['training']}")
+        for name, t in (s.get("travelled") or {}).items():
+            print(f"  packed to travel: {name}, {t['bytes']} bytes in {t['parts']} parts ({t['calls']} calls), "
+                  + (f"packed in {t['pack_s']:.0f} s" if t["pack_s"] is not None else "the pack not timed") + (f", at step {t['step']} of {t['total_steps']}" if "step" in t else ""))  # fmt: skip
         cut = s.get("gate_cut_short")
         if cut:
             print(f"  gate cut short at {cut['cut_short_at']!r}, {cut['launches_done']} of {cut['launches_planned']} launches: "

@@ -53,14 +53,17 @@ def gate_report(configs: list[dict[str, Any]], outcome: str, best: str, breakeve
 def sessions(tmp_path: Path) -> list[Path]:
     generate = results_folder(tmp_path / "run-10", {
         "options.json": {"plan": "qwen-generate", "skip": ["anchor", "scaling"]},
-        "status.json": {"state": "done", "steps": {"generate": {"state": "done", "seconds": 230.0}}},
+        "status.json": {"state": "done", "steps": {"generate": {"state": "done", "seconds": 230.0},
+                                                   "checkpoint-pack": {"state": "done", "seconds": 12.5}}},
         "carried.json": {"generation": False, "draft": False},
         "run/generate/progress.json": {"tokens": {"completion_this_run": 2_400_000, "completion_done": 2_400_000},
                                        "requests": {"done": 10_245, "dead": 0}, "started_at": 0.0, "updated_at": 200.0},
         "train-fit.json": {"fits": True, "finished": True, "pace_s": 0.6, "decided_at_step": 200, "total_steps": 730},
         "run/train/result.json": {"steps": 730, "best": {"step": 730, "sim_accept_len": 2.6}},
     }, {"reference_tok_s": 12_500.0, "generate_concurrency": {"server_max_running": 256, "engine_in_flight": 320},
-        "train_epochs": {"epochs": 3, "profile_epochs": 4, "fits": True}})  # fmt: skip
+        "train_epochs": {"epochs": 3, "profile_epochs": 4, "fits": True},
+        "checkpoint": {"checkpoint": "train/checkpoints/step-400", "step": 400, "total_steps": 730,
+                       "parts": [f"checkpoint.tar.part-{k:02d}" for k in range(85)], "bytes": 1_270_000_000}})  # fmt: skip
     breakeven = {"per_steps": {"3": {"break_even": 1.93, "side": None, "model_break_even": 2.2, "draft_accept_length": 2.41,
                                      "statement": "this server needs 1.93 tokens per verify at num_steps 3 to break even",
                                      "points": [{"accept_length": 1.5, "decode_tok_s": 400.0}]}}}  # fmt: skip
@@ -111,6 +114,10 @@ def test_the_sessions_figures_and_the_goals_with_their_misses(tmp_path: Path) ->
     assert "generation" not in result["sessions"][1]  # carried: not this session's measurement
     assert result["sessions"][0]["training"]["fit"]["pace_s"] == 0.6
     assert result["sessions"][0]["training"]["epochs_for_budget"]["epochs"] == 3  # fitted to the device time
+    # What moved to the next session: a stopped draft's checkpoint, 22 calls back (4 parts a call).
+    assert result["sessions"][0]["travelled"] == {"checkpoint": {"bytes": 1_270_000_000, "parts": 85, "calls": 22,
+                                                                 "pack_s": 12.5, "step": 400, "total_steps": 730}}  # fmt: skip
+    assert "travelled" not in result["sessions"][1]
     # The decision of record is qwen-gate's, not the scaling session's.
     assert result["decision"]["outcome"] == "promote" and result["decision"]["best"] == S3
     assert result["decision"]["ci"] == [1.21, 1.55]

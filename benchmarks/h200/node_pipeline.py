@@ -733,6 +733,7 @@ class Pipeline:
         if not self.done_before("train"):
             self.stage("train", env=env)
         if not self.done_before("draft-pack"):
+            self.note("draft-pack", "running")  # timed: what the travel costs on the node
             self.optional(self.pack_run_draft, "draft-pack", mark=True)
         return True
 
