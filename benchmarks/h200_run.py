@@ -141,7 +141,7 @@ session (`node train-watched`) trains on while its next checkpoint and that chec
 still fit, then stops; the pipeline packs that checkpoint whole (weights, optimizer and RNG state,
 meta.json: 1.27 GB for this draft, 85 parts of 15 MB, `node checkpoint K` for K = 0..21, ~8 s
 each), and `prepare --checkpoint-from checkpoint.tar` carries it to the next session's fresh node
-(~32 more payload parts), where the draft resumes at that step and at its epochs, to the weights
+(33 more payload parts), where the draft resumes at that step and at its epochs, to the weights
 a resume on the first machine gives (tests/test_h200_runner.py). Its travel costs ~3 min of
 device time back, in time the watch kept for it, and ~2 min forward (33 payload parts,
 benchmarks/checkpoint_travel.py, BENCHMARKS P20): against 0.45 s a step to train its steps

@@ -986,7 +986,7 @@ class Pipeline:
         """The watched draft's newest checkpoint, stopped before the end of its schedule, for the
         next session's fresh node (`prepare --checkpoint-from`, its parts brought back by `node
         checkpoint K`): whole, optimizer and RNG state with it, so that the resume there is the
-        resume here (checkpoint_members). 1.27 GB for this draft: ~22 calls back, ~32 payload
+        resume here (checkpoint_members). 1.27 GB for this draft: 22 calls back, 33 payload
         parts forward."""
         newest = newest_checkpoint(self.run_root)
         if newest is None:
