@@ -332,7 +332,7 @@ def main() -> int:
         return node_agreement()
     if what == "scaling":
         return node_scaling(args.arg)
-    if what == "train-watched":  # ARG: the seconds to leave for what follows the draft (its gate)
+    if what == "train-watched":  # ARG: the seconds what follows the draft needs (its gate), for train-fit.json's fits
         return node_train_watched(float(args.arg or 0))
     if what == "verify-probe":
         return node_verify_probe()
