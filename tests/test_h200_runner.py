@@ -1051,6 +1051,31 @@ def test_a_draft_trained_across_sessions_resumes_on_a_fresh_node_and_is_gated_in
     assert report["decision"]["outcome"] in ("promote", "reject")
 
 
+def test_a_watched_draft_that_leaves_its_gate_too_little_trains_on_to_its_end_when_it_can(
+    tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run 17's case: at its first checkpoint the draft and the least gate do not both fit (fits
+    false), but the draft alone does. It no longer stops there: it trains on while its next
+    checkpoint and that checkpoint's way back fit, here to its end, and train-fit.json says so
+    as it goes (trains_on_from_step). A finished draft is exported and gated with the time left."""
+    import json
+    import time
+
+    from tests.draft_support import extracted_run
+
+    node = tmp_path / "node"
+    extracted_run(tmp_path_factory.getbasetemp(), tiny_target_dir, node, hidden_states="online", max_steps=4,
+                  eval_every=2, save_every=2, scaling_fractions=[])  # fmt: skip
+    _on_node(monkeypatch, node)
+    monkeypatch.setattr(node_steps, "PACE_WARMUP_STEPS", 0)
+    (node / "deadline.json").write_text(json.dumps({"ends_at": time.time() + 3600, "budget_s": 3600.0}))
+    assert node_steps.node_train_watched(reserve_s=4000.0) == 0
+    fit = json.loads((node / "train-fit.json").read_text())
+    assert fit["fits"] is False and fit["decided_at_step"] == 2 and fit["trains_on_from_step"] == 2
+    assert fit["finished"] is True and fit["stopped_at_step"] is None and fit["steps_trained"] == 4
+    assert not (node / "checkpoint").exists()  # nothing to carry: the draft itself travels
+
+
 def _tar_of(tmp_path: Path, node: Path) -> Path:
     """A generation.tar-shaped tar (members under run/, not run/train/)."""
     import tarfile

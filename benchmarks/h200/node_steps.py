@@ -137,6 +137,8 @@ def node_train_watched(reserve_s: float = 0.0) -> int:
         assert left is not None  # without a deadline it fits
         travel_s = checkpoint_travel_s(travel.members_bytes(travel.checkpoint_members(run_root)))
         if trains_on(step, total, cfg.train.save_every, pace, eval_save_s, left, travel_s):
+            fit.update(trains_on_from_step=step, checkpoint_travel_s=travel_s)  # what `node wait` shows meanwhile
+            write()
             return
         fit.update(stopped_at_step=step, stopped_seconds_left=left, checkpoint_travel_s=travel_s)
         write()
