@@ -31,7 +31,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.h200.travel import PACKED, PARTS_PER_CALL  # noqa: E402
+from benchmarks.h200.travel import PACKED, calls_for  # noqa: E402
 from benchmarks.real_run_report import (  # noqa: E402
     CONFIG_NAME,
     Results,
@@ -106,9 +106,8 @@ def travelled(measure: dict[str, Any], steps_s: dict[str, Any]) -> dict[str, Any
         if index:
             # Before run 19 the pack was noted done without a start: ~0 s, not a time (None).
             pack_s = steps_s.get(step) if (steps_s.get(step) or 0) > 0.01 else None
-            out[name] = {"bytes": index.get("bytes"), "parts": len(index.get("parts") or []),
-                         "calls": -(-len(index.get("parts") or []) // PARTS_PER_CALL), "pack_s": pack_s,
-                         **({"step": index.get("step"), "total_steps": index.get("total_steps")} if name == "checkpoint" else {})}  # fmt: skip
+            out[name] = {"bytes": index["bytes"], "parts": len(index["parts"]), "calls": calls_for(index["bytes"]),
+                         "pack_s": pack_s, **{k: index[k] for k in ("step", "total_steps") if k in index}}  # fmt: skip
     return out
 
 

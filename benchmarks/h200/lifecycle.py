@@ -18,7 +18,7 @@ from typing import Any
 from benchmarks.h200 import node_env
 from benchmarks.h200.node_env import read_json, sha256
 from benchmarks.h200.plans import NEEDS_DRAFT, RECIPE_ROOT, parse_settings, plan_options
-from benchmarks.h200.travel import PACKED, PARTS_PER_CALL, collect_generation
+from benchmarks.h200.travel import PACKED, calls_for, collect_generation
 
 
 def node_receive(k: int) -> int:
@@ -113,7 +113,7 @@ def node_wait(timeout: float) -> int:
     for name in PACKED:  # drafts, a checkpoint: too big for this call's files
         index = read_json(node_env.NODE / name / "index.json")
         if index:
-            calls = -(-len(index["parts"]) // PARTS_PER_CALL)
+            calls = calls_for(index["bytes"])
             what = list(index["drafts"]) if name == "drafts" else index["checkpoint"]
             print(f"{name} {what} packed in {len(index['parts'])} parts ({index['bytes'] / 1e6:.0f} MB): "
                   f"`node {name} K` for K in 0..{calls - 1}")  # fmt: skip

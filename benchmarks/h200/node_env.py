@@ -65,6 +65,13 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def bytes_under(path: Path) -> int:
+    """The bytes of a file, or of every file under a folder; 0 when it does not exist."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
+
+
 def run_command(cmd: list[str], **kw: Any) -> None:
     print("+", " ".join(map(str, cmd)), flush=True)
     subprocess.run(cmd, check=True, **kw)

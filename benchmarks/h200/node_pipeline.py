@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.h200 import node_env, node_steps
-from benchmarks.h200.node_env import read_json, run_command
+from benchmarks.h200.node_env import bytes_under, read_json, run_command
 from benchmarks.h200.plans import (
     LOSSLESS_GATE,
     PENALTY_GATE,
@@ -42,7 +42,6 @@ from benchmarks.h200.travel import (
     carried,
     carried_anchor,
     checkpoint_members,
-    members_bytes,
     newest_checkpoint,
     pack_parts,
     run_holds,
@@ -994,8 +993,7 @@ class Pipeline:
         members = checkpoint_members(self.run_root)
         state = read_json(newest / "trainer_state.json") or {}
         index = pack_parts(members, {"checkpoint": f"train/checkpoints/{newest.name}", "step": state.get("step"),
-                                     "total_steps": state.get("total_steps"), "members_bytes": members_bytes(members)},
-                           name="checkpoint")  # fmt: skip
+                                     "total_steps": state.get("total_steps")}, name="checkpoint")  # fmt: skip
         self.save_measure("checkpoint", index)
 
     def optional(self, step: Any, label: str, mark: bool = False) -> None:
@@ -1046,10 +1044,6 @@ def _link_run(src: Path, dest: Path, folders: list[str]) -> None:
     shutil.copyfile(src / "run.json", dest / "run.json")
 
 
-def _bytes_under(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
-
-
 def _clock(run_root: Path, stage: str) -> dict[str, Any]:
     return read_json(run_root / "stages" / f"{stage}.json") or {}
 
@@ -1071,7 +1065,7 @@ def online_offline_figures(offline: Path, online: Path, small: Path) -> dict[str
         out["online_s"] = on["ended_at"] - on["started_at"]
     if "offline_s" in out and "online_s" in out:
         out["online_over_offline"] = out["online_s"] / out["offline_s"]
-    out["hidden_state_bytes"] = {"offline": _bytes_under(offline / "extract"), "online": _bytes_under(online / "extract")}
+    out["hidden_state_bytes"] = {"offline": bytes_under(offline / "extract"), "online": bytes_under(online / "extract")}
     for name, root in (("offline", offline), ("online", online), ("small", small)):
         result = read_json(root / "train/result.json") or {}
         state = read_json(root / str(result.get("last_checkpoint")) / "trainer_state.json") or {}

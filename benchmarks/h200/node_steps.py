@@ -135,7 +135,7 @@ def node_train_watched(reserve_s: float = 0.0) -> int:
             if fit["fits"]:
                 return
         assert left is not None  # without a deadline it fits
-        travel_s = checkpoint_travel_s(travel.members_bytes(travel.checkpoint_members(run_root)))
+        travel_s = checkpoint_travel_s(sum(map(node_env.bytes_under, travel.checkpoint_members(run_root).values())))
         if trains_on(step, total, cfg.train.save_every, pace, eval_save_s, left, travel_s):
             fit.update(trains_on_from_step=step, checkpoint_travel_s=travel_s)  # what `node wait` shows meanwhile
             write()

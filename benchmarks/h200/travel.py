@@ -100,7 +100,8 @@ PACKED = {"drafts": "draft-pack", "checkpoint": "checkpoint-pack"}
 
 
 def calls_for(nbytes: int) -> int:
-    """How many `node drafts K` / `node checkpoint K` calls bring back `nbytes` packed."""
+    """How many `node drafts K` / `node checkpoint K` calls bring back `nbytes` packed (an
+    index's "bytes": its parts, PARTS_PER_CALL a call)."""
     return -(-nbytes // (PART_BYTES * PARTS_PER_CALL))
 
 
@@ -141,10 +142,9 @@ def node_packed(name: str, k: int) -> int:
     mine = index["parts"][PARTS_PER_CALL * k : PARTS_PER_CALL * (k + 1)]
     for part in mine:
         shutil.copyfile(node_env.NODE / name / part, out / part)
-    calls = -(-len(index["parts"]) // PARTS_PER_CALL)
-    what = index["drafts"] if name == "drafts" else index["checkpoint"]
+    calls = calls_for(index["bytes"])
     print(f"node {name} {k}: {mine} of {len(index['parts'])} parts ({calls} calls: node {name} 0..{calls - 1}); "
-          f"{name} {what}")  # fmt: skip
+          f"{name} {index[name]}")  # fmt: skip
     return 0
 
 
@@ -177,10 +177,6 @@ def checkpoint_members(run: Path) -> dict[str, Path]:
     return members
 
 
-def members_bytes(members: dict[str, Path]) -> int:
-    return sum(f.stat().st_size for p in members.values() for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file())
-
-
 def unpack_checkpoint(packed: Path, dest: Path) -> Path:
     """An earlier session's training checkpoint (what `node checkpoint K` brought back, its parts
     joined) unpacked into dest/run/train, which it returns; refused, naming the file and what is
@@ -202,10 +198,7 @@ def unpack_checkpoint(packed: Path, dest: Path) -> Path:
                 member = members.get(f"{folder}/{name}")
                 if member is None or not member.isfile():
                     raise ValueError(f"{packed}: {folder}/{name} is missing: the checkpoint is incomplete")
-                digest, f = hashlib.sha256(), tar.extractfile(member)
-                for block in iter(lambda f=f: f.read(1 << 22), b""):  # type: ignore[union-attr]
-                    digest.update(block)
-                if digest.hexdigest() != want:
+                if hashlib.file_digest(tar.extractfile(member), "sha256").hexdigest() != want:  # type: ignore[arg-type]
                     raise ValueError(f"{packed}: {folder}/{name} does not match the sha256 its meta.json records")
         tar.extractall(dest, filter="data")
     return dest / "run/train"
