@@ -210,7 +210,7 @@ The sessions, in order:
    the baseline and the full draft at num_steps 3 twice and every scaling draft once (7 launches,
    ~16 min at run 17's launch cost). They train at the carried draft's epochs, so that the
    curve's points share its recipe: the node reads them from the draft's record
-   (epochs_of_carried_draft; run 18's draft: 3, ~8 min of training, ~28 of 30 with the payload;
+   (epochs_carried; run 18's draft: 3, ~8 min of training, ~28 of 30 with the payload;
    at 4 it would not fit), and `--set train.epochs=N` overrides it. Without a carried draft the full draft trains too, and the node fits the
    epochs of all four to the device time left as qwen-gate's: 1 epoch at run 17's costs, a curve
    of little worth.
@@ -221,6 +221,13 @@ The sessions, in order:
    ready in 155 s, the plain request 50 s, generation 190 s (143 s of requests): ~8.5 min from
    the first call to the end of generation. Its draft then stopped at step 200 (too little
    device time left: the session had first lost ~700 s to a machine taken back).
+6. More data, if the curve asks for it (not run): the profile regenerates one prompt per ShareGPT
+   conversation, its first turn. With `prompt_turns: every_user` on the sharegpt source and
+   `domain_quotas` removed, the same packages give 39,632 prompts instead of 14,790 (2.68x, 9.1x
+   the prompt tokens: later turns carry their context; benchmarks/prompt_headroom.py, BENCHMARKS
+   P21). By run 15's pace that is ~3.9x its regeneration (~11 min) and, at ~580 tokens a
+   sequence, ~7x its training tokens per epoch (~1,400 steps, ~10.5 min at 0.45 s a step): a run of
+   several sessions, the draft crossing them as a checkpoint (above). Give it its own run_root.
 
 A gate cut short still leaves every launch it measured (gate/progress.json), but no decision; the
 report says which goals it could not judge.

@@ -14,6 +14,7 @@ from tasks.discover.formats import (
     normalize_row,
     normalized_hash,
     prompt_id_of,
+    row_prompts,
 )
 
 
@@ -279,6 +280,57 @@ def test_malformed_under_options(row: object, options: RowOptions, reason: str) 
     with pytest.raises(MalformedRow) as err:
         normalize_row(row, "auto", options)
     assert str(err.value) == reason
+
+
+EVERY = RowOptions(prompt_turns="every_user", system_turns="drop")
+
+
+def test_every_user_turn_gives_its_own_prompt_through_that_turn() -> None:
+    row = sg(
+        ("system", BANNER),
+        ("gpt", "...end of an answer."),
+        ("human", "Fix the bug."),
+        ("gpt", "Done."),
+        ("human", ""),  # nothing to answer: no prompt ends here
+        ("gpt", "You didn't ask anything."),
+        ("human", "Now test it."),
+        ("gpt", "Tests pass."),
+        ("human", " "),  # trailing empty turn
+    )
+    with pytest.raises(MalformedRow) as err:
+        list(row_prompts(row, "sharegpt", EVERY))
+    # The empty middle turn is context of the later prompt: it ends the row's prompts there,
+    # and says from which user turn on.
+    assert (str(err.value), err.value.user_turn) == ("conversations[4].value is empty", 2)
+    prompts = []
+    with pytest.raises(MalformedRow):
+        for p in row_prompts(row, "sharegpt", EVERY):
+            prompts.append(p)
+    assert prompts == [(1, [user("Fix the bug.")])]  # the prompt before the broken turn stands
+
+    clean = sg(("system", BANNER), ("human", "A"), ("gpt", "B"), ("human", "C"), ("gpt", "D"),
+               ("human", "E"), ("gpt", "F"), ("human", ""))  # fmt: skip
+    got = list(row_prompts(clean, "sharegpt", EVERY))
+    assert got == [
+        (1, [user("A")]),
+        (2, [user("A"), bot("B"), user("C")]),
+        (3, [user("A"), bot("B"), user("C"), bot("D"), user("E")]),
+    ]
+    # The first prompt is first_user's, the last through_last_user's, in every format.
+    keep = RowOptions(prompt_turns="every_user")
+    for fmt_row in (clean, {"messages": [system("S"), user("A"), bot("B"), user("C")]}):
+        each = [m for _, m in row_prompts(fmt_row, "auto", keep)]
+        assert each[0] == normalize_row(fmt_row, "auto", RowOptions(prompt_turns="first_user"))
+        assert each[-1] == normalize_row(fmt_row, "auto", RowOptions())
+    # A broken answer after the last prompt costs nothing; one between prompts ends them there.
+    assert len(list(row_prompts(sg(("human", "A"), ("gpt", "")), "sharegpt", EVERY))) == 1
+    with pytest.raises(MalformedRow) as err:
+        list(row_prompts(sg(("human", "A"), ("gpt", ""), ("human", "C")), "sharegpt", EVERY))
+    assert (str(err.value), err.value.user_turn) == ("conversations[1].value is empty", 2)
+    # A single-prompt mode names no turn.
+    with pytest.raises(MalformedRow) as err:
+        normalize_row(sg(("human", "A"), ("gpt", ""), ("human", "C")), "sharegpt")
+    assert err.value.user_turn is None
 
 
 def test_bing_and_bard_are_assistants() -> None:

@@ -140,6 +140,61 @@ def test_every_row_left_out_is_a_record_and_the_counts_are_the_records(tmp_path:
     assert "| s | 4 | too_long | 11 tokens, above max_prompt_tokens 6 |" in markdown
 
 
+def chat(*texts: str) -> dict[str, Any]:
+    """A conversation alternating user and assistant turns, starting with the user."""
+    roles = ("user", "assistant")
+    return {"messages": [{"role": roles[i % 2], "content": t} for i, t in enumerate(texts)]}
+
+
+def test_every_user_turn_is_a_prompt_and_holdout_takes_the_whole_conversation(
+    tmp_path: Path,
+) -> None:
+    rows = [
+        chat("alpha one two", "ok", "alpha three four", "ok", "alpha five six"),
+        chat("beta one two", "ok", "beta three four", "ok", "beta five six"),
+        chat("gamma one two", "", "gamma three four"),  # an empty answer ends its prompts there
+        {"messages": "not a list"},
+    ]
+    src = SourceConfig(
+        name="s",
+        path=write_jsonl(tmp_path / "s.jsonl", rows),
+        domain="chat",
+        prompt_turns="every_user",
+        domain_rules=[{"pattern": "five", "domain": "long"}],  # by each prompt's own user text
+    )
+    result = discover([src], holdout_per_domain=1, max_prompt_tokens=100)
+    held = result.holdout.to_pylist()
+    # One prompt held out per domain; nothing of its conversation is trained on.
+    assert sorted(h["domain"] for h in held) == ["chat", "long"]
+    held_rows = {json.loads(h["messages"])[0]["content"].split()[0] for h in held}
+    trained = [json.loads(m) for m in result.manifest.column("messages").to_pylist()]
+    assert not {m[0]["content"].split()[0] for m in trained} & held_rows
+    contaminated = [f for f in result.filtered.to_pylist() if f["reason"] == "contaminated"]
+    held_ids = {h["prompt_id"] for h in held}
+    assert contaminated and all(f["duplicate_of"] in held_ids for f in contaminated)
+    assert all(f["detail"].startswith("from the conversation of held-out ") for f in contaminated)
+    # Every turn of a conversation not held out is a training prompt through that turn.
+    gamma = [m for m in trained if m[0]["content"] == "gamma one two"]
+    assert ("gamma" in held_rows) or gamma == [[{"role": "user", "content": "gamma one two"}]]
+    for m in trained:
+        assert m[-1]["role"] == "user" and len(m) in (1, 3, 5)
+    quarantine = result.quarantine.to_pylist()
+    assert [(r["row_index"], r["user_turn"], r["reason"]) for r in quarantine] == [
+        (2, 2, "messages[1].content is empty"),
+        (3, None, "messages is str, expected a list"),
+    ]
+    # The funnel counts prompts: 3 + 3 + 1 and one row quarantined at its second turn, plus
+    # the malformed row; the source had 4 rows.
+    counts = result.report["sources"]["s"]
+    assert counts["rows_read"] == 9 and counts["source_rows"] == 4
+    assert counts["malformed"] == 2 and counts["holdout"] == 2
+    assert counts["kept"] + counts["contaminated"] == 5
+    assert "9 rows read from 1 source(s) (prompts and quarantined rows from 4 rows" in (
+        result.report_markdown()
+    )
+    assert "| s | 2 turn 2 | messages[1].content is empty |" in result.report_markdown()
+
+
 def test_counts_that_do_not_close_stop_the_stage() -> None:
     with pytest.raises(RuntimeError, match="source 's' read 3 rows but recorded 2"):
         funnel_counts({"s": ["d"]}, {"s": 3}, [("s", "d", "kept"), ("s", "d", "malformed")])

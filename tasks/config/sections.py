@@ -25,7 +25,7 @@ Stage = Literal["discover", "generate", "extract", "train", "gate"]
 
 ConversationFormat = Literal["auto", "openai", "sharegpt", "alpaca", "prompt"]
 FileFormat = Literal["auto", "jsonl", "json", "parquet", "hf_disk"]
-PromptTurns = Literal["through_last_user", "first_user"]
+PromptTurns = Literal["through_last_user", "first_user", "every_user"]
 SystemTurns = Literal["keep", "drop"]
 DedupeKey = Literal["conversation", "user_turns"]
 # The one placeholder of `SourceConfig.user_template`; any other `{name}` is refused as a typo.
@@ -70,12 +70,17 @@ class SourceConfig(Strict):
     max_rows: int | None = Field(None, ge=1, description="Read at most this many rows.")
     prompt_turns: PromptTurns = Field(
         "through_last_user",
-        description="Which prompt a conversation gives. through_last_user: every turn up to the "
+        description="Which prompts a conversation gives. through_last_user: every turn up to the "
         "last user turn that has text (earlier answers stay as context; the answer to it and any "
         "trailing empty user turns are dropped). first_user: only the first user turn (and a "
         "system turn before it), the usual choice to regenerate multi-turn chats single-turn. "
-        "Either way assistant turns before the first user turn are dropped, and only the turns "
-        "kept must have text.",
+        "every_user: one prompt per user turn that has text, each through that turn (earlier "
+        "answers, the dataset's own, stay as context): a multi-turn chat gives one reply to "
+        "regenerate per turn, and each counts as a row in the discovery funnel. A broken turn "
+        "ends a row's prompts there (those before it stay); "
+        "a held-out prompt takes its whole conversation out of training. In every mode "
+        "assistant turns before the first user turn are dropped, and only the turns kept must "
+        "have text.",
     )
     system_turns: SystemTurns = Field(
         "keep",

@@ -3,8 +3,10 @@
 Order of operations (each row lands in one bucket, see report.py):
   0. every source is resolved (package:// paths, globs, folders) before any is read, so a
      missing package or file fails before the first large file is parsed;
-  1. read every source, normalize each row (RowOptions: prompt turns, system turns, template);
-     rows that cannot be normalized are quarantined; the domain rules give each row its domain;
+  1. read every source, normalize each row into its prompts (RowOptions: prompt turns, system
+     turns, template); rows that cannot be normalized are quarantined; the domain rules give
+     each prompt its domain. With prompt_turns every_user a row gives one prompt per user turn,
+     and each prompt (or the broken turn that ended them) is a row of the funnel;
   2. script filter (`min_latin_fraction`), per source;
   3. exact dedupe on the dedupe key (the copy kept is the one with the smallest
      (domain, source, row), so the result does not depend on input order);
@@ -12,8 +14,9 @@ Order of operations (each row lands in one bucket, see report.py):
   5. group by normalized-text hash of the dedupe key; each group's smallest prompt_id
      represents it;
   6. hold out `holdout_per_domain` representatives per domain (seeded);
-  7. decontaminate: the other members of a held-out group are dropped as "contaminated";
-     the other members of every remaining group as "duplicates_normalized";
+  7. decontaminate: the other members of a held-out group, and every other prompt of a held-out
+     prompt's conversation (every_user), are dropped as "contaminated"; the other members of
+     every remaining group as "duplicates_normalized";
   8. the mixture caps each domain (seeded), the rest is "over_quota".
 Every row left out in 2-8 is a record of the filtered table (reason, detail, tokens); the
 report's counts are derived from the records. Decontamination is exact on the normalized text
@@ -38,9 +41,9 @@ from tasks.discover.formats import (
     Messages,
     RowOptions,
     canonical_json,
-    normalize_row,
     normalized_hash,
     prompt_id_of,
+    row_prompts,
     user_turns,
 )
 from tasks.discover.mixture import (
@@ -70,14 +73,19 @@ class _Prompt:
     source: str
     domain: str
     row_index: int
+    user_turn: int | None  # with prompt_turns every_user, the user turn the prompt ends at
     messages: Messages
     n_tokens: int | None = None
 
-    def rank(self) -> tuple[str, str, int]:
-        return (self.domain, self.source, self.row_index)
+    def rank(self) -> tuple[str, str, int, int]:
+        return (self.domain, self.source, self.row_index, self.user_turn or 0)
+
+    def conversation(self) -> tuple[str, int]:
+        return (self.source, self.row_index)
 
     def where(self) -> str:
-        return f"{self.prompt_id} ({self.source} row {self.row_index})"
+        turn = "" if self.user_turn is None else f" turn {self.user_turn}"
+        return f"{self.prompt_id} ({self.source} row {self.row_index}{turn})"
 
     def record(self) -> dict[str, Any]:
         return {
@@ -118,7 +126,10 @@ class _Discovery:
     def __init__(self, cfg: DiscoverConfig, count_tokens: CountTokens) -> None:
         self.cfg = cfg
         self.count_tokens = count_tokens
+        # Rows of the funnel: one per prompt given or row quarantined (report.py). A source's
+        # rows as read differ from them with prompt_turns every_user only.
         self.rows_read = {s.name: 0 for s in cfg.sources}
+        self.source_rows = {s.name: 0 for s in cfg.sources}
         self.quarantine: list[dict[str, Any]] = []
         self.filtered: list[dict[str, Any]] = []
         self.prompts: dict[str, _Prompt] = {}  # dedupe key -> the copy kept
@@ -133,6 +144,7 @@ class _Discovery:
                 "source": p.source,
                 "domain": p.domain,
                 "row_index": p.row_index,
+                "user_turn": p.user_turn,
                 "prompt_id": p.prompt_id,
                 "reason": reason,
                 "detail": detail,
@@ -142,12 +154,21 @@ class _Discovery:
             }
         )
 
-    def quarantine_row(self, source: str, domain: str, row_index: int, reason: str, raw: str) -> None:
+    def quarantine_row(
+        self,
+        source: str,
+        domain: str,
+        row_index: int,
+        reason: str,
+        raw: str,
+        user_turn: int | None = None,
+    ) -> None:
         self.quarantine.append(
             {
                 "source": source,
                 "domain": domain,
                 "row_index": row_index,
+                "user_turn": user_turn,
                 "reason": reason,
                 "raw": truncate_raw(raw),
             }
@@ -157,40 +178,54 @@ class _Discovery:
         src = reader.src
         options = RowOptions(src.prompt_turns, src.system_turns, src.user_template)
         rules = DomainRules(src)
+        every = src.prompt_turns == "every_user"
         for raw in reader.rows():
-            self.rows_read[src.name] += 1
+            self.source_rows[src.name] += 1
             if raw.error is not None:
+                self.rows_read[src.name] += 1
                 self.quarantine_row(
                     src.name, src.domain, raw.row_index, raw.error, raw.raw_text or ""
                 )
                 continue
             try:
-                messages = normalize_row(raw.row, src.conversation_format, options)
+                for user_turn, messages in row_prompts(raw.row, src.conversation_format, options):
+                    self.rows_read[src.name] += 1
+                    self.take(
+                        src,
+                        _Prompt(
+                            prompt_id_of(messages),
+                            src.name,
+                            rules.domain_of(messages),
+                            raw.row_index,
+                            user_turn if every else None,
+                            messages,
+                        ),
+                    )
             except MalformedRow as e:
+                self.rows_read[src.name] += 1
                 self.quarantine_row(
-                    src.name, src.domain, raw.row_index, str(e), _raw_json(raw.row)
-                )
-                continue
-            p = _Prompt(
-                prompt_id_of(messages), src.name, rules.domain_of(messages), raw.row_index, messages
-            )
-            if not self.passes_script(src, p):
-                continue
-            key = prompt_id_of(self.dedupe_messages(p))
-            kept = self.prompts.setdefault(key, p)
-            if kept is not p:
-                winner, loser = sorted((kept, p), key=_Prompt.rank)
-                self.prompts[key] = winner
-                self.drop(
-                    loser,
-                    "duplicates_exact",
-                    f"same {self.cfg.dedupe_key} as {winner.where()}",
-                    duplicate_of=winner.prompt_id,
+                    src.name, src.domain, raw.row_index, str(e), _raw_json(raw.row), e.user_turn
                 )
         self.warnings += [f"source {src.name!r}: {w}" for w in reader.warnings]
-        if not self.rows_read[src.name]:
+        if not self.source_rows[src.name]:
             # Its domain would vanish from the mixture with nothing but a count of 0 to show.
             raise reader.fail("holds no rows (an empty file?); fill it, or remove the source")
+
+    def take(self, src: SourceConfig, p: _Prompt) -> None:
+        """One prompt read: the script filter, then exact dedupe (the smallest rank stays)."""
+        if not self.passes_script(src, p):
+            return
+        key = prompt_id_of(self.dedupe_messages(p))
+        kept = self.prompts.setdefault(key, p)
+        if kept is not p:
+            winner, loser = sorted((kept, p), key=_Prompt.rank)
+            self.prompts[key] = winner
+            self.drop(
+                loser,
+                "duplicates_exact",
+                f"same {self.cfg.dedupe_key} as {winner.where()}",
+                duplicate_of=winner.prompt_id,
+            )
 
     def passes_script(self, src: SourceConfig, p: _Prompt) -> bool:
         if src.min_latin_fraction is None:
@@ -218,7 +253,7 @@ class _Discovery:
                 failures.append(e)
                 reason = f"token count failed: {type(e).__name__}: {e}"
                 self.quarantine_row(
-                    p.source, p.domain, p.row_index, reason, canonical_json(p.messages)
+                    p.source, p.domain, p.row_index, reason, canonical_json(p.messages), p.user_turn
                 )
                 continue
             try:
@@ -249,7 +284,7 @@ class _Discovery:
         for members in groups.values():
             reps_by_domain.setdefault(members[0].domain, []).append(members[0].prompt_id)
         k = self.cfg.holdout_per_domain
-        held: set[str] = set()
+        held: set[str] = set()  # prompt ids
         for domain, ids in sorted(reps_by_domain.items()):
             if k and len(ids) <= k:
                 self.warnings.append(
@@ -257,19 +292,35 @@ class _Discovery:
                     f"all held out (holdout_per_domain {k}); none left for training"
                 )
             held |= seeded_pick(ids, k, self.cfg.seed, "holdout", domain)
+        # A held-out prompt's conversation gives no training prompt (every_user): its earlier
+        # turns would be the held-out prompt's context, its later ones would hold the prompt.
+        held_in: dict[tuple[str, int], _Prompt] = {}
+        for members in groups.values():
+            if members[0].prompt_id in held:
+                held_in.setdefault(members[0].conversation(), members[0])
         holdout: list[_Prompt] = []
         remaining: list[_Prompt] = []
         for members in groups.values():
-            rep, others = members[0], members[1:]
-            is_held = rep.prompt_id in held
-            (holdout if is_held else remaining).append(rep)
-            for p in others:
-                if is_held:
+            rep = members[0]
+            if rep.prompt_id in held:
+                holdout.append(rep)
+                for p in members[1:]:
                     detail = f"normalized text equals held-out {rep.where()}"
                     self.drop(p, "contaminated", detail, duplicate_of=rep.prompt_id)
+                continue
+            free = []
+            for p in members:
+                sibling = held_in.get(p.conversation())
+                if sibling is None:
+                    free.append(p)
                 else:
-                    detail = f"normalized text equals {rep.where()}"
-                    self.drop(p, "duplicates_normalized", detail, duplicate_of=rep.prompt_id)
+                    detail = f"from the conversation of held-out {sibling.where()}"
+                    self.drop(p, "contaminated", detail, duplicate_of=sibling.prompt_id)
+            if free:
+                remaining.append(free[0])
+            for p in free[1:]:
+                detail = f"normalized text equals {free[0].where()}"
+                self.drop(p, "duplicates_normalized", detail, duplicate_of=free[0].prompt_id)
         return holdout, remaining
 
     def mix(self, remaining: list[_Prompt]) -> tuple[list[_Prompt], dict[str, dict[str, Any]]]:
@@ -338,8 +389,10 @@ def discover_prompts(
         run.read(reader)
     holdout, remaining = run.split(run.filter_lengths())
     kept, mixture = run.mix(remaining)
-    quarantine = sorted(run.quarantine, key=lambda q: (q["source"], q["row_index"]))
-    filtered = sorted(run.filtered, key=lambda f: (f["source"], f["row_index"]))
+    quarantine = sorted(
+        run.quarantine, key=lambda q: (q["source"], q["row_index"], q["user_turn"] or 0)
+    )
+    filtered = sorted(run.filtered, key=lambda f: (f["source"], f["row_index"], f["user_turn"] or 0))
     outcomes = [
         *((q["source"], q["domain"], "malformed") for q in quarantine),
         *((f["source"], f["domain"], f["reason"]) for f in filtered),
@@ -350,8 +403,8 @@ def discover_prompts(
         {s.name: source_domains(s) for s in cfg.sources}, run.rows_read, outcomes
     )
     for name, by_domain in counts.items():
-        if run.rows_read[name] and not any(c["kept"] for c in by_domain.values()):
-            run.warnings.append(f"source {name!r}: none of its {run.rows_read[name]} rows was kept")
+        if run.source_rows[name] and not any(c["kept"] for c in by_domain.values()):
+            run.warnings.append(f"source {name!r}: none of its {run.source_rows[name]} rows was kept")
     settings = {
         "seed": cfg.seed,
         "min_prompt_tokens": cfg.min_prompt_tokens,
@@ -364,7 +417,7 @@ def discover_prompts(
         "mixture_mode": run.mixture_mode(),
     }
     report = build_report(
-        {s.name: _source_info(s) for s in cfg.sources},
+        {s.name: {**_source_info(s), "source_rows": run.source_rows[s.name]} for s in cfg.sources},
         counts,
         mixture,
         settings,

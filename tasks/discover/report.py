@@ -1,7 +1,8 @@
 """The discovery funnel: where every row read went, per source, per domain and in total.
 
 Each row read lands in exactly one bucket, in the order the stage applies them, so for every
-source `rows_read` equals the sum of the other counts:
+source `rows_read` equals the sum of the other counts (with prompt_turns every_user a row gives
+one funnel row per prompt, and the source's `source_rows` says how many rows it had):
 malformed -> non_latin -> duplicates_exact -> too_short / too_long -> holdout -> contaminated
 -> duplicates_normalized -> over_quota -> kept.
 The counts are never kept on the side: `funnel_counts` derives them from the row records the
@@ -149,6 +150,19 @@ def _counts_table(
     return _table(headers, body)
 
 
+def _row(record: Mapping[str, Any]) -> str:
+    turn = record.get("user_turn")
+    return f"{record['row_index']}" if turn is None else f"{record['row_index']} turn {turn}"
+
+
+def _turn_rows(sources: Iterable[Mapping[str, Any]], rows_read: int) -> str:
+    """What the count of rows read means when some source gave a prompt per user turn."""
+    source_rows = sum(s["source_rows"] for s in sources)
+    if source_rows == rows_read:
+        return ""
+    return f" (prompts and quarantined rows from {source_rows} rows: prompt_turns every_user)"
+
+
 def filtered_examples(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The first few filtered rows of each reason, in the funnel's order."""
     picked: dict[str, list[Mapping[str, Any]]] = {}
@@ -173,7 +187,8 @@ def render_markdown(
         f"**{totals['kept']}** prompts kept in the manifest over {len(report['domains'])} "
         f"domain(s); **{totals['holdout']}** held out for the gate; "
         f"**{totals['malformed']}** rows quarantined; {filtered} filtered; "
-        f"{totals['rows_read']} rows read from {len(report['sources'])} source(s).",
+        f"{totals['rows_read']} rows read from {len(report['sources'])} source(s)"
+        f"{_turn_rows(report['sources'].values(), totals['rows_read'])}.",
         "",
         f"Seed {settings['seed']}; prompt length {settings['min_prompt_tokens']}–"
         f"{settings['max_prompt_tokens']} tokens; {settings['holdout_per_domain']} held out "
@@ -219,7 +234,7 @@ def render_markdown(
             "",
             *_table(
                 ["source", "row", "reason"],
-                [[q["source"], q["row_index"], q["reason"]] for q in quarantine_examples],
+                [[q["source"], _row(q), q["reason"]] for q in quarantine_examples],
             ),
         ]
     if filtered_examples:
@@ -229,7 +244,7 @@ def render_markdown(
             "",
             *_table(
                 ["source", "row", "reason", "detail"],
-                [[f["source"], f["row_index"], f["reason"], f["detail"]] for f in filtered_examples],
+                [[f["source"], _row(f), f["reason"], f["detail"]] for f in filtered_examples],
             ),
         ]
     return "\n".join(lines) + "\n"

@@ -30,6 +30,7 @@ QUARANTINE_SCHEMA = pa.schema(
         ("source", pa.string()),
         ("domain", pa.string()),
         ("row_index", pa.int64()),
+        ("user_turn", pa.int32()),  # every_user: the user turn from which the row gives no prompt
         ("reason", pa.string()),
         ("raw", pa.string()),
     ]
@@ -39,6 +40,7 @@ FILTERED_SCHEMA = pa.schema(
         ("source", pa.string()),
         ("domain", pa.string()),
         ("row_index", pa.int64()),
+        ("user_turn", pa.int32()),  # every_user: the user turn the prompt ends at; else null
         ("prompt_id", pa.string()),
         ("reason", pa.string()),  # the report's outcome name: too_long, non_latin, ...
         ("detail", pa.string()),  # the measured value against the setting, or the kept copy
@@ -54,7 +56,7 @@ _MARKDOWN_EXAMPLE_ROWS = 20
 @dataclass(frozen=True)
 class DiscoveryResult:
     """manifest/holdout: MANIFEST_SCHEMA sorted by prompt_id; quarantine: QUARANTINE_SCHEMA and
-    filtered: FILTERED_SCHEMA, both sorted by (source, row_index); report: JSON-ready counts
+    filtered: FILTERED_SCHEMA, both sorted by (source, row_index, user_turn); report: JSON-ready counts
     derived from these tables (see report.build_report)."""
 
     manifest: pa.Table
@@ -76,7 +78,7 @@ class DiscoveryResult:
             self.report,
             self.quarantine.slice(0, _MARKDOWN_EXAMPLE_ROWS).to_pylist(),
             filtered_examples(
-                self.filtered.select(["source", "row_index", "reason", "detail"]).to_pylist()
+                self.filtered.select(["source", "row_index", "user_turn", "reason", "detail"]).to_pylist()
             ),
         )
 
