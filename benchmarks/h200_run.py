@@ -224,8 +224,9 @@ The sessions, in order:
 6. More data, if the curve asks for it (not run): the profile regenerates one prompt per ShareGPT
    conversation, its first turn. With `prompt_turns: every_user` on the sharegpt source and
    `domain_quotas` removed, the same packages give 39,632 prompts instead of 14,790 (2.68x, 9.1x
-   the prompt tokens: later turns carry their context; benchmarks/prompt_headroom.py, BENCHMARKS
-   P21). By run 15's pace that is ~3.9x its regeneration (~11 min) and, at ~580 tokens a
+   the prompt tokens: later turns carry their context; 3.07x with max_prompt_tokens 1280;
+   benchmarks/prompt_headroom.py, BENCHMARKS P21). By run 15's pace that is ~3.9x its
+   regeneration's replies (~11 min, and the prefill of 9x the prompt tokens) and, at ~580 tokens a
    sequence, ~7x its training tokens per epoch (~1,400 steps, ~10.5 min at 0.45 s a step): a run of
    several sessions, the draft crossing them as a checkpoint (above). Give it its own run_root.
 

@@ -4,10 +4,12 @@ one per user turn (issue 28: "the data the curve says is needed" is set against 
     .venv/bin/python benchmarks/prompt_headroom.py [--profile deployments/params/qwen25-coder.yaml]
 
 Runs the real discover stage (`discover_prompts`, the profile's tokenizer and chat template, its
-length cap, dedupe and 32 held out per domain) over the profile's sources twice: as the profile
-gives them (ShareGPT `prompt_turns: first_user`) and with ShareGPT's `prompt_turns: every_user`.
-The domain quotas are lifted, so `available` is every prompt the packages could give a run.
-Prints the funnel side by side and writes benchmarks/results/prompt-headroom.json.
+dedupe and 32 held out per domain) over the profile's sources three times: as the profile gives
+them (ShareGPT `prompt_turns: first_user`, its max_prompt_tokens), with ShareGPT's
+`prompt_turns: every_user`, and every_user again with the longest prompt the run's sequences
+hold (extract.max_length less sampling.max_new_tokens). The domain quotas are lifted, so
+`available` is every prompt the packages could give a run. Prints the funnel side by side and
+writes benchmarks/results/prompt-headroom.json.
 """
 
 from __future__ import annotations
@@ -27,21 +29,23 @@ from tasks.discover import discover_prompts  # noqa: E402
 from tasks.target.tokenizer import count_prompt_tokens, load_tokenizer  # noqa: E402
 
 RESULT = REPO / "benchmarks/results/prompt-headroom.json"
-MODES = ("first_user", "every_user")
 
 
-def _discover(base: DiscoverConfig, mode: str, count_tokens: Any) -> dict[str, Any]:
+def _discover(base: DiscoverConfig, mode: str, max_prompt_tokens: int, count_tokens: Any) -> dict[str, Any]:
     sources = [
         s.model_copy(update={"prompt_turns": mode}) if s.conversation_format == "sharegpt" else s
         for s in base.sources
     ]
-    cfg = base.model_copy(update={"sources": sources, "domain_quotas": {}, "total_prompts": None})
+    cfg = base.model_copy(update={"sources": sources, "domain_quotas": {}, "total_prompts": None,
+                                  "max_prompt_tokens": max_prompt_tokens})  # fmt: skip
     started = time.perf_counter()
     result = discover_prompts(DiscoverConfig.model_validate(cfg.model_dump()), count_tokens)
     seconds = time.perf_counter() - started
     report = result.report
     tokens = result.manifest.column("n_tokens").to_pylist()
     return {
+        "prompt_turns": mode,
+        "max_prompt_tokens": max_prompt_tokens,
         "seconds": round(seconds, 1),
         "source_rows": {n: s["source_rows"] for n, s in report["sources"].items()},
         "funnel": report["totals"],
@@ -60,28 +64,39 @@ def main() -> None:
     cfg = load_config(args.profile)
     tokenizer = load_tokenizer(cfg.target.model_path, cfg.target.chat_template)
     count_tokens = count_prompt_tokens(tokenizer)
-    results = {mode: _discover(cfg.discover, mode, count_tokens) for mode in MODES}
-    first, every = (results[m] for m in MODES)
-    domains = sorted(set(first["available_per_domain"]) | set(every["available_per_domain"]))
-    print(f"profile {Path(args.profile).name}: max_prompt_tokens {cfg.discover.max_prompt_tokens}, "
-          f"{cfg.discover.holdout_per_domain} held out per domain, quotas lifted")  # fmt: skip
-    print(f"{'':34}{'first_user':>14}{'every_user':>14}{'ratio':>8}")
+    cap = cfg.discover.max_prompt_tokens
+    longest = cfg.extract.max_length - cfg.sampling.max_new_tokens
+    runs = {
+        "first_user": ("first_user", cap),
+        "every_user": ("every_user", cap),
+        f"every_user, cap {longest}": ("every_user", longest),
+    }
+    results = {name: _discover(cfg.discover, *run, count_tokens) for name, run in runs.items()}
+    columns = list(results.values())
+    domains = sorted({d for r in columns for d in r["available_per_domain"]})
+    print(f"profile {Path(args.profile).name}: {cfg.discover.holdout_per_domain} held out per "
+          f"domain, quotas lifted; ratios against the first column")  # fmt: skip
+    print(f"{'':30}" + "".join(f"{name:>24}" for name in results))
+    print(f"{'max_prompt_tokens':30}" + "".join(f"{r['max_prompt_tokens']:>24}" for r in columns))
     rows = [
-        ("sharegpt rows read", *(r["source_rows"]["sharegpt"] for r in (first, every))),
-        ("prompts given (funnel rows)", first["funnel"]["rows_read"], every["funnel"]["rows_read"]),
-        *((f"  {k}", first["funnel"][k], every["funnel"][k])
+        ("sharegpt rows read", lambda r: r["source_rows"]["sharegpt"]),
+        ("prompts given (funnel rows)", lambda r: r["funnel"]["rows_read"]),
+        *((f"  {k}", lambda r, k=k: r["funnel"][k])
           for k in ("malformed", "duplicates_exact", "too_long", "contaminated", "duplicates_normalized")),  # fmt: skip
-        *((f"available: {d}", first["available_per_domain"].get(d, 0),
-           every["available_per_domain"].get(d, 0)) for d in domains),  # fmt: skip
-        ("available prompts", first["available"], every["available"]),
-        ("their prompt tokens", first["prompt_tokens"], every["prompt_tokens"]),
-        ("mean prompt tokens", first["mean_prompt_tokens"], every["mean_prompt_tokens"]),
-        ("discovery seconds (2 cores)", first["seconds"], every["seconds"]),
+        *((f"available: {d}", lambda r, d=d: r["available_per_domain"].get(d, 0)) for d in domains),
+        ("available prompts", lambda r: r["available"]),
+        ("their prompt tokens", lambda r: r["prompt_tokens"]),
+        ("mean prompt tokens", lambda r: r["mean_prompt_tokens"]),
+        ("discovery seconds (2 cores)", lambda r: r["seconds"]),
     ]
-    for name, a, b in rows:
-        ratio = f"{b / a:.2f}x" if a else ""
-        print(f"{name:34}{a:>14,}{b:>14,}{ratio:>8}" if isinstance(a, int) else
-              f"{name:34}{a:>14}{b:>14}{ratio:>8}")  # fmt: skip
+    for name, value in rows:
+        first = value(columns[0])
+        cells = []
+        for r in columns:
+            v = value(r)
+            ratio = f" ({v / first:.2f}x)" if r is not columns[0] and first else ""
+            cells.append(f"{v:,}{ratio}" if isinstance(v, int) else f"{v}{ratio}")
+        print(f"{name:30}" + "".join(f"{c:>24}" for c in cells))
     RESULT.parent.mkdir(parents=True, exist_ok=True)
     RESULT.write_text(json.dumps({"profile": Path(args.profile).name, **results}, indent=2) + "\n")
     print(f"wrote {RESULT.relative_to(REPO)}")

@@ -43,7 +43,7 @@ PART_SEPARATOR = "\n"
 
 class MalformedRow(ValueError):
     """A row that cannot become a prompt; str(e) is the quarantine reason. `user_turn`: with
-    prompt_turns every_user, the user turn (1-based) whose prompt could not be built."""
+    prompt_turns every_user, the user turn (1-based) from which on the row gives no prompt."""
 
     def __init__(self, reason: str, user_turn: int | None = None) -> None:
         super().__init__(reason)
@@ -152,10 +152,11 @@ def _prompts(turns: list[_Turn], field: str, options: RowOptions) -> Iterator[tu
     after the prompts before it were given.
     """
     ends = _prompt_ends(turns, field, options)
+    last, ends_at = ends[-1], set(ends)
     first_user = next(i for i, t in enumerate(turns) if t.role == "user")
     kept: Messages = []
     user_turn = 0
-    for i, t in enumerate(turns[: ends[-1] + 1]):
+    for i, t in enumerate(turns[: last + 1]):
         if t.role == "user":
             user_turn += 1
         if t.role == "assistant" and i < first_user:
@@ -168,7 +169,7 @@ def _prompts(turns: list[_Turn], field: str, options: RowOptions) -> Iterator[tu
         except MalformedRow as e:
             at = user_turn + (t.role != "user")  # the first prompt holding this turn
             raise MalformedRow(str(e), at if options.prompt_turns == "every_user" else None) from None
-        if i in ends:
+        if i in ends_at:
             yield user_turn, list(kept)
 
 
