@@ -228,7 +228,11 @@ The sessions, in order:
    benchmarks/prompt_headroom.py, BENCHMARKS P21). By run 15's pace that is ~3.9x its
    regeneration's replies (~11 min, and the prefill of 9x the prompt tokens) and, at ~580 tokens a
    sequence, ~7x its training tokens per epoch (~1,400 steps, ~10.5 min at 0.45 s a step): a run of
-   several sessions, the draft crossing them as a checkpoint (above). Give it its own run_root.
+   several sessions, the draft crossing them as a checkpoint (above). Off the node:
+   `eaglescale run --params deployments/params/qwen25-coder.yaml --run-root NEW --set
+   discover.sources[0].prompt_turns=every_user --set discover.domain_quotas={}`; `node start
+   --set` takes SECTION.KEY only, so for the node `prepare --profile` a copy of the profile so
+   edited.
 
 A gate cut short still leaves every launch it measured (gate/progress.json), but no decision; the
 report says which goals it could not judge.

@@ -71,6 +71,29 @@ def test_overrides_apply_and_are_validated(tmp_path):
     assert load_config(p, ["slack.channel=~"]).slack.channel is None
 
 
+def test_overrides_reach_into_a_list_the_params_hold(tmp_path):
+    p = tmp_path / "p.yaml"
+    p.write_text(
+        "run_root: /tmp/x\ntarget: {model_path: /m}\n"
+        "discover:\n  sources:\n"
+        "    - {name: a, path: a.jsonl, domain: chat}\n"
+        "    - {name: b, path: b.jsonl, domain: code}\n"
+    )
+    cfg = load_config(p, ["discover.sources[1].prompt_turns=every_user", "discover.sources[0].path=c.jsonl"])
+    a, b = cfg.discover.sources
+    assert (a.prompt_turns, b.prompt_turns) == ("through_last_user", "every_user")
+    # The value set is relative to the working directory, the other source's to the file.
+    assert a.path == str(Path.cwd() / "c.jsonl") and b.path == str(tmp_path / "b.jsonl")
+    bases = {o.key: o.base for o in cfg.path_origins()}
+    assert (bases["discover.sources[0].path"], bases["discover.sources[1].path"]) == (Path.cwd(), tmp_path)
+    with pytest.raises(ConfigError, match=r"'discover.sources' has 2 item\(s\); index 2 is past its end"):
+        load_config(p, ["discover.sources[2].domain=x"])
+    with pytest.raises(ConfigError, match=r"'discover.seed' is not a list"):
+        load_config(p, ["discover.seed[0]=1"])
+    with pytest.raises(ConfigError, match=r"unknown key 'discover.sources.1.prompt_turn'"):
+        load_config(p, ["discover.sources[1].prompt_turn=every_user"])
+
+
 # ---- contradictions: one key silently ignored because of another ---------------------------
 
 

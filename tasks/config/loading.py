@@ -35,11 +35,19 @@ def _format_errors(err: ValidationError, where: str) -> str:
     return "\n".join(lines)
 
 
+_INDEXED = re.compile(r"^([^\[\]]+)((?:\[\d+\])*)$")  # name, then list indices: sources[0]
+
+
+def _part_covers(override: str, key: str) -> bool:
+    """`sources` covers every item of the list (`sources[0]`, ...); `sources[0]` only its own."""
+    return override == key or override == re.sub(r"\[\d+\]", "", key)
+
+
 def _covers(override: list[str], key: str) -> bool:
     """Whether an override of the dotted path `override` set (part of) the value at `key`."""
-    parts = re.sub(r"\[\d+\]", "", key).split(".")
+    parts = key.split(".")
     n = min(len(parts), len(override))
-    return parts[:n] == override[:n]
+    return all(_part_covers(o, k) for o, k in zip(override[:n], parts[:n], strict=True))
 
 
 _YAML_NULLS = ("null", "Null", "NULL", "~")
@@ -69,18 +77,46 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), literal if read_as_nothing or cut_at_hash else value
 
 
+def _step(node: Any, part: str, text: str, where: str) -> tuple[Any, str | int]:
+    """The container that holds `part` (a key, or a key with list indices) and its last key."""
+    m = _INDEXED.match(part)
+    if m is None:
+        raise ConfigError(f"--set {text!r}: '{part}' is not a key or key[index]")
+    name, indices = m.group(1), [int(i) for i in re.findall(r"\d+", m.group(2))]
+    if not isinstance(node, dict):
+        raise ConfigError(f"--set {text!r}: '{where}' is not a section")
+    holder: Any = node
+    last: str | int = name
+    path = f"{where}.{name}".lstrip(".")
+    for index in indices:
+        items = holder.get(last) if isinstance(holder, dict) else holder[last]
+        if not isinstance(items, list):
+            raise ConfigError(f"--set {text!r}: '{path}' is not a list")
+        if index >= len(items):
+            raise ConfigError(
+                f"--set {text!r}: '{path}' has {len(items)} item(s); index {index} is past its end"
+            )
+        holder, last, path = items, index, f"{path}[{index}]"
+    return holder, last
+
+
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Each `key.path=value` set in `data`; a part may index a list (`sources[0].domain=x`)
+    that the params already hold. Missing sections are created, missing list items are not."""
     for text in overrides:
         path, value = parse_override(text)
-        node = data
+        node: Any = data
+        where = ""
         for part in path[:-1]:
-            nxt = node.get(part)
-            if nxt is None:
-                nxt = node[part] = {}
+            holder, last = _step(node, part, text, where)
+            nxt = holder.get(last) if isinstance(holder, dict) else holder[last]
+            if nxt is None and isinstance(holder, dict):
+                nxt = holder[last] = {}
             if not isinstance(nxt, dict):
                 raise ConfigError(f"--set {text!r}: '{part}' is not a section")
-            node = nxt
-        node[path[-1]] = value
+            node, where = nxt, f"{where}.{part}".lstrip(".")
+        holder, last = _step(node, path[-1], text, where)
+        holder[last] = value
     return data
 
 
