@@ -131,7 +131,9 @@ and only what earlier `node wait` calls brought back remains (run 16 lost a qwen
 
 What a session makes travels to the next through $OUT: the regenerated shards (`node wait` leaves
 generation.tar.part-NN once generation is complete; run 15's 10,245 Qwen replies are 9.1 MB, kept
-in the repository as benchmarks/results/real-run-node/run-15/generation.tar), the trained draft
+in the repository as benchmarks/results/real-run-node/run-15/generation.tar; one over 45 MB, too
+large beside `node wait`'s results, it splits into parts that `node generation K` brings back, as
+its generation.txt says), the trained draft
 (bf16, 213 MB with its vocabulary map and records: 15 parts, `node drafts K` for K = 0..3), and
 the training checkpoint of a draft that did not end in its session. The draft is too large for
 the repository, so it travels only while this workspace keeps it (a workspace started afresh
@@ -157,6 +159,7 @@ next session does so when no checkpoint is carried. Not run on the H200 yet.
     python3 benchmarks/h200_run.py node wait --timeout 540      # back to back until done
     python3 benchmarks/h200_run.py node drafts K                # when `node wait` says a draft is packed
     python3 benchmarks/h200_run.py node checkpoint K            # when it says a checkpoint is packed
+    python3 benchmarks/h200_run.py node generation K            # when its generation.txt says so (over 45 MB)
     cat DIR*/checkpoint.tar.part-* > checkpoint.tar             # here; its sha256 is the index.json's
     .venv/bin/python benchmarks/qwen_run_report.py DIR1 DIR2 ... # here, at the end: qwen-run.json
 
@@ -228,7 +231,8 @@ The sessions, in order:
    benchmarks/prompt_headroom.py, BENCHMARKS P21). By run 15's pace that is ~3.9x its
    regeneration's replies (~11 min, and the prefill of 9x the prompt tokens) and, at ~580 tokens a
    sequence, ~7x its training tokens per epoch (~1,400 steps, ~10.5 min at 0.45 s a step): a run of
-   several sessions, the draft crossing them as a checkpoint (above). Off the node:
+   several sessions, the draft crossing them as a checkpoint (above), and the regeneration
+   (~52 MB with prompts/, ~65 MB at 1280) in parts, `node generation K`. Off the node:
    `eaglescale run --params deployments/params/qwen25-coder.yaml --run-root NEW --set
    discover.sources[0].prompt_turns=every_user --set discover.domain_quotas={}`; `node start
    --set` takes SECTION.KEY only, so for the node `prepare --profile` a copy of the profile so
@@ -303,7 +307,7 @@ def main() -> int:
                    help="an earlier run's results folder, kept beside it under earlier_runs (repeatable, newest first)")
     n = sub.add_parser("node", help="on the H200 node")
     n.add_argument("what", choices=["receive", "start", "wait", "pipeline", "reference", "agreement", "scaling", "replay",
-                                    "recipe-replay", "recipe-variant", "drafts", "checkpoint", "plain", "train-watched",
+                                    "recipe-replay", "recipe-variant", "drafts", "checkpoint", "generation", "plain", "train-watched",
                                     "verify-probe"])  # fmt: skip
     n.add_argument("arg", nargs="?")
     n.add_argument("--timeout", type=float, default=540.0)
@@ -336,7 +340,7 @@ def main() -> int:
         return node_recipe_replay()
     if what == "recipe-variant":
         return Pipeline().recipe_variant(args.arg or "")
-    if what in ("drafts", "checkpoint"):
+    if what in ("drafts", "checkpoint", "generation"):
         return node_packed(what, int(args.arg or 0))
     if what == "reference":
         return node_reference()

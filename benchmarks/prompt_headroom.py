@@ -26,6 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from tasks.config import DiscoverConfig, load_config  # noqa: E402
 from tasks.discover import discover_prompts  # noqa: E402
+from tasks.runfolder.shards import table_bytes  # noqa: E402
 from tasks.target.tokenizer import count_prompt_tokens, load_tokenizer  # noqa: E402
 
 RESULT = REPO / "benchmarks/results/prompt-headroom.json"
@@ -54,6 +55,9 @@ def _discover(base: DiscoverConfig, mode: str, max_prompt_tokens: int, count_tok
         "holdout": result.holdout.num_rows,
         "prompt_tokens": sum(tokens),
         "mean_prompt_tokens": round(sum(tokens) / max(len(tokens), 1), 1),
+        # What prompts/ weighs as the stage commits it (zstd parquet): it travels with the
+        # regenerated shards between sessions (`node wait`'s generation.tar).
+        "prompts_bytes": sum(len(table_bytes(t)) for t in result.tables().values()),
     }
 
 
@@ -87,6 +91,7 @@ def main() -> None:
         ("available prompts", lambda r: r["available"]),
         ("their prompt tokens", lambda r: r["prompt_tokens"]),
         ("mean prompt tokens", lambda r: r["mean_prompt_tokens"]),
+        ("prompts/ tables (bytes)", lambda r: r["prompts_bytes"]),
         ("discovery seconds (2 cores)", lambda r: r["seconds"]),
     ]
     for name, value in rows:

@@ -302,6 +302,53 @@ def test_a_generation_brought_back_is_what_prepare_run_from_carries(
         travel.unpack_generation(bad, tmp_path / "src-bad")
 
 
+def test_a_generation_too_large_for_node_wait_travels_in_parts(
+    tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A generation larger than `node wait` brings back beside its results (a prompt per user
+    turn: P21) is split into parts under NODE/generation once, generation.txt names the calls,
+    `node generation K` brings them back, and the parts joined are the tar that `prepare
+    --run-from` unpacks, byte for byte the same shards."""
+    import hashlib
+    import json
+
+    from tests.draft_support import extracted_run
+
+    node = tmp_path / "node"
+    extracted_run(tmp_path_factory.getbasetemp(), tiny_target_dir, node)
+    _on_node(monkeypatch, node)
+    monkeypatch.setattr(travel, "GENERATION_MAX_BYTES", 1)  # every generation is too large
+    monkeypatch.setattr(travel, "PART_BYTES", 4096)
+    monkeypatch.setattr(travel, "PARTS_PER_CALL", 2)
+    out = tmp_path / "out"
+    out.mkdir()
+    travel.collect_generation(out)
+    assert not list(out.glob("generation.tar.part-*"))  # not in `node wait`'s own files
+    index = json.loads((node / "generation/index.json").read_text())
+    calls = travel.calls_for(index["bytes"])
+    assert len(index["parts"]) > travel.PARTS_PER_CALL and calls == -(-len(index["parts"]) // 2)
+    assert (out / "generation.txt").read_text().endswith(f"`node generation K` for K in 0..{calls - 1}\n")
+    assert index["generation"] == {"shards": len(list((node / "run/generate/_SUCCESS").glob("*.json")))}
+    parts = sorted((node / "generation").glob("generation.tar.part-*"))
+    stamps = [p.stat().st_mtime_ns for p in parts]
+    (tmp_path / "out-again").mkdir()
+    travel.collect_generation(tmp_path / "out-again")  # a later `node wait`: split once
+    assert [p.stat().st_mtime_ns for p in parts] == stamps
+    joined = b""
+    for k in range(calls):
+        fetched = tmp_path / f"fetched-{k}"
+        monkeypatch.setenv("OUT", str(fetched))
+        assert travel.node_packed("generation", k) == 0
+        joined += b"".join((fetched / p).read_bytes() for p in sorted(o.name for o in fetched.glob("generation.tar.part-*")))
+    assert hashlib.sha256(joined).hexdigest() == index["sha256"]
+    packed = tmp_path / "generation.tar"
+    packed.write_bytes(joined)
+    run = travel.unpack_generation(packed, tmp_path / "src")
+    original = node / "run"
+    for shard in sorted((original / "generate/data").glob("*.parquet")):
+        assert (run / "generate/data" / shard.name).read_bytes() == shard.read_bytes()
+
+
 def test_the_recipe_plan_packs_the_best_draft_and_specforge_s_and_node_drafts_returns_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -110,11 +110,11 @@ def node_wait(timeout: float) -> int:
         time.sleep(5)
     collect_node_results(out)
     print(json.dumps({k: status.get(k) for k in ("step", "state", "detail", "steps")}, indent=1)[-3000:])
-    for name in PACKED:  # drafts, a checkpoint: too big for this call's files
+    for name in (*PACKED, "generation"):  # drafts, a checkpoint, a large generation: too big for this call's files
         index = read_json(node_env.NODE / name / "index.json")
         if index:
             calls = calls_for(index["bytes"])
-            what = list(index["drafts"]) if name == "drafts" else index["checkpoint"]
+            what = list(index["drafts"]) if name == "drafts" else index[name]
             print(f"{name} {what} packed in {len(index['parts'])} parts ({index['bytes'] / 1e6:.0f} MB): "
                   f"`node {name} K` for K in 0..{calls - 1}")  # fmt: skip
     return 0 if status.get("state") != "failed" else 1
@@ -210,7 +210,7 @@ def collect_node_results(out: Path) -> None:
         for name in ("run-online", "run-1k", "run-penalty", *recipe):
             _add_root(tar, node_env.NODE / name, SIBLING_RESULT_FILES)
         for path in [node_env.NODE / "replay-compare.json", node_env.NODE / "recipe-replay.json", node_env.NODE / "drafts/index.json",
-                     node_env.NODE / "checkpoint/index.json", node_env.NODE / "train-fit.json", node_env.NODE / "carried.json", node_env.NODE / "options.json",
+                     node_env.NODE / "checkpoint/index.json", node_env.NODE / "generation/index.json", node_env.NODE / "train-fit.json", node_env.NODE / "carried.json", node_env.NODE / "options.json",
                      *sorted(node_env.NODE.glob("recorded/*.json")), *sorted(node_env.NODE.glob("registry/*.json")),
                      *sorted(node_env.NODE.glob("registry/history/*.json"))]:  # fmt: skip
             if path.is_file():

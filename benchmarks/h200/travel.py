@@ -49,33 +49,43 @@ def carried() -> dict[str, bool]:
 
 # The run's prompts and regenerated shards, brought back whole once generation is complete, so a
 # later session's run on a fresh node starts from them instead of regenerating (`node receive`
-# carries them in as part of the payload's run folder): in parts of at most this many bytes, and
-# only when all of them fit beside the results in what one call brings back (64 MiB).
+# carries them in as part of the payload's run folder): in `node wait`'s own files, in parts of at
+# most this many bytes, when they fit beside its results in what one call brings back (64 MiB);
+# else packed in parts like a draft (NODE/generation, `node generation K`).
 GENERATION_PART_BYTES = 15_000_000
 GENERATION_MAX_BYTES = 45_000_000
 
 
 def collect_generation(out: Path) -> None:
-    """generation.tar.part-NN in `out` (run.json, prompts/, generate/ minus the journals and
-    leases), once generate/_COMPLETE exists and when it fits (GENERATION_MAX_BYTES)."""
+    """generation.tar (run.json, prompts/, generate/ minus the journals and leases), once
+    generate/_COMPLETE exists: as generation.tar.part-NN in `out` when it fits
+    (GENERATION_MAX_BYTES), else as parts under NODE/generation that `node generation K` brings
+    back, which generation.txt in `out` names. A prompt per user turn (`prompt_turns:
+    every_user`) makes it larger than one call: ~4x the replies and ~9x the prompts' text."""
     run, packed = node_env.NODE / "run", node_env.NODE / "generation.tar"
     if not (run / "generate/_COMPLETE").is_file() or carried()["generation"]:
         return  # not complete yet, or carried in by the payload (`prepare --run-from`): this session has it
-    if not packed.is_file():
-        partial = packed.with_suffix(".partial")
-        with tarfile.open(partial, "w") as tar:
-            tar.add(run / "run.json", "run/run.json")
-            tar.add(run / "prompts", "run/prompts")
-            tar.add(run / "generate", "run/generate",
-                    filter=lambda t: None if "/journal" in t.name or "/leases" in t.name else t)  # fmt: skip
-        partial.replace(packed)
-    size = packed.stat().st_size
-    if size > GENERATION_MAX_BYTES:
-        (out / "generation.txt").write_text(f"generation.tar is {size} bytes: more than one call brings back\n")
-        return
-    with packed.open("rb") as f:
-        for k in range(-(-size // GENERATION_PART_BYTES)):
-            (out / f"generation.tar.part-{k:02d}").write_bytes(f.read(GENERATION_PART_BYTES))
+    index = read_json(node_env.NODE / "generation/index.json")
+    if index is None:
+        if not packed.is_file():
+            partial = packed.with_suffix(".partial")
+            with tarfile.open(partial, "w") as tar:
+                tar.add(run / "run.json", "run/run.json")
+                tar.add(run / "prompts", "run/prompts")
+                tar.add(run / "generate", "run/generate",
+                        filter=lambda t: None if "/journal" in t.name or "/leases" in t.name else t)  # fmt: skip
+            partial.replace(packed)
+        size = packed.stat().st_size
+        if size <= GENERATION_MAX_BYTES:
+            with packed.open("rb") as f:
+                for k in range(-(-size // GENERATION_PART_BYTES)):
+                    (out / f"generation.tar.part-{k:02d}").write_bytes(f.read(GENERATION_PART_BYTES))
+            return
+        index = split_parts(packed, "generation", {"generation": {"shards": len(list((run / "generate/_SUCCESS").glob("*.json")))}})
+    calls = calls_for(index["bytes"])
+    (out / "generation.txt").write_text(
+        f"generation.tar is {index['bytes']} bytes, more than `node wait` brings back beside its results: "
+        f"{len(index['parts'])} parts, `node generation K` for K in 0..{calls - 1}\n")  # fmt: skip
 
 
 def unpack_generation(packed: Path, dest: Path) -> Path:
@@ -109,12 +119,19 @@ def pack_parts(members: dict[str, Path], index: dict[str, Any], name: str = "dra
     """`members` (name in the tar -> file or folder) as NODE/<name>/<name>.tar.part-NN of
     PART_BYTES each and index.json (`index` with the parts, the whole's sha256 and bytes):
     what `node <name> K` returns. Returns the index."""
-    folder, packed = node_env.NODE / name, node_env.NODE / f"{name}.tar"
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir()
+    packed = node_env.NODE / f"{name}.tar"
     with tarfile.open(packed, "w") as tar:
         for member, path in members.items():
             tar.add(path, member)
+    return split_parts(packed, name, index)
+
+
+def split_parts(packed: Path, name: str, index: dict[str, Any]) -> dict[str, Any]:
+    """The tar `packed` as NODE/<name>/<name>.tar.part-NN of PART_BYTES each and index.json
+    (`index` with the parts, the whole's sha256 and bytes), the tar removed. Returns the index."""
+    folder = node_env.NODE / name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
     parts = []
     with packed.open("rb") as f:
         while data := f.read(PART_BYTES):
@@ -134,7 +151,8 @@ def node_packed(name: str, k: int) -> int:
     index = read_json(node_env.NODE / name / "index.json")
     if index is None:
         print(f"node {name}: nothing packed (drafts: the recipe plan packs its drafts after its gate, the qwen plans "
-              "theirs once trained; checkpoint: a watched draft's, when it stopped before the end of its schedule)",
+              "theirs once trained; checkpoint: a watched draft's, when it stopped before the end of its schedule; "
+              "generation: `node wait`, once generation is complete, when it is too large for its own files)",
               file=sys.stderr)  # fmt: skip
         return 3
     out.mkdir(parents=True, exist_ok=True)
