@@ -13,7 +13,9 @@ and ShareGPT code); the gate's predicted tok/s against the measured; the break-e
 measured at num_steps 3 (qwen-sweep's, unless the deciding gate measured it); the data-scaling
 curve (measured and replayed points, the fits, the training sequences the fits say an accept
 length of 2.5 and the break-even need); and the issue's goals, each met or missed by how much. The decision of record is qwen-gate's (its gate
-decides); the other gates' decisions are reported beside it. Writes `qwen-run.json` (in the
+decides, as planned before any gate ran); every gate's own decision is reported beside it
+(`decisions`): each gate applies its decision to its node's registry, so a later session's gate
+over the same draft, on another machine, can promote where qwen-gate's rejected (run 19). Writes `qwen-run.json` (in the
 first RESULTS_DIR unless --out says where), `qwen-run-gates.png` beside it (every config a gate
 measured: its speed against the baseline, its accept length against its break-even) and prints
 a summary.
@@ -226,6 +228,14 @@ def goals(sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def decisions(sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every gate that decided, in session order: its plan, outcome, best config with speedup and
+    CI, and whether its node's registry promoted the draft."""
+    return [{"session": Path(s["folder"]).name, "plan": s["plan"],
+             **{k: s["gate"][k] for k in ("outcome", "best", "speedup", "ci", "promoted")}}
+            for s in sessions if (s.get("gate") or {}).get("outcome")]  # fmt: skip
+
+
 def _breakeven_at_3_steps(deciding: dict[str, Any] | None, sessions: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The break-even the server measured at num_steps 3: the deciding gate's, else that of the
     last session that measured it (qwen-sweep's, through gate.breakeven_num_steps)."""
@@ -253,6 +263,7 @@ def build(folders: list[Path]) -> dict[str, Any]:
                 "+ HumanEval: regenerated, trained online, gated on real SGLang 0.5.14 on one H200, over sessions",
         "sessions": sessions,
         "decision": deciding and {k: deciding[k] for k in ("outcome", "best", "speedup", "ci", "promoted", "reasons")},
+        "decisions": decisions(sessions),
         "accept_length_at_3_steps_per_domain": measured_at_3,
         "breakeven_at_3_steps": _breakeven_at_3_steps(deciding, sessions),
         "scaling": scaling,
@@ -366,6 +377,9 @@ def _print(result: dict[str, Any]) -> None:
     for g in result["goals"]:
         verdict = {True: "met", False: f"MISSED by {g['short_by']}", None: "not measured"}[g["met"]]
         print(f"goal {g['goal']} ({g['target']}): {g['measured']} -> {verdict}")
+    for d in result["decisions"]:
+        print(f"decision {d['session']} {d['plan']}: {d['outcome'].upper()} {d['best']} {d['speedup']} CI {d['ci']}"
+              f"{', promoted in its registry' if d['promoted'] else ''}")
     if result.get("if_missed"):
         print(f"if missed: {result['if_missed']}")
 

@@ -121,6 +121,10 @@ def test_the_sessions_figures_and_the_goals_with_their_misses(tmp_path: Path) ->
     # The decision of record is qwen-gate's, not the scaling session's.
     assert result["decision"]["outcome"] == "promote" and result["decision"]["best"] == S3
     assert result["decision"]["ci"] == [1.21, 1.55]
+    # Every gate's own decision beside it, in session order.
+    assert [(d["plan"], d["outcome"]) for d in result["decisions"]] == [
+        (s["plan"], s["gate"]["outcome"]) for s in result["sessions"] if (s.get("gate") or {}).get("outcome")]
+    assert result["decisions"][0]["plan"] == "qwen-gate" and result["decisions"][0]["promoted"] is True
     assert result["accept_length_at_3_steps_per_domain"]["qwen-gate"]["coding"] == 2.62
     assert result["accept_length_at_3_steps_per_domain"]["qwen-scaling"] == {"coding": 2.55}
     assert result["accept_length_at_3_steps_per_domain"][f"qwen-gate {TOPK}"]["humaneval"] == 3.1  # the tree beside
