@@ -200,11 +200,14 @@ The sessions, in order:
    `node drafts 3` back to back (~1 s of device time each), then `node wait` again: run 17 brought
    back 8 of its 15 parts before the device time ran out; run 18 all of them, in /work/drafts-run18
    while this workspace lasts.
-3. qwen-sweep (--run-from --draft-from): num_steps 3, 4 and 5, twice each, with the baseline (8
+3. qwen-sweep (--run-from --draft-from): done, run 19 (2026-12-05, BENCHMARKS P22): PROMOTE, num_steps
+   3 at 1.104x (CI 1.048-1.173), 4 at 1.06x, 5 at 1.05x; the server's break-even 1.72 at 3 steps
+   (forced 2.0: 1.22x, 2.5: 1.57x); payload 37 calls (~5 min held), setup 62 s, the gate 957 s
+   (11 launches), 1,352 s of device time in all. The plan: num_steps 3, 4 and 5, twice each, with the baseline (8
    launches; 3 again so that 4 and 5 compare with it in one session, as run 17 and run 18 measured
    3 at 1.04x and 0.80x), then the break-even at num_steps 3 (accept lengths 1.5, 2.0, 2.5 forced,
    8 prompts each: gate.breakeven_num_steps), last, so a gate cut short loses it first. The gate
-   ~1,360 s at run 17's launch cost (QWEN_LAUNCH_S, QWEN_BREAKEVEN_LAUNCH_S), with the payload (37
+   ~1,270 s at run 17's launch cost (QWEN_LAUNCH_S, QWEN_BREAKEVEN_LAUNCH_S), with the payload (37
    parts with run 18's draft) and setup ~27 min; a session with less leaves num_steps 3, then 4,
    out (gate_within_budget). It does not fit beside training the draft.
 4. qwen-scaling (--run-from --draft-from): the data-scaling drafts (0.1, 0.3, 0.6 of the
