@@ -25,14 +25,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tasks.config import DiscoverConfig, load_config  # noqa: E402
-from tasks.discover import discover_prompts  # noqa: E402
+from tasks.discover import CountTokens, discover_prompts  # noqa: E402
 from tasks.runfolder.shards import table_bytes  # noqa: E402
 from tasks.target.tokenizer import count_prompt_tokens, load_tokenizer  # noqa: E402
 
 RESULT = REPO / "benchmarks/results/prompt-headroom.json"
 
 
-def _discover(base: DiscoverConfig, mode: str, max_prompt_tokens: int, count_tokens: Any) -> dict[str, Any]:
+def _discover(base: DiscoverConfig, mode: str, max_prompt_tokens: int, count_tokens: CountTokens) -> dict[str, Any]:
     sources = [
         s.model_copy(update={"prompt_turns": mode}) if s.conversation_format == "sharegpt" else s
         for s in base.sources

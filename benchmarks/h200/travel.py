@@ -49,10 +49,9 @@ def carried() -> dict[str, bool]:
 
 # The run's prompts and regenerated shards, brought back whole once generation is complete, so a
 # later session's run on a fresh node starts from them instead of regenerating (`node receive`
-# carries them in as part of the payload's run folder): in `node wait`'s own files, in parts of at
-# most this many bytes, when they fit beside its results in what one call brings back (64 MiB);
-# else packed in parts like a draft (NODE/generation, `node generation K`).
-GENERATION_PART_BYTES = 15_000_000
+# carries them in as part of the payload's run folder): in `node wait`'s own files, in parts of
+# PART_BYTES, when they fit beside its results in what one call brings back (64 MiB); else packed
+# in parts like a draft (NODE/generation, `node generation K`).
 GENERATION_MAX_BYTES = 45_000_000
 
 
@@ -78,8 +77,8 @@ def collect_generation(out: Path) -> None:
         size = packed.stat().st_size
         if size <= GENERATION_MAX_BYTES:
             with packed.open("rb") as f:
-                for k in range(-(-size // GENERATION_PART_BYTES)):
-                    (out / f"generation.tar.part-{k:02d}").write_bytes(f.read(GENERATION_PART_BYTES))
+                for k in range(-(-size // PART_BYTES)):
+                    (out / f"generation.tar.part-{k:02d}").write_bytes(f.read(PART_BYTES))
             return
         index = split_parts(packed, "generation", {"generation": {"shards": len(list((run / "generate/_SUCCESS").glob("*.json")))}})
     calls = calls_for(index["bytes"])
@@ -98,7 +97,7 @@ def unpack_generation(packed: Path, dest: Path) -> Path:
     return dest / "run"
 
 
-PART_BYTES = 15_000_000  # what comes back in parts (`node drafts K`, `node checkpoint K`), in parts of this many bytes
+PART_BYTES = 15_000_000  # what comes back in parts (`node wait`'s generation, `node drafts|checkpoint|generation K`), in parts of this many bytes
 PARTS_PER_CALL = 4  # 60 MB: what one call brings back (8 files, 64 MiB together)
 # Device seconds a call that brings back PARTS_PER_CALL parts costs: run 18's four `node drafts`
 # calls (213 MB) took 30 s of device time.

@@ -77,19 +77,23 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return key.strip().split("."), literal if read_as_nothing or cut_at_hash else value
 
 
-def _step(node: Any, part: str, text: str, where: str) -> tuple[Any, str | int]:
-    """The container that holds `part` (a key, or a key with list indices) and its last key."""
+def _item(holder: dict[str, Any] | list[Any], key: str | int) -> Any:
+    """holder[key] for a section's key (None when absent) or a list's index."""
+    return holder.get(key) if isinstance(holder, dict) else holder[key]  # type: ignore[arg-type]
+
+
+def _step(node: dict[str, Any], part: str, text: str, where: str) -> tuple[Any, str | int]:
+    """The container in section `node` (at `where`) that holds `part` (a key, or a key with
+    list indices) and its last key."""
     m = _INDEXED.match(part)
     if m is None:
         raise ConfigError(f"--set {text!r}: '{part}' is not a key or key[index]")
     name, indices = m.group(1), [int(i) for i in re.findall(r"\d+", m.group(2))]
-    if not isinstance(node, dict):
-        raise ConfigError(f"--set {text!r}: '{where}' is not a section")
     holder: Any = node
     last: str | int = name
     path = f"{where}.{name}".lstrip(".")
     for index in indices:
-        items = holder.get(last) if isinstance(holder, dict) else holder[last]
+        items = _item(holder, last)
         if not isinstance(items, list):
             raise ConfigError(f"--set {text!r}: '{path}' is not a list")
         if index >= len(items):
@@ -105,11 +109,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     that the params already hold. Missing sections are created, missing list items are not."""
     for text in overrides:
         path, value = parse_override(text)
-        node: Any = data
+        node = data
         where = ""
         for part in path[:-1]:
             holder, last = _step(node, part, text, where)
-            nxt = holder.get(last) if isinstance(holder, dict) else holder[last]
+            nxt = _item(holder, last)
             if nxt is None and isinstance(holder, dict):
                 nxt = holder[last] = {}
             if not isinstance(nxt, dict):

@@ -141,8 +141,11 @@ def _prompt_ends(turns: list[_Turn], field: str, options: RowOptions) -> list[in
     return with_text if options.prompt_turns == "every_user" else with_text[-1:]
 
 
-def _prompts(turns: list[_Turn], field: str, options: RowOptions) -> Iterator[tuple[int, Messages]]:
+def _prompts(
+    turns: list[_Turn], field: str, options: RowOptions
+) -> Iterator[tuple[int | None, Messages]]:
     """(user turn, prompt) for each prompt a conversation gives; roles were checked on every turn.
+    The user turn (1-based) is named with prompt_turns every_user only, in prompts and errors.
 
     Each prompt is the conversation through one user turn. Assistant turns before the first user
     turn are dropped: split exports (ShareGPT's `_split` files) start a chunk with the answer
@@ -154,6 +157,7 @@ def _prompts(turns: list[_Turn], field: str, options: RowOptions) -> Iterator[tu
     ends = _prompt_ends(turns, field, options)
     last, ends_at = ends[-1], set(ends)
     first_user = next(i for i, t in enumerate(turns) if t.role == "user")
+    every = options.prompt_turns == "every_user"
     kept: Messages = []
     user_turn = 0
     for i, t in enumerate(turns[: last + 1]):
@@ -168,9 +172,9 @@ def _prompts(turns: list[_Turn], field: str, options: RowOptions) -> Iterator[tu
             kept.append({"role": t.role, "content": t.content_of(t.value, t.where)})
         except MalformedRow as e:
             at = user_turn + (t.role != "user")  # the first prompt holding this turn
-            raise MalformedRow(str(e), at if options.prompt_turns == "every_user" else None) from None
+            raise MalformedRow(str(e), at if every else None) from None
         if i in ends_at:
-            yield user_turn, list(kept)
+            yield (user_turn if every else None), list(kept)
 
 
 def _turn_list(
@@ -308,9 +312,10 @@ def _conversation(
 
 def row_prompts(
     row: Any, conversation_format: str = "auto", options: RowOptions | None = None
-) -> Iterator[tuple[int, Messages]]:
+) -> Iterator[tuple[int | None, Messages]]:
     """(user turn, normalized messages) for each prompt of one raw row (one, unless
-    prompt_turns is every_user); `MalformedRow` names the problem. A generator: the prompts
+    prompt_turns is every_user, the only mode that names the turn); `MalformedRow` names the
+    problem. A generator: the prompts
     given before a broken turn stand when it raises."""
     options = options or RowOptions()
     turns, field = _conversation(row, conversation_format, options)

@@ -97,6 +97,11 @@ class _Prompt:
         }
 
 
+def _record_order(record: dict[str, Any]) -> tuple[str, int, int]:
+    """Quarantine and filtered records in source order: row, then user turn (every_user)."""
+    return (record["source"], record["row_index"], record["user_turn"] or 0)
+
+
 def _raw_json(row: Any) -> str:
     return json.dumps(row, ensure_ascii=False, default=str)
 
@@ -178,7 +183,6 @@ class _Discovery:
         src = reader.src
         options = RowOptions(src.prompt_turns, src.system_turns, src.user_template)
         rules = DomainRules(src)
-        every = src.prompt_turns == "every_user"
         for raw in reader.rows():
             self.source_rows[src.name] += 1
             if raw.error is not None:
@@ -197,7 +201,7 @@ class _Discovery:
                             src.name,
                             rules.domain_of(messages),
                             raw.row_index,
-                            user_turn if every else None,
+                            user_turn,
                             messages,
                         ),
                     )
@@ -295,9 +299,8 @@ class _Discovery:
         # A held-out prompt's conversation gives no training prompt (every_user): its earlier
         # turns would be the held-out prompt's context, its later ones would hold the prompt.
         held_in: dict[tuple[str, int], _Prompt] = {}
-        for members in groups.values():
-            if members[0].prompt_id in held:
-                held_in.setdefault(members[0].conversation(), members[0])
+        for rep in (members[0] for members in groups.values() if members[0].prompt_id in held):
+            held_in.setdefault(rep.conversation(), rep)
         holdout: list[_Prompt] = []
         remaining: list[_Prompt] = []
         for members in groups.values():
@@ -389,10 +392,8 @@ def discover_prompts(
         run.read(reader)
     holdout, remaining = run.split(run.filter_lengths())
     kept, mixture = run.mix(remaining)
-    quarantine = sorted(
-        run.quarantine, key=lambda q: (q["source"], q["row_index"], q["user_turn"] or 0)
-    )
-    filtered = sorted(run.filtered, key=lambda f: (f["source"], f["row_index"], f["user_turn"] or 0))
+    quarantine = sorted(run.quarantine, key=_record_order)
+    filtered = sorted(run.filtered, key=_record_order)
     outcomes = [
         *((q["source"], q["domain"], "malformed") for q in quarantine),
         *((f["source"], f["domain"], f["reason"]) for f in filtered),
