@@ -297,6 +297,9 @@ def main() -> int:
     p.add_argument("--checkpoint-from", help="an earlier session's checkpoint.tar (`node checkpoint K`'s parts joined) of a "
                    "watched draft its session stopped before the end of its schedule: it travels in the run folder, and "
                    "the node resumes that draft at its step, at its epochs")  # fmt: skip
+    p.add_argument("--scaling-from", help="an earlier qwen-scaling session's scaling-drafts.tar (`node scaling-drafts K`'s "
+                   "parts joined): its data-scaling drafts travel in the run folder, and the node gates them beside the "
+                   "carried draft instead of training them (needs --run-from and --draft-from, what they trained beside)")  # fmt: skip
     p.add_argument("--anchor-from", help="an earlier recipe session's drafts.tar (`node drafts K`'s parts joined): "
                    "SpecForge's draft in it travels, and the recipe plan gates and replays it beside this session's "
                    "variants instead of training SpecForge's again (needs --run-from, the generation it was trained on)")  # fmt: skip
@@ -310,7 +313,8 @@ def main() -> int:
                    help="an earlier run's results folder, kept beside it under earlier_runs (repeatable, newest first)")
     n = sub.add_parser("node", help="on the H200 node")
     n.add_argument("what", choices=["receive", "start", "wait", "pipeline", "reference", "agreement", "scaling", "replay",
-                                    "recipe-replay", "recipe-variant", "drafts", "checkpoint", "generation", "plain", "train-watched",
+                                    "recipe-replay", "recipe-variant", "drafts", "checkpoint", "generation", "scaling-drafts", "plain",
+                                    "train-watched",
                                     "verify-probe"])  # fmt: skip
     n.add_argument("arg", nargs="?")
     n.add_argument("--timeout", type=float, default=540.0)
@@ -343,7 +347,7 @@ def main() -> int:
         return node_recipe_replay()
     if what == "recipe-variant":
         return Pipeline().recipe_variant(args.arg or "")
-    if what in ("drafts", "checkpoint", "generation"):
+    if what in ("drafts", "checkpoint", "generation", "scaling-drafts"):
         return node_packed(what, int(args.arg or 0))
     if what == "reference":
         return node_reference()

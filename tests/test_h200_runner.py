@@ -659,6 +659,39 @@ def test_scaling_drafts_beside_a_carried_draft_train_at_its_epochs(tmp_path: Pat
     assert epochs == 2 and not (tmp_path / "measurements.json").exists()
 
 
+def test_a_scaling_gate_that_would_not_end_in_the_session_is_left_to_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """qwen-scaling's gate (the baseline and the full draft twice, each scaling draft once) starts
+    only when it ends in the device time left: a gate cut short writes no curve. One that would
+    not is skipped, status.json's gate step saying why and where the packed drafts go next."""
+    import json
+    import time
+
+    _on_node(monkeypatch, tmp_path)
+    monkeypatch.setattr(node_env, "EXTRA_SETS", [])
+    (tmp_path / "manifest.json").write_text(json.dumps({"parts": [], "profile": str(QWEN.relative_to(RUNNER.parents[1]))}))
+    (tmp_path / "options.json").write_text(json.dumps(plans.plan_options([], "qwen-scaling", None)))
+    (tmp_path / "run/train/scaling").mkdir(parents=True)
+    (tmp_path / "run/train/scaling/index.json").write_text(json.dumps({"drafts": [
+        {"samples": n, "final": f"train/scaling/frac-{n}/final"} for n in (1024, 3073, 6147)]}))  # fmt: skip
+    pipeline = node_pipeline.Pipeline()
+    pipeline.write_params()
+    need = node_pipeline.gate_seconds(pipeline.params_data()["gate"], scaling_drafts=3)
+    assert need == node_pipeline.GATE_FIXED_S + 7 * node_pipeline.QWEN_LAUNCH_S
+    (tmp_path / "deadline.json").write_text(json.dumps({"ends_at": time.time() + need + 60, "budget_s": 1800.0}))
+    assert pipeline.scaling_gate_fits()
+    pipeline.note("scaling-pack", "done")
+    (tmp_path / "deadline.json").write_text(json.dumps({"ends_at": time.time() + need - 60, "budget_s": 1800.0}))
+    assert not pipeline.scaling_gate_fits()
+    step = json.loads((tmp_path / "status.json").read_text())["steps"]["gate"]
+    assert step["state"] == "skipped" and not pipeline.done_before("gate")
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert "`node scaling-drafts K`, then `prepare --scaling-from`" in status["detail"]
+    skipped = json.loads((tmp_path / "measurements.json").read_text())["gate_skipped"]
+    assert skipped["gate_s"] == need and skipped["seconds_left"] < need
+
+
 def test_a_draft_resumed_from_a_carried_checkpoint_trains_at_its_epochs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A checkpoint carried in (`prepare --checkpoint-from`) of a draft scheduled for 3 epochs of
     204 steps, where the profile says 4: the node resumes it at 3 epochs, exactly (the trainer
@@ -931,7 +964,8 @@ def test_prepare_refuses_a_checkpoint_it_cannot_carry_before_anything_is_downloa
 
     def prepare(**given: str) -> tuple[int, str]:
         args = {"bundle": str(bundle), "profile": str(QWEN), "run_from": None, "draft_from": None,
-                "checkpoint_from": None, "anchor_from": None, "target_wheels": None, **given}  # fmt: skip
+                "checkpoint_from": None, "scaling_from": None, "anchor_from": None, "target_wheels": None,
+                **given}  # fmt: skip
         code = payload.prepare(argparse.Namespace(**args))
         return code, capsys.readouterr().err
 
@@ -941,6 +975,8 @@ def test_prepare_refuses_a_checkpoint_it_cannot_carry_before_anything_is_downloa
     assert code == 2 and "one draft or the other" in said
     code, said = prepare(run_from=str(generation), checkpoint_from=str(generation))
     assert code == 2 and f"{generation}: members outside run/train/" in said
+    code, said = prepare(run_from=str(generation), scaling_from=str(generation))
+    assert code == 2 and "prepare --scaling-from needs --draft-from" in said
     assert commands == [] and not (tmp_path / "local/payload").exists()
     code, said = prepare(run_from=str(generation))  # what is carried is fine: the bundle is read, and refused
     assert code == 2 and "the parts do not add up to SHA256" in said and commands == []
@@ -1034,7 +1070,7 @@ def test_a_draft_trained_across_sessions_resumes_on_a_fresh_node_and_is_gated_in
                scaling_fractions=[])  # fmt: skip
     monkeypatch.setattr(node_env, "NODE", resumed)
     node_pipeline.Pipeline()._note_carried()
-    assert travel.carried() == {"generation": True, "draft": False, "checkpoint": True}
+    assert travel.carried() == {"generation": True, "draft": False, "checkpoint": True, "scaling": False}
     assert node_steps.node_train_watched() == 0
     fit = json.loads((resumed / "train-fit.json").read_text())
     assert fit["finished"] is True and fit["resumed_from"] == "step-2" and fit["steps_trained"] == 2
@@ -1077,7 +1113,7 @@ def test_a_draft_trained_across_sessions_resumes_on_a_fresh_node_and_is_gated_in
     monkeypatch.setattr(node_env, "NODE", fresh)
     pipeline = node_pipeline.Pipeline()
     pipeline._note_carried()
-    assert travel.carried() == {"generation": True, "draft": True, "checkpoint": False}
+    assert travel.carried() == {"generation": True, "draft": True, "checkpoint": False, "scaling": False}
     (tmp_path / "out2").mkdir()
     travel.collect_generation(tmp_path / "out2")
     assert list((tmp_path / "out2").iterdir()) == []
@@ -1087,6 +1123,38 @@ def test_a_draft_trained_across_sessions_resumes_on_a_fresh_node_and_is_gated_in
     params_for(fresh, tiny_target_dir, hidden_states="online", max_steps=4, eval_every=2, save_every=2,
                scaling_fractions=[0.5])  # fmt: skip
     assert node_steps.node_scaling(None) == 0
+    # The scaling drafts travel too (qwen-scaling with too little time left for their gate): each
+    # exported in bf16 from the checkpoint its final came from, with the index and its record;
+    # `prepare --scaling-from` unpacks them, and the node after that gates them, training none.
+    pipeline.pack_scaling_drafts()
+    index = json.loads((fresh / "scaling-drafts/index.json").read_text())
+    assert index["scaling-drafts"] == [d["samples"] for d in json.loads((fresh / "run/train/scaling/index.json").read_text())["drafts"]]
+    out = tmp_path / "out-scaling"
+    monkeypatch.setenv("OUT", str(out))
+    for k in range(travel.calls_for(index["bytes"])):
+        assert travel.node_packed("scaling-drafts", k) == 0
+    scaling_tar = tmp_path / "scaling-drafts.tar"
+    scaling_tar.write_bytes(b"".join((out / p).read_bytes() for p in index["parts"]))
+    assert node_env.sha256(scaling_tar) == index["sha256"]
+    third = tmp_path / "node3"
+    travel.unpack_generation(generation, third / "src")
+    travel.unpack_draft(packed, third / "src")
+    scaling = travel.unpack_scaling_drafts(scaling_tar, third / "src")
+    (samples,) = index["scaling-drafts"]
+    assert sorted(p.name for p in (scaling / f"frac-{samples}").iterdir()) == ["best.json", "final", "result.json"]
+    with safe_open(scaling / f"frac-{samples}/final/model.safetensors", "pt") as f:
+        dtypes = {str(f.get_slice(k).get_dtype()) for k in f.keys()}  # noqa: SIM118
+    assert "BF16" in dtypes and "F32" not in dtypes  # the weights; the vocabulary maps keep their integer types
+    with pytest.raises(ValueError, match=r"drafts\.tar: members outside run/train/scaling/"):
+        travel.unpack_scaling_drafts(packed, tmp_path / "bad-scaling")
+    assert not (tmp_path / "bad-scaling").exists()
+    shutil.copytree(third / "src/run", third / "run")
+    params_for(third, tiny_target_dir, hidden_states="online", max_steps=4, eval_every=2, save_every=2,
+               scaling_fractions=[0.5])  # fmt: skip
+    monkeypatch.setattr(node_env, "NODE", third)
+    node_pipeline.Pipeline()._note_carried()
+    assert travel.carried() == {"generation": True, "draft": True, "checkpoint": False, "scaling": True}
+    fresh = third
     gate = ["gate.engine=emulated", "gate.num_steps=[3]", "gate.topk_points=[]", "gate.repetitions=2",
             "gate.num_prompts=4", "gate.max_new_tokens=8", "gate.replay_sequences=8", "gate.n_bootstrap=200",
             "gate.cost_iters=2", "gate.breakeven_accept_lengths=[]", 'gate.incumbent="off"']  # fmt: skip

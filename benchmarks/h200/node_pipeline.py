@@ -39,12 +39,15 @@ from benchmarks.h200.plans import (
     recipe_gate_sets,
 )
 from benchmarks.h200.travel import (
+    SCALING_INDEX,
+    SCALING_ROOT,
     carried,
     carried_anchor,
     checkpoint_members,
     newest_checkpoint,
     pack_parts,
     run_holds,
+    scaling_checkpoint,
 )
 
 SGLANG = "0.5.14"  # the node's bundle: what the generation server runs
@@ -902,7 +905,9 @@ class Pipeline:
         self.setup()
         self.write_params()
         self.generate_once(reference=False)
-        if not carried()["draft"]:
+        if carried()["scaling"]:
+            self.note("train-scaling", "done", "carried: an earlier session trained them (prepare --scaling-from)")
+        elif not carried()["draft"]:
             # The full draft and the scaling drafts side by side, sized together: the curve's points
             # share one recipe (beside a carried draft the scaling drafts keep the profile's, as it did).
             fractions = self.params_data()["train"].get("scaling_fractions") or []
@@ -917,8 +922,55 @@ class Pipeline:
             self.save_measure("train_scaling_exit", codes)
             self.py([str(node_env.RUNNER), "node", "scaling"], "train-scaling-index", env)
             self.note("train-scaling", "done" if not any(codes.values()) else "failed-part", json.dumps(codes))
-        if not self.done_before("gate"):
+        if not carried()["scaling"] and not self.done_before("scaling-pack") and run_holds(self.run_root)["scaling"]:
+            self.note("scaling-pack", "running")  # timed: what the travel costs on the node
+            self.optional(self.pack_scaling_drafts, "scaling-pack", mark=True)
+        if not self.done_before("gate") and self.scaling_gate_fits():
             self.stage("gate", *self.emulated)
+
+    def scaling_gate_fits(self) -> bool:
+        """Whether qwen-scaling's gate (the baseline and the full draft `repetitions` times, each
+        scaling draft once: gate_seconds) ends in the device time left (`node start --budget`). A
+        gate cut short writes no curve, so one that would not end is not started: status.json's
+        gate step says so, the scaling drafts travel (`node scaling-drafts K`, then the next
+        session's `prepare --scaling-from`) and that session gates them with nothing to train."""
+        deadline = read_json(node_env.NODE / "deadline.json")
+        index = read_json(self.run_root / SCALING_INDEX) or {}
+        need = gate_seconds(self.params_data()["gate"], scaling_drafts=len(index.get("drafts", [])))
+        left = deadline["ends_at"] - time.time() if deadline else float("inf")
+        if need <= left:
+            return True
+        packed = self.done_before("scaling-pack")
+        self.note("gate", "skipped", f"the gate needs ~{need:.0f} s at QWEN_LAUNCH_S a launch, {left:.0f} s are left: "
+                  + ("the scaling drafts travel (`node scaling-drafts K`, then `prepare --scaling-from`) and the next "
+                     "session gates them" if packed else "and the scaling drafts were not packed (status.json's scaling-pack)"))  # fmt: skip
+        self.save_measure("gate_skipped", {"seconds_left": left, "gate_s": need})
+        return False
+
+    def pack_scaling_drafts(self) -> None:
+        """The data-scaling drafts for a later session's payload (`prepare --scaling-from`, their
+        parts brought back by `node scaling-drafts K`): each one's checkpoint exported in bf16 as
+        its final, the dtype SGLang serves it in (half the bytes: ~212 MB a draft of this target),
+        with its record (result.json, best.json) and the index the gate reads. Not their
+        checkpoints: the next session gates them and trains none."""
+        scaling = self.run_root / SCALING_ROOT
+        index = read_json(scaling / "index.json")
+        if not index or not index.get("drafts"):
+            raise RuntimeError(f"{scaling}/index.json lists no finished scaling drafts to pack")
+        members = {f"run/{SCALING_INDEX}": scaling / "index.json"}
+        for entry in index["drafts"]:
+            folder = self.run_root / entry["final"]
+            out = node_env.NODE / "scaling-bf16" / folder.parent.name
+            shutil.rmtree(out, ignore_errors=True)
+            self.py(["-m", "flows.cli", "export", str(scaling_checkpoint(self.run_root, folder.parent)), str(out),
+                     "--format", "sglang", "--dtype", "bfloat16"], f"scaling-export-{folder.parent.name}")  # fmt: skip
+            members[f"run/{entry['final']}"] = out
+            for rel in ("result.json", "best.json"):
+                if (folder.parent / rel).is_file():
+                    members[f"run/{SCALING_ROOT}/{folder.parent.name}/{rel}"] = folder.parent / rel
+        packed = pack_parts(members, {"scaling-drafts": [d["samples"] for d in index["drafts"]], "dtype": "bfloat16"},
+                            name="scaling-drafts")  # fmt: skip
+        self.save_measure("scaling-drafts", packed)
 
     def start_anchor(self, env: dict[str, str], vocab: Path, threads: list[threading.Thread]) -> list[subprocess.Popen[bytes]]:
         """The run's root extracted (one part a shard), then, once the default variant has

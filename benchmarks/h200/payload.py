@@ -21,7 +21,13 @@ from typing import Any
 
 from benchmarks.h200 import node_env
 from benchmarks.h200.node_env import run_command, sha256
-from benchmarks.h200.travel import unpack_anchor, unpack_checkpoint, unpack_draft, unpack_generation
+from benchmarks.h200.travel import (
+    unpack_anchor,
+    unpack_checkpoint,
+    unpack_draft,
+    unpack_generation,
+    unpack_scaling_drafts,
+)
 
 CALL_BYTES = 64 * 2**20  # what one device call carries: the working tree (tracked and untracked-not-ignored files) and its carry
 CALL_MARGIN_BYTES = 2_000_000  # for what changes between `prepare` and the calls (a note, a result file)
@@ -147,10 +153,15 @@ def prepare(args: argparse.Namespace) -> int:
         print(f"prepare --profile {profile}: not inside {node_env.REPO} (the node reads it from the tree each call carries)",
               file=sys.stderr)  # fmt: skip
         return 2
-    for flag, given in (("--draft-from", args.draft_from), ("--checkpoint-from", args.checkpoint_from)):
+    for flag, given in (("--draft-from", args.draft_from), ("--checkpoint-from", args.checkpoint_from),
+                        ("--scaling-from", args.scaling_from)):  # fmt: skip
         if given and not args.run_from:
             print(f"prepare {flag} needs --run-from: a draft travels with the generation it was trained on", file=sys.stderr)
             return 2
+    if args.scaling_from and not args.draft_from:
+        print("prepare --scaling-from needs --draft-from: the scaling drafts trained on the full draft's vocabulary map, "
+              "and their curve ends at that draft", file=sys.stderr)  # fmt: skip
+        return 2
     if args.draft_from and args.checkpoint_from:
         print("prepare --draft-from and --checkpoint-from: one draft or the other (a checkpoint is a draft still "
               "training; the draft it becomes is what --draft-from carries)", file=sys.stderr)  # fmt: skip
@@ -170,7 +181,8 @@ def prepare(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     carried = {"generation": bool(args.run_from), "draft": bool(args.draft_from),
-               "checkpoint": bool(args.checkpoint_from), "anchor": bool(args.anchor_from)}  # fmt: skip
+               "checkpoint": bool(args.checkpoint_from), "scaling": bool(args.scaling_from),
+               "anchor": bool(args.anchor_from)}  # fmt: skip
     try:  # an earlier session's prompts, regenerated shards, draft or checkpoint, checked before the downloads
         if args.run_from:
             unpack_generation(Path(args.run_from), src)
@@ -178,10 +190,12 @@ def prepare(args: argparse.Namespace) -> int:
             unpack_draft(Path(args.draft_from), src)
         if args.checkpoint_from:
             unpack_checkpoint(Path(args.checkpoint_from), src)
+        if args.scaling_from:
+            unpack_scaling_drafts(Path(args.scaling_from), src)
         if args.anchor_from:
             unpack_anchor(Path(args.anchor_from), src)
     except (OSError, ValueError, tarfile.TarError) as e:
-        print(f"prepare --run-from/--draft-from/--checkpoint-from/--anchor-from: {e}", file=sys.stderr)
+        print(f"prepare --run-from/--draft-from/--checkpoint-from/--scaling-from/--anchor-from: {e}", file=sys.stderr)
         return 2
     with (src / "bundle.tar.xz").open("wb") as out:
         for part in parts:

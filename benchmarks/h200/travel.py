@@ -1,8 +1,9 @@
 """What travels from one session to the next (issue 28's run spans sessions, each on a fresh node):
-the regenerated shards, a trained draft and a training checkpoint, packed on the node in parts
-small enough for what one call brings back through $OUT, and unpacked here into the next
-payload's run folder (`prepare --run-from` / `--draft-from` / `--checkpoint-from`, and SpecForge's
-draft of a recipe session: `--anchor-from`); what a node's run folder came with (carried.json).
+the regenerated shards, a trained draft, a training checkpoint and the data-scaling drafts, packed
+on the node in parts small enough for what one call brings back through $OUT, and unpacked here
+into the next payload's run folder (`prepare --run-from` / `--draft-from` / `--checkpoint-from` /
+`--scaling-from`, and SpecForge's draft of a recipe session: `--anchor-from`); what a node's run
+folder came with (carried.json).
 
 Standard library only: the pipeline process packs them on the node's own Python."""
 
@@ -23,28 +24,36 @@ from benchmarks.h200.node_env import read_json, sha256
 
 def run_holds(run: Path) -> dict[str, bool]:
     """What a run folder holds of what travels: its generation complete, an exported draft, a
-    complete training checkpoint of its draft (one to resume from)."""
+    complete training checkpoint of its draft (one to resume from), the index of its finished
+    data-scaling drafts."""
     return {"generation": (run / "generate/_COMPLETE").is_file(), "draft": (run / "train/final/config.json").is_file(),
-            "checkpoint": newest_checkpoint(run) is not None}  # fmt: skip
+            "checkpoint": newest_checkpoint(run) is not None,
+            "scaling": (run / SCALING_INDEX).is_file()}  # fmt: skip
 
 
 # A training checkpoint counts once its meta.json exists (tasks/draft/checkpoint.py, which this
 # module cannot import: the pipeline process has no torch).
 _CHECKPOINT = re.compile(r"^step-(\d+)$")
+# Where the train stage keeps the data-scaling drafts and lists the finished ones
+# (tasks/draft/scaling_drafts.py's SCALING_TRAIN_ROOT and SCALING_INDEX).
+SCALING_ROOT = "train/scaling"
+SCALING_INDEX = f"{SCALING_ROOT}/index.json"
 
 
-def newest_checkpoint(run: Path) -> Path | None:
+def newest_checkpoint(run: Path, train: str = "train") -> Path | None:
     """The newest complete checkpoint of the run's draft (train/checkpoints/step-N with its
-    meta.json), or None."""
-    steps = [(int(m.group(1)), p) for p in (run / "train/checkpoints").glob("step-*")
+    meta.json), or of the draft that trains under `train` (a scaling draft's folder), or None."""
+    steps = [(int(m.group(1)), p) for p in (run / train / "checkpoints").glob("step-*")
              if (m := _CHECKPOINT.match(p.name)) and (p / "meta.json").is_file()]  # fmt: skip
     return max(steps)[1] if steps else None
 
 
 def carried() -> dict[str, bool]:
     """What this node's run folder came with from an earlier session (`prepare --run-from`,
-    `--draft-from` and `--checkpoint-from`), as setup recorded it before any stage ran."""
-    return {"checkpoint": False, **(read_json(node_env.NODE / "carried.json") or run_holds(node_env.NODE / "src/run"))}
+    `--draft-from`, `--checkpoint-from` and `--scaling-from`), as setup recorded it before any
+    stage ran."""
+    return {"checkpoint": False, "scaling": False,
+            **(read_json(node_env.NODE / "carried.json") or run_holds(node_env.NODE / "src/run"))}  # fmt: skip
 
 
 # The run's prompts and regenerated shards, brought back whole once generation is complete, so a
@@ -103,9 +112,10 @@ PARTS_PER_CALL = 4  # 60 MB: what one call brings back (8 files, 64 MiB together
 # calls (213 MB) took 30 s of device time.
 SECONDS_PER_CALL = 8.0
 # What travels in parts, each under NODE/<name>/ as <name>.tar.part-NN with index.json, and the
-# pipeline's step that packs it: the drafts a plan trained, and a watched draft's training
-# checkpoint when it stopped mid-schedule.
-PACKED = {"drafts": "draft-pack", "checkpoint": "checkpoint-pack"}
+# pipeline's step that packs it: the drafts a plan trained, a watched draft's training checkpoint
+# when it stopped mid-schedule, and the data-scaling drafts (qwen-scaling: trained in one session,
+# gated in the next when the first has too little time left for their gate).
+PACKED = {"drafts": "draft-pack", "checkpoint": "checkpoint-pack", "scaling-drafts": "scaling-pack"}
 
 
 def calls_for(nbytes: int) -> int:
@@ -151,6 +161,7 @@ def node_packed(name: str, k: int) -> int:
     if index is None:
         print(f"node {name}: nothing packed (drafts: the recipe plan packs its drafts after its gate, the qwen plans "
               "theirs once trained; checkpoint: a watched draft's, when it stopped before the end of its schedule; "
+              "scaling-drafts: qwen-scaling's, once trained; "
               "generation: `node wait`, once generation is complete, when it is too large for its own files)",
               file=sys.stderr)  # fmt: skip
         return 3
@@ -173,6 +184,42 @@ def unpack_draft(packed: Path, dest: Path) -> Path:
     _unpack(packed, dest, "run/train/", "not a draft of `node drafts`",
             "run/train/final/config.json", "no exported draft")  # fmt: skip
     return dest / "run/train"
+
+
+def scaling_checkpoint(run: Path, folder: Path) -> Path:
+    """The checkpoint a finished scaling draft in `folder` (train/scaling/frac-N) was exported
+    from: its best.json's (written relative to its own train/), else its newest; as the train
+    stage chose it (tasks/draft/scaling_drafts.py)."""
+    rel = folder.relative_to(run).as_posix()
+    best = (read_json(folder / "best.json") or {}).get("checkpoint")
+    chosen = folder / best.removeprefix("train/") if best else newest_checkpoint(run, rel)
+    if chosen is None or not (chosen / "meta.json").is_file():
+        raise RuntimeError(f"{folder}: no complete checkpoint (best.json's or a newest) to export the scaling draft from")
+    return chosen
+
+
+def unpack_scaling_drafts(packed: Path, dest: Path) -> Path:
+    """An earlier session's data-scaling drafts (what `node scaling-drafts K` brought back, its
+    parts joined: train/scaling/index.json and, per draft it lists, its export and its record)
+    unpacked into dest/run/train/scaling, which it returns; refused, naming the file and what is
+    missing, with nothing extracted, unless every member lies under run/train/scaling/ and every
+    draft the index lists has its config.json and model.safetensors. A node that finds them does
+    not train them again: the gate measures them."""
+    under = f"run/{SCALING_ROOT}/"
+    with tarfile.open(packed) as tar:
+        names = set(tar.getnames())
+        outside = sorted(n for n in names if not (n + "/").startswith(under))
+        if outside:
+            raise ValueError(f"{packed}: members outside {under} ({outside[:3]}): not the scaling drafts of `node scaling-drafts`")
+        if f"run/{SCALING_INDEX}" not in names:
+            raise ValueError(f"{packed}: no run/{SCALING_INDEX} in it: no finished scaling drafts")
+        index = json.load(tar.extractfile(f"run/{SCALING_INDEX}"))  # type: ignore[arg-type]
+        missing = [f"run/{d['final']}/{f}" for d in index.get("drafts", []) for f in ("config.json", "model.safetensors")
+                   if f"run/{d['final']}/{f}" not in names]  # fmt: skip
+        if missing or not index.get("drafts"):
+            raise ValueError(f"{packed}: {', '.join(missing[:3]) or 'no drafts'} missing: the index lists drafts it does not hold")
+        tar.extractall(dest, filter="data")
+    return dest / "run" / SCALING_ROOT
 
 
 def checkpoint_members(run: Path) -> dict[str, Path]:
