@@ -147,7 +147,8 @@ def test_the_sessions_figures_and_the_goals_with_their_misses(tmp_path: Path) ->
     pred = next(g for g in result["goals"] if g["goal"].startswith("the gate's predicted"))
     assert pred["met"] is False and math.isclose(pred["short_by"], 820 / 730 - 1 - 0.10)  # the worst error's distance
     curve = next(g for g in result["goals"] if g["goal"].startswith("the data-scaling"))
-    assert curve["met"] is True and curve["measured"] == [1024, 3073, 6147, 10245]
+    assert curve["met"] is True and curve["measured"] == {"replayed": [1024, 3073, 6147, 10245],
+                                                          "measured": [1024, 3073, 6147, 10245]}  # fmt: skip
     # A miss brings the break-even and the data the curve says is needed.
     needed = result["if_missed"]["samples_for_accept"]["all"]
     assert math.isclose(needed, math.exp((2.5 + 1.0) / 0.36)) and needed > 10_245
@@ -222,6 +223,35 @@ def test_a_gate_cut_short_shows_its_launches_and_judges_accept_length_but_decide
     assert result["accept_length_at_3_steps_per_domain"] == {f"{folder} (a gate cut short)": {"coding": 1.94,
                                                                                             "humaneval": 1.98}}  # fmt: skip
     assert math.isclose(result["if_missed"]["break_even_from_launches"]["run-17 qwen-gate (cut short)"][S3], 1.92 * 475 / 494)
+
+
+def test_a_session_whose_gate_ended_before_its_launches_gives_the_replayed_curve(tmp_path: Path) -> None:
+    """Run 20: the scaling drafts trained, travelled, and the gate replayed them and the full draft
+    before its first launch, then the session ended. The curve's replayed half is fitted as the
+    gate fits it; the goal (measured and replayed, 4 points each) stays missed by the 4 measured
+    points, and the data the replayed trend says an accept length of 2.5 needs is reported."""
+    def replay(accept: float, coding: float) -> dict[str, Any]:
+        return {"num_steps": [3], "overall": {"3": {"accept_length": accept}},
+                "per_domain": {"coding": {"3": {"accept_length": coding}}}}  # fmt: skip
+    folder = results_folder(tmp_path / "run-20", {
+        "options.json": {"plan": "qwen-scaling"},
+        "status.json": {"state": "running", "steps": {"gate": {"state": "running"}}},
+        "carried.json": {"generation": True, "draft": True},
+        "run/train/scaling/index.json": {"train_sequences": 10_040, "drafts": [{"samples": n} for n in (1004, 3012, 6024)]},
+        "run/gate/scaling/replay.json": {"1004": replay(1.17, 1.18), "3012": replay(1.46, 1.51), "6024": replay(1.63, 1.71)},
+        "run/gate/replay.json": replay(1.77, 1.85),
+        "run/gate/progress.json": {"state": "running", "launches": {"done": 0, "planned": 7, "failed": 0}, "finished": []},
+    })  # fmt: skip
+    result = build([folder])
+    scaling = result["scaling"]
+    assert scaling["replayed_only"] and scaling["points"] == [1004, 3012, 6024, 10_040] and scaling["measured_points"] == []
+    assert scaling["curve"]["coding"]["10040"] == {"replay": 1.85}
+    fit = scaling["fits"]["all"]
+    assert 0.2 < fit["slope_per_ln_sample"] < 0.3 and fit["points"] == 4 and fit["samples_for_break_even"] is None
+    assert math.isclose(scaling["samples_for_accept"]["all"], math.exp((2.5 - fit["intercept"]) / fit["slope_per_ln_sample"]))
+    assert scaling["samples_for_accept"]["all"] > 10 * 10_040
+    curve = next(g for g in result["goals"] if g["goal"].startswith("the data-scaling"))
+    assert curve["met"] is False and curve["short_by"] == {"measured": 4}
 
 
 def test_the_script_writes_its_json_beside_the_results(tmp_path: Path) -> None:
