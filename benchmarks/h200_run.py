@@ -153,13 +153,15 @@ next session does so when no checkpoint is carried. Not run on the H200 yet.
     .venv/bin/python benchmarks/h200_run.py prepare --bundle DIR \
         --profile deployments/params/qwen25-coder.yaml \
         --run-from benchmarks/results/real-run-node/run-15/generation.tar \
-        [--draft-from drafts.tar | --checkpoint-from checkpoint.tar]   # prints the part count
+        [--draft-from drafts.tar [--scaling-from scaling-drafts.tar] | --checkpoint-from checkpoint.tar]
+                                                                  # prints the part count
     python3 benchmarks/h200_run.py node receive N                # N = 1..31 (~37 with a draft; prepare prints the count)
     python3 benchmarks/h200_run.py node start --plan PLAN --budget S   # with the last part; S = device seconds left
     python3 benchmarks/h200_run.py node wait --timeout 540      # back to back until done
     python3 benchmarks/h200_run.py node drafts K                # when `node wait` says a draft is packed
     python3 benchmarks/h200_run.py node checkpoint K            # when it says a checkpoint is packed
     python3 benchmarks/h200_run.py node generation K            # when its generation.txt says so (over 45 MB)
+    python3 benchmarks/h200_run.py node scaling-drafts K        # when it says the scaling drafts are packed
     cat DIR*/checkpoint.tar.part-* > checkpoint.tar             # here; its sha256 is the index.json's
     .venv/bin/python benchmarks/qwen_run_report.py DIR1 DIR2 ... # here, at the end: qwen-run.json
 
@@ -219,7 +221,19 @@ The sessions, in order:
    (epochs_carried; run 18's draft: 3, ~8 min of training, ~28 of 30 with the payload;
    at 4 it would not fit), and `--set train.epochs=N` overrides it. Without a carried draft the full draft trains too, and the node fits the
    epochs of all four to the device time left as qwen-gate's: 1 epoch at run 17's costs, a curve
-   of little worth.
+   of little worth. Trained, they are packed to travel (each exported in bf16: 638 MB, 43 parts,
+   `node scaling-drafts 0..10`), and the gate starts only when it ends in the time left
+   (scaling_gate_fits); else the next session's payload carries them (`prepare --run-from
+   --draft-from --scaling-from`) and its node gates them, training none (~965 s with setup ~83 s:
+   the payload of 55 parts and the gate fit one session).
+   Run 20 (2026-12-05, BENCHMARKS P23): four refused calls cost ~360 s before the machine came;
+   train-scaling 427 s, scaling-pack 50 s, the gate skipped (405 s left of its ~965), the drafts
+   back in 11 calls; with the last ~330 s the gate replayed them (1.17 / 1.46 / 1.63 / 1.77 at 3
+   steps: +0.26 per e-fold; ~2.5x the data for 1.3x on run 19's server, ~12x for 2.5) and was
+   cut short in its first launch. Next: the same plan with `--scaling-from` (the drafts in
+   /work/scaling-run20/scaling-drafts.tar while this workspace lasts, sha256 9fbef257...acc64e),
+   the measured half of the curve; `--set gate.repetitions=1` (5 launches, ~715 s) if fewer than
+   ~1,550 s are left at the first part.
 
 5. The regeneration goal again: done, run 16 (2026-12-04, BENCHMARKS P17). qwen-generate without
    --run-from, its generation server without the prefix cache (`--disable-radix-cache`): 0.98x
