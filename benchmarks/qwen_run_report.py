@@ -44,6 +44,7 @@ from benchmarks.real_run_report import (  # noqa: E402
     replay_accept_length,
 )
 from tasks.gate.report import figure_png  # noqa: E402
+from tasks.gate.scaling import MEASURED, OVERALL, replay_points, scaling_report  # noqa: E402
 
 S3 = "eagle3-s3-k1-n4"  # num_steps 3, topk 1: the goals' config
 GOAL_SPEEDUP = 1.3
@@ -146,8 +147,6 @@ def replayed_curve(results: Results) -> dict[str, Any] | None:
     replays and the full draft's, at the training sequences each trained on, fitted as the gate
     fits them (tasks/gate/scaling.py), with no break-even (the server measures that, on its own
     scale)."""
-    from tasks.gate.scaling import replay_points, scaling_report
-
     drafts, full = results.json("run/gate/scaling/replay.json"), results.json("run/gate/replay.json")
     index = results.json("run/train/scaling/index.json") or {}
     if not drafts or not full or not index.get("train_sequences"):
@@ -168,7 +167,7 @@ def scaling_figures(scaling: dict[str, Any]) -> dict[str, Any]:
         "num_steps": scaling.get("num_steps"), "points": sorted({int(p["samples"]) for p in scaling.get("points", [])}),
         # The sample counts a server measured (overall): the curve's measured half.
         "measured_points": sorted({int(p["samples"]) for p in scaling.get("points", [])
-                                   if p["kind"] == "measured" and p["domain"] == "all"}),
+                                   if p["kind"] == MEASURED and p["domain"] == OVERALL}),
         "replayed_only": bool(scaling.get("replayed_only")),
         "curve": curve, "fits": fits, "no_fit": scaling.get("no_fit"),
         "break_even_accept_length": scaling.get("break_even_accept_length"),
@@ -203,7 +202,10 @@ def _tree_at_3_steps(name: str) -> bool:
 
 
 def _scaling(sessions: list[dict[str, Any]]) -> dict[str, Any] | None:
-    return next((s["scaling"] for s in sessions if s.get("scaling")), None)
+    """The curve of record: the latest a gate wrote (measured and replayed), else the latest
+    replayed half (a session whose gate ended before its launches: run 20)."""
+    curves = [s["scaling"] for s in reversed(sessions) if s.get("scaling")]
+    return next((c for c in curves if not c["replayed_only"]), None) or next(iter(curves), None)
 
 
 def goals(sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -252,6 +252,10 @@ def test_a_session_whose_gate_ended_before_its_launches_gives_the_replayed_curve
     assert scaling["samples_for_accept"]["all"] > 10 * 10_040
     curve = next(g for g in result["goals"] if g["goal"].startswith("the data-scaling"))
     assert curve["met"] is False and curve["short_by"] == {"measured": 4}
+    # A later session that measured the curve is the curve of record; an earlier one is not.
+    measured = sessions(tmp_path / "later")[3]
+    for order in ([folder, measured], [measured, folder]):
+        assert build(order)["scaling"]["measured_points"] == [1024, 3073, 6147, 10245]
 
 
 def test_the_script_writes_its_json_beside_the_results(tmp_path: Path) -> None:
