@@ -222,8 +222,9 @@ The sessions, in order:
    at 4 it would not fit), and `--set train.epochs=N` overrides it. Without a carried draft the full draft trains too, and the node fits the
    epochs of all four to the device time left as qwen-gate's: 1 epoch at run 17's costs, a curve
    of little worth. Trained, they are packed to travel (each exported in bf16: 638 MB, 43 parts,
-   `node scaling-drafts 0..10`), and the gate starts only when it ends in the time left
-   (scaling_gate_fits); else the next session's payload carries them (`prepare --run-from
+   `node scaling-drafts 0..10`), and the gate starts only when it ends in the time left, with
+   one repetition (5 launches, ~715 s) when the whole (~965 s) would not (scaling_gate_within_budget);
+   else the next session's payload carries them (`prepare --run-from
    --draft-from --scaling-from`) and its node gates them, training none (~965 s with setup ~83 s:
    the payload of 55 parts and the gate fit one session).
    Run 20 (2026-12-05, BENCHMARKS P23): four refused calls cost ~360 s before the machine came;
@@ -232,8 +233,7 @@ The sessions, in order:
    steps: +0.26 per e-fold; ~2.5x the data for 1.3x on run 19's server, ~12x for 2.5) and was
    cut short in its first launch. Next: the same plan with `--scaling-from` (the drafts in
    /work/scaling-run20/scaling-drafts.tar while this workspace lasts, sha256 9fbef257...acc64e),
-   the measured half of the curve; `--set gate.repetitions=1` (5 launches, ~715 s) if fewer than
-   ~1,550 s are left at the first part.
+   the measured half of the curve.
 
 5. The regeneration goal again: done, run 16 (2026-12-04, BENCHMARKS P17). qwen-generate without
    --run-from, its generation server without the prefix cache (`--disable-radix-cache`): 0.98x

@@ -659,12 +659,13 @@ def test_scaling_drafts_beside_a_carried_draft_train_at_its_epochs(tmp_path: Pat
     assert epochs == 2 and not (tmp_path / "measurements.json").exists()
 
 
-def test_a_scaling_gate_that_would_not_end_in_the_session_is_left_to_the_next(
+def test_a_scaling_gate_shrinks_to_one_repetition_and_one_that_would_not_end_is_left_to_the_next(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """qwen-scaling's gate (the baseline and the full draft twice, each scaling draft once) starts
-    only when it ends in the device time left: a gate cut short writes no curve. One that would
-    not is skipped, status.json's gate step saying why and where the packed drafts go next."""
+    """qwen-scaling's gate (the baseline and the full draft twice, each scaling draft once) runs
+    whole when it ends in the device time left, else with one repetition (each point still has
+    its launch), else not at all: a gate cut short writes no curve. The skipped gate's step in
+    status.json says why and where the packed drafts go next."""
     import json
     import time
 
@@ -677,19 +678,25 @@ def test_a_scaling_gate_that_would_not_end_in_the_session_is_left_to_the_next(
         {"samples": n, "final": f"train/scaling/frac-{n}/final"} for n in (1024, 3073, 6147)]}))  # fmt: skip
     pipeline = node_pipeline.Pipeline()
     pipeline.write_params()
-    need = node_pipeline.gate_seconds(pipeline.params_data()["gate"], scaling_drafts=3)
-    assert need == node_pipeline.GATE_FIXED_S + 7 * node_pipeline.QWEN_LAUNCH_S
-    (tmp_path / "deadline.json").write_text(json.dumps({"ends_at": time.time() + need + 60, "budget_s": 1800.0}))
-    assert pipeline.scaling_gate_fits()
+    whole = node_pipeline.gate_seconds(pipeline.params_data()["gate"], scaling_drafts=3)
+    assert whole == node_pipeline.GATE_FIXED_S + 7 * node_pipeline.QWEN_LAUNCH_S
+    one = node_pipeline.GATE_FIXED_S + 5 * node_pipeline.QWEN_LAUNCH_S
+
+    def with_left(seconds: float) -> list[str] | None:
+        (tmp_path / "deadline.json").write_text(json.dumps({"ends_at": time.time() + seconds, "budget_s": 1800.0}))
+        return pipeline.scaling_gate_within_budget()
+
+    assert with_left(whole + 60) == []
+    assert with_left(whole - 60) == ["gate.repetitions=1"]
+    trimmed = json.loads((tmp_path / "measurements.json").read_text())["gate_trimmed"]
+    assert trimmed["gate_s"] == one and trimmed["whole_gate_s"] == whole
     pipeline.note("scaling-pack", "done")
-    (tmp_path / "deadline.json").write_text(json.dumps({"ends_at": time.time() + need - 60, "budget_s": 1800.0}))
-    assert not pipeline.scaling_gate_fits()
-    step = json.loads((tmp_path / "status.json").read_text())["steps"]["gate"]
-    assert step["state"] == "skipped" and not pipeline.done_before("gate")
+    assert with_left(one - 60) is None
     status = json.loads((tmp_path / "status.json").read_text())
+    assert status["steps"]["gate"]["state"] == "skipped" and not pipeline.done_before("gate")
     assert "`node scaling-drafts K`, then `prepare --scaling-from`" in status["detail"]
     skipped = json.loads((tmp_path / "measurements.json").read_text())["gate_skipped"]
-    assert skipped["gate_s"] == need and skipped["seconds_left"] < need
+    assert skipped["gate_s"] == one and skipped["seconds_left"] < one
 
 
 def test_a_draft_resumed_from_a_carried_checkpoint_trains_at_its_epochs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -925,27 +925,34 @@ class Pipeline:
         if not carried()["scaling"] and not self.done_before("scaling-pack") and run_holds(self.run_root)["scaling"]:
             self.note("scaling-pack", "running")  # timed: what the travel costs on the node
             self.optional(self.pack_scaling_drafts, "scaling-pack", mark=True)
-        if not self.done_before("gate") and self.scaling_gate_fits():
-            self.stage("gate", *self.emulated)
+        if not self.done_before("gate") and (sets := self.scaling_gate_within_budget()) is not None:
+            self.stage("gate", *self.emulated, *sets)
 
-    def scaling_gate_fits(self) -> bool:
-        """Whether qwen-scaling's gate (the baseline and the full draft `repetitions` times, each
-        scaling draft once: gate_seconds) ends in the device time left (`node start --budget`). A
-        gate cut short writes no curve, so one that would not end is not started: status.json's
-        gate step says so, the scaling drafts travel (`node scaling-drafts K`, then the next
-        session's `prepare --scaling-from`) and that session gates them with nothing to train."""
+    def scaling_gate_within_budget(self) -> list[str] | None:
+        """qwen-scaling's gate for the device time left (`node start --budget`, gate_seconds): the
+        whole gate (the baseline and the full draft `repetitions` times, each scaling draft once),
+        else one repetition of each (the curve's points need one launch each; the second
+        repetition narrows the decision's CI), as --set overrides; else None. A gate cut short
+        writes no curve, so one that would not end is not started: status.json's gate step says
+        so, the scaling drafts travel (`node scaling-drafts K`, then the next session's `prepare
+        --scaling-from`) and that session gates them with nothing to train."""
         deadline = read_json(node_env.NODE / "deadline.json")
-        index = read_json(self.run_root / SCALING_INDEX) or {}
-        need = gate_seconds(self.params_data()["gate"], scaling_drafts=len(index.get("drafts", [])))
+        drafts = len((read_json(self.run_root / SCALING_INDEX) or {}).get("drafts", []))
+        gate = self.params_data()["gate"]
         left = deadline["ends_at"] - time.time() if deadline else float("inf")
-        if need <= left:
-            return True
+        for sets, chosen in (([], gate), (["gate.repetitions=1"], {**gate, "repetitions": 1})):
+            if gate_seconds(chosen, scaling_drafts=drafts) <= left:
+                if sets:
+                    self.save_measure("gate_trimmed", {"seconds_left": left, "whole_gate_s": gate_seconds(gate, drafts),
+                                                       "gate_s": gate_seconds(chosen, drafts), "left_out": ["repetition 2"]})  # fmt: skip
+                return sets
+        need = gate_seconds(chosen, scaling_drafts=drafts)
         packed = self.done_before("scaling-pack")
-        self.note("gate", "skipped", f"the gate needs ~{need:.0f} s at QWEN_LAUNCH_S a launch, {left:.0f} s are left: "
+        self.note("gate", "skipped", f"even one repetition needs ~{need:.0f} s at QWEN_LAUNCH_S a launch, {left:.0f} s are left: "
                   + ("the scaling drafts travel (`node scaling-drafts K`, then `prepare --scaling-from`) and the next "
                      "session gates them" if packed else "and the scaling drafts were not packed (status.json's scaling-pack)"))  # fmt: skip
         self.save_measure("gate_skipped", {"seconds_left": left, "gate_s": need})
-        return False
+        return None
 
     def pack_scaling_drafts(self) -> None:
         """The data-scaling drafts for a later session's payload (`prepare --scaling-from`, their
