@@ -905,9 +905,10 @@ class Pipeline:
         self.setup()
         self.write_params()
         self.generate_once(reference=False)
-        if carried()["scaling"]:
+        came_with = carried()
+        if came_with["scaling"]:
             self.note("train-scaling", "done", "carried: an earlier session trained them (prepare --scaling-from)")
-        elif not carried()["draft"]:
+        elif not came_with["draft"]:
             # The full draft and the scaling drafts side by side, sized together: the curve's points
             # share one recipe (beside a carried draft the scaling drafts keep the profile's, as it did).
             fractions = self.params_data()["train"].get("scaling_fractions") or []
@@ -922,7 +923,7 @@ class Pipeline:
             self.save_measure("train_scaling_exit", codes)
             self.py([str(node_env.RUNNER), "node", "scaling"], "train-scaling-index", env)
             self.note("train-scaling", "done" if not any(codes.values()) else "failed-part", json.dumps(codes))
-        if not carried()["scaling"] and not self.done_before("scaling-pack") and run_holds(self.run_root)["scaling"]:
+        if not came_with["scaling"] and not self.done_before("scaling-pack") and run_holds(self.run_root)["scaling"]:
             self.note("scaling-pack", "running")  # timed: what the travel costs on the node
             self.optional(self.pack_scaling_drafts, "scaling-pack", mark=True)
         if not self.done_before("gate") and (sets := self.scaling_gate_within_budget()) is not None:
@@ -939,14 +940,14 @@ class Pipeline:
         deadline = read_json(node_env.NODE / "deadline.json")
         drafts = len((read_json(self.run_root / SCALING_INDEX) or {}).get("drafts", []))
         gate = self.params_data()["gate"]
+        whole, need = gate_seconds(gate, drafts), gate_seconds({**gate, "repetitions": 1}, drafts)
         left = deadline["ends_at"] - time.time() if deadline else float("inf")
-        for sets, chosen in (([], gate), (["gate.repetitions=1"], {**gate, "repetitions": 1})):
-            if gate_seconds(chosen, scaling_drafts=drafts) <= left:
-                if sets:
-                    self.save_measure("gate_trimmed", {"seconds_left": left, "whole_gate_s": gate_seconds(gate, drafts),
-                                                       "gate_s": gate_seconds(chosen, drafts), "left_out": ["repetition 2"]})  # fmt: skip
-                return sets
-        need = gate_seconds(chosen, scaling_drafts=drafts)
+        if whole <= left:
+            return []
+        if need <= left:
+            self.save_measure("gate_trimmed", {"seconds_left": left, "whole_gate_s": whole, "gate_s": need,
+                                               "left_out": ["repetition 2"]})  # fmt: skip
+            return ["gate.repetitions=1"]
         packed = self.done_before("scaling-pack")
         self.note("gate", "skipped", f"even one repetition needs ~{need:.0f} s at QWEN_LAUNCH_S a launch, {left:.0f} s are left: "
                   + ("the scaling drafts travel (`node scaling-drafts K`, then `prepare --scaling-from`) and the next "
@@ -966,15 +967,15 @@ class Pipeline:
             raise RuntimeError(f"{scaling}/index.json lists no finished scaling drafts to pack")
         members = {f"run/{SCALING_INDEX}": scaling / "index.json"}
         for entry in index["drafts"]:
-            folder = self.run_root / entry["final"]
-            out = node_env.NODE / "scaling-bf16" / folder.parent.name
+            folder = (self.run_root / entry["final"]).parent  # train/scaling/frac-N
+            out = node_env.NODE / "scaling-bf16" / folder.name
             shutil.rmtree(out, ignore_errors=True)
-            self.py(["-m", "flows.cli", "export", str(scaling_checkpoint(self.run_root, folder.parent)), str(out),
-                     "--format", "sglang", "--dtype", "bfloat16"], f"scaling-export-{folder.parent.name}")  # fmt: skip
+            self.py(["-m", "flows.cli", "export", str(scaling_checkpoint(folder)), str(out),
+                     "--format", "sglang", "--dtype", "bfloat16"], f"scaling-export-{folder.name}")  # fmt: skip
             members[f"run/{entry['final']}"] = out
             for rel in ("result.json", "best.json"):
-                if (folder.parent / rel).is_file():
-                    members[f"run/{SCALING_ROOT}/{folder.parent.name}/{rel}"] = folder.parent / rel
+                if (folder / rel).is_file():
+                    members[f"run/{SCALING_ROOT}/{folder.name}/{rel}"] = folder / rel
         packed = pack_parts(members, {"scaling-drafts": [d["samples"] for d in index["drafts"]], "dtype": "bfloat16"},
                             name="scaling-drafts")  # fmt: skip
         self.save_measure("scaling-drafts", packed)

@@ -15,6 +15,7 @@ import re
 import shutil
 import sys
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +41,15 @@ SCALING_ROOT = "train/scaling"
 SCALING_INDEX = f"{SCALING_ROOT}/index.json"
 
 
-def newest_checkpoint(run: Path, train: str = "train") -> Path | None:
+def newest_checkpoint(run: Path) -> Path | None:
     """The newest complete checkpoint of the run's draft (train/checkpoints/step-N with its
-    meta.json), or of the draft that trains under `train` (a scaling draft's folder), or None."""
-    steps = [(int(m.group(1)), p) for p in (run / train / "checkpoints").glob("step-*")
+    meta.json), or None."""
+    return _newest_step(run / "train/checkpoints")
+
+
+def _newest_step(checkpoints: Path) -> Path | None:
+    """The newest step-N folder in `checkpoints` with its meta.json, or None."""
+    steps = [(int(m.group(1)), p) for p in checkpoints.glob("step-*")
              if (m := _CHECKPOINT.match(p.name)) and (p / "meta.json").is_file()]  # fmt: skip
     return max(steps)[1] if steps else None
 
@@ -186,13 +192,12 @@ def unpack_draft(packed: Path, dest: Path) -> Path:
     return dest / "run/train"
 
 
-def scaling_checkpoint(run: Path, folder: Path) -> Path:
+def scaling_checkpoint(folder: Path) -> Path:
     """The checkpoint a finished scaling draft in `folder` (train/scaling/frac-N) was exported
     from: its best.json's (written relative to its own train/), else its newest; as the train
     stage chose it (tasks/draft/scaling_drafts.py)."""
-    rel = folder.relative_to(run).as_posix()
     best = (read_json(folder / "best.json") or {}).get("checkpoint")
-    chosen = folder / best.removeprefix("train/") if best else newest_checkpoint(run, rel)
+    chosen = folder / best.removeprefix("train/") if best else _newest_step(folder / "checkpoints")
     if chosen is None or not (chosen / "meta.json").is_file():
         raise RuntimeError(f"{folder}: no complete checkpoint (best.json's or a newest) to export the scaling draft from")
     return chosen
@@ -205,20 +210,16 @@ def unpack_scaling_drafts(packed: Path, dest: Path) -> Path:
     missing, with nothing extracted, unless every member lies under run/train/scaling/ and every
     draft the index lists has its config.json and model.safetensors. A node that finds them does
     not train them again: the gate measures them."""
-    under = f"run/{SCALING_ROOT}/"
-    with tarfile.open(packed) as tar:
-        names = set(tar.getnames())
-        outside = sorted(n for n in names if not (n + "/").startswith(under))
-        if outside:
-            raise ValueError(f"{packed}: members outside {under} ({outside[:3]}): not the scaling drafts of `node scaling-drafts`")
-        if f"run/{SCALING_INDEX}" not in names:
-            raise ValueError(f"{packed}: no run/{SCALING_INDEX} in it: no finished scaling drafts")
+
+    def holds_its_drafts(tar: tarfile.TarFile, names: set[str]) -> None:
         index = json.load(tar.extractfile(f"run/{SCALING_INDEX}"))  # type: ignore[arg-type]
         missing = [f"run/{d['final']}/{f}" for d in index.get("drafts", []) for f in ("config.json", "model.safetensors")
                    if f"run/{d['final']}/{f}" not in names]  # fmt: skip
         if missing or not index.get("drafts"):
             raise ValueError(f"{packed}: {', '.join(missing[:3]) or 'no drafts'} missing: the index lists drafts it does not hold")
-        tar.extractall(dest, filter="data")
+
+    _unpack(packed, dest, f"run/{SCALING_ROOT}/", "not the scaling drafts of `node scaling-drafts`",
+            f"run/{SCALING_INDEX}", "no finished scaling drafts", holds_its_drafts)  # fmt: skip
     return dest / "run" / SCALING_ROOT
 
 
@@ -298,9 +299,11 @@ def carried_anchor() -> Path | None:
     return path if (path / "config.json").is_file() else None
 
 
-def _unpack(packed: Path, dest: Path, under: str, not_ours: str, required: str, incomplete: str) -> None:
-    """`packed` extracted into dest, once every member lies under `under` and `required` is
-    among them; else ValueError naming the file and what is wrong, with nothing extracted."""
+def _unpack(packed: Path, dest: Path, under: str, not_ours: str, required: str, incomplete: str,
+            check: Callable[[tarfile.TarFile, set[str]], None] | None = None) -> None:  # fmt: skip
+    """`packed` extracted into dest, once every member lies under `under`, `required` is among
+    them and `check` (given the tar and its member names) raises nothing; else ValueError naming
+    the file and what is wrong, with nothing extracted."""
     with tarfile.open(packed) as tar:
         names = tar.getnames()
         outside = [n for n in names if not (n + "/").startswith(under)]
@@ -308,4 +311,6 @@ def _unpack(packed: Path, dest: Path, under: str, not_ours: str, required: str, 
             raise ValueError(f"{packed}: members outside {under} ({outside[:3]}): {not_ours}")
         if required not in names:
             raise ValueError(f"{packed}: no {required} in it: {incomplete}")
+        if check is not None:
+            check(tar, set(names))
         tar.extractall(dest, filter="data")
