@@ -1154,6 +1154,11 @@ def test_a_draft_trained_across_sessions_resumes_on_a_fresh_node_and_is_gated_in
     assert "BF16" in dtypes and "F32" not in dtypes  # the weights; the vocabulary maps keep their integer types
     with pytest.raises(ValueError, match=r"drafts\.tar: members outside run/train/scaling/"):
         travel.unpack_scaling_drafts(packed, tmp_path / "bad-scaling")
+    index_only = tmp_path / "index-only.tar"  # the index without the drafts it lists
+    with tarfile.open(index_only, "w") as tar:
+        tar.add(scaling / "index.json", "run/train/scaling/index.json")
+    with pytest.raises(ValueError, match=rf"index-only\.tar: run/train/scaling/frac-{samples}/final/config\.json, .* missing"):
+        travel.unpack_scaling_drafts(index_only, tmp_path / "bad-scaling")
     assert not (tmp_path / "bad-scaling").exists()
     shutil.copytree(third / "src/run", third / "run")
     params_for(third, tiny_target_dir, hidden_states="online", max_steps=4, eval_every=2, save_every=2,
