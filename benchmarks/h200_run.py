@@ -319,6 +319,11 @@ def main() -> int:
                    "variants instead of training SpecForge's again (needs --run-from, the generation it was trained on)")  # fmt: skip
     p.add_argument("--profile", default=str(node_env.PROFILE), help="the run's profile, inside this repository (default: SmolLM2's); "
                    "its target's wheels travel in the payload and every node step reads it")  # fmt: skip
+    p.add_argument("--set", dest="discover_sets", action="append", default=[], metavar="discover.KEY=VALUE",
+                   help="an override of the profile's discover section for the discovery made here, as `eaglescale run "
+                   "--set` spells it (list items too: discover.sources[0].prompt_turns=every_user); repeatable. The "
+                   "node's stages read the prompts it made, not the section; a later session's prepare with --run-from "
+                   "must repeat it (the carried prompts' marker holds the section's hash)")  # fmt: skip
     p.add_argument("--target-wheels", help="a folder already holding the target's wheels (benchmarks/model_parts.py "
                    "download DIR): nothing downloaded for it (default: .eaglescale/h200/target-wheels, kept between prepares)")  # fmt: skip
     c = sub.add_parser("collect", help="here: the node's results -> benchmarks/results/real-run.json")

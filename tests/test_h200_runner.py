@@ -952,7 +952,8 @@ def test_prepare_refuses_a_checkpoint_it_cannot_carry_before_anything_is_downloa
 ) -> None:
     """`prepare --checkpoint-from` needs the generation the draft trained on (--run-from), is one
     draft or the other with --draft-from, and a checkpoint.tar that is not one is refused, naming
-    the file, before the bundle is read or a wheel downloaded."""
+    the file, before the bundle is read or a wheel downloaded; so is a `prepare --set` outside the
+    discover section or one the profile does not take."""
     import argparse
     import tarfile
 
@@ -972,7 +973,7 @@ def test_prepare_refuses_a_checkpoint_it_cannot_carry_before_anything_is_downloa
     def prepare(**given: str) -> tuple[int, str]:
         args = {"bundle": str(bundle), "profile": str(QWEN), "run_from": None, "draft_from": None,
                 "checkpoint_from": None, "scaling_from": None, "anchor_from": None, "target_wheels": None,
-                **given}  # fmt: skip
+                "discover_sets": [], **given}  # fmt: skip
         code = payload.prepare(argparse.Namespace(**args))
         return code, capsys.readouterr().err
 
@@ -984,6 +985,10 @@ def test_prepare_refuses_a_checkpoint_it_cannot_carry_before_anything_is_downloa
     assert code == 2 and f"{generation}: members outside run/train/" in said
     code, said = prepare(run_from=str(generation), scaling_from=str(generation))
     assert code == 2 and "prepare --scaling-from needs --draft-from" in said
+    code, said = prepare(discover_sets=["sampling.max_new_tokens=512"])
+    assert code == 2 and "prepare --set sampling.max_new_tokens=512: only discover.*" in said
+    code, said = prepare(discover_sets=["discover.sources[0].prompt_turns=every_turn"])
+    assert code == 2 and "prompt_turns" in said and "every_turn" in said
     assert commands == [] and not (tmp_path / "local/payload").exists()
     code, said = prepare(run_from=str(generation))  # what is carried is fine: the bundle is read, and refused
     assert code == 2 and "the parts do not add up to SHA256" in said and commands == []

@@ -91,11 +91,12 @@ def _dist_name(filename: str) -> str:
     return filename.split("-")[0].lower().replace("_", "-")
 
 
-def profile_target(profile: Path) -> str:
-    """The target.model_path of a profile, as its stages will read it."""
+def profile_target(profile: Path, discover_sets: list[str] | None = None) -> str:
+    """The target.model_path of a profile, as its stages will read it; loading it with
+    `prepare --set`'s overrides checks them before anything is downloaded."""
     from tasks.config import load_config
 
-    return load_config(profile).target.model_path
+    return load_config(profile, discover_sets or []).target.model_path
 
 
 def target_requirements(model_path: str) -> list[str]:
@@ -166,8 +167,13 @@ def prepare(args: argparse.Namespace) -> int:
         print("prepare --draft-from and --checkpoint-from: one draft or the other (a checkpoint is a draft still "
               "training; the draft it becomes is what --draft-from carries)", file=sys.stderr)  # fmt: skip
         return 2
+    not_discover = [o for o in args.discover_sets if not o.startswith("discover.")]
+    if not_discover:
+        print(f"prepare --set {not_discover[0]}: only discover.* (discovery runs here; the node's stages take "
+              "`node start --set`)", file=sys.stderr)  # fmt: skip
+        return 2
     try:
-        model_path = profile_target(profile)
+        model_path = profile_target(profile, args.discover_sets)
         requirements = target_requirements(model_path)
     except ValueError as e:
         print(f"prepare --profile {profile}: {e}", file=sys.stderr)
@@ -241,7 +247,7 @@ def prepare(args: argparse.Namespace) -> int:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
     # Discovery here (a no-op on a carried run folder: its marker matches the profile's discover section).
     run_command([str(node_env.REPO / ".venv/bin/eaglescale"), "run", "--params", str(profile), "--stages", "discover",
-                 "--run-root", str(run_root)], env=env)  # fmt: skip
+                 "--run-root", str(run_root), *(a for o in args.discover_sets for a in ("--set", o))], env=env)  # fmt: skip
     shutil.rmtree(node_env.PAYLOAD, ignore_errors=True)
     node_env.PAYLOAD.mkdir(parents=True)
     # Small wheels first, the run folder, the target's wheels, then the bundle: an early part can
@@ -260,7 +266,7 @@ def prepare(args: argparse.Namespace) -> int:
     manifest: dict[str, Any] = {"sha256": sha256(whole), "bytes": whole.stat().st_size, "parts": [],
                                 "wheels": [p.name for p in [*order, *target]], "made_at": time.time(),
                                 "profile": str(profile.relative_to(node_env.REPO)), "target": model_path,
-                                "carried": carried}  # fmt: skip
+                                "carried": carried, "discover_sets": args.discover_sets}  # fmt: skip
     size = part_bytes()
     with whole.open("rb") as f:
         for k in range(1, 1 + -(-manifest["bytes"] // size)):
