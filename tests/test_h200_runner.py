@@ -266,7 +266,7 @@ def test_a_generation_brought_back_is_what_prepare_run_from_carries(
     """generation.tar as `node wait` brings it back (its parts joined) unpacks, through what
     `prepare --run-from` calls, into a run folder whose generation is complete (a node given it
     does not regenerate), without the journals and leases; a node that was given it does not
-    send it back; a tar without a complete generation is refused, naming it."""
+    send it back; a tar without the run's committed prompts is refused, naming it."""
     import shutil
     import tarfile
 
@@ -297,9 +297,10 @@ def test_a_generation_brought_back_is_what_prepare_run_from_carries(
     assert list(again.iterdir()) == []
     bad = tmp_path / "bad.tar"
     with tarfile.open(bad, "w") as tar:
-        tar.add(original / "prompts", "run/prompts")
-    with pytest.raises(ValueError, match=r"bad\.tar: no run/generate/_COMPLETE"):
+        tar.add(original / "generate", "run/generate")
+    with pytest.raises(ValueError, match=r"bad\.tar: no run/prompts/_SUCCESS\.json in it: not a run folder's generation"):
         travel.unpack_generation(bad, tmp_path / "src-bad")
+    assert not (tmp_path / "src-bad").exists()
 
 
 def test_a_generation_too_large_for_node_wait_travels_in_parts(
@@ -328,7 +329,7 @@ def test_a_generation_too_large_for_node_wait_travels_in_parts(
     calls = travel.calls_for(index["bytes"])
     assert len(index["parts"]) > travel.PARTS_PER_CALL and calls == -(-len(index["parts"]) // 2)
     assert (out / "generation.txt").read_text().endswith(f"`node generation K` for K in 0..{calls - 1}\n")
-    assert index["generation"] == {"shards": len(list((node / "run/generate/_SUCCESS").glob("*.json")))}
+    assert index["generation"] == {"shards": len(list((node / "run/generate/_SUCCESS").glob("*.json"))), "complete": True}
     parts = sorted((node / "generation").glob("generation.tar.part-*"))
     stamps = [p.stat().st_mtime_ns for p in parts]
     (tmp_path / "out-again").mkdir()
@@ -953,7 +954,8 @@ def test_prepare_refuses_a_checkpoint_it_cannot_carry_before_anything_is_downloa
     """`prepare --checkpoint-from` needs the generation the draft trained on (--run-from), is one
     draft or the other with --draft-from, and a checkpoint.tar that is not one is refused, naming
     the file, before the bundle is read or a wheel downloaded; so is a `prepare --set` outside the
-    discover section or one the profile does not take."""
+    discover section or one the profile does not take, and a draft beside a generation its
+    session stopped (the node finishes that generation; a draft was trained on a complete one)."""
     import argparse
     import tarfile
 
@@ -964,8 +966,12 @@ def test_prepare_refuses_a_checkpoint_it_cannot_carry_before_anything_is_downloa
     bundle.mkdir()
     (bundle / "part-aa").write_bytes(b"not a bundle")
     (bundle / "SHA256").write_text("0" * 64 + "  bundle.tar.xz\n")
-    generation = tmp_path / "generation.tar"
+    generation, stopped = tmp_path / "generation.tar", tmp_path / "stopped.tar"
     (tmp_path / "run/generate").mkdir(parents=True)
+    (tmp_path / "run/prompts").mkdir(parents=True)
+    (tmp_path / "run/prompts/_SUCCESS.json").write_text("{}")
+    with tarfile.open(stopped, "w") as tar:  # a generation its session stopped: no _COMPLETE
+        tar.add(tmp_path / "run", "run")
     (tmp_path / "run/generate/_COMPLETE").write_text("")
     with tarfile.open(generation, "w") as tar:
         tar.add(tmp_path / "run", "run")
@@ -985,13 +991,16 @@ def test_prepare_refuses_a_checkpoint_it_cannot_carry_before_anything_is_downloa
     assert code == 2 and f"{generation}: members outside run/train/" in said
     code, said = prepare(run_from=str(generation), scaling_from=str(generation))
     assert code == 2 and "prepare --scaling-from needs --draft-from" in said
+    code, said = prepare(run_from=str(stopped), draft_from="drafts.tar")
+    assert code == 2 and f"{stopped}: its generation was stopped before its end" in said and "--draft-from" in said
     code, said = prepare(discover_sets=["sampling.max_new_tokens=512"])
     assert code == 2 and "prepare --set sampling.max_new_tokens=512: only discover.*" in said
     code, said = prepare(discover_sets=["discover.sources[0].prompt_turns=every_turn"])
     assert code == 2 and "prompt_turns" in said and "every_turn" in said
     assert commands == [] and not (tmp_path / "local/payload").exists()
-    code, said = prepare(run_from=str(generation))  # what is carried is fine: the bundle is read, and refused
-    assert code == 2 and "the parts do not add up to SHA256" in said and commands == []
+    for carried in (generation, stopped):  # what is carried is fine: the bundle is read, and refused
+        code, said = prepare(run_from=str(carried))
+        assert code == 2 and "the parts do not add up to SHA256" in said and commands == []
 
 
 def test_a_payload_part_fills_what_a_call_leaves_beside_the_working_tree(tmp_path: Path) -> None:
@@ -1216,3 +1225,113 @@ def _tar_of(tmp_path: Path, node: Path) -> Path:
     with tarfile.open(path, "w") as tar:
         tar.add(node / "run/run.json", "run/run.json")
     return path
+
+
+def test_a_generation_its_session_cannot_finish_stops_in_time_travels_and_resumes_on_the_next_node(
+    tmp_path: Path, tiny_target_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The generate stage (the real CLI, against a simulated SGLang server) is watched against
+    the session's device time: once what is left would not cover stopping it and bringing its
+    generation back, the pipeline stops it (SIGTERM), packs the run folder's generation with the
+    journals of its uncommitted shards and says so in status.json; `node wait` brings it back,
+    `prepare --run-from` takes it (a generation not complete: the node regenerates what is
+    missing), and a fresh node resumes it to the end, sending only the requests no journal held,
+    none of them twice; that node's complete generation then travels as any other."""
+    import json
+    import threading
+    import time
+
+    import httpx
+
+    from tasks.config import load_config
+    from tasks.runfolder import RunFolder, read_journal
+    from tasks.standins.server import ServerProcess
+    from tests.run_support import cli_env, discover_and_fingerprint, write_params
+
+    prompts = 96
+
+    def journaled(run: Path, shards: set[str] | None = None) -> list[str]:
+        folder = RunFolder(str(run))
+        return [r["request_id"] for shard in folder.listdir("generate/journal") if shards is None or shard in shards
+                for r in read_journal(folder, "generate", shard).records if r["status"] == "ok"]  # fmt: skip
+
+    def sent() -> int:
+        return httpx.get(f"{server.url}/_stats").json()["generate_requests"]
+
+    def pipeline_on(node: Path) -> node_pipeline.Pipeline:
+        monkeypatch.setattr(node_env, "NODE", node)
+        pipeline = node_pipeline.Pipeline()
+        pipeline.env = {**cli_env(node, OMP_NUM_THREADS="1"), "PYTHONPATH": str(node_env.REPO)}
+        return pipeline
+
+    # ~20 s of requests (16 steps of 20 ms, 8 at a time): long enough to be stopped in the middle.
+    server = ServerProcess(["--simulate", "--step-latency-ms", "20", "--vocab-size", "2048", "--max-batch", "8"])
+    try:
+        node = tmp_path / "node"
+        params = write_params(node.parent, tiny_target_dir, str(node / "run"), stages=["discover", "generate"],
+                              sampling={"max_new_tokens": 16}, discover={"total_prompts": prompts},
+                              engine={"kind": "sglang", "endpoints": [server.url], "concurrency_per_server": 4},
+                              generate={"shard_size": 12, "max_parallel_shards": 2, "progress_interval_s": 1})  # fmt: skip
+        discover_and_fingerprint(load_config(params))  # what prepare's discovery leaves in the payload
+        monkeypatch.setenv("H200_PROFILE", str(params))
+        monkeypatch.setattr(node_pipeline, "GENERATION_POLL_S", 0.2)
+        pipeline = pipeline_on(node)
+        pipeline._note_carried()
+        (node / "deadline.json").write_text(json.dumps({"ends_at": time.time() + 3600, "budget_s": 3600.0}))
+        raised: list[BaseException] = []
+
+        def generate() -> None:
+            try:
+                pipeline.generate(server.url)
+            except BaseException as e:  # noqa: BLE001 - the test asserts what it was
+                raised.append(e)
+
+        thread = threading.Thread(target=generate)
+        thread.start()
+        began = time.monotonic()
+        while len(journaled(node / "run")) < 8 and thread.is_alive() and time.monotonic() - began < 240:
+            time.sleep(0.05)
+        # The session's end moves near (`node start` again with less): less than the way back.
+        (node / "deadline.json").write_text(json.dumps({"ends_at": time.time() + 30, "budget_s": 3600.0}))
+        thread.join(timeout=180)
+        assert not thread.is_alive()
+        assert len(raised) == 1 and isinstance(raised[0], node_pipeline.SessionEnds), raised
+        stopped = json.loads((node / travel.GENERATION_STOPPED).read_text())
+        assert stopped["exit"] == 143 and stopped["way_back_s"] >= node_pipeline.GENERATION_STOP_S
+        done_here = journaled(node / "run")
+        assert 8 <= len(done_here) < prompts and not (node / "run/generate/_COMPLETE").exists()
+        status = json.loads((node / "status.json").read_text())
+        assert status["steps"]["generate"]["state"] == "stopped" and "`prepare --run-from` resumes it" in status["detail"]
+        # `node wait` brings it back; prepare --run-from unpacks it, a generation not complete.
+        out = tmp_path / "out"
+        out.mkdir()
+        travel.collect_generation(out)
+        packed = tmp_path / "generation.tar"
+        packed.write_bytes(b"".join(p.read_bytes() for p in sorted(out.glob("generation.tar.part-*"))))
+        fresh = tmp_path / "fresh"
+        run = travel.unpack_generation(packed, fresh / "src")
+        assert travel.run_holds(run)["generation"] is False and not list(run.rglob("leases"))
+        committed = {m.stem for m in (run / "generate/_SUCCESS").glob("*.json")}
+        uncommitted = set(RunFolder(str(node / "run")).listdir("generate/journal")) - committed
+        assert set(RunFolder(str(run)).listdir("generate/journal")) == uncommitted  # committed: their data holds them
+        assert sorted(journaled(run)) == sorted(journaled(node / "run", uncommitted))
+        # The next session's node: the run folder as the payload's setup copies it.
+        import shutil
+
+        shutil.copytree(run, fresh / "run")
+        resumed = pipeline_on(fresh)
+        resumed._note_carried()
+        assert travel.carried()["generation"] is False and not resumed.generated()
+        before = sent()
+        resumed.generate(server.url)
+        assert (fresh / "run/generate/_COMPLETE").is_file()
+        rows = RunFolder(str(fresh / "run")).read_json("generate/progress.json")["requests"]
+        assert rows["done"] == prompts
+        assert sent() - before <= prompts - len(done_here)  # only what no journal held was sent
+        assert len(set(journaled(fresh / "run"))) == len(journaled(fresh / "run"))  # none journaled twice
+        again = tmp_path / "out-again"
+        again.mkdir()
+        travel.collect_generation(again)  # a generation completed here travels: it came partial
+        assert list(again.glob("generation.tar.part-*"))
+    finally:
+        server.stop()

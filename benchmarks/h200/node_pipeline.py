@@ -39,12 +39,16 @@ from benchmarks.h200.plans import (
     recipe_gate_sets,
 )
 from benchmarks.h200.travel import (
+    GENERATION_STOPPED,
     SCALING_INDEX,
     SCALING_ROOT,
     carried,
     carried_anchor,
     checkpoint_members,
+    generation_bytes,
+    generation_travel_s,
     newest_checkpoint,
+    pack_generation,
     pack_parts,
     run_holds,
     scaling_checkpoint,
@@ -87,6 +91,15 @@ QWEN_TRAIN_READY_S = 135.0
 QWEN_STEP_S = 0.52
 QWEN_EVAL_SAVE_S = 7.0
 PACKING_SLACK = 1.1
+# A generation that would not end in its session (a prompt per user turn: ~4x run 15's replies,
+# BENCHMARKS P21) is stopped while its way back still fits (watch_generation): `eaglescale run`
+# ends within seconds of SIGTERM with every shard's requests so far journaled (flows/stopping.py;
+# ~2 s on a 2-core box, tests/test_cli_stop.py), and GENERATION_STOP_S bounds that. It is checked
+# every GENERATION_POLL_S, against the bytes it would pack then times GENERATION_GROWTH (what is
+# written while it stops).
+GENERATION_STOP_S = 60.0
+GENERATION_POLL_S = 5.0
+GENERATION_GROWTH = 1.2
 
 
 def steps_per_epoch(progress: dict[str, Any], train: dict[str, Any]) -> float:
@@ -185,6 +198,12 @@ def generation_server_args(model_dir: str) -> list[str]:
             "--python", sys.executable]  # fmt: skip
 
 
+class SessionEnds(Exception):
+    """The plan stopped where the session's device time ends (`node start --budget`), having
+    packed what travels to the next session. Not a RuntimeError: a stage stopped so does not
+    fall back to its plain entry points."""
+
+
 class Pipeline:
     def __init__(self) -> None:
         self.status: dict[str, Any] = {"state": "running", "steps": {}, "started_at": time.time()}
@@ -247,10 +266,11 @@ class Pipeline:
         return proc
 
     def stage(self, stage: str, *overrides: str, label: str | None = None, env: dict[str, str] | None = None,
-              run_root: Path | None = None) -> None:  # fmt: skip
+              run_root: Path | None = None, watch: Callable[[subprocess.Popen[bytes]], None] | None = None) -> None:  # fmt: skip
         """`eaglescale run --stages STAGE`; on failure, the stage's plain entry points once.
         `label` names the step in status.json and its logs (default: the stage); `env`, the
-        processes' environment (default: the pipeline's); `run_root`, default the run's."""
+        processes' environment (default: the pipeline's); `run_root`, default the run's; `watch`
+        follows the process to its end, or stops it and raises SessionEnds (watch_generation)."""
         label = label or stage
         run_root = run_root or self.run_root
         sets = [a for o in (*self.sets, *overrides) for a in ("--set", o)]
@@ -260,7 +280,13 @@ class Pipeline:
         try:
             if node_env.PLAIN_ONLY:
                 raise RuntimeError("H200_PLAIN=1")
-            self.py(args, f"stage-{label}", env)
+            if watch is None:
+                self.py(args, f"stage-{label}", env)
+            else:
+                proc = self.py(args, f"stage-{label}", env, wait=False)
+                watch(proc)
+                if proc.returncode != 0:
+                    raise RuntimeError(f"{' '.join(args[:3])} exited {proc.returncode} (logs/stage-{label}.log)")
             self.note(label, "done", "eaglescale run", via="eaglescale run")
         except RuntimeError as e:
             self.note(label, "fallback", str(e), via="plain entry points")
@@ -472,8 +498,11 @@ class Pipeline:
             plans = {"online-incumbent": self.online_incumbent, "lossless": self.lossless, "recipe": self.recipe,
                      "qwen-generate": self.qwen_generate, "qwen-gate": self.qwen_gate, "qwen-sweep": self.qwen_sweep,
                      "qwen-scaling": self.qwen_scaling, "verify-probe": self.verify_probe}  # fmt: skip
-            plans.get(self.plan, self.pipeline)()
-            self.note("finished", "done")
+            try:
+                plans.get(self.plan, self.pipeline)()
+                self.note("finished", "done")
+            except SessionEnds as e:
+                self.note("finished", "done", f"stopped for the session's end: {e}")
             self.status["state"] = "done"
             (node_env.NODE / "status.json").write_text(json.dumps(self.status, indent=1))
         except Exception as e:
@@ -669,8 +698,58 @@ class Pipeline:
             self.reference()
         if while_up is not None:
             while_up()
-        self.stage("generate", f"engine.endpoints=[http://127.0.0.1:{node_env.PORT}]")
+        self.generate(f"http://127.0.0.1:{node_env.PORT}")
         self.stop_server()
+
+    def generate(self, endpoint: str) -> None:
+        """The generate stage against `endpoint`, watched against the session's device time
+        (watch_generation). A generation that an earlier pass on this machine stopped resumes
+        here, so what that pass packed is dropped first: the one that travels is packed anew."""
+        if (node_env.NODE / GENERATION_STOPPED).is_file():
+            for stale in (node_env.NODE / "generation.tar", node_env.NODE / GENERATION_STOPPED):
+                stale.unlink(missing_ok=True)
+            shutil.rmtree(node_env.NODE / "generation", ignore_errors=True)
+        self.stage("generate", f"engine.endpoints=[{endpoint}]", watch=self.watch_generation)
+
+    def watch_generation(self, proc: subprocess.Popen[bytes]) -> None:
+        """Follows the generate stage to its end, unless the session's device time (`node start
+        --budget`) would end before what it generated could come back: then it stops the stage
+        (SIGTERM: every shard journals what it has and ends), packs the run's generation with the
+        journals of its uncommitted shards (travel.pack_generation), records why in
+        GENERATION_STOPPED and raises SessionEnds. `node wait` brings it back (`node generation K`
+        when it is large), the next session's `prepare --run-from` carries it, and that node
+        resumes it, sending only the requests no journal holds."""
+        while proc.poll() is None:
+            deadline = read_json(node_env.NODE / "deadline.json")  # `node start` again may move it
+            if deadline:
+                need = GENERATION_STOP_S + generation_travel_s(int(GENERATION_GROWTH * generation_bytes(self.run_root)))
+                left = deadline["ends_at"] - time.time()
+                if left <= need:
+                    self.stop_generation(proc, left, need)
+            time.sleep(GENERATION_POLL_S)
+
+    def stop_generation(self, proc: subprocess.Popen[bytes], left: float, need: float) -> None:
+        proc.send_signal(signal.SIGTERM)  # the CLI alone: it ends what it started (flows/stopping.py)
+        try:
+            proc.wait(timeout=GENERATION_STOP_S)
+        except subprocess.TimeoutExpired:  # the journals are crash-safe: a kill loses no journaled request
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        packed = node_env.NODE / "generation.tar"
+        pack_generation(self.run_root, packed)
+        requests = (read_json(self.run_root / "generate/progress.json") or {}).get("requests", {})
+        stopped = {"stopped_at": time.time(), "seconds_left": left, "way_back_s": need, "exit": proc.returncode,
+                   "bytes": packed.stat().st_size, "requests_done": requests.get("done"),
+                   "requests_total": requests.get("total"),
+                   "committed_shards": len(list((self.run_root / "generate/_SUCCESS").glob("*.json")))}  # fmt: skip
+        (node_env.NODE / GENERATION_STOPPED).write_text(json.dumps(stopped, indent=1))
+        self.save_measure("generation_stopped", stopped)
+        detail = (f"{left:.0f} s of device time left, ~{need:.0f} s to stop it and bring it back: stopped at "
+                  f"{stopped['requests_done']} of {stopped['requests_total']} requests; the generation travels "
+                  "(`node wait`, `node generation K` when generation.txt says so) and the next session's "
+                  "`prepare --run-from` resumes it")  # fmt: skip
+        self.note("generate", "stopped", detail)
+        raise SessionEnds(detail)
 
     def trainer_env(self) -> dict[str, str]:
         return {**self.env, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}  # trainers share the GPU (train())

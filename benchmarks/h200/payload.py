@@ -22,6 +22,7 @@ from typing import Any
 from benchmarks.h200 import node_env
 from benchmarks.h200.node_env import run_command, sha256
 from benchmarks.h200.travel import (
+    run_holds,
     unpack_anchor,
     unpack_checkpoint,
     unpack_draft,
@@ -186,12 +187,17 @@ def prepare(args: argparse.Namespace) -> int:
         print("prepare --anchor-from needs --run-from: SpecForge's draft is compared on the generation it was trained on",
               file=sys.stderr)  # fmt: skip
         return 2
-    carried = {"generation": bool(args.run_from), "draft": bool(args.draft_from),
+    carried = {"generation": False, "draft": bool(args.draft_from),
                "checkpoint": bool(args.checkpoint_from), "scaling": bool(args.scaling_from),
                "anchor": bool(args.anchor_from)}  # fmt: skip
     try:  # an earlier session's prompts, regenerated shards, draft or checkpoint, checked before the downloads
         if args.run_from:
-            unpack_generation(Path(args.run_from), src)
+            carried["generation"] = run_holds(unpack_generation(Path(args.run_from), src))["generation"]
+            beside = [f for f, given in (("--draft-from", args.draft_from), ("--checkpoint-from", args.checkpoint_from),
+                                         ("--anchor-from", args.anchor_from)) if given]  # fmt: skip
+            if not carried["generation"] and beside:
+                raise ValueError(f"{args.run_from}: its generation was stopped before its end (the node resumes it), "
+                                 f"and {beside[0]} carries a draft trained on a complete one")  # fmt: skip
         if args.draft_from:
             unpack_draft(Path(args.draft_from), src)
         if args.checkpoint_from:

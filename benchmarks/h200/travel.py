@@ -66,36 +66,72 @@ def carried() -> dict[str, bool]:
 # later session's run on a fresh node starts from them instead of regenerating (`node receive`
 # carries them in as part of the payload's run folder): in `node wait`'s own files, in parts of
 # PART_BYTES, when they fit beside its results in what one call brings back (64 MiB); else packed
-# in parts like a draft (NODE/generation, `node generation K`).
+# in parts like a draft (NODE/generation, `node generation K`). A generation the pipeline stopped
+# because its session was ending (Pipeline.watch_generation: GENERATION_STOPPED says so) travels
+# the same way, with the journals of its uncommitted shards: the next session's node resumes it
+# and sends only the requests no journal holds.
 GENERATION_MAX_BYTES = 45_000_000
+GENERATION_STOPPED = "generation-stopped.json"
+# Device seconds that `node wait`'s own call costs beside what it brings back (run 19's: ~5-10 s).
+NODE_WAIT_CALL_S = 15.0
+
+
+def generation_travel_s(nbytes: int) -> float:
+    """Device seconds that bringing back a generation.tar of `nbytes` costs after the pipeline
+    packed it: `node wait`'s call, and the `node generation K` calls when it does not fit there."""
+    parts_calls = 0 if nbytes <= GENERATION_MAX_BYTES else calls_for(nbytes)
+    return NODE_WAIT_CALL_S + parts_calls * SECONDS_PER_CALL
+
+
+def generation_bytes(run: Path) -> int:
+    """What pack_generation would pack of `run` now (prompts/ and generate/, leases and committed
+    shards' journals aside, which it leaves out): the measure of its way back."""
+    return sum(f.stat().st_size for f in _generation_files(run))
+
+
+def _generation_files(run: Path) -> list[Path]:
+    committed = {m.stem for m in (run / "generate/_SUCCESS").glob("*.json")}
+    files = [run / "run.json", *(f for f in (run / "prompts").rglob("*") if f.is_file())]
+    for f in (run / "generate").rglob("*") if (run / "generate").is_dir() else []:
+        rel = f.relative_to(run / "generate").parts
+        if not f.is_file() or rel[0] == "leases" or (rel[0] == "journal" and rel[1] in committed):
+            continue  # a lease is this machine's; a committed shard's journal is in its data
+        files.append(f)
+    return files
+
+
+def pack_generation(run: Path, packed: Path) -> None:
+    """generation.tar of `run`: run.json, prompts/ and generate/, without leases, and without the
+    journals of committed shards (a complete generation has none left to need)."""
+    partial = packed.with_suffix(".partial")
+    with tarfile.open(partial, "w") as tar:
+        for f in sorted(_generation_files(run)):
+            tar.add(f, f"run/{f.relative_to(run)}")
+    partial.replace(packed)
 
 
 def collect_generation(out: Path) -> None:
-    """generation.tar (run.json, prompts/, generate/ minus the journals and leases), once
-    generate/_COMPLETE exists: as generation.tar.part-NN in `out` when it fits
-    (GENERATION_MAX_BYTES), else as parts under NODE/generation that `node generation K` brings
-    back, which generation.txt in `out` names. A prompt per user turn (`prompt_turns:
+    """generation.tar, once generate/_COMPLETE exists or the pipeline stopped the generation for
+    the session's end (GENERATION_STOPPED, packed then): as generation.tar.part-NN in `out` when
+    it fits (GENERATION_MAX_BYTES), else as parts under NODE/generation that `node generation K`
+    brings back, which generation.txt in `out` names. A prompt per user turn (`prompt_turns:
     every_user`) makes it larger than one call: ~4x the replies and ~9x the prompts' text."""
     run, packed = node_env.NODE / "run", node_env.NODE / "generation.tar"
-    if not (run / "generate/_COMPLETE").is_file() or carried()["generation"]:
+    stopped = read_json(node_env.NODE / GENERATION_STOPPED)
+    if stopped is None and (not (run / "generate/_COMPLETE").is_file() or carried()["generation"]):
         return  # not complete yet, or carried in by the payload (`prepare --run-from`): this session has it
     index = read_json(node_env.NODE / "generation/index.json")
     if index is None:
         if not packed.is_file():
-            partial = packed.with_suffix(".partial")
-            with tarfile.open(partial, "w") as tar:
-                tar.add(run / "run.json", "run/run.json")
-                tar.add(run / "prompts", "run/prompts")
-                tar.add(run / "generate", "run/generate",
-                        filter=lambda t: None if "/journal" in t.name or "/leases" in t.name else t)  # fmt: skip
-            partial.replace(packed)
+            pack_generation(run, packed)
         size = packed.stat().st_size
         if size <= GENERATION_MAX_BYTES:
             with packed.open("rb") as f:
                 for k in range(-(-size // PART_BYTES)):
                     (out / f"generation.tar.part-{k:02d}").write_bytes(f.read(PART_BYTES))
             return
-        index = split_parts(packed, "generation", {"generation": {"shards": len(list((run / "generate/_SUCCESS").glob("*.json")))}})
+        shards = len(list((run / "generate/_SUCCESS").glob("*.json")))
+        index = split_parts(packed, "generation", {"generation": {"shards": shards, "complete": stopped is None}})
     calls = calls_for(index["bytes"])
     (out / "generation.txt").write_text(
         f"generation.tar is {index['bytes']} bytes, more than `node wait` brings back beside its results: "
@@ -104,11 +140,13 @@ def collect_generation(out: Path) -> None:
 
 def unpack_generation(packed: Path, dest: Path) -> Path:
     """An earlier session's generation.tar (what `node wait` brought back, its parts joined:
-    run.json, prompts/, generate/ without journals and leases) unpacked as dest/run, which it
-    returns; refused, naming the file, unless every member lies under run/ and its generation
-    is complete (a node that finds generate/_COMPLETE does not regenerate: Pipeline.generated)."""
+    run.json, prompts/, generate/ without leases) unpacked as dest/run, which it returns; refused,
+    naming the file, unless every member lies under run/ and it holds the run's committed prompts.
+    Its generation may be complete (a node that finds generate/_COMPLETE does not regenerate:
+    Pipeline.generated) or stopped for its session's end (the node resumes it from the journals
+    it holds): run_holds says which."""
     _unpack(packed, dest, "run/", "not a generation.tar of `node wait`",
-            "run/generate/_COMPLETE", "its generation was not complete")  # fmt: skip
+            "run/prompts/_SUCCESS.json", "not a run folder's generation")  # fmt: skip
     return dest / "run"
 
 
