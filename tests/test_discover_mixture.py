@@ -139,7 +139,7 @@ def test_holdout_and_decontamination_counts(tmp_path: Path) -> None:
             "kept": 3,
         },
     }
-    assert report["holdout"] == {"per_domain": {"bench": 1, "train": 1}, "total": 2}
+    assert report["holdout"] == {"per_domain": {"bench": 1, "train": 1}, "total": 2, "from": None}
     assert smallest in result.holdout.column("prompt_id").to_pylist()
     kept_texts = [
         json.loads(m)[0]["content"] for m in result.manifest.column("messages").to_pylist()

@@ -110,7 +110,7 @@ def test_first_2000_sharegpt_rows_and_humaneval_exact_counts() -> None:
         "over_quota": 19,
         "kept": 93,
     }
-    assert report["holdout"] == {"per_domain": {"coding": 64, "general_chat": 64}, "total": 128}
+    assert report["holdout"] == {"per_domain": {"coding": 64, "general_chat": 64}, "total": 128, "from": None}
     assert report["mixture"] == {
         "coding": {"available": 149, "cap": 127, "kept": 127},
         "general_chat": {"available": 1611, "cap": 1373, "kept": 1373},

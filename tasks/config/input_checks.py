@@ -1,6 +1,6 @@
 """The check before anything starts: every input path the stages of this process will read
-exists (the model folder, the chat template file, the sources, the gate's interpreter), named in
-its absolute form and with what it was relative to."""
+exists (the model folder, the chat template file, the sources and an earlier run's holdout, the
+gate's interpreter), named in its absolute form and with what it was relative to."""
 
 from __future__ import annotations
 
@@ -49,6 +49,8 @@ def _input_problem(origin: PathOrigin) -> str | None:
             # Its domain would vanish from the mixture, and only the report would say so.
             return f"{value} is empty (0 bytes): fill it, or remove the source"
         return None if os.path.exists(value) else f"no file or folder at {value}"
+    if origin.key == "discover.holdout_from":  # a run root (a folder) or the parquet file itself
+        return None if os.path.exists(value) else f"no {origin.what} at {value}"
     if os.path.isfile(value):
         return None
     return f"no {origin.what} at {value}"
@@ -56,7 +58,7 @@ def _input_problem(origin: PathOrigin) -> str | None:
 
 def _needs_locally(config: EagleScaleConfig, key: str) -> bool:
     """Whether the stages this process runs read the input at `key` (others run elsewhere)."""
-    if key.startswith("discover.sources"):
+    if key.startswith("discover."):
         return "discover" in config.stages
     if key.startswith("gate."):
         gate_here = "gate" in config.stages and "gate" not in config.orchestration.stage_deployments

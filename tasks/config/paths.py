@@ -40,6 +40,7 @@ PATH_KEYS: tuple[PathKey, ...] = (
     PathKey("target.model_path", "input", "model folder or .gguf file"),
     PathKey("target.chat_template", "input", "chat template file"),
     PathKey("discover.sources[].path", "input", "source file, glob or folder"),
+    PathKey("discover.holdout_from", "input", "run folder or holdout parquet file"),
     PathKey("gate.registry_url", "output", "registry folder"),
     PathKey("gate.python", "input", "Python interpreter"),
     PathKey("gate.challengers[].path", "optional", "challenger draft folder"),

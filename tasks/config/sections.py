@@ -148,6 +148,16 @@ class DiscoverConfig(Strict):
     holdout_per_domain: int = Field(
         8, ge=0, description="Prompts per domain split off as the gate's benchmark set."
     )
+    holdout_from: str | None = Field(
+        None,
+        description="Keep an earlier run's held-out set, so that runs at different data scales "
+        "are gated (and their scaling curves measured) on the same prompts: that run's root (its "
+        "committed prompts/holdout.parquet) or a holdout parquet file, a local path or fsspec URL. "
+        "The held-out prompts are exactly its prompts (by prompt_id, with its domains) and "
+        "holdout_per_domain picks none; every copy of one and every other prompt of its "
+        "conversation is filtered as contaminated. One no longer among this run's prompts is "
+        "still held out as recorded, and the report warns. None: holdout_per_domain, seeded.",
+    )
     min_prompt_tokens: int = Field(1, ge=0, description="Shorter prompts are filtered (too_short).")
     max_prompt_tokens: int = Field(4096, ge=1, description="Longer prompts are filtered (too_long).")
     dedupe_key: DedupeKey = Field(

@@ -13,7 +13,10 @@ Order of operations (each row lands in one bucket, see report.py):
   4. token-length filter with the caller's `count_tokens`;
   5. group by normalized-text hash of the dedupe key; each group's smallest prompt_id
      represents it;
-  6. hold out `holdout_per_domain` representatives per domain (seeded);
+  6. hold out `holdout_per_domain` representatives per domain (seeded), or, with
+     `holdout_from`, exactly the prompts of an earlier run's holdout table (holdout_from.py): those
+     among the candidates here are held out with the domain recorded there, the others as
+     recorded there (the report warns);
   7. decontaminate: the other members of a held-out group, and every other prompt of a held-out
      prompt's conversation (every_user), are dropped as "contaminated"; the other members of
      every remaining group as "duplicates_normalized";
@@ -28,8 +31,9 @@ from __future__ import annotations
 
 import json
 import operator
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -46,6 +50,7 @@ from tasks.discover.formats import (
     row_prompts,
     user_turns,
 )
+from tasks.discover.holdout_from import PinnedHoldout, load_pinned_holdout
 from tasks.discover.mixture import (
     DiscoverConfigError,
     check_mixture_config,
@@ -65,6 +70,7 @@ from tasks.discover.sources import SourceReader
 from tasks.redaction import redact_url
 
 CountTokens = Callable[[Messages], int]
+_CARRIED_IDS_NAMED = 5  # the held-out prompts a warning names, of those kept as recorded
 
 
 @dataclass
@@ -128,9 +134,14 @@ def check_discover_config(cfg: DiscoverConfig) -> None:
 class _Discovery:
     """One run of the stage: the state the steps share."""
 
-    def __init__(self, cfg: DiscoverConfig, count_tokens: CountTokens) -> None:
+    def __init__(
+        self, cfg: DiscoverConfig, count_tokens: CountTokens, pinned: PinnedHoldout | None
+    ) -> None:
         self.cfg = cfg
         self.count_tokens = count_tokens
+        self.pinned = pinned
+        # Every read of a pinned held-out prompt, whatever became of it (holdout_from).
+        self.pinned_reads: list[_Prompt] = []
         # Rows of the funnel: one per prompt given or row quarantined (report.py). A source's
         # rows as read differ from them with prompt_turns every_user only.
         self.rows_read = {s.name: 0 for s in cfg.sources}
@@ -140,8 +151,8 @@ class _Discovery:
         self.prompts: dict[str, _Prompt] = {}  # dedupe key -> the copy kept
         self.warnings: list[str] = []
 
-    def dedupe_messages(self, p: _Prompt) -> Messages:
-        return user_turns(p.messages) if self.cfg.dedupe_key == "user_turns" else p.messages
+    def dedupe_messages(self, messages: Messages) -> Messages:
+        return user_turns(messages) if self.cfg.dedupe_key == "user_turns" else messages
 
     def drop(self, p: _Prompt, reason: str, detail: str, **extra: Any) -> None:
         self.filtered.append(
@@ -217,9 +228,11 @@ class _Discovery:
 
     def take(self, src: SourceConfig, p: _Prompt) -> None:
         """One prompt read: the script filter, then exact dedupe (the smallest rank stays)."""
+        if self.pinned is not None and p.prompt_id in self.pinned.rows:
+            self.pinned_reads.append(p)
         if not self.passes_script(src, p):
             return
-        key = prompt_id_of(self.dedupe_messages(p))
+        key = prompt_id_of(self.dedupe_messages(p.messages))
         kept = self.prompts.setdefault(key, p)
         if kept is not p:
             winner, loser = sorted((kept, p), key=_Prompt.rank)
@@ -279,37 +292,53 @@ class _Discovery:
             ) from failures[0]
         return passed
 
-    def split(self, passed: list[_Prompt]) -> tuple[list[_Prompt], list[_Prompt]]:
-        """Holdout, then decontamination and normalized dedupe; returns (holdout, remaining)."""
+    def split(
+        self, passed: list[_Prompt]
+    ) -> tuple[list[_Prompt], list[dict[str, Any]], list[_Prompt]]:
+        """Holdout, then decontamination and normalized dedupe; returns (holdout, the pinned
+        held-out rows that are no candidate here, remaining)."""
         groups: dict[str, list[_Prompt]] = {}
         for p in passed:  # sorted by prompt_id, so each group's first member is its smallest
-            groups.setdefault(normalized_hash(self.dedupe_messages(p)), []).append(p)
-        reps_by_domain: dict[str, list[str]] = {}
-        for members in groups.values():
-            reps_by_domain.setdefault(members[0].domain, []).append(members[0].prompt_id)
-        k = self.cfg.holdout_per_domain
-        held: set[str] = set()  # prompt ids
-        for domain, ids in sorted(reps_by_domain.items()):
-            if k and len(ids) <= k:
-                self.warnings.append(
-                    f"domain {domain!r}: only {len(ids)} distinct prompt(s) after filtering, "
-                    f"all held out (holdout_per_domain {k}); none left for training"
-                )
-            held |= seeded_pick(ids, k, self.cfg.seed, "holdout", domain)
+            groups.setdefault(normalized_hash(self.dedupe_messages(p.messages)), []).append(p)
+        carried: list[dict[str, Any]] = []
+        held_elsewhere: dict[str, tuple[str, str]] = {}  # normalized hash -> (prompt_id, where)
+        if self.pinned is None:
+            held = self.seeded_holdout(groups)
+            held_reads = [m[0] for m in groups.values() if m[0].prompt_id in held]
+        else:
+            held = set(self.pinned.rows)
+            # Every read, not only the candidates: a later turn may pass a filter that the
+            # held-out prompt failed (more Latin text after it), and it still holds the prompt.
+            held_reads = self.pinned_reads
+            carried, held_elsewhere = self.pinned_elsewhere(
+                self.pinned, {p.prompt_id for p in passed}
+            )
+            pinned_domains = self.pinned.per_domain()
+            for domain in declared_domains(self.cfg):
+                if domain not in pinned_domains:
+                    self.warnings.append(
+                        f"domain {domain!r}: holdout_from holds none of its prompts, so the gate "
+                        "measures none of it (holdout_per_domain picks nothing with holdout_from)"
+                    )
         # A held-out prompt's conversation gives no training prompt (every_user): its earlier
         # turns would be the held-out prompt's context, its later ones would hold the prompt.
         held_in: dict[tuple[str, int], _Prompt] = {}
-        for rep in (members[0] for members in groups.values() if members[0].prompt_id in held):
-            held_in.setdefault(rep.conversation(), rep)
+        for p in held_reads:
+            held_in.setdefault(p.conversation(), p)
         holdout: list[_Prompt] = []
         remaining: list[_Prompt] = []
-        for members in groups.values():
-            rep = members[0]
-            if rep.prompt_id in held:
-                holdout.append(rep)
-                for p in members[1:]:
-                    detail = f"normalized text equals held-out {rep.where()}"
-                    self.drop(p, "contaminated", detail, duplicate_of=rep.prompt_id)
+        for key, members in groups.items():
+            held_here = [p for p in members if p.prompt_id in held]
+            holdout += [self.as_held(p) for p in held_here]
+            if held_here:
+                like: tuple[str, str] | None = (held_here[0].prompt_id, held_here[0].where())
+            else:
+                like = held_elsewhere.get(key)
+            if like is not None:
+                for p in members:
+                    if p.prompt_id not in held:
+                        detail = f"normalized text equals held-out {like[1]}"
+                        self.drop(p, "contaminated", detail, duplicate_of=like[0])
                 continue
             free = []
             for p in members:
@@ -324,7 +353,58 @@ class _Discovery:
             for p in free[1:]:
                 detail = f"normalized text equals {free[0].where()}"
                 self.drop(p, "duplicates_normalized", detail, duplicate_of=free[0].prompt_id)
-        return holdout, remaining
+        return holdout, carried, remaining
+
+    def seeded_holdout(self, groups: dict[str, list[_Prompt]]) -> set[str]:
+        """`holdout_per_domain` group representatives per domain, seeded (prompt ids)."""
+        reps_by_domain: dict[str, list[str]] = {}
+        for members in groups.values():
+            reps_by_domain.setdefault(members[0].domain, []).append(members[0].prompt_id)
+        k = self.cfg.holdout_per_domain
+        held: set[str] = set()
+        for domain, ids in sorted(reps_by_domain.items()):
+            if k and len(ids) <= k:
+                self.warnings.append(
+                    f"domain {domain!r}: only {len(ids)} distinct prompt(s) after filtering, "
+                    f"all held out (holdout_per_domain {k}); none left for training"
+                )
+            held |= seeded_pick(ids, k, self.cfg.seed, "holdout", domain)
+        return held
+
+    def as_held(self, p: _Prompt) -> _Prompt:
+        """A held-out prompt; a pinned one keeps the domain its table records (rules may differ)."""
+        if self.pinned is None:
+            return p
+        return replace(p, domain=self.pinned.rows[p.prompt_id]["domain"])
+
+    def pinned_elsewhere(
+        self, pinned: PinnedHoldout, candidates: set[str]
+    ) -> tuple[list[dict[str, Any]], dict[str, tuple[str, str]]]:
+        """The pinned held-out rows that are no candidate here (filtered, or never read), still
+        held out as recorded so the benchmark does not shrink; and each one's normalized hash ->
+        (prompt_id, where), so that a candidate copy of it is decontaminated."""
+        first_read = {p.prompt_id: p for p in reversed(self.pinned_reads)}
+        carried: list[dict[str, Any]] = []
+        held_elsewhere: dict[str, tuple[str, str]] = {}
+        for prompt_id, row in sorted(pinned.rows.items()):
+            if prompt_id in candidates:
+                continue
+            carried.append(row)
+            read = first_read.get(prompt_id)
+            where = f"{prompt_id} (not read in this run)" if read is None else read.where()
+            key = normalized_hash(self.dedupe_messages(json.loads(row["messages"])))
+            held_elsewhere.setdefault(key, (prompt_id, where))
+        if carried:
+            ids = [row["prompt_id"] for row in carried]
+            filtered = sum(1 for i in ids if i in first_read)
+            more = ", ..." if len(ids) > _CARRIED_IDS_NAMED else ""
+            self.warnings.append(
+                f"holdout_from: {len(ids)} of {len(pinned.rows)} held-out prompt(s) are not "
+                f"among this run's candidates ({filtered} read and filtered, "
+                f"{len(ids) - filtered} not read) and are held out as {pinned.table_path} "
+                f"records them: {', '.join(ids[:_CARRIED_IDS_NAMED])}{more}"
+            )
+        return carried, held_elsewhere
 
     def mix(self, remaining: list[_Prompt]) -> tuple[list[_Prompt], dict[str, dict[str, Any]]]:
         by_domain: dict[str, list[_Prompt]] = {d: [] for d in declared_domains(self.cfg)}
@@ -358,9 +438,10 @@ class _Discovery:
         return "total_prompts (proportional)" if cfg.total_prompts else "keep all"
 
 
-def _table(prompts: list[_Prompt]) -> pa.Table:
-    rows = [p.record() for p in sorted(prompts, key=lambda p: p.prompt_id)]
-    return pa.Table.from_pylist(rows, schema=MANIFEST_SCHEMA)
+def _table(rows: list[dict[str, Any]]) -> pa.Table:
+    return pa.Table.from_pylist(
+        sorted(rows, key=lambda row: row["prompt_id"]), schema=MANIFEST_SCHEMA
+    )
 
 
 def _source_info(src: SourceConfig) -> dict[str, Any]:
@@ -381,16 +462,21 @@ def discover_prompts(
     cfg: DiscoverConfig,
     count_tokens: CountTokens,
     storage_options: dict[str, Any] | None = None,
+    pinned: PinnedHoldout | None = None,
 ) -> DiscoveryResult:
-    """Read, normalize, filter, dedupe, hold out and mix the configured prompt sources."""
+    """Read, normalize, filter, dedupe, hold out and mix the configured prompt sources.
+
+    `pinned`: the held-out set of `cfg.holdout_from` when the caller has read it already (the
+    stage does, for its config hash); otherwise it is read here, before any source."""
     check_discover_config(cfg)
+    pinned = pinned or load_pinned_holdout(cfg, storage_options)
     readers = [SourceReader(src, storage_options) for src in cfg.sources]
     for reader in readers:
         reader.plan()
-    run = _Discovery(cfg, count_tokens)
+    run = _Discovery(cfg, count_tokens, pinned)
     for reader in readers:
         run.read(reader)
-    holdout, remaining = run.split(run.filter_lengths())
+    holdout, carried, remaining = run.split(run.filter_lengths())
     kept, mixture = run.mix(remaining)
     quarantine = sorted(run.quarantine, key=_record_order)
     filtered = sorted(run.filtered, key=_record_order)
@@ -405,18 +491,29 @@ def discover_prompts(
     )
     for name, by_domain in counts.items():
         if run.source_rows[name] and not any(c["kept"] for c in by_domain.values()):
-            run.warnings.append(f"source {name!r}: none of its {run.source_rows[name]} rows was kept")
+            run.warnings.append(
+                f"source {name!r}: none of its {run.source_rows[name]} rows was kept"
+            )
     settings = {
         "seed": cfg.seed,
         "min_prompt_tokens": cfg.min_prompt_tokens,
         "max_prompt_tokens": cfg.max_prompt_tokens,
         "holdout_per_domain": cfg.holdout_per_domain,
+        "holdout_from": None if cfg.holdout_from is None else redact_url(cfg.holdout_from),
         "total_prompts": cfg.total_prompts,
         "domain_quotas": dict(cfg.domain_quotas),
         "domain_weights": dict(cfg.domain_weights),
         "dedupe_key": cfg.dedupe_key,
         "mixture_mode": run.mixture_mode(),
     }
+    holdout_from = None
+    if pinned is not None:
+        holdout_from = {
+            "path": settings["holdout_from"],
+            "table": pinned.table_path,
+            "prompt_ids_hash": pinned.ids_hash(),
+            "carried_per_domain": dict(Counter(row["domain"] for row in carried)),
+        }
     report = build_report(
         {s.name: {**_source_info(s), "source_rows": run.source_rows[s.name]} for s in cfg.sources},
         counts,
@@ -424,10 +521,11 @@ def discover_prompts(
         settings,
         run.warnings,
         reason_kinds(q["reason"] for q in quarantine),
+        holdout_from,
     )
     return DiscoveryResult(
-        manifest=_table(kept),
-        holdout=_table(holdout),
+        manifest=_table([p.record() for p in kept]),
+        holdout=_table([p.record() for p in holdout] + carried),
         quarantine=pa.Table.from_pylist(quarantine, schema=QUARANTINE_SCHEMA),
         filtered=pa.Table.from_pylist(filtered, schema=FILTERED_SCHEMA),
         report=report,

@@ -102,9 +102,11 @@ def build_report(
     settings: dict[str, Any],
     warnings: list[str],
     quarantine_reasons: dict[str, int],
+    holdout_from: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
     """`sources`: name -> {domain, path, formats, ...}; `counts`: see funnel_counts;
-    `mixture`: domain -> {available, cap, kept}."""
+    `mixture`: domain -> {available, cap, kept}; `holdout_from`: where a pinned held-out set came
+    from, with `carried_per_domain`, its rows held out as recorded there (no row read here)."""
     by_domain: dict[str, list[dict[str, int]]] = {}
     for by_dom in counts.values():
         for domain, c in by_dom.items():
@@ -112,6 +114,8 @@ def build_report(
     domains = {d: sum_counts(rows) for d, rows in sorted(by_domain.items())}
     per_source = {name: sum_counts(counts[name].values()) for name in sources}
     totals = sum_counts(per_source.values())
+    carried = (holdout_from or {}).get("carried_per_domain", {})
+    held_per_domain = {d: c["holdout"] + carried.get(d, 0) for d, c in domains.items()}
     return {
         "settings": settings,
         "sources": {name: {**info, **per_source[name]} for name, info in sources.items()},
@@ -120,9 +124,11 @@ def build_report(
             name: {d: dict(c) for d, c in sorted(counts[name].items())} for name in sources
         },
         "totals": totals,
+        # The holdout table: the funnel's held-out rows and any carried from holdout_from.
         "holdout": {
-            "per_domain": {d: c["holdout"] for d, c in domains.items()},
-            "total": totals["holdout"],
+            "per_domain": held_per_domain,
+            "total": sum(held_per_domain.values()),
+            "from": None if holdout_from is None else dict(holdout_from),
         },
         "mixture": {d: dict(m) for d, m in sorted(mixture.items())},
         "quarantine_reasons": dict(quarantine_reasons),
@@ -163,6 +169,19 @@ def _turn_rows(sources: Iterable[Mapping[str, Any]], rows_read: int) -> str:
     return f" (prompts and quarantined rows from {source_rows} rows: prompt_turns every_user)"
 
 
+def _holdout_setting(report: Mapping[str, Any]) -> str:
+    holdout = report["holdout"]
+    if holdout["from"] is None:
+        return f"{report['settings']['holdout_per_domain']} held out per domain"
+    per_domain = ", ".join(f"{d} {n}" for d, n in holdout["per_domain"].items())
+    carried = sum(holdout["from"]["carried_per_domain"].values())
+    return (
+        f"held-out set from holdout_from {holdout['from']['path']} ({per_domain}; {carried} of "
+        f"them not among this run's candidates, held out as recorded there; "
+        f"holdout_per_domain unused)"
+    )
+
+
 def filtered_examples(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """The first few filtered rows of each reason, in the funnel's order."""
     picked: dict[str, list[Mapping[str, Any]]] = {}
@@ -185,15 +204,14 @@ def render_markdown(
         "# Prompt discovery",
         "",
         f"**{totals['kept']}** prompts kept in the manifest over {len(report['domains'])} "
-        f"domain(s); **{totals['holdout']}** held out for the gate; "
+        f"domain(s); **{report['holdout']['total']}** held out for the gate; "
         f"**{totals['malformed']}** rows quarantined; {filtered} filtered; "
         f"{totals['rows_read']} rows read from {len(report['sources'])} source(s)"
         f"{_turn_rows(report['sources'].values(), totals['rows_read'])}.",
         "",
         f"Seed {settings['seed']}; prompt length {settings['min_prompt_tokens']}–"
-        f"{settings['max_prompt_tokens']} tokens; {settings['holdout_per_domain']} held out "
-        f"per domain; dedupe key: {settings['dedupe_key']}; mixture mode: "
-        f"{settings['mixture_mode']}.",
+        f"{settings['max_prompt_tokens']} tokens; {_holdout_setting(report)}; dedupe key: "
+        f"{settings['dedupe_key']}; mixture mode: {settings['mixture_mode']}.",
         "",
         "## Per domain",
         "",
