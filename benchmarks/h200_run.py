@@ -241,19 +241,33 @@ The sessions, in order:
    ready in 155 s, the plain request 50 s, generation 190 s (143 s of requests): ~8.5 min from
    the first call to the end of generation. Its draft then stopped at step 200 (too little
    device time left: the session had first lost ~700 s to a machine taken back).
-6. More data, if the curve asks for it (not run): the profile regenerates one prompt per ShareGPT
-   conversation, its first turn. With `prompt_turns: every_user` on the sharegpt source and
-   `domain_quotas` removed, the same packages give 39,632 prompts instead of 14,790 (2.68x, 9.1x
-   the prompt tokens: later turns carry their context; 3.07x with max_prompt_tokens 1280;
-   benchmarks/prompt_headroom.py, BENCHMARKS P21). By run 15's pace that is ~3.9x its
-   regeneration's replies (~11 min, and the prefill of 9x the prompt tokens) and, at ~580 tokens a
-   sequence, ~7x its training tokens per epoch (~1,400 steps, ~10.5 min at 0.45 s a step): a run of
-   several sessions, the draft crossing them as a checkpoint (above), and the regeneration
-   (~52 MB with prompts/, ~65 MB at 1280) in parts, `node generation K`. Off the node:
-   `eaglescale run --params deployments/params/qwen25-coder.yaml --run-root NEW --set
-   discover.sources[0].prompt_turns=every_user --set discover.domain_quotas={}`; `node start
-   --set` takes SECTION.KEY only, so for the node `prepare --profile` a copy of the profile so
-   edited.
+6. More data, the curve asks for it (run 20: ~2.5x for 1.3x; not run yet): a prompt per ShareGPT
+   user turn instead of its first (`prompt_turns: every_user`, the domain quota lifted), gated on
+   run 15's held-out prompts (`discover.holdout_from`, so that the new draft is a point of the
+   same curve and comparable with every earlier gate). `prepare --set` makes that discovery here
+   without a copied profile; a later session's prepare repeats the same --set (the carried
+   prompts' marker holds the discover section's hash; the held-out set is hashed by its prompt
+   ids, so run 15's folder may be unpacked anywhere):
+
+       tar -xf benchmarks/results/real-run-node/run-15/generation.tar -C /tmp/run-15 run/prompts run/run.json
+       .venv/bin/python benchmarks/h200_run.py prepare --bundle DIR --profile deployments/params/qwen25-coder.yaml \
+           --set 'discover.sources[0].prompt_turns=every_user' --set 'discover.domain_quotas={}' \
+           --set discover.holdout_from=/tmp/run-15/run
+       python3 benchmarks/h200_run.py node start --plan qwen-generate --budget S   # with the last part
+
+   Discovered here (2026-12-05, 2 cores, 2 min 36 s): 39,666 prompts (31,765 general chat, 7,770
+   coding, 131 HumanEval: 3.87x run 15's 10,245, every one of which is among them), run 15's 96
+   held-out prompts exactly, 92 other turns of their conversations filtered as contaminated;
+   prompts/ 25.7 MB; 15.8 M prompt tokens, 9x run 15's (P21). By run 15's pace the regeneration
+   is ~4x its replies (~11 min, and the prefill of 9x the prompt tokens) and, at ~600 tokens a
+   sequence, ~7x its training tokens per epoch (~1,600 steps, ~13 min at 0.5 s a step): a run of
+   several sessions. A generation its session cannot finish stops while its way back still fits
+   (Pipeline.watch_generation: SIGTERM, every shard journals what it has; status.json's generate
+   step says `stopped`), travels with its uncommitted shards' journals (`node wait`; `node
+   generation K` when generation.txt says so), and the next session's `prepare --run-from` (with
+   the same --set) carries it to a node that resumes it, sending only the requests no journal
+   holds (tests/test_h200_runner.py). The draft then trains watched and crosses sessions as a
+   checkpoint (above: `node checkpoint K`, `prepare --checkpoint-from`), and qwen-gate gates it.
 
 A gate cut short still leaves every launch it measured (gate/progress.json), but no decision; the
 report says which goals it could not judge.
