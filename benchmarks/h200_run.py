@@ -253,7 +253,7 @@ The sessions, in order:
        .venv/bin/python benchmarks/h200_run.py prepare --bundle DIR --profile deployments/params/qwen25-coder.yaml \
            --set 'discover.sources[0].prompt_turns=every_user' --set 'discover.domain_quotas={}' \
            --set discover.holdout_from=/tmp/run-15/run
-       python3 benchmarks/h200_run.py node start --plan qwen-generate --budget S   # with the last part
+       python3 benchmarks/h200_run.py node start --plan qwen-generate --set train.epochs=3 --budget S   # with the last part
 
    Discovered here (2026-12-05, 2 cores, 2 min 36 s): 39,666 prompts (31,765 general chat, 7,770
    coding, 131 HumanEval: 3.87x run 15's 10,245, every one of which is among them), run 15's 96
@@ -267,7 +267,9 @@ The sessions, in order:
    generation K` when generation.txt says so), and the next session's `prepare --run-from` (with
    the same --set) carries it to a node that resumes it, sending only the requests no journal
    holds (tests/test_h200_runner.py). The draft then trains watched and crosses sessions as a
-   checkpoint (above: `node checkpoint K`, `prepare --checkpoint-from`), and qwen-gate gates it.
+   checkpoint (above: `node checkpoint K`, `prepare --checkpoint-from`), at 3 epochs as every
+   point of run 20's curve (~4,800 steps, ~40 min: three sessions or more beside their payloads,
+   each carrying the 1.27 GB checkpoint in 33 more parts), and qwen-gate gates it.
 
 A gate cut short still leaves every launch it measured (gate/progress.json), but no decision; the
 report says which goals it could not judge.
