@@ -61,7 +61,7 @@ def test_rate_window_keeps_only_trailing_seconds() -> None:
     assert w.totals(now=100.0) == (0.0, 0.0)
 
 
-def _tracker(tmp_path: Path, clock: Clock, **kw: float) -> ProgressTracker:
+def _tracker(tmp_path: Path, clock: Clock, reused_from: str | None = None, **kw: float) -> ProgressTracker:
     shards = {"s0": {"requests": 10}, "s1": {"requests": 10}, "s2": {"requests": 20}}
     return ProgressTracker(
         RunFolder(str(tmp_path / "run")),
@@ -71,6 +71,7 @@ def _tracker(tmp_path: Path, clock: Clock, **kw: float) -> ProgressTracker:
         interval_s=30.0,
         clock=clock,
         window_s=kw.get("window_s", 300.0),
+        reused_from=reused_from,
     )
 
 
@@ -154,6 +155,24 @@ def test_window_rate_diverges_from_lifetime_after_a_slowdown(tmp_path: Path) -> 
     assert rate["window_s"] == 100.0
 
 
+def test_reused_requests_are_done_but_never_sent_nor_in_the_rate(tmp_path: Path) -> None:
+    """generate.reuse_from: requests copied from an earlier run count as done and as reused,
+    not as sent, and requests sent per request is over the others (1.0: none sent twice)."""
+    clock = Clock(0.0)
+    tracker = _tracker(tmp_path, clock, reused_from="s3://runs/first-user")
+    tracker.mark_committed("s0", requests=10, prompt_tokens=100, completion_tokens=500, sent=4, reused=6)
+    clock.t = 10.0
+    # s1's journal holds 5 reused outcomes (no send) and 1 generated after 2 sends
+    tracker.mark_resumed("s1", requests=6, prompt_tokens=60, completion_tokens=300, sent=2, reused=5)
+    tracker.record("s1", requests=2, prompt_tokens=20, completion_tokens=100)
+    snap = tracker.snapshot()
+    assert snap["reused"] == {"requests": 11, "from": "s3://runs/first-user"}
+    assert snap["requests"]["done"] == 18 and snap["requests"]["done_this_run"] == 2
+    assert (snap["requests"]["sent"], snap["requests"]["sent_per_request"]) == (8, 8 / 7)
+    assert snap["rate"]["lifetime_tokens_per_s"] == 10.0  # the 100 tokens generated here only
+    assert _tracker(tmp_path, clock).snapshot()["reused"] == {"requests": 0, "from": None}
+
+
 def test_mark_resumed_replaces_shard_counts(tmp_path: Path) -> None:
     clock = Clock(0.0)
     tracker = _tracker(tmp_path, clock)
@@ -195,6 +214,7 @@ def test_write_heartbeat_interval_and_file(tmp_path: Path) -> None:
         "stall_after_s",
         "state",
         "requests",
+        "reused",
         "tokens",
         "rate",
         "eta_s",

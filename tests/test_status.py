@@ -119,6 +119,7 @@ def test_read_status_counts(tmp_path: Path) -> None:
         # markers from before sends and servers were counted: one send each, no server split
         "requests_sent": 40,
         "sent_per_request": 1.0,
+        "reused": 0,  # none taken from an earlier run (generate.reuse_from)
         "per_server": None,
     }
     assert gen["overall"] is None  # not complete

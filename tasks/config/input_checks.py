@@ -1,6 +1,7 @@
 """The check before anything starts: every input path the stages of this process will read
 exists (the model folder, the chat template file, the sources and an earlier run's holdout, the
-gate's interpreter), named in its absolute form and with what it was relative to."""
+earlier run whose generation is reused, the gate's interpreter), named in its absolute form and
+with what it was relative to."""
 
 from __future__ import annotations
 
@@ -51,6 +52,12 @@ def _input_problem(origin: PathOrigin) -> str | None:
         return None if os.path.exists(value) else f"no file or folder at {value}"
     if origin.key == "discover.holdout_from":  # a run root (a folder) or the parquet file itself
         return None if os.path.exists(value) else f"no {origin.what} at {value}"
+    if origin.key == "generate.reuse_from":  # a run root: generation reads its committed shards
+        if os.path.isdir(value):
+            return None
+        if os.path.exists(value):
+            return f"{value} is a file, not a run folder"
+        return f"no {origin.what} at {value}"
     if os.path.isfile(value):
         return None
     return f"no {origin.what} at {value}"
@@ -60,6 +67,9 @@ def _needs_locally(config: EagleScaleConfig, key: str) -> bool:
     """Whether the stages this process runs read the input at `key` (others run elsewhere)."""
     if key.startswith("discover."):
         return "discover" in config.stages
+    if key.startswith("generate."):  # read by the generate stage, wherever it runs
+        deployed = "generate" in config.orchestration.stage_deployments
+        return "generate" in config.stages and not deployed
     if key.startswith("gate."):
         gate_here = "gate" in config.stages and "gate" not in config.orchestration.stage_deployments
         # The interpreter launches SGLang servers (the only gate input checked before the run).

@@ -41,6 +41,7 @@ PATH_KEYS: tuple[PathKey, ...] = (
     PathKey("target.chat_template", "input", "chat template file"),
     PathKey("discover.sources[].path", "input", "source file, glob or folder"),
     PathKey("discover.holdout_from", "input", "run folder or holdout parquet file"),
+    PathKey("generate.reuse_from", "input", "earlier run folder"),
     PathKey("gate.registry_url", "output", "registry folder"),
     PathKey("gate.python", "input", "Python interpreter"),
     PathKey("gate.challengers[].path", "optional", "challenger draft folder"),

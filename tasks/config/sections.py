@@ -247,6 +247,16 @@ class GenerateConfig(ShardLeaseConfig):
     retry_dead: bool = Field(False, description="Rerun only the dead letters of committed shards.")
     shard_retries: int = Field(2, ge=0, description="Prefect retries of a failed shard task.")
     shard_retry_delay_s: float = Field(30.0, ge=0)
+    reuse_from: str | None = Field(
+        None,
+        description="An earlier run's root (local path or fsspec URL) whose committed generation "
+        "rows are reused for the same prompts instead of generated again: a grown prompt set "
+        "(e.g. ShareGPT every_user after first_user) sends only its new prompts. Its run.json must "
+        "record this run's target and sampling (else refused before any request, naming each "
+        "differing field) and it must hold a committed generation shard. Reused rows are "
+        "journaled here under an attempt named reused-<its fingerprint hash>-..., and counted as "
+        "reused, not sent, in progress.json and the summary. None: every request is generated.",
+    )
 
 
 class ExtractConfig(ShardLeaseConfig):

@@ -3,7 +3,8 @@
 The file is the stall signal that does not depend on a live process: the status command flags
 a run whose heartbeat is older than `stall_after_s`. Shards found committed (or journaled) when
 this process started count as done but never as throughput, so a resumed run's rate and ETA
-describe this process only. All times are epoch seconds.
+describe this process only; so do requests reused from an earlier run (generate.reuse_from), which
+are done without a request sent. All times are epoch seconds.
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ class Counts:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     sent: int = 0  # requests sent to the engine for them, retries included
+    reused: int = 0  # of `requests`, copied from an earlier run: none of them sent
 
     def add(self, other: Counts) -> None:
         self.requests += other.requests
@@ -125,10 +127,12 @@ class Counts:
         self.prompt_tokens += other.prompt_tokens
         self.completion_tokens += other.completion_tokens
         self.sent += other.sent
+        self.reused += other.reused
 
 
 def per_request(sent: int, done: int) -> float | None:
-    """Requests sent per finished request (1.0: nothing sent twice); None before any finished."""
+    """Requests sent per finished request (1.0: nothing sent twice); None before any finished.
+    `done` leaves reused requests out: nothing was sent for them."""
     return sent / done if done > 0 else None
 
 
@@ -160,11 +164,13 @@ class ProgressTracker:
         clock: Callable[[], float] = time.time,
         window_s: float = 300.0,
         first_started_at: float | None = None,
+        reused_from: str | None = None,
     ):
         """`first_started_at`: when generation of this run root began, as an earlier process
         recorded it (see `first_started_at`); the status of a finished run measures its
-        duration from there."""
+        duration from there. `reused_from`: the earlier run generate.reuse_from names."""
         self.run = run
+        self.reused_from = reused_from
         self.max_new_tokens = max_new_tokens
         self.stall_after_s = stall_after_s
         self.interval_s = interval_s
@@ -203,13 +209,15 @@ class ProgressTracker:
         completion_tokens: int,
         dead: int = 0,
         sent: int | None = None,
+        reused: int = 0,
     ) -> None:
         """A shard committed before this process started: done, but not part of the rate.
-        `sent` defaults to one send per request (markers from before sends were counted)."""
+        `sent` defaults to one send per request (markers from before sends were counted);
+        `reused` of the `requests` came from an earlier run."""
         with self._lock:
             shard = self._shard(shard_id)
             shard.before = Counts(
-                requests, dead, prompt_tokens, completion_tokens, _sent(sent, requests)
+                requests, dead, prompt_tokens, completion_tokens, _sent(sent, requests), reused
             )
             shard.now = None
             shard.state = "committed"
@@ -222,6 +230,7 @@ class ProgressTracker:
         completion_tokens: int,
         dead: int = 0,
         sent: int | None = None,
+        reused: int = 0,
     ) -> bool:
         """A shard another worker committed while this process ran: done, not part of this
         process's rate, but activity for the stall check. False when already committed."""
@@ -230,7 +239,7 @@ class ProgressTracker:
             if shard.state == "committed":
                 return False
             shard.before = Counts(
-                requests, dead, prompt_tokens, completion_tokens, _sent(sent, requests)
+                requests, dead, prompt_tokens, completion_tokens, _sent(sent, requests), reused
             )
             shard.now = None
             shard.state = "committed"
@@ -246,8 +255,10 @@ class ProgressTracker:
         completion_tokens: int,
         dead: int = 0,
         sent: int | None = None,
+        reused: int = 0,
     ) -> None:
-        """Requests a shard attempt recovered from its journal: done, not part of the rate.
+        """Requests a shard attempt recovered from its journal (`reused` of them journaled from
+        an earlier run): done, not part of the rate.
 
         Replaces what was counted for the shard so far, so a retried attempt that replays
         results recorded earlier by this process does not count them twice.
@@ -255,7 +266,7 @@ class ProgressTracker:
         with self._lock:
             shard = self._shard(shard_id)
             shard.before = Counts(
-                requests, dead, prompt_tokens, completion_tokens, _sent(sent, requests)
+                requests, dead, prompt_tokens, completion_tokens, _sent(sent, requests), reused
             )
             shard.now = None
 
@@ -351,9 +362,11 @@ class ProgressTracker:
                 "dead": totals.dead,
                 "done_this_run": self._generated.requests,
                 "sent": totals.sent,
-                "sent_per_request": per_request(totals.sent, totals.requests),
+                "sent_per_request": per_request(totals.sent, totals.requests - totals.reused),
                 "sent_this_run": self._generated.sent,
             },
+            # done without a request: copied from the earlier run generate.reuse_from names
+            "reused": {"requests": totals.reused, "from": self.reused_from},
             "tokens": {
                 "prompt_done": totals.prompt_tokens,
                 "completion_done": totals.completion_tokens,

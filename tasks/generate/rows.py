@@ -40,6 +40,15 @@ DEAD_SCHEMA = pa.schema(
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
+# The `attempt` of a row copied from an earlier run (generate.reuse_from) instead of generated:
+# reused-<that run's fingerprint hash>-<the journal attempt that copied it>.
+REUSED_ATTEMPT_PREFIX = "reused-"
+
+
+def is_reused(record: dict[str, Any]) -> bool:
+    """Whether a row or journal record came from an earlier run rather than from the engine."""
+    return str(record.get("attempt") or "").startswith(REUSED_ATTEMPT_PREFIX)
+
 
 def to_table(records: Iterable[dict[str, Any]], schema: pa.Schema) -> pa.Table:
     rows = sorted(records, key=lambda r: r["request_id"])

@@ -23,7 +23,7 @@ from tasks.engines.base import (
 )
 from tasks.generate.failures import ShardFailed, dead_fraction_failure
 from tasks.generate.plan import PlannedRequest
-from tasks.generate.rows import DEAD_SCHEMA, ROW_SCHEMA, quality_flags, to_table
+from tasks.generate.rows import DEAD_SCHEMA, ROW_SCHEMA, is_reused, quality_flags, to_table
 from tasks.runfolder import (
     CorruptShard,
     JournalWriter,
@@ -49,12 +49,15 @@ class ShardOutcome:
     torn_lines: int
     marker: dict[str, Any]
     sent: int = 0  # requests sent to the engine for this shard, over every journaled attempt
+    reused: int = 0  # rows copied from an earlier run (generate.reuse_from), none of them sent
 
 
 def sends(record: dict[str, Any]) -> int:
     """Requests sent to the engine for one journaled outcome (retries included); 1 for
-    records journaled before outcomes carried their attempts."""
-    return int(record.get("attempts") or 1)
+    records journaled before outcomes carried their attempts, 0 for a row reused from an
+    earlier run (generate.reuse_from)."""
+    attempts = record.get("attempts")
+    return 1 if attempts is None else int(attempts)
 
 
 @dataclass
@@ -141,8 +144,9 @@ def run_shard(
     elif marker is not None:
         if not (retry_dead and marker.get("dead", 0) > 0):
             sent = marker.get("requests_sent", marker["rows"] + marker["dead"])
+            reused = marker.get("reused", 0)
             return ShardOutcome(
-                shard_id, "skipped", marker["rows"], marker["dead"], 0, 0, 0, marker, sent
+                shard_id, "skipped", marker["rows"], marker["dead"], 0, 0, 0, marker, sent, reused
             )
         # retry-dead: keep the committed rows, rerun only the dead keys.
         committed_rows = {r["request_id"]: r for r in store.read_rows(marker).to_pylist()}
@@ -189,13 +193,17 @@ def run_shard(
     )
     if planned and dead_table.num_rows / len(planned) > max_dead_fraction:
         raise dead_fraction_failure(shard_id, len(planned), dead_table, max_dead_fraction)
+    reused = sum(is_reused(ok[p.request_id]) for p in planned if p.request_id in ok)
     extra = {
         "prompt_tokens": sum(rows.column("prompt_tokens").to_pylist()),
         "completion_tokens": sum(rows.column("completion_tokens").to_pylist()),
         "quality": quality_flags(rows),
         "dead_classes": dict(Counter(dead_table.column("error_class").to_pylist())),
-        # requests sent per planned request = requests_sent / (rows + dead); 1.0: none twice
+        # requests sent per generated request = requests_sent / (rows + dead - reused); 1.0:
+        # none twice
         "requests_sent": sent,
+        # rows copied from an earlier run (generate.reuse_from): done, but never sent
+        "reused": reused,
         # committed rows per server, so a finished run can say who generated what
         "servers": dict(Counter(rows.column("server").to_pylist())),
     }
@@ -222,6 +230,7 @@ def run_shard(
         torn,
         result.marker,
         sent,
+        reused,
     )
 
 

@@ -16,7 +16,10 @@ from tasks.engines.factory import get_engine
 from tasks.generate.failures import GenerateFailed, ShardStopped, generate_failed
 from tasks.generate.plan import ShardPlan, load_or_plan_shards, planned_requests, shard_prompt_ids
 from tasks.generate.progress import ProgressTracker, first_started_at
+from tasks.generate.reuse import EarlierRun, open_earlier_run
+from tasks.generate.rows import is_reused
 from tasks.generate.shard import STAGE, ShardOutcome, run_shard
+from tasks.redaction import redact_url
 from tasks.runfolder import Lease, LeaseLost, LeaseTable, LeaseView, RunFolder, ShardStore
 from tasks.runfolder.layout import GENERATE_PROGRESS
 from tasks.runfolder.schedule import run_under_lease
@@ -25,20 +28,26 @@ from tasks.target.tokenizer import render_prompt_ids
 log = logging.getLogger(__name__)
 
 
-def generation_fingerprint(cfg: EagleScaleConfig, run: RunFolder, tokenizer: Any) -> str:
-    """The run's fingerprint hash for generation, found as extraction finds its own: the
-    committed discovery marker (its manifest hash), the target's identity and the config,
-    recorded in run.json on a fresh run and checked against it on a resumed one (a mismatch
-    raises naming the differing fields, unless allow_fingerprint_change)."""
+def current_fingerprint(cfg: EagleScaleConfig, run: RunFolder, tokenizer: Any) -> dict[str, Any]:
+    """The run's fingerprint for generation as this configuration gives it: the committed
+    discovery marker (its manifest hash), the target's identity and the config."""
     from tasks.fingerprint_fields import run_fingerprint
-    from tasks.runfolder import ensure_fingerprint
     from tasks.target.identity import target_identity
 
     marker = discovery_marker(run)
     if marker is None:
         raise RuntimeError(f"{run.url}: no committed prompts/; run the discover stage first")
     identity = target_identity(cfg.target.model_path, cfg.target.revision, tokenizer)
-    fingerprint = run_fingerprint(cfg, identity, marker["manifest_hash"])
+    return run_fingerprint(cfg, identity, marker["manifest_hash"])
+
+
+def generation_fingerprint(cfg: EagleScaleConfig, run: RunFolder, tokenizer: Any) -> str:
+    """The run's fingerprint hash for generation, found as extraction finds its own
+    (`current_fingerprint`), recorded in run.json on a fresh run and checked against it on a
+    resumed one (a mismatch raises naming the differing fields, unless allow_fingerprint_change)."""
+    from tasks.runfolder import ensure_fingerprint
+
+    fingerprint = current_fingerprint(cfg, run, tokenizer)
     return ensure_fingerprint(run, fingerprint, cfg.allow_fingerprint_change)
 
 
@@ -83,6 +92,8 @@ class GenerateStage:
         self.stopping = False
         self._prepared_attempts: dict[str, str | None] = {}
         self._damaged: dict[str, str] = {}  # shard -> what prepare() found wrong with its files
+        self._earlier: EarlierRun | None = None  # generate.reuse_from, checked by prepare()
+        reuse_from = self.cfg.generate.reuse_from
         k = self.cfg.sampling.samples_per_prompt
         try:
             previous = self.run.read_json(GENERATE_PROGRESS)
@@ -95,11 +106,19 @@ class GenerateStage:
             stall_after_s=self.cfg.generate.stall_after_s,
             interval_s=self.cfg.generate.progress_interval_s,
             first_started_at=first_started_at(previous),
+            reused_from=None if reuse_from is None else redact_url(reuse_from),
         )
 
     def prepare(self) -> list[str]:
         """Clean up after crashes and return the shards still to run, in plan order (some
-        may be leased by other workers right now: `claimable` says which to start)."""
+        may be leased by other workers right now: `claimable` says which to start).
+
+        With generate.reuse_from, the earlier run is checked first: one this run cannot reuse
+        is refused here, before any request is sent and before anything is written."""
+        reuse_from = self.cfg.generate.reuse_from
+        if reuse_from is not None:
+            fingerprint = current_fingerprint(self.cfg, self.run, self.tokenizer)
+            self._earlier = open_earlier_run(reuse_from, self.cfg.storage_options, fingerprint)
         self.store.cleanup(protected=self.leases.live_shards)
         committed = self.store.committed()
         self._prepared_attempts = {s: m.get("attempt") for s, m in committed.items()}
@@ -126,6 +145,7 @@ class GenerateStage:
                     marker.get("completion_tokens", 0),
                     dead=marker["dead"],
                     sent=marker.get("requests_sent"),
+                    reused=marker.get("reused", 0),
                 )
         self.progress.write()
         return pending
@@ -216,9 +236,16 @@ class GenerateStage:
                 sum(r.get("completion_tokens", 0) for r in ok.values()),
                 dead=len(dead),
                 sent=sent,
+                reused=sum(is_reused(r) for r in ok.values()),
             )
 
         try:
+            # Under the shard's lease, so its journal has one writer; a marked shard (another
+            # worker's commit, a damaged or retry-dead one) is left to run_shard as it is.
+            if self._earlier is not None and self.store.marker(shard_id) is None:
+                self._earlier.journal_reused(
+                    self.store, shard_id, planned, self.cfg.generate.journal_flush_s
+                )
             outcome = run_shard(
                 self.store,
                 shard_id,
@@ -263,6 +290,7 @@ class GenerateStage:
                     marker.get("completion_tokens", 0),
                     dead=marker["dead"],
                     sent=marker.get("requests_sent"),
+                    reused=marker.get("reused", 0),
                 )
         for shard_id, view in views.items():
             if (
@@ -295,6 +323,8 @@ class GenerateStage:
         rows = sum(m["rows"] for m in committed.values())
         done = rows + sum(m["dead"] for m in committed.values())
         sent = sum(m.get("requests_sent", m["rows"] + m["dead"]) for m in committed.values())
+        reused = sum(m.get("reused", 0) for m in committed.values())
+        generated = done - reused  # reused requests were never sent
         return {
             "shards_total": len(self.shards),
             "shards_committed": len(committed),
@@ -306,9 +336,13 @@ class GenerateStage:
             "empty_outputs": quality["empty_output"],
             "unterminated_think": quality["unterminated_think"],
             "dead_classes": dict(dead_classes),
-            # requests sent to the engine, retries included; per request 1.0 = none sent twice
+            # requests sent to the engine, retries included; per request generated (not reused)
+            # 1.0 = none sent twice
             "requests_sent": sent,
-            "sent_per_request": round(sent / done, 4) if done else None,
+            "sent_per_request": round(sent / generated, 4) if generated else None,
+            # rows copied from an earlier run (generate.reuse_from) instead of generated
+            "reused": reused,
+            "reused_from": self.progress.reused_from,
         }
 
     def failure(self, causes: dict[str, BaseException | str]) -> GenerateFailed:

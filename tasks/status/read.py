@@ -191,10 +191,13 @@ def _overall(
 
 def _sent(markers: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Requests sent to the engine for the committed ones (markers from before sends were
-    counted count one each)."""
-    done = sum(m["rows"] + m["dead"] for m in markers.values())
+    counted count one each), per request not reused from an earlier run (nothing was sent for
+    those), and how many were reused."""
+    reused = sum(m.get("reused", 0) for m in markers.values())
+    generated = sum(m["rows"] + m["dead"] for m in markers.values()) - reused
     sent = sum(m.get("requests_sent", m["rows"] + m["dead"]) for m in markers.values())
-    return {"requests_sent": sent, "sent_per_request": sent / done if done else None}
+    per_request = sent / generated if generated else None
+    return {"requests_sent": sent, "sent_per_request": per_request, "reused": reused}
 
 
 def _committed_per_server(markers: dict[str, dict[str, Any]]) -> dict[str, int] | None:

@@ -123,10 +123,13 @@ def _overview(status: dict[str, Any]) -> Table:
     return grid
 
 
-def _sends(sent: int | None, per_request: float | None) -> str:
+def _sends(sent: int | None, per_request: float | None, reused: int | None = None) -> str:
     if sent is None or per_request is None:
-        return "—"
-    return f"{sent:,} requests to the engine, {per_request:.3f} per request"
+        line = "—"
+    else:
+        line = f"{sent:,} requests to the engine, {per_request:.3f} per request"
+    # generate.reuse_from: done without a request, so left out of the per-request figure
+    return f"{line}; {reused:,} reused from an earlier run" if reused else line
 
 
 def _throughput(prog: dict[str, Any], now: float) -> Table:
@@ -143,7 +146,8 @@ def _throughput(prog: dict[str, Any], now: float) -> Table:
         "ETA", "—" if eta is None else f"{format_duration(eta)} → {_when(prog['eta_at'], now)}"
     )
     req = prog.get("requests") or {}
-    grid.add_row("sent", _sends(req.get("sent"), req.get("sent_per_request")))
+    reused = (prog.get("reused") or {}).get("requests")
+    grid.add_row("sent", _sends(req.get("sent"), req.get("sent_per_request"), reused))
     grid.add_row("heartbeat", _when(prog["heartbeat_at"], now))
     grid.add_row("last result", _when(prog.get("last_progress_at"), now))
     return grid
@@ -163,7 +167,10 @@ def _finished(gen: dict[str, Any], now: float) -> Table:
     )
     grid.add_row("started", _when(overall["started_at"], now))
     grid.add_row("finished", _when(overall["finished_at"], now))
-    grid.add_row("sent", _sends(committed["requests_sent"], committed["sent_per_request"]))
+    grid.add_row(
+        "sent",
+        _sends(committed["requests_sent"], committed["sent_per_request"], committed["reused"]),
+    )
     return grid
 
 
