@@ -252,14 +252,18 @@ The sessions, in order:
        tar -xf benchmarks/results/real-run-node/run-15/generation.tar -C /tmp/run-15 run/prompts run/run.json
        .venv/bin/python benchmarks/h200_run.py prepare --bundle DIR --profile deployments/params/qwen25-coder.yaml \
            --set 'discover.sources[0].prompt_turns=every_user' --set 'discover.domain_quotas={}' \
-           --set discover.holdout_from=/tmp/run-15/run
+           --set discover.holdout_from=/tmp/run-15/run \
+           --reuse-from benchmarks/results/real-run-node/run-15/generation.tar
        python3 benchmarks/h200_run.py node start --plan qwen-generate --set train.epochs=3 --budget S   # with the last part
 
    Discovered here (2026-12-05, 2 cores, 2 min 36 s): 39,666 prompts (31,765 general chat, 7,770
    coding, 131 HumanEval: 3.87x run 15's 10,245, every one of which is among them), run 15's 96
    held-out prompts exactly, 92 other turns of their conversations filtered as contaminated;
-   prompts/ 25.7 MB; 15.8 M prompt tokens, 9x run 15's (P21). By run 15's pace the regeneration
-   is ~4x its replies (~11 min, and the prefill of 9x the prompt tokens) and, at ~600 tokens a
+   prompts/ 25.7 MB; 15.8 M prompt tokens, 9x run 15's (P21). `--reuse-from` carries run 15's
+   generation (9.1 MB) beside the run folder, and the node's generate stage journals its replies
+   for the 10,245 prompts they share (generate.reuse_from: same target and sampling, else refused
+   before any request), so it sends the other 29,421. By run 15's pace the regeneration is ~2.9x
+   its replies (~8 min, and the prefill of 9x the prompt tokens) and, at ~600 tokens a
    sequence, ~7x its training tokens per epoch (~1,600 steps, ~13 min at 0.5 s a step): a run of
    several sessions. A generation its session cannot finish stops while its way back still fits
    (Pipeline.watch_generation: SIGTERM, every shard journals what it has; status.json's generate
@@ -335,6 +339,10 @@ def main() -> int:
                    "variants instead of training SpecForge's again (needs --run-from, the generation it was trained on)")  # fmt: skip
     p.add_argument("--profile", default=str(node_env.PROFILE), help="the run's profile, inside this repository (default: SmolLM2's); "
                    "its target's wheels travel in the payload and every node step reads it")  # fmt: skip
+    p.add_argument("--reuse-from", help="an earlier run's complete generation.tar (run 15's: benchmarks/results/"
+                   "real-run-node/run-15/generation.tar) of the same target and sampling: it travels beside the run "
+                   "folder, and the node's generation reuses its replies for the prompts they share "
+                   "(generate.reuse_from), sending only the others")  # fmt: skip
     p.add_argument("--set", dest="discover_sets", action="append", default=[], metavar="discover.KEY=VALUE",
                    help="an override of the profile's discover section for the discovery made here, as `eaglescale run "
                    "--set` spells it (list items too: discover.sources[0].prompt_turns=every_user); repeatable. The "

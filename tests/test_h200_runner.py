@@ -979,7 +979,7 @@ def test_prepare_refuses_a_checkpoint_it_cannot_carry_before_anything_is_downloa
     def prepare(**given: str) -> tuple[int, str]:
         args = {"bundle": str(bundle), "profile": str(QWEN), "run_from": None, "draft_from": None,
                 "checkpoint_from": None, "scaling_from": None, "anchor_from": None, "target_wheels": None,
-                "discover_sets": [], **given}  # fmt: skip
+                "reuse_from": None, "discover_sets": [], **given}  # fmt: skip
         code = payload.prepare(argparse.Namespace(**args))
         return code, capsys.readouterr().err
 
@@ -993,6 +993,8 @@ def test_prepare_refuses_a_checkpoint_it_cannot_carry_before_anything_is_downloa
     assert code == 2 and "prepare --scaling-from needs --draft-from" in said
     code, said = prepare(run_from=str(stopped), draft_from="drafts.tar")
     assert code == 2 and f"{stopped}: its generation was stopped before its end" in said and "--draft-from" in said
+    code, said = prepare(reuse_from=str(stopped))
+    assert code == 2 and f"{stopped}: its generation is not complete" in said
     code, said = prepare(discover_sets=["sampling.max_new_tokens=512"])
     assert code == 2 and "prepare --set sampling.max_new_tokens=512: only discover.*" in said
     code, said = prepare(discover_sets=["discover.sources[0].prompt_turns=every_turn"])
@@ -1335,3 +1337,68 @@ def test_a_generation_its_session_cannot_finish_stops_in_time_travels_and_resume
         assert list(again.glob("generation.tar.part-*"))
     finally:
         server.stop()
+
+
+def test_a_grown_run_on_the_node_reuses_the_replies_of_the_earlier_run_its_payload_carried(
+    tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`prepare --reuse-from` unpacks an earlier run's complete generation beside the run folder
+    (a stopped one is refused, naming the file), and the node's generate stage (the real CLI)
+    reuses its replies for the prompts they share: here every prompt, so the run completes with
+    every row reused and byte for byte the earlier replies."""
+    import json
+    import shutil
+    import tarfile
+
+    import httpx
+    import pyarrow.parquet as pq
+    import yaml
+
+    from tasks.standins.server import ServerProcess
+    from tests.draft_support import extracted_run
+    from tests.run_support import cli_env
+
+    earlier = tmp_path / "earlier"
+    _, params = extracted_run(tmp_path_factory.getbasetemp(), tiny_target_dir, earlier)
+    _on_node(monkeypatch, earlier)
+    out = tmp_path / "out"
+    out.mkdir()
+    travel.collect_generation(out)  # the earlier run's generation.tar, as `node wait` brings it back
+    packed = tmp_path / "generation.tar"
+    packed.write_bytes(b"".join(p.read_bytes() for p in sorted(out.glob("generation.tar.part-*"))))
+    node = tmp_path / "node"
+    travel.unpack_reuse_from(packed, node / "src")
+    stopped = tmp_path / "stopped.tar"  # the same without its _COMPLETE: a generation its session stopped
+    with tarfile.open(packed) as src, tarfile.open(stopped, "w") as dst:
+        for member in src.getmembers():
+            if member.name != "run/generate/_COMPLETE":
+                dst.addfile(member, src.extractfile(member) if member.isfile() else None)
+    with pytest.raises(ValueError, match=r"stopped\.tar: its generation is not complete"):
+        travel.unpack_reuse_from(stopped, tmp_path / "bad")
+    assert not (tmp_path / "bad/reuse-from").exists()
+    # The grown run: here the same prompts, discovered (its prompts/ and nothing generated), on a
+    # server as the node's generation is (the engine is in no fingerprint).
+    (node / "run").mkdir()
+    shutil.copytree(earlier / "run/prompts", node / "run/prompts")
+    profile = yaml.safe_load(params.read_text())
+    profile["engine"] = {"kind": "sglang", "endpoints": ["http://127.0.0.1:9"]}
+    (node / "profile.yaml").write_text(yaml.safe_dump(profile))
+    monkeypatch.setattr(node_env, "NODE", node)
+    monkeypatch.setenv("H200_PROFILE", str(node / "profile.yaml"))
+    assert travel.carried_reuse() == node / travel.CARRIED_REUSE
+    pipeline = node_pipeline.Pipeline()
+    pipeline.env = {**cli_env(node, OMP_NUM_THREADS="1"), "PYTHONPATH": str(node_env.REPO)}
+    server = ServerProcess(["--simulate", "--vocab-size", "2048"])
+    try:
+        pipeline.generate(server.url)
+        assert httpx.get(f"{server.url}/_stats").json()["generate_requests"] == 0
+    finally:
+        server.stop()
+    progress = json.loads((node / "run/generate/progress.json").read_text())
+    assert (node / "run/generate/_COMPLETE").is_file()
+    assert progress["reused"]["requests"] == progress["requests"]["total"] > 0
+    mine = {r["prompt_id"]: r["output_ids"] for p in sorted((node / "run/generate/data").glob("*.parquet"))
+            for r in pq.read_table(p).to_pylist()}  # fmt: skip
+    theirs = {r["prompt_id"]: r["output_ids"] for p in sorted((earlier / "run/generate/data").glob("*.parquet"))
+              for r in pq.read_table(p).to_pylist()}  # fmt: skip
+    assert mine == theirs

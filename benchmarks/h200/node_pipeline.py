@@ -44,6 +44,7 @@ from benchmarks.h200.travel import (
     SCALING_ROOT,
     carried,
     carried_anchor,
+    carried_reuse,
     checkpoint_members,
     generation_bytes,
     generation_travel_s,
@@ -703,13 +704,15 @@ class Pipeline:
 
     def generate(self, endpoint: str) -> None:
         """The generate stage against `endpoint`, watched against the session's device time
-        (watch_generation). A generation that an earlier pass on this machine stopped resumes
+        (watch_generation), reusing the replies of the earlier run the payload carried (`prepare
+        --reuse-from`: generate.reuse_from) for the prompts they share. A generation that an earlier pass on this machine stopped resumes
         here, so what that pass packed is dropped first: the one that travels is packed anew."""
         if (node_env.NODE / GENERATION_STOPPED).is_file():
             for stale in (node_env.NODE / "generation.tar", node_env.NODE / GENERATION_STOPPED):
                 stale.unlink(missing_ok=True)
             shutil.rmtree(node_env.NODE / "generation", ignore_errors=True)
-        self.stage("generate", f"engine.endpoints=[{endpoint}]", watch=self.watch_generation)
+        reuse = [f"generate.reuse_from={path}"] if (path := carried_reuse()) else []  # prepare --reuse-from
+        self.stage("generate", f"engine.endpoints=[{endpoint}]", *reuse, watch=self.watch_generation)
 
     def watch_generation(self, proc: subprocess.Popen[bytes]) -> None:
         """Follows the generate stage to its end, unless the session's device time (`node start

@@ -27,6 +27,7 @@ from benchmarks.h200.travel import (
     unpack_checkpoint,
     unpack_draft,
     unpack_generation,
+    unpack_reuse_from,
     unpack_scaling_drafts,
 )
 
@@ -189,7 +190,7 @@ def prepare(args: argparse.Namespace) -> int:
         return 2
     carried = {"generation": False, "draft": bool(args.draft_from),
                "checkpoint": bool(args.checkpoint_from), "scaling": bool(args.scaling_from),
-               "anchor": bool(args.anchor_from)}  # fmt: skip
+               "anchor": bool(args.anchor_from), "reuse": bool(args.reuse_from)}  # fmt: skip
     try:  # an earlier session's prompts, regenerated shards, draft or checkpoint, checked before the downloads
         if args.run_from:
             carried["generation"] = run_holds(unpack_generation(Path(args.run_from), src))["generation"]
@@ -206,8 +207,11 @@ def prepare(args: argparse.Namespace) -> int:
             unpack_scaling_drafts(Path(args.scaling_from), src)
         if args.anchor_from:
             unpack_anchor(Path(args.anchor_from), src)
+        if args.reuse_from:
+            unpack_reuse_from(Path(args.reuse_from), src)
     except (OSError, ValueError, tarfile.TarError) as e:
-        print(f"prepare --run-from/--draft-from/--checkpoint-from/--scaling-from/--anchor-from: {e}", file=sys.stderr)
+        print(f"prepare --run-from/--draft-from/--checkpoint-from/--scaling-from/--anchor-from/--reuse-from: {e}",
+              file=sys.stderr)  # fmt: skip
         return 2
     with (src / "bundle.tar.xz").open("wb") as out:
         for part in parts:
@@ -266,6 +270,8 @@ def prepare(args: argparse.Namespace) -> int:
         tar.add(run_root, "run")
         if (src / "specforge").is_dir():
             tar.add(src / "specforge", "specforge")
+        if (src / "reuse-from").is_dir():
+            tar.add(src / "reuse-from", "reuse-from")
         for whl in target:
             tar.add(whl, f"wheels/{whl.name}")
         tar.add(src / "bundle.tar.xz", "bundle.tar.xz")

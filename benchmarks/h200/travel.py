@@ -150,6 +150,29 @@ def unpack_generation(packed: Path, dest: Path) -> Path:
     return dest / "run"
 
 
+# An earlier run's complete generation whose replies a grown run reuses (`prepare --reuse-from`,
+# generate.reuse_from): in the payload beside the run folder, never sent back.
+CARRIED_REUSE = "src/reuse-from/run"
+
+
+def unpack_reuse_from(packed: Path, dest: Path) -> Path:
+    """An earlier run's generation.tar (a complete one: run 15's is in the repository) unpacked
+    as dest/reuse-from/run, which it returns; refused, naming the file, as unpack_generation
+    refuses, or when its generation is not complete (a stopped one resumes with --run-from)."""
+    run = unpack_generation(packed, dest / "reuse-from")
+    if not run_holds(run)["generation"]:
+        shutil.rmtree(dest / "reuse-from")
+        raise ValueError(f"{packed}: its generation is not complete; what a grown run reuses is a finished run's "
+                         "replies (a stopped generation resumes with --run-from)")  # fmt: skip
+    return run
+
+
+def carried_reuse() -> Path | None:
+    """The earlier run whose replies this node's generation reuses (`prepare --reuse-from`), or None."""
+    path = node_env.NODE / CARRIED_REUSE
+    return path if (path / "run.json").is_file() else None
+
+
 PART_BYTES = 15_000_000  # what comes back in parts (`node wait`'s generation, `node drafts|checkpoint|generation K`), in parts of this many bytes
 PARTS_PER_CALL = 4  # 60 MB: what one call brings back (8 files, 64 MiB together)
 # Device seconds a call that brings back PARTS_PER_CALL parts costs: run 18's four `node drafts`
