@@ -1274,7 +1274,10 @@ def test_a_generation_its_session_cannot_finish_stops_in_time_travels_and_resume
                               sampling={"max_new_tokens": 16}, discover={"total_prompts": prompts},
                               engine={"kind": "sglang", "endpoints": [server.url], "concurrency_per_server": 4},
                               generate={"shard_size": 12, "max_parallel_shards": 2, "progress_interval_s": 1})  # fmt: skip
-        discover_and_fingerprint(load_config(params))  # what prepare's discovery leaves in the payload
+        discover_and_fingerprint(load_config(params))
+        # What prepare's discovery leaves in the payload: prompts/, and no run.json yet (the
+        # generate stage's flow writes it after the watch has begun: run 21's first pass failed so).
+        (node / "run/run.json").unlink()
         monkeypatch.setenv("H200_PROFILE", str(params))
         monkeypatch.setattr(node_pipeline, "GENERATION_POLL_S", 0.2)
         pipeline = pipeline_on(node)

@@ -86,7 +86,13 @@ def generation_travel_s(nbytes: int) -> float:
 def generation_bytes(run: Path) -> int:
     """What pack_generation would pack of `run` now (prompts/ and generate/, leases and committed
     shards' journals aside, which it leaves out): the measure of its way back."""
-    return sum(f.stat().st_size for f in _generation_files(run))
+    total = 0
+    for f in _generation_files(run):
+        try:  # the stage writes run.json after its start, and a journal may be replaced meanwhile
+            total += f.stat().st_size
+        except FileNotFoundError:
+            continue
+    return total
 
 
 def _generation_files(run: Path) -> list[Path]:
