@@ -1342,6 +1342,53 @@ def test_a_generation_its_session_cannot_finish_stops_in_time_travels_and_resume
         server.stop()
 
 
+def test_a_watch_that_fails_leaves_no_stage_running(
+    tmp_path: Path, tiny_target_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stage's watch that fails (run 21's first pass: its generation watch read a run.json not
+    yet written) ends the stage's CLI before the failure goes on: no generation keeps sending
+    requests behind a pipeline that reported it failed."""
+    import json
+    import time
+
+    import httpx
+
+    from tasks.config import load_config
+    from tasks.standins.server import ServerProcess
+    from tests.run_support import cli_env, discover_and_fingerprint, write_params
+
+    server = ServerProcess(["--simulate", "--step-latency-ms", "20", "--vocab-size", "2048", "--max-batch", "8"])
+    try:
+        node = tmp_path / "node"
+        params = write_params(node.parent, tiny_target_dir, str(node / "run"), stages=["discover", "generate"],
+                              sampling={"max_new_tokens": 16}, discover={"total_prompts": 96},
+                              engine={"kind": "sglang", "endpoints": [server.url], "concurrency_per_server": 4},
+                              generate={"shard_size": 12, "max_parallel_shards": 2})  # fmt: skip
+        discover_and_fingerprint(load_config(params))
+        monkeypatch.setenv("H200_PROFILE", str(params))
+        monkeypatch.setattr(node_env, "NODE", node)
+        pipeline = node_pipeline.Pipeline()
+        pipeline.env = {**cli_env(node, OMP_NUM_THREADS="1"), "PYTHONPATH": str(node_env.REPO)}
+        (node / "deadline.json").write_text(json.dumps({"ends_at": time.time() + 3600, "budget_s": 3600.0}))
+        watched = []
+
+        def failing_watch(proc) -> None:
+            watched.append(proc)
+            while not (node / "run/generate/journal").is_dir() and proc.poll() is None:  # requests are under way
+                time.sleep(0.05)
+            raise FileNotFoundError("the watch's own failure")
+
+        with pytest.raises(FileNotFoundError, match="the watch's own failure"):
+            pipeline.stage("generate", f"engine.endpoints=[{server.url}]", watch=failing_watch)
+        (proc,) = watched
+        assert proc.returncode is not None  # ended before the failure went on, not left behind
+        sent = httpx.get(f"{server.url}/_stats").json()["generate_requests"]
+        time.sleep(1.0)
+        assert httpx.get(f"{server.url}/_stats").json()["generate_requests"] == sent < 96
+    finally:
+        server.stop()
+
+
 def test_a_grown_run_on_the_node_reuses_the_replies_of_the_earlier_run_its_payload_carried(
     tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -199,6 +199,20 @@ def generation_server_args(model_dir: str) -> list[str]:
             "--python", sys.executable]  # fmt: skip
 
 
+def end_process(proc: subprocess.Popen[bytes], grace_s: float) -> None:
+    """Ends a stage's CLI that is still running: SIGTERM to the CLI alone (it ends what it
+    started: flows/stopping.py), then its whole session after `grace_s`. The journals are
+    crash-safe: a kill loses no journaled request."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 class SessionEnds(Exception):
     """The plan stopped where the session's device time ends (`node start --budget`), having
     packed what travels to the next session. Not a RuntimeError: a stage stopped so does not
@@ -285,7 +299,10 @@ class Pipeline:
                 self.py(args, f"stage-{label}", env)
             else:
                 proc = self.py(args, f"stage-{label}", env, wait=False)
-                watch(proc)
+                try:
+                    watch(proc)
+                finally:  # a watch that failed must not leave the stage running (run 21's first pass did)
+                    end_process(proc, GENERATION_STOP_S)
                 if proc.returncode != 0:
                     raise RuntimeError(f"{' '.join(args[:3])} exited {proc.returncode} (logs/stage-{label}.log)")
             self.note(label, "done", "eaglescale run", via="eaglescale run")
@@ -732,12 +749,7 @@ class Pipeline:
             time.sleep(GENERATION_POLL_S)
 
     def stop_generation(self, proc: subprocess.Popen[bytes], left: float, need: float) -> None:
-        proc.send_signal(signal.SIGTERM)  # the CLI alone: it ends what it started (flows/stopping.py)
-        try:
-            proc.wait(timeout=GENERATION_STOP_S)
-        except subprocess.TimeoutExpired:  # the journals are crash-safe: a kill loses no journaled request
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        end_process(proc, GENERATION_STOP_S)
         packed = node_env.NODE / "generation.tar"
         pack_generation(self.run_root, packed)
         requests = (read_json(self.run_root / "generate/progress.json") or {}).get("requests", {})
