@@ -343,8 +343,11 @@ def generation_figures(progress: dict[str, Any], measure: dict[str, Any]) -> dic
     if progress:
         tokens = progress["tokens"]["completion_this_run"]
         seconds = progress["updated_at"] - progress["started_at"]
-        gen = {"prompts_regenerated": progress["requests"]["done"] - progress["requests"]["dead"],
-               "dead": progress["requests"]["dead"], "completion_tokens": progress["tokens"]["completion_done"],
+        requests = progress["requests"]
+        reused = (progress.get("reused") or {}).get("requests") or 0  # generate.reuse_from: copied, not sent
+        gen = {"prompts_regenerated": requests["done"] - requests["dead"] - reused,
+               "prompts_reused": reused,
+               "dead": requests["dead"], "completion_tokens": progress["tokens"]["completion_done"],
                "stage_seconds": seconds, "stage_tok_s": tokens / seconds if seconds > 0 else None}  # fmt: skip
     ref = measure.get("reference_tok_s")
     if gen.get("stage_tok_s") and ref:

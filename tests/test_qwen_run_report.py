@@ -187,6 +187,18 @@ def test_a_later_regeneration_is_the_one_the_goal_reads(tmp_path: Path) -> None:
     assert [round(s["generation"]["vs_plain_batched_request"], 2) for s in result["sessions"]] == [0.85, 0.98]
     regeneration = next(g for g in result["goals"] if g["goal"].startswith("regeneration"))
     assert regeneration["met"] is True and math.isclose(regeneration["measured"], 0.98)
+    # Run 21 grew the prompt set and reused run 15's replies (generate.reuse_from): it regenerated
+    # only the new prompts, and its rate is over the tokens it generated itself.
+    grown = results_folder(tmp_path / "run-21", {
+        "options.json": {"plan": "qwen-generate"},
+        "run/generate/progress.json": {"tokens": {"completion_this_run": 960_000, "completion_done": 1_300_000},
+                                       "requests": {"done": 39_666, "dead": 0}, "reused": {"requests": 10_245},
+                                       "started_at": 0.0, "updated_at": 100.0},
+    }, {"reference_tok_s": 10_000.0})  # fmt: skip
+    result = build([tmp_path / "run-15", grown])
+    gen = result["sessions"][-1]["generation"]
+    assert (gen["prompts_regenerated"], gen["prompts_reused"]) == (29_421, 10_245)
+    assert math.isclose(gen["vs_plain_batched_request"], 0.96)
 
 
 def test_a_gate_cut_short_shows_its_launches_and_judges_accept_length_but_decides_nothing(tmp_path: Path) -> None:
