@@ -231,9 +231,9 @@ The sessions, in order:
    train-scaling 427 s, scaling-pack 50 s, the gate skipped (405 s left of its ~965), the drafts
    back in 11 calls; with the last ~330 s the gate replayed them (1.17 / 1.46 / 1.63 / 1.77 at 3
    steps: +0.26 per e-fold; ~2.5x the data for 1.3x on run 19's server, ~12x for 2.5) and was
-   cut short in its first launch. Next: the same plan with `--scaling-from` (the drafts in
-   /work/scaling-run20/scaling-drafts.tar while this workspace lasts, sha256 9fbef257...acc64e),
-   the measured half of the curve.
+   cut short in its first launch. The drafts (sha256 9fbef257...acc64e) and run 18's draft were
+   lost when the workspace was wiped before run 21: the measured half of the curve needs them
+   trained again, a full draft's session (qwen-gate trains one) before this plan's.
 
 5. The regeneration goal again: done, run 16 (2026-12-04, BENCHMARKS P17). qwen-generate without
    --run-from, its generation server without the prefix cache (`--disable-radix-cache`): 0.98x
@@ -274,6 +274,23 @@ The sessions, in order:
    checkpoint (above: `node checkpoint K`, `prepare --checkpoint-from`), at 3 epochs as every
    point of run 20's curve (~4,800 steps, ~40 min: three sessions or more beside their payloads,
    each carrying the 1.27 GB checkpoint in 33 more parts), and qwen-gate gates it.
+   Run 21 (2026-12-05, on an H100, BENCHMARKS P24) regenerated it: 29,421 requests, each sent
+   once, 458 s of them at 0.965x the plain batched request; the whole generation (39,666 replies,
+   51,537,920 bytes, sha256 4ae7eda4...975f) came back in one call (`node generation 0`). Every
+   device call carries the tree, so it lives in the git history, not the tree. The draft on it
+   measured 1,439 steps an epoch (4,317 at 3 epochs, ~33 min at 0.453 s a step), ready after 256
+   s. The next sessions start from it:
+
+       git show 4a45641d7fb9962f30f8dbe5de1b1a8131b4c836:benchmarks/results/real-run-node/run-21/generation.tar > /work/grown/generation.tar
+       .venv/bin/python benchmarks/h200_run.py prepare --bundle DIR --profile deployments/params/qwen25-coder.yaml \
+           --set 'discover.sources[0].prompt_turns=every_user' --set 'discover.domain_quotas={}' \
+           --set discover.holdout_from=/tmp/run-15/run --run-from /work/grown/generation.tar \
+           [--checkpoint-from checkpoint.tar]
+       python3 benchmarks/h200_run.py node start --plan qwen-gate --set train.epochs=3 --budget S   # with the last part
+
+   qwen-gate trains the draft watched (resuming a carried checkpoint), and gates it in the
+   session its training ends in when the least gate that decides still fits (~590 s); else its
+   last checkpoint that can come back travels (`node checkpoint K`, 22 calls).
 
 A gate cut short still leaves every launch it measured (gate/progress.json), but no decision; the
 report says which goals it could not judge.
