@@ -107,6 +107,34 @@ def test_resume_reproduces_the_uninterrupted_loss_curve(make_run):
         assert torch.equal(final2.exportable_state_dict()[name], value), name
 
 
+def test_held_out_batches_past_the_cache_budget_are_read_again_with_the_same_figures(make_run):
+    """The held-out batches are kept between evaluations in compute_dtype, up to
+    train.eval_cache_gib; past it each evaluation reads them again. Either way the figures are
+    those of casting at each evaluation, as before the cache kept them cast (bfloat16 here)."""
+    kept_cfg, kept_run = make_run("kept", max_steps=8, eval_every=4, save_every=1000, compute_dtype="bfloat16")
+    kept = train_draft(kept_run, kept_cfg.train, kept_cfg.target.model_path)
+    read_cfg, read_run = make_run("read-again", max_steps=8, eval_every=4, save_every=1000,
+                                  compute_dtype="bfloat16", eval_cache_gib=1e-6)  # fmt: skip
+    read = train_draft(read_run, read_cfg.train, read_cfg.target.model_path)
+    assert [e["eval_batches_kept"] for e in kept.evals] == [True, True, True]
+    assert [e["eval_batches_kept"] for e in read.evals] == [False, False, False]
+    drop = {"eval_batches_kept", "cuda_peak_allocated_gib", "cuda_peak_reserved_gib"}
+    assert [{k: v for k, v in e.items() if k not in drop} for e in kept.evals] == \
+        [{k: v for k, v in e.items() if k not in drop} for e in read.evals]  # fmt: skip
+    assert kept.evals[-1]["positions"] > 0
+
+
+def test_a_batch_cast_once_is_what_casting_at_each_copy_gives() -> None:
+    from tasks.draft.ttt import Batch
+
+    g = torch.Generator().manual_seed(0)
+    batch = Batch(torch.randint(0, 100, (2, 5), generator=g), torch.ones(2, 5, dtype=torch.bool),
+                  torch.randn(2, 5, 12, generator=g) * 37, torch.randn(2, 5, 4, generator=g), torch.tensor([5, 5]))  # fmt: skip
+    cast, copied = batch.cast(torch.bfloat16), batch.to("cpu", torch.bfloat16)
+    assert cast.aux_hidden.dtype == torch.bfloat16 and torch.equal(cast.aux_hidden, copied.aux_hidden)
+    assert torch.equal(cast.last_hidden, copied.last_hidden) and cast.nbytes < batch.nbytes
+
+
 def test_refuses_a_target_whose_aux_layers_differ_from_the_extraction(make_run, tmp_path: Path):
     cfg, run = make_run("other", max_steps=2)
     twelve = build_tiny_target(tmp_path / "twelve", num_layers=12)

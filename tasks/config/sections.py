@@ -299,6 +299,13 @@ class TrainConfig(Strict):
     batch_tokens: int = Field(4096, ge=8, description="Tokens per optimizer step (per process).")
     max_grad_norm: float = Field(0.5, gt=0.0)
     eval_every: int = Field(50, ge=1)
+    eval_cache_gib: float = Field(
+        16.0,
+        gt=0.0,
+        description="Host memory for the held-out batches kept between evaluations (in compute_dtype; "
+        "page-locked on a GPU). Past it, each evaluation reads them again (online: the target captures "
+        "them again): slower, same figures. The held-out split grows with the data (extract.eval_fraction).",
+    )
     save_every: int = Field(50, ge=1)
     logits_chunk: int = Field(1024, ge=1, description="Tokens per chunk of target-logit computation.")
     device: str = "cpu"

@@ -63,6 +63,18 @@ class Batch:
             self.lengths,
         )
 
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.input_ids, self.loss_mask, self.aux_hidden,
+                                                          self.last_hidden, self.lengths))  # fmt: skip
+
+    def cast(self, dtype: torch.dtype) -> Batch:
+        """The same batch with its hidden states in `dtype`, where it lies: what `to(device,
+        dtype)` would make of them, done once (float32 to bfloat16 rounds to nearest even on the
+        host as on a GPU)."""
+        return Batch(self.input_ids, self.loss_mask, self.aux_hidden.to(dtype), self.last_hidden.to(dtype),
+                     self.lengths)  # fmt: skip
+
     def pinned(self) -> Batch:
         return Batch(*(t.pin_memory() for t in (self.input_ids, self.loss_mask, self.aux_hidden,
                                                  self.last_hidden)), self.lengths)
