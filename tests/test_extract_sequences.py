@@ -166,3 +166,26 @@ def test_turn_completion_appends_only_what_the_output_lacks():
     assert turn_completion([1, 2, 7, 9], chatml_end) == []
     assert turn_completion([1, 2, 3], chatml_end) == [7, 9]
     assert turn_completion([], chatml_end) == [7, 9]
+
+
+def test_prompts_rendered_together_are_the_ids_one_at_a_time_and_a_bad_one_stays_alone(gen):
+    """render_many_prompt_ids encodes a shard's prompts in one call: the same ids as one call
+    each, and a prompt that cannot be rendered gets its error in its place, the others their ids;
+    in a shard's build that row alone becomes a dead letter."""
+    from tasks.target.model_dir import TargetError
+    from tasks.target.tokenizer import render_many_prompt_ids
+
+    run, tok, rows, messages = gen
+    many = [json.loads(m) for m in list(messages.values())[:12]]
+    bad = [{"role": "user", "content": 5}]
+    rendered = render_many_prompt_ids(tok, [*many[:6], bad, *many[6:]])
+    assert isinstance(rendered[6], TargetError) and "content must be a string" in str(rendered[6])
+    assert [*rendered[:6], *rendered[7:]] == [render_prompt_ids(tok, m) for m in many]
+
+    builder = SequenceBuilder(run, tok, 4096, VOCAB)
+    first = rows.slice(0, 1).to_pylist()[0]
+    builder._messages[first["prompt_id"]] = json.dumps(bad)  # a manifest row the template cannot render
+    built = builder.build(rows)
+    assert [d["request_id"] for d in built.dead] == [r["request_id"] for r in rows.to_pylist()
+                                                     if r["prompt_id"] == first["prompt_id"]]  # fmt: skip
+    assert len(built.sequences) == rows.num_rows - len(built.dead) > 0

@@ -27,7 +27,7 @@ from tasks.discover.commit import read_prompts_table
 from tasks.runfolder import RunFolder
 from tasks.target.identity import chat_template_hash
 from tasks.target.model_dir import TargetError
-from tasks.target.tokenizer import render_prompt_ids
+from tasks.target.tokenizer import render_many_prompt_ids, render_prompt_ids
 
 _PROBE = [{"role": "user", "content": "ping"}]
 _REPLY_SENTINEL = "EAGLESCALE-REPLY-SENTINEL"
@@ -161,6 +161,16 @@ class SequenceBuilder:
         # Shard tasks may share one builder; tokenizers are not guaranteed thread-safe.
         self._lock = threading.Lock()
 
+    def _render_all(self, prompt_ids: list[str]) -> None:
+        """The prompts of a shard's rows rendered at once (render_many_prompt_ids); one that
+        cannot be is left to _prompt_ids, which raises its error for its row alone."""
+        with self._lock:
+            todo = list(dict.fromkeys(p for p in prompt_ids if p in self._messages and p not in self._rendered))
+            rendered = render_many_prompt_ids(self.tokenizer, [json.loads(self._messages[p]) for p in todo])
+            for prompt_id, ids in zip(todo, rendered, strict=True):
+                if not isinstance(ids, TargetError):
+                    self._rendered[prompt_id] = ids
+
     def _prompt_ids(self, prompt_id: str) -> list[int]:
         with self._lock:
             if prompt_id not in self._rendered:
@@ -213,7 +223,9 @@ class SequenceBuilder:
         """Sequences of a shard's committed rows, in request_id order; failures as dead letters."""
         sequences: list[TrainingSequence] = []
         dead: list[dict[str, Any]] = []
-        for row in sorted(rows.to_pylist(), key=lambda r: r["request_id"]):
+        ordered = sorted(rows.to_pylist(), key=lambda r: r["request_id"])
+        self._render_all([row["prompt_id"] for row in ordered])
+        for row in ordered:
             try:
                 sequences.append(self.build_one(row))
             except (UnbuildableSequence, TargetError) as e:

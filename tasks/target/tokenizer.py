@@ -130,6 +130,13 @@ def render_prompt_ids(
     `verbose=False` silences the tokenizer's "longer than the specified maximum sequence
     length" warning for this call only.
     """
+    ids = tokenizer(render_prompt_text(tokenizer, messages), add_special_tokens=False, verbose=verbose)["input_ids"]
+    return [int(i) for i in ids]
+
+
+def render_prompt_text(tokenizer: PreTrainedTokenizerBase, messages: list[dict]) -> str:
+    """`messages` rendered with the chat template and the generation prompt, as text;
+    TargetError when they or the template cannot be."""
     _check_messages(messages)
     try:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -137,8 +144,26 @@ def render_prompt_ids(
         raise TargetError(f"chat template failed on these messages: {e}") from e
     if not isinstance(text, str):
         raise TargetError(f"chat template rendered {type(text).__name__}, expected a string")
-    ids = tokenizer(text, add_special_tokens=False, verbose=verbose)["input_ids"]
-    return [int(i) for i in ids]
+    return text
+
+
+def render_many_prompt_ids(
+    tokenizer: PreTrainedTokenizerBase, many: list[list[dict]]
+) -> list[list[int] | TargetError]:
+    """render_prompt_ids of each of `many`, the texts encoded in one call: a fast tokenizer
+    encodes a batch on all cores, where one call per prompt spent 41 s of a 2-core box on run
+    21's 39,666 prompts (the ids are the same). A prompt that cannot be rendered gets its
+    TargetError in its place, so that the caller can drop that one alone."""
+    texts: list[str] = []
+    out: list[list[int] | TargetError] = []
+    for messages in many:
+        try:
+            texts.append(render_prompt_text(tokenizer, messages))
+            out.append([])
+        except TargetError as e:
+            out.append(e)
+    encoded = iter(tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"] if texts else [])
+    return [item if isinstance(item, TargetError) else [int(i) for i in next(encoded)] for item in out]
 
 
 def count_prompt_tokens(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[dict]], int]:
