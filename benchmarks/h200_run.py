@@ -133,7 +133,8 @@ What a session makes travels to the next through $OUT: the regenerated shards (`
 generation.tar.part-NN once generation is complete; run 15's 10,245 Qwen replies are 9.1 MB, kept
 in the repository as benchmarks/results/real-run-node/run-15/generation.tar; one over 45 MB, too
 large beside `node wait`'s results, it splits into parts that `node generation K` brings back, as
-its generation.txt says), the trained draft
+its generation.txt says; `node wait` ends as soon as the generation completes, so that it comes
+back before what follows spends the session), the trained draft
 (bf16, 213 MB with its vocabulary map and records: 15 parts, `node drafts K` for K = 0..3), and
 the training checkpoint of a draft that did not end in its session. The draft is too large for
 the repository, so it travels only while this workspace keeps it (a workspace started afresh

@@ -886,6 +886,23 @@ def test_node_wait_ends_when_a_draft_is_packed_so_that_it_travels_at_once(
     writer.join()
     said = capsys.readouterr().out
     assert time.monotonic() - began < 15 and "just packed: checkpoint;" in said and "`node checkpoint K`" in said
+    # A generation that completes during the call ends it too, so that it comes back at once (run
+    # 21's waited for the end of a draft that could not finish); a carried one never ran here.
+    def generated() -> None:
+        (tmp_path / "status.json").write_text(json.dumps({"step": "train-watched", "state": "running", "steps": {
+            "generate": {"state": "done", "began_at": time.time() - 1, "seconds": 1.0},
+            "train-watched": {"state": "running"}}}))  # fmt: skip
+
+    for was_carried, ends in ((True, False), (False, True)):
+        (tmp_path / "carried.json").write_text(json.dumps({"generation": was_carried, "draft": False}))
+        (tmp_path / "status.json").write_text(json.dumps({"step": "generate", "state": "running", "steps": {}}))
+        writer = threading.Timer(1.0, generated)
+        writer.start()
+        began = time.monotonic()
+        assert lifecycle.node_wait(timeout=8) == 0
+        writer.join()
+        said = capsys.readouterr().out
+        assert ("the generation just completed" in said) is ends and (time.monotonic() - began < 7) is ends
 
 
 def test_what_node_wait_brings_back_of_a_server_log_is_its_start_and_its_end(

@@ -18,7 +18,7 @@ from typing import Any
 from benchmarks.h200 import node_env
 from benchmarks.h200.node_env import read_json, sha256
 from benchmarks.h200.plans import NEEDS_DRAFT, RECIPE_ROOT, parse_settings, plan_options
-from benchmarks.h200.travel import PACKED, calls_for, collect_generation
+from benchmarks.h200.travel import PACKED, calls_for, carried, collect_generation
 
 
 def node_receive(k: int) -> int:
@@ -80,7 +80,8 @@ def node_wait(timeout: float) -> int:
     """Follow the pipeline until it ends or `timeout` passes; leave the results so far in $OUT.
     It also ends as soon as a draft is packed during the call, so that the draft travels at once
     (`node drafts K`) while the pipeline goes on: run 17's came back 8 parts of 15 when the
-    session's device time ran out in the gate after it. On a machine where no pipeline was
+    session's device time ran out in the gate after it. So it does when the generation completes
+    (a run's own, not one the payload carried): it comes back at once. On a machine where no pipeline was
     started (a fresh one: the machine that ran it was given back between calls) it says so at
     once, rather than spend the call's device time waiting."""
     if not (node_env.NODE / "options.json").is_file():  # node start writes it before the pipeline starts
@@ -99,10 +100,15 @@ def node_wait(timeout: float) -> int:
             last = step
         if status.get("state") in ("done", "failed") or time.time() - began > timeout:
             break
-        just = [name for name in PACKED if _packed_since(status, name, began)]
+        just = [name for name in PACKED if _ended_since(status, PACKED[name], began)]
         if just:
             print(f"node wait: just packed: {', '.join(just)}; fetch it now ({', '.join(f'`node {n} K`' for n in just)}, "
                   "below), then `node wait` again; the pipeline goes on", flush=True)  # fmt: skip
+            break
+        if _ended_since(status, "generate", began) and not carried()["generation"]:
+            # Run 21's came back only when its draft, which could not finish, had used the session.
+            print("node wait: the generation just completed; it comes back now (generation.tar.part-NN here, or "
+                  "`node generation K` as below), then `node wait` again; the pipeline goes on", flush=True)  # fmt: skip
             break
         if time.time() - collected > 60:  # a call cut short by the session's device time still returns these
             collect_node_results(out)
@@ -120,9 +126,9 @@ def node_wait(timeout: float) -> int:
     return 0 if status.get("state") != "failed" else 1
 
 
-def _packed_since(status: dict[str, Any], name: str, since: float) -> bool:
-    """Whether the pipeline's step that packs `name` (PACKED) ended since."""
-    step = (status.get("steps") or {}).get(PACKED[name]) or {}
+def _ended_since(status: dict[str, Any], name: str, since: float) -> bool:
+    """Whether the pipeline's step `name` (a PACKED one, or the generation) ended, done, since."""
+    step = (status.get("steps") or {}).get(name) or {}
     return step.get("state") == "done" and (step.get("began_at") or 0) + (step.get("seconds") or 0) >= since
 
 
