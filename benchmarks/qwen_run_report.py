@@ -53,6 +53,7 @@ GOAL_ACCEPT_DOMAINS = ("humaneval", "coding")  # held-out HumanEval, ShareGPT co
 GOAL_REGENERATION = 0.95
 GOAL_PREDICTION = 0.10
 DECIDING_PLAN = "qwen-gate"
+PROFILE = REPO / "deployments/params/qwen25-coder.yaml"
 
 
 def _goal(name: str, target: str, measured: Any, met: bool | None, short_by: Any = None) -> dict[str, Any]:
@@ -274,8 +275,55 @@ def _breakeven_at_3_steps(deciding: dict[str, Any] | None, sessions: list[dict[s
     return None
 
 
-def build(folders: list[Path]) -> dict[str, Any]:
+def reference_holdout(generation: Path, profile: Path = PROFILE) -> set[str]:
+    """The prompt ids whose sequences a run's training held out (extract.eval_fraction per
+    domain, ranked by a seeded hash: tasks.extract.sequences.eval_prompt_ids), for the run whose
+    generation.tar this is: run 15's, on whose 205 held-out sequences run 20's curve was replayed."""
+    import tarfile
+    from collections import defaultdict
+
+    import pyarrow.parquet as pq
+
+    from tasks.config import load_config
+    from tasks.extract.sequences import eval_prompt_ids
+
+    with tarfile.open(generation) as tar:
+        member = tar.extractfile("run/prompts/manifest.parquet")
+        if member is None:
+            raise ValueError(f"{generation}: no run/prompts/manifest.parquet in it")
+        manifest = pq.read_table(member, columns=["prompt_id", "domain"])
+    by_domain: dict[str, list[str]] = defaultdict(list)
+    for pid, domain in zip(manifest.column("prompt_id").to_pylist(), manifest.column("domain").to_pylist(), strict=True):
+        by_domain[domain].append(pid)
+    extract = load_config(profile).extract
+    return eval_prompt_ids(by_domain, extract.eval_fraction, extract.seed)
+
+
+def replay_on_reference(folder: Path, reference: set[str], num_steps: int = 3) -> dict[str, Any] | None:
+    """The session's full-draft replay pooled over the reference held-out prompts alone (their
+    sequences in this run: request ids from its fingerprint), so that a draft trained on a grown
+    set compares with the curve's replayed points on the same sequences. None when its replay
+    kept no per-sequence records or it replayed none."""
+    from tasks.gate.replay import replayed_on
+    from tasks.runfolder import request_id
+
+    results = Results(folder)
+    replayed, run = results.json("run/gate/replay.json"), results.json("run/run.json")
+    if not replayed or not run or not run.get("fingerprint_hash"):
+        return None
+    ids = {request_id(run["fingerprint_hash"], pid, 0) for pid in reference}
+    pooled = replayed_on(replayed, ids, num_steps)
+    return pooled and {"num_steps": num_steps, **pooled, "reference_held_out": len(reference)}
+
+
+def build(folders: list[Path], reference: set[str] | None = None) -> dict[str, Any]:
+    """`reference`: the held-out prompt ids every full draft's replay is also pooled over
+    (reference_holdout; main: the first folder's generation.tar, run 15's)."""
     sessions = [session(f) for f in folders]
+    for s, folder in zip(sessions, folders, strict=True):
+        pooled = replay_on_reference(folder, reference) if reference else None
+        if pooled:
+            s["replay_on_reference_held_out"] = pooled
     deciding = _deciding_gate(sessions)
     measured_at_3 = {s["plan"]: _config(s.get("gate"), S3).get("accept_length_per_domain")
                      for s in sessions if _config(s.get("gate"), S3)}  # fmt: skip
@@ -381,6 +429,10 @@ def _print(result: dict[str, Any]) -> None:
                   f"{g.get('vs_plain_batched_request')}")  # fmt: skip
         if s.get("training"):
             print(f"  training: {s['training']}")
+        if s.get("replay_on_reference_held_out"):
+            r = s["replay_on_reference_held_out"]
+            print(f"  replay on run 15's held-out prompts ({r['sequences']} of {r['reference_held_out']} here), "
+                  f"{r['num_steps']} steps: {r['accept_length']} [{r['ci_low']}, {r['ci_high']}]")  # fmt: skip
         for name, t in (s.get("travelled") or {}).items():
             print(f"  packed to travel: {name}, {t['bytes']} bytes in {t['parts']} parts ({t['calls']} calls), "
                   + (f"packed in {t['pack_s']:.0f} s" if t["pack_s"] is not None else "the pack not timed") + (f", at step {t['step']} of {t['total_steps']}" if "step" in t else ""))  # fmt: skip
@@ -417,7 +469,8 @@ def main() -> int:
     parser.add_argument("results", nargs="+", type=Path, help="each session's folder of what `node wait` brought back")
     parser.add_argument("--out", type=Path, help="where the JSON goes (default: RESULTS_DIR/qwen-run.json, the first)")
     args = parser.parse_args()
-    result = build(args.results)
+    first = args.results[0] / "generation.tar"  # run 15's: the held-out set run 20's curve was replayed on
+    result = build(args.results, reference_holdout(first) if first.is_file() else None)
     out = args.out or args.results[0] / "qwen-run.json"
     out.write_text(json.dumps(result, indent=1, default=str))
     points = gate_points(result)

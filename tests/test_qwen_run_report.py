@@ -286,3 +286,33 @@ def test_the_script_writes_its_json_beside_the_results(tmp_path: Path) -> None:
     assert decided["vs_baseline"] == [1.40] and decided["ci"] == [1.21, 1.55]
     assert math.isclose(decided["break_even"], 2.41 / 1.40)
     assert {p["session"] for p in points} == {"run-11 qwen-gate", "run-11b qwen-sweep", "run-12 qwen-scaling"}
+
+
+def test_run_15s_held_out_prompts_and_a_grown_draft_replayed_on_them(tmp_path: Path) -> None:
+    """The curve's replayed points are on run 15's held-out sequences (2% per domain by a seeded
+    hash: 205 of its 10,245 prompts, from its generation.tar in the repository). A draft trained
+    on a grown set holds out most of them too, under its own request ids; its replay is pooled over
+    those alone beside its own figure, from the per-sequence records its replay.json keeps."""
+    from benchmarks.qwen_run_report import reference_holdout
+    from tasks.gate.replay import pooled_with_ci
+    from tasks.runfolder import request_id
+
+    reference = reference_holdout(Path(__file__).resolve().parents[1] / "benchmarks/results/real-run-node/run-15/generation.tar")
+    assert len(reference) == 205
+    shared = sorted(reference)[:150]
+    records = [{"sequence_id": request_id("grown", pid, 0), "domain": "coding", "tokens": {"3": 20}, "cycles": {"3": 10}}
+               for pid in shared]  # fmt: skip
+    records += [{"sequence_id": f"other-{i}", "domain": "general_chat", "tokens": {"3": 10}, "cycles": {"3": 10}}
+                for i in range(50)]  # held out here alone: later turns  # fmt: skip
+    settings = {"n_bootstrap": 200, "seed": 0, "ci_level": 0.95}
+    overall = pooled_with_ci([r["tokens"]["3"] for r in records], [r["cycles"]["3"] for r in records], **settings)
+    folder = results_folder(tmp_path / "run-22", {
+        "options.json": {"plan": "qwen-gate"}, "run/run.json": {"fingerprint_hash": "grown"},
+        "run/gate/replay.json": {"num_steps": [3], "overall": {"3": overall}, "per_domain": {}, "settings": settings,
+                                 "per_sequence": records},
+    })  # fmt: skip
+    (grown,) = build([folder], reference)["sessions"]
+    pooled = grown["replay_on_reference_held_out"]
+    assert (pooled["sequences"], pooled["reference_held_out"], pooled["num_steps"]) == (150, 205, 3)
+    assert pooled["accept_length"] == 2.0 and overall["accept_length"] == 1.75
+    assert "replay_on_reference_held_out" not in build([folder])["sessions"][0]  # no reference given

@@ -87,8 +87,28 @@ def test_replay_counts_every_cycle(constant_draft: Eagle3Draft):
 
     again = replay(constant_draft, [SEQ_A, SEQ_B], (1, 3), n_bootstrap=500, seed=7)
     assert again.to_dict() == result.to_dict()  # seeded
-    assert set(result.to_dict()) == {"num_steps", "overall", "per_domain", "settings"}
+    assert set(result.to_dict()) == {"num_steps", "overall", "per_domain", "settings", "per_sequence"}
     assert list(result.to_dict()["overall"]) == ["1", "3"]
+
+
+def test_a_replay_pooled_again_over_a_subset_of_its_sequences(constant_draft: Eagle3Draft):
+    """replay.json keeps each sequence's tokens and cycles per num_steps, so that the sequences
+    another run also held out can be pooled alone (replayed_on): over all of them it is the
+    replay's own figure and CI, over one it is that sequence's replay."""
+    from tasks.gate.replay import replayed_on
+
+    seq_c = sequence("c", "code", [5, 6, 7, 8], [Z, 9, Z, Z, Z, 9])
+    result = replay(constant_draft, [SEQ_A, SEQ_B, seq_c], (1, 3), n_bootstrap=500, seed=7).to_dict()
+    assert result["per_sequence"][0] == {"sequence_id": "a", "domain": "math", "tokens": {"1": 8, "3": 8},
+                                         "cycles": {"1": 5, "3": 3}}  # fmt: skip
+    whole = replayed_on(result, {"a", "b", "c"}, 3)
+    assert whole == {k: v for k, v in result["overall"]["3"].items() if k != "accept_per_position"}
+    alone = replay(constant_draft, [SEQ_A, seq_c], (3,), n_bootstrap=500, seed=7).overall[3]
+    shared = replayed_on(result, {"a", "c", "not replayed"}, 3)
+    assert shared["accept_length"] == alone["accept_length"] and shared["sequences"] == 2
+    assert shared["accept_length"] != whole["accept_length"]
+    assert replayed_on(result, {"a"}, 2) is None  # not replayed at 2 steps
+    assert replayed_on({k: v for k, v in result.items() if k != "per_sequence"}, {"a"}, 3) is None  # an older replay
 
 
 def test_replay_refuses_bad_input(constant_draft: Eagle3Draft):

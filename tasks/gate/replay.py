@@ -114,30 +114,48 @@ def accept_stats(
 ) -> dict[str, Any]:
     """Accept length (tokens per verify) with a bootstrap CI over sequences, and per-position
     acceptance: P(draft token j accepted) over the cycles that drafted it."""
-    tokens = np.array([r.tokens(k) for r in records], dtype=np.float64)
-    cycles = np.array([r.cycles(k) for r in records], dtype=np.float64)
+    pooled = pooled_with_ci([r.tokens(k) for r in records], [r.cycles(k) for r in records], n_bootstrap, seed,
+                            ci_level)  # fmt: skip
+    if pooled["accept_length"] is None:
+        return {**pooled, "accept_per_position": []}
+    accepted = np.array([a for r in records for a in r.accepted[k]], dtype=np.int64)
+    per_position = [float((accepted >= j).mean()) for j in range(1, k + 1)]
+    return {**pooled, "accept_per_position": per_position}
+
+
+def pooled_with_ci(
+    tokens_per_sequence: Sequence[int], cycles_per_sequence: Sequence[int], n_bootstrap: int, seed: int,
+    ci_level: float,
+) -> dict[str, Any]:
+    """Tokens per verify pooled over sequences, with a bootstrap CI that resamples sequences."""
+    tokens = np.asarray(tokens_per_sequence, dtype=np.float64)
+    cycles = np.asarray(cycles_per_sequence, dtype=np.float64)
     total_cycles = cycles.sum()
     if total_cycles == 0:
-        return {"accept_length": None, "ci_low": None, "ci_high": None, "cycles": 0,
-                "tokens": 0, "sequences": len(records), "accept_per_position": []}  # fmt: skip
+        return {"accept_length": None, "ci_low": None, "ci_high": None, "cycles": 0, "tokens": 0,
+                "sequences": len(tokens)}  # fmt: skip
     point = pooled_accept_length(tokens.sum(), total_cycles)
     rng = np.random.default_rng(seed)
-    pick = rng.integers(0, len(records), size=(n_bootstrap, len(records)))
+    pick = rng.integers(0, len(tokens), size=(n_bootstrap, len(tokens)))
     boot_cycles = cycles[pick].sum(1)
     ratios = tokens[pick].sum(1)[boot_cycles > 0] / boot_cycles[boot_cycles > 0]
     alpha = (1.0 - ci_level) / 2
     low, high = np.quantile(ratios, [alpha, 1 - alpha]) if len(ratios) else (point, point)
-    accepted = np.array([a for r in records for a in r.accepted[k]], dtype=np.int64)
-    per_position = [float((accepted >= j).mean()) for j in range(1, k + 1)]
-    return {
-        "accept_length": point,
-        "ci_low": float(low),
-        "ci_high": float(high),
-        "cycles": int(total_cycles),
-        "tokens": int(tokens.sum()),
-        "sequences": len(records),
-        "accept_per_position": per_position,
-    }
+    return {"accept_length": point, "ci_low": float(low), "ci_high": float(high), "cycles": int(total_cycles),
+            "tokens": int(tokens.sum()), "sequences": len(tokens)}  # fmt: skip
+
+
+def replayed_on(replayed: dict[str, Any], sequence_ids: set[str], k: int) -> dict[str, Any] | None:
+    """A replay.json's accept length at num_steps `k` over the sequences in `sequence_ids` alone
+    (its per-sequence records; its own bootstrap settings), e.g. another run's held-out set that
+    this one shares, so that drafts trained on different data compare on the same sequences.
+    None when it kept no per-sequence records (before run 22) or did not replay `k`."""
+    records = [r for r in replayed.get("per_sequence", []) if r["sequence_id"] in sequence_ids]
+    if "per_sequence" not in replayed or str(k) not in replayed["overall"]:
+        return None
+    settings = replayed["settings"]
+    return pooled_with_ci([r["tokens"][str(k)] for r in records], [r["cycles"][str(k)] for r in records],
+                          settings["n_bootstrap"], settings["seed"], settings["ci_level"])  # fmt: skip
 
 
 @dataclass
@@ -153,13 +171,18 @@ class ReplayResult:
         return {k: s["accept_length"] for k, s in table.items() if s["accept_length"] is not None}
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready (num_steps keys as strings); per-sequence cycles left out."""
+        """JSON-ready (num_steps keys as strings): the stats, and each sequence's tokens and
+        cycles per num_steps (not its cycles one by one), so that a subset can be pooled later
+        (replayed_on)."""
         return {
             "num_steps": self.num_steps,
             "overall": {str(k): v for k, v in self.overall.items()},
             "per_domain": {d: {str(k): v for k, v in t.items()} for d, t in self.per_domain.items()},
             "settings": self.settings,
-        }
+            "per_sequence": [{"sequence_id": r.sequence_id, "domain": r.domain,
+                              "tokens": {str(k): r.tokens(k) for k in self.num_steps},
+                              "cycles": {str(k): r.cycles(k) for k in self.num_steps}} for r in self.sequences],
+        }  # fmt: skip
 
 
 def replay(
