@@ -30,6 +30,23 @@ def test_counts_only_loss_masked_tokens() -> None:
     assert counts.tolist() == [0, 0, 0, 3, 1, 1, 0, 0, 0, 0, 0, 0]
 
 
+def test_counts_in_chunks_are_the_counts_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tokens are counted a chunk of COUNT_CHUNK_TOKENS at a time (not one vocabulary-sized
+    bincount a sequence, nor all tokens at once): any chunk size gives the same counts."""
+    import tasks.draft.vocab as vocab
+
+    g = torch.Generator().manual_seed(0)
+    seqs = [_seq(torch.randint(0, 50, (n,), generator=g).tolist(), torch.randint(0, 2, (n,), generator=g).tolist())
+            for n in (7, 1, 30, 12, 5, 0, 19)]  # fmt: skip
+    expected = torch.zeros(50, dtype=torch.int64)
+    for ids, mask in seqs:
+        for t in ids[mask].tolist():
+            expected[t] += 1
+    for chunk in (1, 3, 10, 1 << 24):
+        monkeypatch.setattr(vocab, "COUNT_CHUNK_TOKENS", chunk)
+        assert torch.equal(count_tokens(seqs, 50), expected), chunk
+
+
 def test_top_n_under_mask_excludes_unmasked_frequent_token() -> None:
     seqs = [_seq([9] * 50 + [3, 3, 3, 4, 4, 5], [0] * 50 + [1] * 6)]
     vmap = build_vocab_map(count_tokens(seqs, 12), draft_vocab_size=2)

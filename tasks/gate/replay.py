@@ -149,7 +149,8 @@ def replayed_on(replayed: dict[str, Any], sequence_ids: set[str], k: int) -> dic
     """A replay.json's accept length at num_steps `k` over the sequences in `sequence_ids` alone
     (its per-sequence records; its own bootstrap settings), e.g. another run's held-out set that
     this one shares, so that drafts trained on different data compare on the same sequences.
-    None when it kept no per-sequence records (before run 22) or did not replay `k`."""
+    None when it kept no per-sequence records (one written before they were kept) or did not
+    replay `k`."""
     records = [r for r in replayed.get("per_sequence", []) if r["sequence_id"] in sequence_ids]
     if "per_sequence" not in replayed or str(k) not in replayed["overall"]:
         return None
