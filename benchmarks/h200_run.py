@@ -291,7 +291,9 @@ The sessions, in order:
 
    qwen-gate trains the draft watched (resuming a carried checkpoint), and gates it in the
    session its training ends in when the least gate that decides still fits (~590 s); else its
-   last checkpoint that can come back travels (`node checkpoint K`, 22 calls).
+   last checkpoint that can come back travels (`node checkpoint K`, 22 calls). Prepared here on
+   2026-12-05 without --checkpoint-from (43 s; discovery skipped, the carried prompts' marker
+   matching): 34 parts of 38.3 MB in .eaglescale/h200/payload while this workspace lasts.
 
 A gate cut short still leaves every launch it measured (gate/progress.json), but no decision; the
 report says which goals it could not judge.
