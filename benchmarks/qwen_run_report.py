@@ -336,7 +336,8 @@ def build(folders: list[Path], reference: set[str] | None = None) -> dict[str, A
         measured_at_3[f"{cut_folder} (a gate cut short)"] = cut_s3.get("accept_length_per_domain")
     result = {
         "what": "Qwen2.5-Coder-1.5B-Instruct (its Q4_K_M GGUF from 22 package parts, converted to bf16) on ShareGPT V3 "
-                "+ HumanEval: regenerated, trained online, gated on real SGLang 0.5.14 on one H200, over sessions",
+                "+ HumanEval: regenerated, trained online, gated on real SGLang 0.5.14 on one H200 (run 21: one H100; "
+                "each session's host says which), over sessions",
         "sessions": sessions,
         "decision": deciding and {k: deciding[k] for k in ("outcome", "best", "speedup", "ci", "promoted", "reasons")},
         "decisions": decisions(sessions),
