@@ -79,8 +79,11 @@ def session(folder: Path) -> dict[str, Any]:
     fit = results.json("train-fit.json")
     train = results.json("run/train/result.json")
     if fit or (train and not (out["carried"] or {}).get("draft")):
+        waits = [h["data_wait_s"] for h in (train or {}).get("history", []) if "data_wait_s" in h]
         out["training"] = {"fit": fit, "steps": (train or {}).get("steps"), "best": (train or {}).get("best"),
-                           "epochs_for_budget": measure.get("train_epochs")}  # epochs_within_budget's choice  # fmt: skip
+                           "epochs_for_budget": measure.get("train_epochs"),  # epochs_within_budget's choice
+                           # a step's wait for its batch (online: captured by the target beside the step)
+                           "data_wait_s_mean": sum(waits) / len(waits) if waits else None}  # fmt: skip
     report = results.json("run/gate/report.json")
     if report:
         out["gate"] = gate_figures(report, results.json("run/gate/prediction.json"), results.json("run/gate/replay.json"))

@@ -59,7 +59,8 @@ def sessions(tmp_path: Path) -> list[Path]:
         "run/generate/progress.json": {"tokens": {"completion_this_run": 2_400_000, "completion_done": 2_400_000},
                                        "requests": {"done": 10_245, "dead": 0}, "started_at": 0.0, "updated_at": 200.0},
         "train-fit.json": {"fits": True, "finished": True, "pace_s": 0.6, "decided_at_step": 200, "total_steps": 730},
-        "run/train/result.json": {"steps": 730, "best": {"step": 730, "sim_accept_len": 2.6}},
+        "run/train/result.json": {"steps": 730, "best": {"step": 730, "sim_accept_len": 2.6},
+                                  "history": [{"step": 1, "data_wait_s": 0.3}, {"step": 2, "data_wait_s": 0.1}]},
     }, {"reference_tok_s": 12_500.0, "generate_concurrency": {"server_max_running": 256, "engine_in_flight": 320},
         "train_epochs": {"epochs": 3, "profile_epochs": 4, "fits": True},
         "checkpoint": {"checkpoint": "train/checkpoints/step-400", "step": 400, "total_steps": 730,
@@ -113,6 +114,7 @@ def test_the_sessions_figures_and_the_goals_with_their_misses(tmp_path: Path) ->
     assert gen["server_max_running"] == 256 and gen["engine_in_flight"] == 320
     assert "generation" not in result["sessions"][1]  # carried: not this session's measurement
     assert result["sessions"][0]["training"]["fit"]["pace_s"] == 0.6
+    assert math.isclose(result["sessions"][0]["training"]["data_wait_s_mean"], 0.2)  # a step's wait for its batch
     assert result["sessions"][0]["training"]["epochs_for_budget"]["epochs"] == 3  # fitted to the device time
     # What moved to the next session: a stopped draft's checkpoint, 22 calls back (4 parts a call).
     assert result["sessions"][0]["travelled"] == {"checkpoint": {"bytes": 1_270_000_000, "parts": 85, "calls": 22,

@@ -64,6 +64,9 @@ def test_learning_is_real_and_more_data_beats_less(make_run):
     assert at_best["pooled_accept_len_3"] > 1.1
     assert run.read_bytes("train/plots/accuracy.png")[:8] == b"\x89PNG\r\n\x1a\n"
     assert run.read_json(TRAIN_RESULT)["steps"] == LEARN_STEPS
+    # Each step records how long it waited for its batch; the first waited for its reading.
+    waits = [h["data_wait_s"] for h in run.read_json(TRAIN_RESULT)["history"]]
+    assert len(waits) == LEARN_STEPS and waits[0] > 0 and min(waits) >= 0
     vocab = VocabMap.load(run)
     assert vocab.draft_vocab_size == cfg.train.draft_vocab_size
 

@@ -88,7 +88,8 @@ class TrainResult:
 
 
 # Per-step fields train/result.json keeps (checkpoints keep every field of every step).
-HISTORY_COLUMNS = ("step", "lr", "loss", "grad_norm", "clipped", "batch_tokens", "tok_per_s", "sim_accept_len")
+HISTORY_COLUMNS = ("step", "lr", "loss", "grad_norm", "clipped", "batch_tokens", "tok_per_s", "data_wait_s",
+                   "sim_accept_len")  # fmt: skip
 
 
 class TrainError(RuntimeError):
@@ -457,8 +458,12 @@ def train_draft(
         epoch, start = divmod(step, steps_per_epoch)
         batches = rank_batches(plan_epoch(index, "train", epoch, cfg.seed, cfg.batch_tokens),
                                rank.rank, rank.world)
+        asked = time.perf_counter()
         for batch in iter_batches(reader, batches, start, pin=device.type == "cuda"):
             began = time.perf_counter()
+            # How long the step waited for its batch (read, captured online, padded, pinned by the
+            # worker thread): ~0 while that thread keeps ahead of the GPU, the step's share otherwise.
+            data_wait = began - asked
             lr = scheduler.get_last_lr()[0]
             stats, grad_norm = train_step(stepper, batch, cfg, device, compute_dtype, params,
                                           optimizer, scheduler, step, rank.rank)
@@ -473,7 +478,7 @@ def train_draft(
             # DDP's all-reduce: the same on every rank.
             record = {"step": step, "lr": lr, "grad_norm": float(grad_norm),
                       "clipped": float(grad_norm) > cfg.max_grad_norm, "batch_tokens": tokens,
-                      "tok_per_s": tokens / elapsed, "acc_basis": "draft_vocab",
+                      "tok_per_s": tokens / elapsed, "data_wait_s": data_wait, "acc_basis": "draft_vocab",
                       **summarize(stats, cfg.ttt_decay)}
             state["history"].append(record)
             if rank.rank == 0 and callbacks.on_step:
@@ -484,6 +489,7 @@ def train_draft(
                 save(better)
             if final:
                 break
+            asked = time.perf_counter()
 
     if source is not None:
         source.close()
