@@ -39,7 +39,7 @@ from tasks.extract.backends import target_layout  # noqa: E402
 from tasks.extract.capture import aux_capture_layers  # noqa: E402
 from tasks.extract.sequences import SequenceBuilder  # noqa: E402
 from tasks.runfolder import RunFolder, ShardStore  # noqa: E402
-from tasks.target.tokenizer import load_tokenizer, render_prompt_ids  # noqa: E402
+from tasks.target.tokenizer import load_tokenizer  # noqa: E402
 
 
 def count_one_by_one(seqs: list[tuple[torch.Tensor, torch.Tensor]], vocab_size: int) -> torch.Tensor:
@@ -79,12 +79,6 @@ def main() -> int:
     many_s, many = index_pass(one_by_one=False)
     assert {s: [q.input_ids for q in v] for s, v in one.items()} == {s: [q.input_ids for q in v] for s, v in many.items()}
     seqs = [q for v in many.values() for q in v]
-    sample = seqs[:: max(1, len(seqs) // 200)]  # the builder's ids are render_prompt_ids' (spot check)
-    prompts = {q.prompt_id: q for q in sample}
-    manifest = {p: json.loads(m) for p, m in builder_messages(run).items() if p in prompts}
-    for pid, q in prompts.items():
-        ids = render_prompt_ids(tok, manifest[pid])
-        assert q.input_ids[: len(ids)] == ids[: len(q.input_ids)]
 
     train = [(torch.tensor(q.input_ids), torch.tensor(q.loss_mask, dtype=torch.bool)) for q in seqs if q.split == "train"]
     began = time.perf_counter()
@@ -118,13 +112,6 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0
-
-
-def builder_messages(run: RunFolder) -> dict[str, str]:
-    from tasks.discover.commit import read_prompts_table
-
-    manifest = read_prompts_table(run, "manifest")
-    return dict(zip(manifest.column("prompt_id").to_pylist(), manifest.column("messages").to_pylist(), strict=True))
 
 
 if __name__ == "__main__":

@@ -60,8 +60,9 @@ def _goal(name: str, target: str, measured: Any, met: bool | None, short_by: Any
     return {"goal": name, "target": target, "measured": measured, "met": met, "short_by": short_by}
 
 
-def session(folder: Path) -> dict[str, Any]:
-    """One session's figures: its plan, its steps' clocks, and what it measured."""
+def session(folder: Path, reference: set[str] | None = None) -> dict[str, Any]:
+    """One session's figures: its plan, its steps' clocks, and what it measured (with
+    `reference`, its full draft's replay pooled over those held-out prompts too)."""
     results = Results(folder)
     options = results.json("options.json") or {}
     status = results.json("status.json") or {}
@@ -84,11 +85,11 @@ def session(folder: Path) -> dict[str, Any]:
                            "epochs_for_budget": measure.get("train_epochs"),  # epochs_within_budget's choice
                            # a step's wait for its batch (online: captured by the target beside the step)
                            "data_wait_s_mean": sum(waits) / len(waits) if waits else None}  # fmt: skip
-    report = results.json("run/gate/report.json")
+    report, replayed = results.json("run/gate/report.json"), results.json("run/gate/replay.json")
     if report:
-        out["gate"] = gate_figures(report, results.json("run/gate/prediction.json"), results.json("run/gate/replay.json"))
+        out["gate"] = gate_figures(report, results.json("run/gate/prediction.json"), replayed)
     else:  # a gate cut short: its finished launches, no decision
-        cut = measured_launches(results.json("run/gate/progress.json"), results.json("run/gate/replay.json"))
+        cut = measured_launches(results.json("run/gate/progress.json"), replayed)
         if cut:
             out["gate_cut_short"] = cut
     gate = out.get("gate") or out.get("gate_cut_short")
@@ -97,6 +98,9 @@ def session(folder: Path) -> dict[str, Any]:
     scaling = results.json("run/gate/scaling/report.json") or replayed_curve(results)
     if scaling:
         out["scaling"] = scaling_figures(scaling)
+    pooled = replay_on_reference(replayed, results.json("run/run.json"), reference) if reference else None
+    if pooled:
+        out["replay_on_reference_held_out"] = pooled
     packed = travelled(measure, out["steps_s"])
     if packed:
         out["travelled"] = packed
@@ -283,35 +287,31 @@ def reference_holdout(generation: Path, profile: Path = PROFILE) -> set[str]:
     domain, ranked by a seeded hash: tasks.extract.sequences.eval_prompt_ids), for the run whose
     generation.tar this is: run 15's, on whose 205 held-out sequences run 20's curve was replayed."""
     import tarfile
-    from collections import defaultdict
 
     import pyarrow.parquet as pq
 
     from tasks.config import load_config
-    from tasks.extract.sequences import eval_prompt_ids
+    from tasks.extract.sequences import manifest_eval_ids
 
     with tarfile.open(generation) as tar:
         member = tar.extractfile("run/prompts/manifest.parquet")
         if member is None:
             raise ValueError(f"{generation}: no run/prompts/manifest.parquet in it")
         manifest = pq.read_table(member, columns=["prompt_id", "domain"])
-    by_domain: dict[str, list[str]] = defaultdict(list)
-    for pid, domain in zip(manifest.column("prompt_id").to_pylist(), manifest.column("domain").to_pylist(), strict=True):
-        by_domain[domain].append(pid)
+    domains = dict(zip(manifest.column("prompt_id").to_pylist(), manifest.column("domain").to_pylist(), strict=True))
     extract = load_config(profile).extract
-    return eval_prompt_ids(by_domain, extract.eval_fraction, extract.seed)
+    return manifest_eval_ids(domains, extract.eval_fraction, extract.seed)
 
 
-def replay_on_reference(folder: Path, reference: set[str], num_steps: int = 3) -> dict[str, Any] | None:
-    """The session's full-draft replay pooled over the reference held-out prompts alone (their
-    sequences in this run: request ids from its fingerprint), so that a draft trained on a grown
-    set compares with the curve's replayed points on the same sequences. None when its replay
-    kept no per-sequence records or it replayed none."""
+def replay_on_reference(replayed: dict[str, Any] | None, run: dict[str, Any] | None, reference: set[str],
+                        num_steps: int = 3) -> dict[str, Any] | None:  # fmt: skip
+    """A session's full-draft replay pooled over the reference held-out prompts alone (their
+    sequences in its run: request ids from its run.json's fingerprint), so that a draft trained
+    on a grown set compares with the curve's replayed points on the same sequences. None when
+    its replay kept no per-sequence records or it replayed none."""
     from tasks.gate.replay import replayed_on
     from tasks.runfolder import request_id
 
-    results = Results(folder)
-    replayed, run = results.json("run/gate/replay.json"), results.json("run/run.json")
     if not replayed or not run or not run.get("fingerprint_hash"):
         return None
     ids = {request_id(run["fingerprint_hash"], pid, 0) for pid in reference}
@@ -322,11 +322,7 @@ def replay_on_reference(folder: Path, reference: set[str], num_steps: int = 3) -
 def build(folders: list[Path], reference: set[str] | None = None) -> dict[str, Any]:
     """`reference`: the held-out prompt ids every full draft's replay is also pooled over
     (reference_holdout; main: the first folder's generation.tar, run 15's)."""
-    sessions = [session(f) for f in folders]
-    for s, folder in zip(sessions, folders, strict=True):
-        pooled = replay_on_reference(folder, reference) if reference else None
-        if pooled:
-            s["replay_on_reference_held_out"] = pooled
+    sessions = [session(f, reference) for f in folders]
     deciding = _deciding_gate(sessions)
     measured_at_3 = {s["plan"]: _config(s.get("gate"), S3).get("accept_length_per_domain")
                      for s in sessions if _config(s.get("gate"), S3)}  # fmt: skip

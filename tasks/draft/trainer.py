@@ -350,29 +350,26 @@ def train_draft(
     # in float32 and pinned anew by every evaluation, run 21's 793 held-out sequences were 15 GiB
     # (~12 s an evaluation with its save, against ~6 s for run 15's 205). Past eval_cache_gib none
     # are kept and each evaluation reads them again: the held-out split grows with the data.
-    eval_cache: list[Batch] = []
-    eval_cache_state = {"complete": False, "kept": True}
+    eval_cache: list[Batch] | None = None  # None until an evaluation has read them all within the budget
+    eval_batches_kept = True  # False once past eval_cache_gib: every evaluation reads them again
 
     def eval_source() -> Iterator[Batch]:
-        if eval_cache_state["complete"]:
+        nonlocal eval_cache, eval_batches_kept
+        if eval_cache is not None:
             yield from eval_cache
             return
-        kept: list[Batch] | None = [] if eval_cache_state["kept"] else None
-        size, budget = 0, cfg.eval_cache_gib * 2**30
+        kept: list[Batch] | None = [] if eval_batches_kept else None
+        size = 0
         for batch in iter_batches(make_reader(), eval_batches):
             batch = batch.cast(compute_dtype)
             size += batch.nbytes
-            if kept is not None and size > budget:
-                kept = None  # past the budget: this evaluation and the later ones read them again
-                eval_cache_state["kept"] = False
-            if kept is not None and device.type == "cuda":
-                batch = batch.pinned()
+            if kept is not None and size > cfg.eval_cache_gib * 2**30:
+                kept, eval_batches_kept = None, False
             if kept is not None:
+                batch = batch.pinned() if device.type == "cuda" else batch
                 kept.append(batch)
             yield batch
-        if kept is not None:
-            eval_cache.extend(kept)
-            eval_cache_state["complete"] = True
+        eval_cache = kept
 
     def evaluate() -> dict[str, Any]:
         model.eval()
@@ -399,7 +396,7 @@ def train_draft(
         pooled = {f"pooled_accept_len_{k}": pooled_accept_length(chains[0, k - 1].item(), chains[1, k - 1].item())
                   for k in ks}  # fmt: skip
         return {"step": step, "acc_basis": "full_vocab", **summarize(totals, cfg.ttt_decay), **pooled,
-                "eval_batches_kept": eval_cache_state["kept"]}  # fmt: skip
+                "eval_batches_kept": eval_batches_kept}  # fmt: skip
 
     def save(best_changed: bool) -> None:
         nonlocal last_saved

@@ -132,6 +132,14 @@ def eval_prompt_ids(
     return chosen
 
 
+def manifest_eval_ids(domains: dict[str, str], fraction: float, seed: int) -> set[str]:
+    """The held-out prompts of a manifest (prompt_id -> domain): eval_prompt_ids per domain."""
+    by_domain: dict[str, list[str]] = defaultdict(list)
+    for pid, domain in domains.items():
+        by_domain[domain].append(pid)
+    return eval_prompt_ids(by_domain, fraction, seed)
+
+
 class SequenceBuilder:
     """Builds the training sequences of generation shards for one run."""
 
@@ -149,10 +157,7 @@ class SequenceBuilder:
         pids = manifest.column("prompt_id").to_pylist()
         self._messages = dict(zip(pids, manifest.column("messages").to_pylist(), strict=True))
         self._domains = dict(zip(pids, manifest.column("domain").to_pylist(), strict=True))
-        by_domain: dict[str, list[str]] = defaultdict(list)
-        for pid, domain in self._domains.items():
-            by_domain[domain].append(pid)
-        self.eval_ids = eval_prompt_ids(by_domain, eval_fraction, seed)
+        self.eval_ids = manifest_eval_ids(self._domains, eval_fraction, seed)
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.vocab_size = vocab_size

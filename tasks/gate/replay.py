@@ -151,9 +151,9 @@ def replayed_on(replayed: dict[str, Any], sequence_ids: set[str], k: int) -> dic
     this one shares, so that drafts trained on different data compare on the same sequences.
     None when it kept no per-sequence records (one written before they were kept) or did not
     replay `k`."""
-    records = [r for r in replayed.get("per_sequence", []) if r["sequence_id"] in sequence_ids]
     if "per_sequence" not in replayed or str(k) not in replayed["overall"]:
         return None
+    records = [r for r in replayed["per_sequence"] if r["sequence_id"] in sequence_ids]
     settings = replayed["settings"]
     return pooled_with_ci([r["tokens"][str(k)] for r in records], [r["cycles"][str(k)] for r in records],
                           settings["n_bootstrap"], settings["seed"], settings["ci_level"])  # fmt: skip

@@ -155,15 +155,14 @@ def render_many_prompt_ids(
     21's 39,666 prompts (the ids are the same). A prompt that cannot be rendered gets its
     TargetError in its place, so that the caller can drop that one alone."""
     texts: list[str] = []
-    out: list[list[int] | TargetError] = []
-    for messages in many:
+    errors: dict[int, TargetError] = {}
+    for i, messages in enumerate(many):
         try:
             texts.append(render_prompt_text(tokenizer, messages))
-            out.append([])
         except TargetError as e:
-            out.append(e)
+            errors[i] = e
     encoded = iter(tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"] if texts else [])
-    return [item if isinstance(item, TargetError) else [int(i) for i in next(encoded)] for item in out]
+    return [errors[i] if i in errors else [int(t) for t in next(encoded)] for i in range(len(many))]
 
 
 def count_prompt_tokens(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[dict]], int]:
