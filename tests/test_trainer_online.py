@@ -17,9 +17,9 @@ import torch
 from safetensors.torch import load as st_load
 
 from tasks.draft import checkpoint as ckpt
-from tasks.draft.data import DATA_META_KEY, build_index, plan_epoch
+from tasks.draft.data import DATA_META_KEY, build_index, collate, plan_epoch
 from tasks.draft.export import export_run_draft
-from tasks.draft.online import OnlineTarget
+from tasks.draft.online import OnlineData, OnlineTarget
 from tasks.draft.target_heads import load_target_heads
 from tasks.draft.trainer import TrainError, train_draft
 from tasks.extract.forecast import online_forecast
@@ -95,6 +95,32 @@ def test_online_training_matches_offline_with_nothing_extracted(tmp_path_factory
     ids = [[r.sequence_id for r in result.sequences] for result in replays]
     assert len(ids[0]) == 6 and ids[0] == ids[1]
     assert [r.accepted for r in replays[0].sequences] == [r.accepted for r in replays[1].sequences]
+
+
+def test_the_online_reader_hands_the_trainer_its_states_in_the_compute_dtype_unchanged(
+    tmp_path_factory, tiny_target_dir, tmp_path
+):
+    """What a GPU trainer gets (states where the capture ran, in compute_dtype, padded there)
+    holds the values of the host float32 path exactly: bf16 storage makes them representable."""
+    cfg, _, run = _run(tmp_path_factory, tiny_target_dir, tmp_path / "online", online=True)
+    assert cfg.extract.storage_dtype == "bf16"
+    data = OnlineData(run, OnlineTarget.of(cfg), torch.device("cpu"))
+    try:
+        index = data.index()
+        refs = index.split("train")[:5]
+        host = collate(data.reader(index).batch(refs))
+        kept = collate(data.reader(index, torch.bfloat16).batch(refs))
+    finally:
+        data.close()
+    assert len(set(host.lengths.tolist())) > 1  # padding is exercised
+    assert (host.aux_hidden.dtype, kept.aux_hidden.dtype, kept.last_hidden.dtype) == (
+        torch.float32, torch.bfloat16, torch.bfloat16)
+    for name in ("aux_hidden", "last_hidden"):
+        assert torch.equal(getattr(kept, name).float(), getattr(host, name)), name
+    for name in ("input_ids", "loss_mask", "lengths"):
+        assert torch.equal(getattr(kept, name), getattr(host, name)), name
+    on_host = kept.on_host(pin=False)
+    assert torch.equal(on_host.aux_hidden, kept.aux_hidden) and on_host.aux_hidden.device.type == "cpu"
 
 
 def test_kill_9_during_online_training_resumes_to_the_uninterrupted_curve(tmp_path_factory, tiny_target_dir, tmp_path):

@@ -208,14 +208,16 @@ class ShardReader:
 
 
 def collate(seqs: list[Any]) -> Batch:
-    """Right-pad ExtractedSequences into a Batch (ids 0, mask False, zero states)."""
+    """Right-pad ExtractedSequences into a Batch (ids 0, mask False, zero states). The states
+    are padded where they lie, in their dtype (an online reader's may be on the GPU already);
+    ids, mask and lengths are always on the host."""
     lengths = torch.tensor([s.input_ids.numel() for s in seqs], dtype=torch.int64)
     b, t = len(seqs), int(lengths.max())
-    aux_w, last_w = seqs[0].aux_hidden.shape[1], seqs[0].last_hidden.shape[1]
+    aux0, last0 = seqs[0].aux_hidden, seqs[0].last_hidden
     ids = torch.zeros(b, t, dtype=torch.int64)
     mask = torch.zeros(b, t, dtype=torch.bool)
-    aux = torch.zeros(b, t, aux_w, dtype=seqs[0].aux_hidden.dtype)
-    last = torch.zeros(b, t, last_w, dtype=seqs[0].last_hidden.dtype)
+    aux = torch.zeros(b, t, aux0.shape[1], dtype=aux0.dtype, device=aux0.device)
+    last = torch.zeros(b, t, last0.shape[1], dtype=last0.dtype, device=last0.device)
     for i, s in enumerate(seqs):
         n = s.input_ids.numel()
         ids[i, :n] = s.input_ids

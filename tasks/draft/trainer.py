@@ -186,7 +186,7 @@ def train_step(
     step: int = 0,
     rank: int = 0,
 ) -> tuple[StepStats, torch.Tensor]:
-    """One optimizer step on a host batch: unroll, backward, clip, AdamW, schedule; `step`
+    """One optimizer step on a batch (on the host, or its states on the device already): unroll, backward, clip, AdamW, schedule; `step`
     (the optimizer steps before this one) and `rank` seed the aux-state noise.
     (benchmarks/p4_train_step.py times exactly this.) Returns the gradient norm before clipping."""
     rows = counted_rows(batch.loss_mask, cfg.ttt_steps, device)
@@ -269,7 +269,8 @@ def train_draft(
                                    source.index if source else None, max_train_sequences)
 
     def make_reader() -> SequenceReader:
-        return source.reader(index) if source else ShardReader(run, index)
+        # Online, the captured states stay on the device in compute_dtype (OnlineReader).
+        return source.reader(index, compute_dtype) if source else ShardReader(run, index)
 
     index = index.limited("train", max_train_sequences)
     if vocab.draft_vocab_size != draft_cfg.draft_vocab_size or vocab.vocab_size != draft_cfg.vocab_size:
@@ -366,7 +367,8 @@ def train_draft(
             if kept is not None and size > cfg.eval_cache_gib * 2**30:
                 kept, eval_batches_kept = None, False
             if kept is not None:
-                batch = batch.pinned() if device.type == "cuda" else batch
+                # On the host whatever the reader made (an online one's are on the GPU already).
+                batch = batch.on_host(pin=device.type == "cuda")
                 kept.append(batch)
             yield batch
         eval_cache = kept

@@ -76,8 +76,22 @@ class Batch:
                      self.lengths)  # fmt: skip
 
     def pinned(self) -> Batch:
-        return Batch(*(t.pin_memory() for t in (self.input_ids, self.loss_mask, self.aux_hidden,
-                                                 self.last_hidden)), self.lengths)
+        """Host tensors page-locked; tensors already on a GPU stay where they are."""
+        return Batch(*(t.pin_memory() if t.device.type == "cpu" else t
+                       for t in (self.input_ids, self.loss_mask, self.aux_hidden, self.last_hidden)),
+                     self.lengths)  # fmt: skip
+
+    def on_host(self, pin: bool) -> Batch:
+        """The same batch with every tensor on the host, page-locked if `pin` (a GPU tensor is
+        copied once, straight into page-locked memory)."""
+
+        def host(t: torch.Tensor) -> torch.Tensor:
+            if t.device.type == "cpu":
+                return t.pin_memory() if pin else t
+            return torch.empty(t.shape, dtype=t.dtype, pin_memory=pin).copy_(t)
+
+        return Batch(*(host(t) for t in (self.input_ids, self.loss_mask, self.aux_hidden, self.last_hidden)),
+                     self.lengths)  # fmt: skip
 
 
 def to_device(x: torch.Tensor, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
