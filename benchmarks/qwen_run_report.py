@@ -84,7 +84,7 @@ def session(folder: Path, reference: set[str] | None = None) -> dict[str, Any]:
         out["training"] = {"fit": fit, "steps": (train or {}).get("steps"), "best": (train or {}).get("best"),
                            "epochs_for_budget": measure.get("train_epochs"),  # epochs_within_budget's choice
                            # a step's wait for its batch (online: captured by the target beside the step)
-                           "data_wait_s_mean": sum(waits) / len(waits) if waits else None}  # fmt: skip
+                           "data_wait_s_mean": sum(waits) / len(waits) if waits else (fit or {}).get("data_wait_s_mean")}  # fmt: skip
     report, replayed = results.json("run/gate/report.json"), results.json("run/gate/replay.json")
     if report:
         out["gate"] = gate_figures(report, results.json("run/gate/prediction.json"), replayed)

@@ -203,6 +203,19 @@ def test_a_later_regeneration_is_the_one_the_goal_reads(tmp_path: Path) -> None:
     assert math.isclose(gen["vs_plain_batched_request"], 0.96)
 
 
+def test_a_draft_stopped_for_its_session_shows_its_batches_wait_from_its_watch(tmp_path: Path) -> None:
+    """Run 22: the draft stopped at step 2,000 of 4,317 and wrote no train/result.json; its watch
+    (train-fit.json) kept the steps' mean wait for their batch."""
+    stopped = results_folder(tmp_path / "run-22", {
+        "options.json": {"plan": "qwen-gate"},
+        "train-fit.json": {"fits": False, "finished": False, "stopped_at_step": 2000, "pace_s": 0.228,
+                           "data_wait_s_mean": 0.029},
+    })  # fmt: skip
+    training = build([stopped])["sessions"][0]["training"]
+    assert training["steps"] is None and training["fit"]["stopped_at_step"] == 2000
+    assert training["data_wait_s_mean"] == 0.029
+
+
 def test_a_gate_cut_short_shows_its_launches_and_judges_accept_length_but_decides_nothing(tmp_path: Path) -> None:
     """Run 17: the session's device time ran out 4 of 8 launches into qwen-gate. Its launches are
     measurements (accept lengths, tok/s against the baseline's launch of the same repetition); the

@@ -83,14 +83,18 @@ GATE_FIXED_S = 90.0
 # and measures in ~10 s: run 19's three took 56-57 s each, end to end.
 QWEN_BREAKEVEN_LAUNCH_S = 60.0
 # The draft a qwen session trains before it gates it (draft_to_gate), as measured on the node: the
-# first step after 91-133 s (runs 15-17: the target loaded, the untrained evaluation, the first
-# step's torch.compile), then 0.42-0.51 s a step of 16,384 tokens and 5-7 s an evaluation and
-# save. The upper ends: run 17 planned with 0.46 s, and its draft's 0.51 left the gate too little.
-# Steps per epoch come from the regenerated tokens: run 15 packed its 3.14 M into 204 batches,
-# 1.06x their own count.
-QWEN_TRAIN_READY_S = 135.0
-QWEN_STEP_S = 0.52
-QWEN_EVAL_SAVE_S = 7.0
+# first step after 91-133 s on run 15's set (runs 15-17: the target loaded, the untrained
+# evaluation, the first step's torch.compile) and 173 s on the grown set (run 22: its index pass
+# and held-out set are ~4x), then 0.42-0.51 s a step of 16,384 tokens while each batch's states
+# went GPU -> host -> GPU (runs 15-21), 0.228 s since they stay on the GPU (run 22, H200: the
+# step's own 0.22 s and a 0.03 s wait for the batch); an evaluation and save 5-7 s on run 15's
+# held-out sequences, 9.7 s on the grown set's. The upper ends, with a margin on the one session
+# that measured the new pace: run 17 planned with 0.46 s when its draft ran at 0.51, and the gate
+# got too little. Steps per epoch come from the regenerated tokens: run 15 packed its 3.14 M into
+# 204 batches, 1.06x their own count.
+QWEN_TRAIN_READY_S = 175.0
+QWEN_STEP_S = 0.27
+QWEN_EVAL_SAVE_S = 10.0
 PACKING_SLACK = 1.1
 # A generation that would not end in its session (a prompt per user turn: ~4x run 15's replies,
 # BENCHMARKS P21) is stopped while its way back still fits (watch_generation): `eaglescale run`

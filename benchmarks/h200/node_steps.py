@@ -148,14 +148,21 @@ def node_train_watched(reserve_s: float = 0.0) -> int:
     def on_ready() -> None:  # run 15's 127 s before the first step: set-up, or the first step's own?
         fit["ready_after_s"] = time.time() - began
 
-    callbacks = TrainCallbacks(on_step=lambda record: stamps.append(time.time()), on_checkpoint=on_checkpoint,
-                               on_ready=on_ready)  # fmt: skip
+    waits: list[float] = []  # each step's wait for its batch (the trainer's data_wait_s)
+
+    def on_step(record: dict[str, Any]) -> None:
+        stamps.append(time.time())
+        waits.append(record["data_wait_s"])
+
+    callbacks = TrainCallbacks(on_step=on_step, on_checkpoint=on_checkpoint, on_ready=on_ready)
     try:
         train_draft(run, cfg.train, cfg.target.model_path, callbacks=callbacks, online=OnlineTarget.from_config(cfg))
         fit["finished"] = True
     except DoesNotFit as e:
         print(f"node train-watched: stopped at step {fit['stopped_at_step']}: {e}", flush=True)
-    fit.update(steps_trained=len(stamps), seconds=time.time() - began)
+    # A stopped draft writes no train/result.json: the wait for the batches is kept here too.
+    fit.update(steps_trained=len(stamps), seconds=time.time() - began,
+               data_wait_s_mean=sum(waits) / len(waits) if waits else None)  # fmt: skip
     write()
     print(json.dumps(fit))
     return 0
