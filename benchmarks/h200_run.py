@@ -291,9 +291,26 @@ The sessions, in order:
 
    qwen-gate trains the draft watched (resuming a carried checkpoint), and gates it in the
    session its training ends in when the least gate that decides still fits (~590 s); else its
-   last checkpoint that can come back travels (`node checkpoint K`, 22 calls). Prepared here on
-   2026-12-05 without --checkpoint-from (43 s; discovery skipped, the carried prompts' marker
-   matching): 34 parts of 38.3 MB in .eaglescale/h200/payload while this workspace lasts.
+   last checkpoint that can come back travels (`node checkpoint K`, 22 calls).
+   Run 22 (2026-12-05, H200, BENCHMARKS P26) was the draft's first session, with the online
+   batch path kept on the GPU: 0.228 s a step (0.45 before), ready after 123 s, the first step
+   after 173 s. It stopped at step 2,000 of 4,317 with 256 s left, and its checkpoint came back
+   in 22 calls of ~11 s (1,276,805,120 bytes, sha256 da1db8e6...9c02; in /work/ckpt22 while this
+   workspace lasts, too large for the repository). The next session resumes it:
+
+       ... prepare (as above) --checkpoint-from /work/ckpt22/checkpoint.tar     # 67 parts
+       python3 benchmarks/h200_run.py node start --plan qwen-gate --set train.epochs=3 \
+           --set train.eval_every=400 --set train.save_every=400 \
+           --set gate.replay_sequences=1000 --budget S                         # with the last part
+
+   ~2,317 steps, ~9 min, and ~6 evaluations of 9.7 s (every 400 steps: the cadence is not part
+   of the recipe a resume checks, and the curve was still rising, so the last is the best). With
+   the payload (~5 min) and setup, that leaves ~9 min: the least gate (~10 min) may not end, and
+   the draft comes back (`node drafts 0..3`, fetched as soon as `node wait` says it is packed)
+   for the session after, `qwen-sweep --draft-from` (num_steps 3, 4, 5 and the break-even). The
+   gate replays the whole held-out split (793 sequences: gate.replay_sequences), of which 204 are
+   run 15's held-out prompts: the first 256 in index order hold only ~59 of them, too few to set
+   the grown draft on run 20's replayed curve (qwen_run_report's replay_on_reference_held_out).
 
 A gate cut short still leaves every launch it measured (gate/progress.json), but no decision; the
 report says which goals it could not judge.
