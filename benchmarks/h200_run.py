@@ -142,14 +142,15 @@ holds only what landed); a plan that comes without one trains it first (~450 s a
 s at the profile's 4), then gates it. A draft whose measured pace says it will not end in the
 session (`node train-watched`) trains on while its next checkpoint and that checkpoint's way back
 still fit, then stops; the pipeline packs that checkpoint whole (weights, optimizer and RNG state,
-meta.json: 1.27 GB for this draft, 85 parts of 15 MB, `node checkpoint K` for K = 0..21, ~8 s
+meta.json: 1.27 GB for this draft, 85 parts of 15 MB, `node checkpoint K` for K = 0..21, ~11 s
 each), and `prepare --checkpoint-from checkpoint.tar` carries it to the next session's fresh node
 (33 more payload parts), where the draft resumes at that step and at its epochs, to the weights
 a resume on the first machine gives (tests/test_h200_runner.py). Its travel costs ~3 min of
 device time back, in time the watch kept for it, and ~2 min forward (33 payload parts,
 benchmarks/checkpoint_travel.py, BENCHMARKS P20): against 0.45 s a step to train its steps
-again, carrying pays from about step 260 on; one at step 200 is cheaper to train again, and the
-next session does so when no checkpoint is carried. Not run on the H200 yet.
+again, carrying paid from about step 260 on; at run 22's 0.228 s a step (P26), from about step
+620 (33 parts at ~4.3 s a call). One earlier is cheaper to train again, and the next session does
+so when no checkpoint is carried. Run 22 brought the first one back from the H200, at step 2,000.
 
     .venv/bin/python benchmarks/h200_run.py prepare --bundle DIR \
         --profile deployments/params/qwen25-coder.yaml \

@@ -60,7 +60,8 @@ TRAIN_TAIL_S = 120.0
 PACE_WARMUP_STEPS = 10  # left out of the pace: torch.compile's first batch shapes
 # A checkpoint that travels (`node checkpoint K`): packed on the node (tar and parts: it writes
 # its bytes twice, 1.27 GB for this draft with its optimizer's state), then brought back
-# travel.PARTS_PER_CALL parts a call at travel.SECONDS_PER_CALL each.
+# travel.PARTS_PER_CALL parts a call at travel.SECONDS_PER_CALL each. The pack measured 3-4 s on
+# the node (runs 21 and 22); the rest is a margin for a slower disk.
 CHECKPOINT_PACK_S = 30.0
 
 

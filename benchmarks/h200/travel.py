@@ -182,8 +182,9 @@ def carried_reuse() -> Path | None:
 PART_BYTES = 15_000_000  # what comes back in parts (`node wait`'s generation, `node drafts|checkpoint|generation K`), in parts of this many bytes
 PARTS_PER_CALL = 4  # 60 MB: what one call brings back (8 files, 64 MiB together)
 # Device seconds a call that brings back PARTS_PER_CALL parts costs: run 18's four `node drafts`
-# calls (213 MB) took 30 s of device time.
-SECONDS_PER_CALL = 8.0
+# calls (213 MB) took 30 s of device time, ~8 s each; run 22's 22 `node checkpoint` calls (1.28 GB)
+# took 236 s, ~11 s each, with its stop planned at 8 s a call and 4 s to spare: the slower figure.
+SECONDS_PER_CALL = 11.0
 # What travels in parts, each under NODE/<name>/ as <name>.tar.part-NN with index.json, and the
 # pipeline's step that packs it: the drafts a plan trained, a watched draft's training checkpoint
 # when it stopped mid-schedule, and the data-scaling drafts (qwen-scaling: trained in one session,
