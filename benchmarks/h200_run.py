@@ -235,7 +235,17 @@ The sessions, in order:
    steps: +0.26 per e-fold; ~2.5x the data for 1.3x on run 19's server, ~12x for 2.5) and was
    cut short in its first launch. The drafts (sha256 9fbef257...acc64e) and run 18's draft were
    lost when the workspace was wiped before run 21: the measured half of the curve needs them
-   trained again, a full draft's session (qwen-gate trains one) before this plan's.
+   trained again. At run 22's pace (0.228 s a step, P26) that may be one session with no draft
+   carried: the full draft and the three scaling drafts side by side are 1,224 steps, ~5 min if
+   side by side still costs the sum of their times alone (measured on the old path only), then
+   the one-repetition gate (~715 s), ~25 min with the payload (31 parts) and setup:
+
+       .venv/bin/python benchmarks/h200_run.py prepare --bundle DIR --profile deployments/params/qwen25-coder.yaml \
+           --run-from benchmarks/results/real-run-node/run-15/generation.tar
+       python3 benchmarks/h200_run.py node start --plan qwen-scaling --set train.epochs=3 --budget S   # with the last part
+
+   (train.epochs=3 so that the points share run 20's replayed curve's recipe; without it the node
+   fits the epochs to the time left and may choose 2.)
 
 5. The regeneration goal again: done, run 16 (2026-12-04, BENCHMARKS P17). qwen-generate without
    --run-from, its generation server without the prefix cache (`--disable-radix-cache`): 0.98x
