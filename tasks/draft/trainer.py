@@ -186,8 +186,9 @@ def train_step(
     step: int = 0,
     rank: int = 0,
 ) -> tuple[StepStats, torch.Tensor]:
-    """One optimizer step on a batch (on the host, or its states on the device already): unroll, backward, clip, AdamW, schedule; `step`
-    (the optimizer steps before this one) and `rank` seed the aux-state noise.
+    """One optimizer step on a batch (on the host, or its states on the device already): unroll,
+    backward, clip, AdamW, schedule; `step` (the optimizer steps before this one) and `rank` seed
+    the aux-state noise.
     (benchmarks/p4_train_step.py times exactly this.) Returns the gradient norm before clipping."""
     rows = counted_rows(batch.loss_mask, cfg.ttt_steps, device)
     autocast = torch.autocast(device.type, dtype=compute_dtype,
