@@ -318,10 +318,20 @@ The sessions, in order:
    of the recipe a resume checks, and the curve was still rising, so the last is the best). With
    the payload (~5 min) and setup, that leaves ~9 min: the least gate (~10 min) may not end, and
    the draft comes back (`node drafts 0..3`, fetched as soon as `node wait` says it is packed)
-   for the session after, `qwen-sweep --draft-from` (num_steps 3, 4, 5 and the break-even). The
-   gate replays the whole held-out split (793 sequences: gate.replay_sequences), of which 204 are
-   run 15's held-out prompts: the first 256 in index order hold only ~59 of them, too few to set
-   the grown draft on run 20's replayed curve (qwen_run_report's replay_on_reference_held_out).
+   for the session after, which gates it (37 parts with the draft; ~1,340 s of gate):
+
+       ... prepare (as above) --draft-from drafts.tar                         # no --checkpoint-from
+       python3 benchmarks/h200_run.py node start --plan qwen-sweep \
+           --set 'gate.topk_points=[{num_steps: 3, topk: 4, num_draft_tokens: 8}]' \
+           --set 'gate.breakeven_accept_lengths=[]' --set gate.replay_sequences=1000 --budget S
+
+   num_steps 3, 4 and 5 and the tree (3 steps, topk 4: run 18's tree accepted 0.3 more than the
+   chain at 3 steps, where the accept-length goal is read), twice each with the baseline. The
+   break-even launches are left out for the time; run 19 measured that server's (1.72 at 3
+   steps). The gate replays the whole held-out split (793 sequences: gate.replay_sequences), of
+   which 204 are run 15's held-out prompts: the first 256 in index order hold only ~59 of them,
+   too few to set the grown draft on run 20's replayed curve (qwen_run_report's
+   replay_on_reference_held_out).
 
 A gate cut short still leaves every launch it measured (gate/progress.json), but no decision; the
 report says which goals it could not judge.
