@@ -319,6 +319,10 @@ def test_the_recipe_in_the_trainer_and_its_resume(make_run):
     norms = [h["grad_norm"] for h in result.history[:3]]
     assert window["train_grad_norm"] == pytest.approx(sum(norms) / 3) and window["train_grad_norm_max"] == max(norms)
     assert window["train_clip_rate"] == sum(n > 0.05 for n in norms) / 3
+    steps = result.history[:3]
+    assert window["train_data_wait_s"] == pytest.approx(sum(h["data_wait_s"] for h in steps) / 3)
+    assert window["train_step_s"] == pytest.approx(sum(h["batch_tokens"] / h["tok_per_s"] for h in steps) / 3)
+    assert window["train_step_s"] > 0 and window["train_data_wait_s"] >= 0
     assert "train_clip_rate" not in result.evals[0]  # the untrained baseline has no window
     saved = run.read_json(TRAIN_RESULT)
     assert saved["history"][0]["grad_norm"] == result.history[0]["grad_norm"] and "clipped" in saved["history"][0]

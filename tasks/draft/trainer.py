@@ -420,14 +420,19 @@ def train_draft(
         rank.barrier()
 
     def training_window() -> dict[str, Any]:
-        """Gradient norms and clipping over the training steps since the previous evaluation."""
+        """Gradient norms and clipping over the training steps since the previous evaluation, and
+        how long a step took and waited for its batch (an input-bound trainer shows here)."""
         since = state["evals"][-1]["step"] if state["evals"] else 0
-        norms = [h["grad_norm"] for h in state["history"] if since < h["step"] <= step]
-        if not norms:
+        window = [h for h in state["history"] if since < h["step"] <= step]
+        if not window:
             return {}
+        norms = [h["grad_norm"] for h in window]
         clipped = sum(1 for n in norms if n > cfg.max_grad_norm)
+        timed = [h for h in window if "data_wait_s" in h]  # a resumed run's history before the field has none
+        times = {"train_step_s": sum(h["batch_tokens"] / h["tok_per_s"] for h in timed) / len(timed),
+                 "train_data_wait_s": sum(h["data_wait_s"] for h in timed) / len(timed)} if timed else {}  # fmt: skip
         return {"train_steps": len(norms), "train_grad_norm": sum(norms) / len(norms),
-                "train_grad_norm_max": max(norms), "train_clip_rate": clipped / len(norms)}
+                "train_grad_norm_max": max(norms), "train_clip_rate": clipped / len(norms), **times}
 
     def record_eval() -> bool:
         result = {**evaluate(), **training_window()}
