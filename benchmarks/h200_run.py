@@ -309,7 +309,7 @@ The sessions, in order:
    in 22 calls of ~11 s (1,276,805,120 bytes, sha256 da1db8e6...9c02; in /work/ckpt22 while this
    workspace lasts, too large for the repository). The next session resumes it:
 
-       ... prepare (as above) --checkpoint-from /work/ckpt22/checkpoint.tar     # 67 parts
+       ... prepare (as above) --checkpoint-from /work/ckpt22/checkpoint.tar     # 68 parts
        python3 benchmarks/h200_run.py node start --plan qwen-gate --set train.epochs=3 \
            --set train.eval_every=400 --set train.save_every=400 \
            --set gate.replay_sequences=1000 --budget S                         # with the last part
