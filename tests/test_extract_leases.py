@@ -1,6 +1,6 @@
 """Shard leases in the extract stage: two workers on one run root with one kill -9'd mid-shard
-(every shard committed exactly once, the dead worker's shard taken over only after its TTL and
-its parts removed), start-up cleanup that spares the parts of a shard leased elsewhere, and a
+(every shard committed exactly once, the dead worker's shard taken over only once it is gone,
+past its TTL or seen dead, and its parts removed), start-up cleanup that spares the parts of a shard leased elsewhere, and a
 worker that finds its shard taken over stopping before the commit."""
 
 from __future__ import annotations
@@ -108,16 +108,21 @@ def test_two_workers_one_killed_mid_shard_every_shard_extracted_once(
     assert unmarked_objects(run, "extract") == set()
 
     # The victim's shard: epoch 0 held by the victim, never released; epoch 1 the survivor's
-    # takeover, claimed only once the victim's last heartbeat was older than the TTL.
+    # takeover, claimed only once the victim was gone: its last heartbeat older than the TTL, or
+    # its process seen dead on this host (holder_gone: once this test has reaped it, which can
+    # come first; a CI run saw the takeover at 2.95 s of a 3 s TTL that way).
     leases = _leases(run)
     taken = [s for s, records in leases.items() if len(records) > 1]
     assert len(taken) == 1, leases
     first, taker = leases[taken[0]]
     assert first["holder"]["pid"] == victim.pid and not first["released"]
     assert taker["holder"]["pid"] == survivor.pid and taker["released"]
-    assert taker["took_over"]["holder"] == first["holder"]
-    assert taker["took_over"]["heartbeat_age_s"] > TTL_S
-    assert taker["acquired_at"] - first["heartbeat_at"] > TTL_S
+    took = taker["took_over"]
+    assert took["holder"] == first["holder"]
+    if not took["holder_gone"]:
+        assert took["heartbeat_age_s"] > TTL_S
+        assert taker["acquired_at"] - first["heartbeat_at"] > TTL_S
+    assert taker["acquired_at"] > first["heartbeat_at"]
 
     # No shard was extracted twice: the victim committed none (killed in its first shard),
     # the survivor committed all six, each under a lease of its own.
