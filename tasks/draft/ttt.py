@@ -29,7 +29,7 @@ the trainer's evaluation walks the greedy chains over them (`pooled_accept_len_k
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -75,11 +75,13 @@ class Batch:
         return Batch(self.input_ids, self.loss_mask, self.aux_hidden.to(dtype), self.last_hidden.to(dtype),
                      self.lengths)  # fmt: skip
 
+    def _each(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
+        """`fn` applied to ids, mask and states; lengths stay as they are (always on the host)."""
+        return Batch(fn(self.input_ids), fn(self.loss_mask), fn(self.aux_hidden), fn(self.last_hidden), self.lengths)
+
     def pinned(self) -> Batch:
         """Host tensors page-locked; tensors already on a GPU stay where they are."""
-        return Batch(*(t.pin_memory() if t.device.type == "cpu" else t
-                       for t in (self.input_ids, self.loss_mask, self.aux_hidden, self.last_hidden)),
-                     self.lengths)  # fmt: skip
+        return self._each(lambda t: t.pin_memory() if t.device.type == "cpu" else t)
 
     def on_host(self, pin: bool) -> Batch:
         """The same batch with every tensor on the host, page-locked if `pin` (a GPU tensor is
@@ -90,8 +92,7 @@ class Batch:
                 return t.pin_memory() if pin else t
             return torch.empty(t.shape, dtype=t.dtype, pin_memory=pin).copy_(t)
 
-        return Batch(*(host(t) for t in (self.input_ids, self.loss_mask, self.aux_hidden, self.last_hidden)),
-                     self.lengths)  # fmt: skip
+        return self._each(host)
 
 
 def to_device(x: torch.Tensor, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
