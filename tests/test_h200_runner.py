@@ -515,8 +515,9 @@ def test_the_sweep_counts_its_break_even_launches_and_shrinks_to_the_time_left(
 ) -> None:
     """qwen-sweep's gate: num_steps 3, 4 and 5 with the baseline, twice each, then the break-even's
     three launches at num_steps 3 (acceptance forced). The estimate counts every launch the gate
-    stage makes, the break-even's at their own cost; with less time left num_steps 3 goes first,
-    then 4, and the break-even stays with the least gate (it is what the session is for)."""
+    stage makes, the break-even's at their own cost; with less time left num_steps 5 goes first,
+    then 4: 3 stays (what 4 and 5 compare with, the accept-length goal's and the curve's), and the
+    break-even stays with the least gate (it is what the session is for)."""
     import json
     import time
 
@@ -530,7 +531,7 @@ def test_the_sweep_counts_its_break_even_launches_and_shrinks_to_the_time_left(
     pipeline = node_pipeline.Pipeline()
     pipeline.write_params()
     launch, fixed, breakeven = node_pipeline.QWEN_LAUNCH_S, node_pipeline.GATE_FIXED_S, node_pipeline.QWEN_BREAKEVEN_LAUNCH_S
-    for left, sets in [(1_400.0, []), (1_200.0, ["gate.num_steps=[4, 5]"]), (500.0, ["gate.num_steps=[5]"])]:
+    for left, sets in [(1_400.0, []), (1_200.0, ["gate.num_steps=[3, 4]"]), (500.0, ["gate.num_steps=[3]"])]:
         (tmp_path / "deadline.json").write_text(json.dumps({"ends_at": time.time() + left, "budget_s": 1800}))
         assert pipeline.gate_within_budget() == sets, left
         cfg = load_config(QWEN, overrides=[*pipeline.sets, *sets])
@@ -538,8 +539,21 @@ def test_the_sweep_counts_its_break_even_launches_and_shrinks_to_the_time_left(
         forced = [c for c in launches if c.role == BREAKEVEN]
         assert len(forced) == 3 and len(launches) == 3 + 2 * (1 + len(cfg.gate.num_steps))
         assert node_pipeline.gate_seconds(cfg.gate.model_dump()) == fixed + (len(launches) - 3) * launch + 3 * breakeven
-    assert json.loads((tmp_path / "measurements.json").read_text())["gate_trimmed"]["left_out"] == [{"num_steps": 3},
-                                                                                                   {"num_steps": 4}]  # fmt: skip
+    assert json.loads((tmp_path / "measurements.json").read_text())["gate_trimmed"]["left_out"] == [{"num_steps": 4},
+                                                                                                   {"num_steps": 5}]  # fmt: skip
+
+
+def test_a_trimmed_gate_keeps_the_chain_the_goal_and_the_curve_are_measured_at() -> None:
+    """gate_trims keeps gate.scaling_num_steps (3) whatever the sweep: the chains farthest from it
+    go first, the shorter of two as far, then the topk points; a gate without 3 keeps its longest."""
+    tree = {"num_steps": 3, "topk": 4, "num_draft_tokens": 8}
+    trims = node_pipeline.gate_trims({"num_steps": [3, 4], "topk_points": [tree], "scaling_num_steps": 3})
+    assert [sets for sets, _ in trims] == [[], ["gate.num_steps=[3]"], ["gate.num_steps=[3]", "gate.topk_points=[]"]]
+    assert trims[-1][1]["num_steps"] == [3] and trims[-1][1]["topk_points"] == []
+    steps = [g["num_steps"] for _, g in node_pipeline.gate_trims({"num_steps": [5, 1, 3, 2, 4]})]
+    assert steps == [[5, 1, 3, 2, 4], [2, 3, 4, 5], [2, 3, 4], [3, 4], [3]]
+    assert [g["num_steps"] for _, g in node_pipeline.gate_trims({"num_steps": [1, 2], "scaling_num_steps": 3})] == [
+        [1, 2], [2]]  # fmt: skip
 
 
 def test_a_session_that_trains_its_draft_leaves_the_gate_its_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

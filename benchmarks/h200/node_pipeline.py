@@ -129,13 +129,20 @@ def gate_seconds(gate: dict[str, Any], scaling_drafts: int = 0) -> float:
 
 def gate_trims(gate: dict[str, Any]) -> list[tuple[list[str], dict[str, Any]]]:
     """The gates a qwen session may run for its device time, the whole first, each smaller than
-    the one before: the shorter chains left out one at a time, shortest first (run 17: num_steps 1
-    ran at 0.77x the baseline, 2 at 1.04x, level with 3), then the topk points. The baseline and
-    the longest chain always stay: the least gate that decides. Each with its --set overrides."""
+    the one before: the chains left out one at a time, the farthest from the kept one first and
+    the shorter of two as far (run 17: num_steps 1 ran at 0.77x the baseline, 2 at 1.04x, level
+    with 3), then the topk points. The baseline and the kept chain always stay: the least gate
+    that decides. The kept chain is gate.scaling_num_steps (3) when the gate measures it, where
+    issue 28's accept-length goal, the data-scaling curve and every earlier session measured;
+    else the longest. Each with its --set overrides."""
     steps = sorted(gate.get("num_steps") or [])
+    kept = int(gate.get("scaling_num_steps", 3))
+    kept = kept if kept in steps else (steps[-1] if steps else kept)
+    dropped = sorted((k for k in steps if k != kept), key=lambda k: (-abs(k - kept), k))
     out: list[tuple[list[str], dict[str, Any]]] = [([], gate)]
-    for k in range(1, len(steps)):
-        out.append(([f"gate.num_steps={steps[k:]}"], {**gate, "num_steps": steps[k:]}))
+    for i in range(1, len(dropped) + 1):
+        left = [k for k in steps if k not in dropped[:i]]
+        out.append(([f"gate.num_steps={left}"], {**gate, "num_steps": left}))
     if gate.get("topk_points") and steps:  # a gate of topk points alone keeps them
         sets, last = out[-1]
         out.append(([*sets, "gate.topk_points=[]"], {**last, "topk_points": []}))
@@ -985,7 +992,7 @@ class Pipeline:
     def qwen_sweep(self) -> None:
         """The "qwen-sweep" plan (PLANS): num_steps 3, 4 and 5 and the break-even at num_steps 3,
         on the carried draft or one trained here (draft_to_gate), as much of it as ends in the
-        device time left (gate_within_budget: num_steps 3, then 4, left out first)."""
+        device time left (gate_within_budget: num_steps 5, then 4, left out first; 3 stays)."""
         self.setup()
         self.write_params()
         self.generate_once(reference=False)
