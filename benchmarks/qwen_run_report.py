@@ -307,8 +307,9 @@ def replay_on_reference(replayed: dict[str, Any] | None, run: dict[str, Any] | N
                         num_steps: int = 3) -> dict[str, Any] | None:  # fmt: skip
     """A session's full-draft replay pooled over the reference held-out prompts alone (their
     sequences in its run: request ids from its run.json's fingerprint), so that a draft trained
-    on a grown set compares with the curve's replayed points on the same sequences. None when
-    its replay kept no per-sequence records or it replayed none."""
+    on a grown set compares with the curve's replayed points on the same sequences; and each
+    domain's (per_domain: the accept-length goal is read per domain). None when its replay kept
+    no per-sequence records or it replayed none."""
     from tasks.gate.replay import replayed_on
     from tasks.runfolder import request_id
 
@@ -316,7 +317,14 @@ def replay_on_reference(replayed: dict[str, Any] | None, run: dict[str, Any] | N
         return None
     ids = {request_id(run["fingerprint_hash"], pid, 0) for pid in reference}
     pooled = replayed_on(replayed, ids, num_steps)
-    return pooled and {"num_steps": num_steps, **pooled, "reference_held_out": len(reference)}
+    if not pooled:
+        return None
+    domains: dict[str, set[str]] = {}
+    for record in replayed["per_sequence"]:
+        if record["sequence_id"] in ids:
+            domains.setdefault(record["domain"], set()).add(record["sequence_id"])
+    per_domain = {d: replayed_on(replayed, members, num_steps) for d, members in sorted(domains.items())}
+    return {"num_steps": num_steps, **pooled, "reference_held_out": len(reference), "per_domain": per_domain}
 
 
 def build(folders: list[Path], reference: set[str] | None = None) -> dict[str, Any]:
@@ -432,7 +440,8 @@ def _print(result: dict[str, Any]) -> None:
         if s.get("replay_on_reference_held_out"):
             r = s["replay_on_reference_held_out"]
             print(f"  replay on run 15's held-out prompts ({r['sequences']} of {r['reference_held_out']} here), "
-                  f"{r['num_steps']} steps: {r['accept_length']} [{r['ci_low']}, {r['ci_high']}]")  # fmt: skip
+                  f"{r['num_steps']} steps: {r['accept_length']} [{r['ci_low']}, {r['ci_high']}]; "
+                  + ", ".join(f"{d} {p['accept_length']:.3f} ({p['sequences']})" for d, p in r["per_domain"].items()))  # fmt: skip
         for name, t in (s.get("travelled") or {}).items():
             print(f"  packed to travel: {name}, {t['bytes']} bytes in {t['parts']} parts ({t['calls']} calls), "
                   + (f"packed in {t['pack_s']:.0f} s" if t["pack_s"] is not None else "the pack not timed") + (f", at step {t['step']} of {t['total_steps']}" if "step" in t else ""))  # fmt: skip

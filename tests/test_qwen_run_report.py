@@ -330,4 +330,7 @@ def test_run_15s_held_out_prompts_and_a_grown_draft_replayed_on_them(tmp_path: P
     pooled = grown["replay_on_reference_held_out"]
     assert (pooled["sequences"], pooled["reference_held_out"], pooled["num_steps"]) == (150, 205, 3)
     assert pooled["accept_length"] == 2.0 and overall["accept_length"] == 1.75
+    # each domain's too: the shared sequences are all code here; the chat ones are not run 15's
+    assert list(pooled["per_domain"]) == ["coding"] and pooled["per_domain"]["coding"]["sequences"] == 150
+    assert pooled["per_domain"]["coding"]["accept_length"] == 2.0
     assert "replay_on_reference_held_out" not in build([folder])["sessions"][0]  # no reference given
