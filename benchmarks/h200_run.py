@@ -212,8 +212,9 @@ The sessions, in order:
    3 at 1.04x and 0.80x), then the break-even at num_steps 3 (accept lengths 1.5, 2.0, 2.5 forced,
    8 prompts each: gate.breakeven_num_steps), last, so a gate cut short loses it first. The gate
    ~1,270 s at run 17's launch cost (QWEN_LAUNCH_S, QWEN_BREAKEVEN_LAUNCH_S), with the payload (37
-   parts with run 18's draft) and setup ~27 min; a session with less leaves num_steps 3, then 4,
-   out (gate_within_budget). It does not fit beside training the draft.
+   parts with run 18's draft) and setup ~27 min; a session with less leaves num_steps 5, then 4,
+   out (gate_within_budget; gate_trims keeps 3, what 4 and 5 compare with). It does not fit
+   beside training the draft.
 4. qwen-scaling (--run-from --draft-from): the data-scaling drafts (0.1, 0.3, 0.6 of the
    sequences, a draft's worth of steps side by side: run 10 measured that side by side they take
    about the sum of their times alone) trained online on the carried draft's vocabulary map, then
@@ -314,24 +315,27 @@ The sessions, in order:
            --set train.eval_every=400 --set train.save_every=400 \
            --set gate.replay_sequences=1000 --budget S                         # with the last part
 
-   ~2,317 steps, ~9 min, and ~6 evaluations of 9.7 s (every 400 steps: the cadence is not part
-   of the recipe a resume checks, and the curve was still rising, so the last is the best). With
-   the payload (~5 min) and setup, that leaves ~9 min: the least gate (~10 min) may not end, and
-   the draft comes back (`node drafts 0..3`, fetched as soon as `node wait` says it is packed)
-   for the session after, which gates it (37 parts with the draft; ~1,340 s of gate):
+   Run 23 (2026-12-05, H100, BENCHMARKS P27) did so: 2,317 steps at 0.247 s a step, ready after
+   27 s, the first step after 86 s (the first evaluation after a resume 58.6 s with its save: it
+   captures and keeps the held-out batches), the export 74 s, the draft packed in 17 s and back in
+   4 calls (15 parts, 214,712,320 bytes, sha256 e90a240f...c91f; in /work/draft23 while this
+   workspace lasts, too large for the repository). It replays 2.353 at 3 steps on run 15's
+   held-out sequences (P24's forecast: 2.12). The gate had ~320 s: its replay, the baseline
+   (426.8 tok/s) and part of the 3-step launch. The next session gates it, training nothing:
 
-       ... prepare (as above) --draft-from drafts.tar                         # no --checkpoint-from
-       python3 benchmarks/h200_run.py node start --plan qwen-sweep \
+       ... prepare (as above) --draft-from /work/draft23/drafts.tar           # no --checkpoint-from
+       python3 benchmarks/h200_run.py node start --plan qwen-sweep --set 'gate.num_steps=[3, 4]' \
            --set 'gate.topk_points=[{num_steps: 3, topk: 4, num_draft_tokens: 8}]' \
            --set 'gate.breakeven_accept_lengths=[]' --set gate.replay_sequences=1000 --budget S
 
-   num_steps 3, 4 and 5 and the tree (3 steps, topk 4: run 18's tree accepted 0.3 more than the
-   chain at 3 steps, where the accept-length goal is read), twice each with the baseline. The
-   break-even launches are left out for the time; run 19 measured that server's (1.72 at 3
-   steps). The gate replays the whole held-out split (793 sequences: gate.replay_sequences), of
-   which 204 are run 15's held-out prompts: the first 256 in index order hold only ~59 of them,
-   too few to set the grown draft on run 20's replayed curve (qwen_run_report's
-   replay_on_reference_held_out).
+   num_steps 3 and 4 and the tree (3 steps, topk 4: run 18's tree accepted 0.29 more than the
+   chain at 3 steps, where the accept-length goal is read), twice each with the baseline: 8
+   launches, ~1,090 s at QWEN_LAUNCH_S; a session short of time drops 4, then the tree (gate_trims
+   keeps num_steps 3). num_steps 5 is left out (run 19: 3 at 1.10x, 4 at 1.06x, 5 at 1.05x), and
+   so is the break-even: run 19 measured that server's (1.72 at 3 steps). The gate replays the
+   whole held-out split (793 sequences: gate.replay_sequences), of which 204 are run 15's
+   held-out prompts: the first 256 in index order hold only ~59 of them, too few to set the
+   grown draft on run 20's replayed curve (qwen_run_report's replay_on_reference_held_out).
 
 A gate cut short still leaves every launch it measured (gate/progress.json), but no decision; the
 report says which goals it could not judge.
