@@ -239,7 +239,10 @@ The sessions, in order:
    trained again. At run 22's pace (0.228 s a step, P26) that may be one session with no draft
    carried: the full draft and the three scaling drafts side by side are 1,224 steps, ~5 min if
    side by side still costs the sum of their times alone (measured on the old path only), then
-   the one-repetition gate (~715 s), ~25 min with the payload (31 parts) and setup:
+   the one-repetition gate (~715 s), ~25 min with the payload (31 parts) and setup. Three Qwen
+   trainers side by side hold ~96 GiB at their peaks (~32 each, runs 18, 22, 23): on an H100
+   (80 GiB) the scaling drafts train in one process beside the full draft, in two on an H200
+   (scaling_groups, PLAN_TRAINER_GIB; measurements.json's scaling_processes):
 
        .venv/bin/python benchmarks/h200_run.py prepare --bundle DIR --profile deployments/params/qwen25-coder.yaml \
            --run-from benchmarks/results/real-run-node/run-15/generation.tar
@@ -323,7 +326,7 @@ The sessions, in order:
    held-out sequences (P24's forecast: 2.12). The gate had ~320 s: its replay, the baseline
    (426.8 tok/s) and part of the 3-step launch. The next session gates it, training nothing:
 
-       ... prepare (as above) --draft-from /work/draft23/drafts.tar           # no --checkpoint-from
+       ... prepare (as above) --draft-from /work/draft23/drafts.tar   # 41 parts; no --checkpoint-from
        python3 benchmarks/h200_run.py node start --plan qwen-sweep --set 'gate.num_steps=[3, 4]' \
            --set 'gate.topk_points=[{num_steps: 3, topk: 4, num_draft_tokens: 8}]' \
            --set 'gate.breakeven_accept_lengths=[]' --set gate.replay_sequences=1000 --budget S

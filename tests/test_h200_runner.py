@@ -788,6 +788,43 @@ def test_a_session_records_the_machine_it_ran_on(tmp_path: Path, monkeypatch: py
     assert bare["gpus"].startswith("nvidia-smi:") and bare["cpu_model"].startswith("unreadable:")
 
 
+def test_the_scaling_drafts_train_in_as_many_processes_as_the_gpu_holds_beside_the_full_draft(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three Qwen trainers (the full draft and two scaling processes, ~32 GiB each at their peak)
+    fit an H200's 141 GiB and not an H100's 80: there the scaling drafts train in one process
+    beside the full draft, and in two where no full draft trains (a carried one). The GPU's size
+    comes from nvidia-smi (a stand-in with the real tool's CSV output), measurements.json says
+    what was chosen, and each process is started with its fractions."""
+    import json
+
+    assert node_pipeline.scaling_groups([0.6, 0.1, 0.3], 1, 140.4, 36.0) == [[0.1, 0.3], [0.6]]
+    assert node_pipeline.scaling_groups([0.6, 0.1, 0.3], 1, 79.6, 36.0) == [[0.1, 0.3, 0.6]]
+    assert node_pipeline.scaling_groups([0.6, 0.1, 0.3], 0, 79.6, 36.0) == [[0.1, 0.3], [0.6]]
+    assert node_pipeline.scaling_groups([0.6, 0.1, 0.3], 1, None, 36.0) == [[0.1, 0.3], [0.6]]  # not known: as before
+    assert node_pipeline.scaling_groups([0.6, 0.1, 0.3], 1, 79.6, None) == [[0.1, 0.3], [0.6]]  # a plan without a size
+    assert node_pipeline.scaling_groups([0.5], 1, 10.0, 36.0) == [[0.5]] and node_pipeline.scaling_groups([], 1, 80.0, 36.0) == []
+
+    _on_node(monkeypatch, tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '81559 MiB'\n")  # an H100 80GB HBM3
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    assert node_pipeline.gpu_memory_gib() == pytest.approx(79.65, abs=0.01)
+    (tmp_path / "manifest.json").write_text(json.dumps({"parts": [], "profile": str(QWEN.relative_to(RUNNER.parents[1]))}))
+    (tmp_path / "options.json").write_text(json.dumps(plans.plan_options([], "qwen-scaling", None)))
+    pipeline = node_pipeline.Pipeline()
+    pipeline.write_params()
+    started: list[list[str]] = []
+    monkeypatch.setattr(pipeline, "py", lambda args, log, env=None, wait=True: started.append(args[-1]))
+    assert list(pipeline.start_scaling({}, beside=1)) == ["scaling-0.1,0.3,0.6"] and started == ["0.1,0.3,0.6"]
+    said = json.loads((tmp_path / "measurements.json").read_text())["scaling_processes"]
+    assert said["groups"] == [[0.1, 0.3, 0.6]] and said["beside"] == 1 and said["trainer_gib"] == 36.0
+    assert list(pipeline.start_scaling({}, beside=0)) == ["scaling-0.1,0.3", "scaling-0.6"]
+
+
 def test_node_receive_keeps_a_part_that_arrives_on_a_replaced_machine(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

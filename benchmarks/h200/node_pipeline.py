@@ -96,6 +96,13 @@ QWEN_TRAIN_READY_S = 175.0
 QWEN_STEP_S = 0.27
 QWEN_EVAL_SAVE_S = 10.0
 PACKING_SLACK = 1.1
+# What one online trainer of Qwen2.5-Coder-1.5B holds on the GPU at 16,384 tokens a step: 31.6-31.7
+# GiB allocated at its peak, 32.1-35.0 reserved (runs 18, 22, 23), with a margin. Three side by
+# side (the full draft and two scaling processes, as SmolLM2's fitted the H200) would not fit an
+# H100's 80 GiB; the scaling drafts then train in one process (scaling_groups). The GPU
+# time-slices the processes (run 10: side by side they take about the sum of their times alone),
+# so fewer processes cost only the set-ups that no longer overlap. A plan not listed: no limit.
+PLAN_TRAINER_GIB: dict[str, float] = {"qwen-scaling": 36.0}
 # A generation that would not end in its session (a prompt per user turn: ~4x run 15's replies,
 # BENCHMARKS P21) is stopped while its way back still fits (watch_generation): `eaglescale run`
 # ends within seconds of SIGTERM with every shard's requests so far journaled (flows/stopping.py;
@@ -112,6 +119,20 @@ def steps_per_epoch(progress: dict[str, Any], train: dict[str, Any]) -> float:
     generation's token counts (PACKING_SLACK): run 15's 3.14 M tokens, 204 steps packed, ~211 read."""
     tokens = progress["tokens"]
     return PACKING_SLACK * (tokens["prompt_done"] + tokens["completion_done"]) / train["batch_tokens"]
+
+
+def scaling_groups(fractions: list[float], beside: int, gpu_gib: float | None,
+                   trainer_gib: float | None) -> list[list[float]]:  # fmt: skip
+    """The processes the scaling drafts train in, each a list of fractions trained one after
+    another: the largest alone and the others in a second (in the third run one process for all
+    three was the long pole: 624 s beside the full draft's 394 s), or all in one when the GPU's
+    `gpu_gib` hold fewer than two more trainers of `trainer_gib` beside the `beside` already
+    training. Unknown sizes: the two."""
+    fractions = sorted(fractions)
+    two = [g for g in (fractions[:-1], fractions[-1:]) if g]
+    if gpu_gib is None or trainer_gib is None or len(two) < 2:
+        return two
+    return two if int(gpu_gib // trainer_gib) - beside >= len(two) else [fractions]
 
 
 def gate_seconds(gate: dict[str, Any], scaling_drafts: int = 0) -> float:
@@ -176,13 +197,29 @@ def host_facts(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
     except OSError as e:
         facts["cpu_model"] = f"unreadable: {e}"
     try:
-        smi = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(GPU_QUERY)}", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30)  # fmt: skip
-        rows = [[v.strip() for v in line.split(",")] for line in smi.stdout.strip().splitlines()]
-        facts["gpus"] = [dict(zip(GPU_QUERY, row, strict=False)) for row in rows] or smi.stderr[-300:]
+        gpus, stderr = nvidia_smi(GPU_QUERY)
+        facts["gpus"] = gpus or stderr[-300:]
     except (OSError, subprocess.TimeoutExpired) as e:
         facts["gpus"] = f"nvidia-smi: {e}"
     return facts
+
+
+def nvidia_smi(fields: tuple[str, ...]) -> tuple[list[dict[str, str]], str]:
+    """Each GPU's `fields` as nvidia-smi prints them (with their units), and its stderr; OSError
+    where there is no nvidia-smi."""
+    smi = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader"],
+                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    rows = [[v.strip() for v in line.split(",")] for line in smi.stdout.strip().splitlines()]
+    return [dict(zip(fields, row, strict=False)) for row in rows], smi.stderr
+
+
+def gpu_memory_gib() -> float | None:
+    """The first GPU's total memory, None where there is none to ask."""
+    try:
+        gpus, _ = nvidia_smi(("memory.total",))
+        return float(gpus[0]["memory.total"].split()[0]) / 1024 if gpus else None  # "81559 MiB"
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None
 
 
 def specforge_command() -> list[str]:
@@ -458,7 +495,7 @@ class Pipeline:
         if not vocab.exists():  # the draft's training failed both ways: nothing to train beside it
             main.join()
             raise RuntimeError("the draft's training wrote no vocabulary map (logs/stage-train-draft.log, plain-train-draft.log)")
-        procs = self.start_scaling(env)
+        procs = self.start_scaling(env, beside=1)  # the full draft trains on
         if not node_env.REHEARSAL and "anchor" not in self.skip:
             procs["specforge"] = self.py(specforge_command(), "specforge", env, wait=False)
         began = time.time()
@@ -470,21 +507,23 @@ class Pipeline:
         self.note("train-parallel", "done" if not any(codes.values()) else "failed-part", json.dumps(codes))
         self.stage("train", env=env)  # trains what failed beside the others, exports, writes the scaling index
 
-    def start_scaling(self, env: dict[str, str]) -> dict[str, subprocess.Popen[bytes]]:
-        """The scaling drafts (params.yaml's train.scaling_fractions) in two processes, the
-        largest fraction alone and the others one after another (in the third run one process
-        for all three was the long pole: 624 s beside the full draft's 394 s). Each writes an
-        index of its own fractions: a train stage or `node scaling` of all of them after it
-        writes the whole one."""
+    def start_scaling(self, env: dict[str, str], beside: int) -> dict[str, subprocess.Popen[bytes]]:
+        """The scaling drafts (params.yaml's train.scaling_fractions) in the processes
+        scaling_groups makes for this GPU and the `beside` trainers already on it (measurements.json's
+        scaling_processes). Each writes an index of its own fractions: a train stage or `node
+        scaling` of all of them after it writes the whole one."""
         import yaml  # in the node's image; the pipeline process itself has no pydantic (tasks.config)
 
-        fractions = sorted(yaml.safe_load((node_env.NODE / "params.yaml").read_text())["train"].get("scaling_fractions") or [])
+        fractions = yaml.safe_load((node_env.NODE / "params.yaml").read_text())["train"].get("scaling_fractions") or []
+        gpu_gib, trainer_gib = gpu_memory_gib(), PLAN_TRAINER_GIB.get(self.plan)
+        groups = scaling_groups(fractions, beside, gpu_gib, trainer_gib)
+        self.save_measure("scaling_processes", {"groups": groups, "beside": beside, "gpu_gib": gpu_gib,
+                                                "trainer_gib": trainer_gib})  # fmt: skip
         procs: dict[str, subprocess.Popen[bytes]] = {}
-        for group in (fractions[:-1], fractions[-1:]):
-            if group:
-                arg = ",".join(map(str, group))
-                procs[f"scaling-{arg}"] = self.py([str(node_env.RUNNER), "node", "scaling", arg],
-                                                  f"train-scaling-{arg.replace(',', '-')}", env, wait=False)  # fmt: skip
+        for group in groups:
+            arg = ",".join(map(str, group))
+            procs[f"scaling-{arg}"] = self.py([str(node_env.RUNNER), "node", "scaling", arg],
+                                              f"train-scaling-{arg.replace(',', '-')}", env, wait=False)  # fmt: skip
         return procs
 
     def finish_specforge(self, proc: subprocess.Popen[bytes], env: dict[str, str], ours_s: float) -> dict[str, int]:
@@ -1024,7 +1063,7 @@ class Pipeline:
             self.epochs_carried()
             env = self.trainer_env()
             self.note("train-scaling", "running")
-            codes = {name: proc.wait() for name, proc in self.start_scaling(env).items()}
+            codes = {name: proc.wait() for name, proc in self.start_scaling(env, beside=0).items()}
             self.save_measure("train_scaling_exit", codes)
             self.py([str(node_env.RUNNER), "node", "scaling"], "train-scaling-index", env)
             self.note("train-scaling", "done" if not any(codes.values()) else "failed-part", json.dumps(codes))
