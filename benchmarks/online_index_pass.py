@@ -68,7 +68,8 @@ def main() -> int:
     markers = dict(sorted(gen.committed().items()))
 
     def index_pass(one_by_one: bool) -> tuple[float, dict[str, list]]:
-        builder = SequenceBuilder(run, tok, target.max_length, layout.vocab_size, target.eval_fraction, target.seed)
+        builder = SequenceBuilder(run, tok, target.max_length, layout.vocab_size, target.eval_fraction, target.seed,
+                                  target.holdout_unit)  # fmt: skip
         if one_by_one:  # the prompts rendered one call each, before build() asks for them
             builder._render_all = lambda prompt_ids: [builder._prompt_ids(p) for p in prompt_ids]  # type: ignore[method-assign]
         began = time.perf_counter()

@@ -291,16 +291,19 @@ def reference_holdout(generation: Path, profile: Path = PROFILE) -> set[str]:
     import pyarrow.parquet as pq
 
     from tasks.config import load_config
-    from tasks.extract.sequences import manifest_eval_ids
+    from tasks.extract.sequences import conversation_ids, manifest_eval_ids
 
     with tarfile.open(generation) as tar:
         member = tar.extractfile("run/prompts/manifest.parquet")
         if member is None:
             raise ValueError(f"{generation}: no run/prompts/manifest.parquet in it")
-        manifest = pq.read_table(member, columns=["prompt_id", "domain"])
-    domains = dict(zip(manifest.column("prompt_id").to_pylist(), manifest.column("domain").to_pylist(), strict=True))
+        manifest = pq.read_table(member, columns=["prompt_id", "domain", "messages"])
+    pids = manifest.column("prompt_id").to_pylist()
+    domains = dict(zip(pids, manifest.column("domain").to_pylist(), strict=True))
     extract = load_config(profile).extract
-    return manifest_eval_ids(domains, extract.eval_fraction, extract.seed)
+    conversations = (conversation_ids(dict(zip(pids, manifest.column("messages").to_pylist(), strict=True)))
+                     if extract.holdout_unit == "conversation" else None)  # fmt: skip
+    return manifest_eval_ids(domains, extract.eval_fraction, extract.seed, conversations)
 
 
 def replay_on_reference(replayed: dict[str, Any] | None, run: dict[str, Any] | None, reference: set[str],

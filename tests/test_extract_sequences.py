@@ -189,3 +189,105 @@ def test_prompts_rendered_together_are_the_ids_one_at_a_time_and_a_bad_one_stays
     assert [d["request_id"] for d in built.dead] == [r["request_id"] for r in rows.to_pylist()
                                                      if r["prompt_id"] == first["prompt_id"]]  # fmt: skip
     assert len(built.sequences) == rows.num_rows - len(built.dead) > 0
+
+
+def _conversations(n: int, turns: int) -> tuple[dict[str, str], dict[str, str]]:
+    """A manifest of `n` conversations with a prompt per user turn (discover's every_user):
+    prompt_id -> messages (JSON), prompt_id -> domain (a conversation's turns may differ)."""
+    from tasks.discover.formats import prompt_id_of
+
+    messages, domains = {}, {}
+    for c in range(n):
+        turns_so_far: list[dict[str, str]] = [{"role": "system", "content": "be brief"}] if c % 3 == 0 else []
+        for t in range(turns):
+            turns_so_far = [*turns_so_far, {"role": "user", "content": f"conversation {c} turn {t}"}]
+            pid = prompt_id_of(turns_so_far)
+            messages[pid] = json.dumps(turns_so_far)
+            domains[pid] = "coding" if (c + t) % 4 == 0 else "chat"
+            turns_so_far = [*turns_so_far, {"role": "assistant", "content": f"reply {c}.{t}"}]
+    return messages, domains
+
+
+def test_the_held_out_split_holds_out_whole_conversations() -> None:
+    """With a prompt per user turn, a split per prompt leaves other turns of most held-out
+    conversations in training; by conversation none, at about the same size per domain. A run
+    of first-turn prompts gets the same split either way, so its recorded digest still holds."""
+    from tasks.extract.sequences import conversation_ids, holdout_digest, manifest_eval_ids
+
+    messages, domains = _conversations(200, 4)
+    conversations = conversation_ids(messages)
+    assert len(set(conversations.values())) == 200
+    first_turns = {p for p, m in messages.items() if len(json.loads(m)) in (1, 2)}  # [system,] user
+    assert all(sum(c == conversations[p] for c in conversations.values()) == 4 for p in first_turns)
+    assert {conversations[p] for p in first_turns} == set(conversations.values())
+
+    def leaks(held: set[str]) -> int:
+        return sum(1 for p in held if any(q not in held for q, c in conversations.items() if c == conversations[p]))
+
+    per_prompt = manifest_eval_ids(domains, 0.05, 0)
+    whole = manifest_eval_ids(domains, 0.05, 0, conversations)
+    assert leaks(per_prompt) > 0 and leaks(whole) == 0
+    counts = Counter(domains[p] for p in whole)
+    for domain, n in Counter(domains.values()).items():
+        assert round(0.05 * n) <= counts[domain] <= round(0.05 * n) + 4  # a conversation's turns at most past it
+    assert manifest_eval_ids(domains, 0.05, 0, conversations) == whole  # seeded
+    assert manifest_eval_ids(domains, 0.05, 1, conversations) != whole
+
+    # One prompt a conversation, first turns or last: the same split either way.
+    last_turns = {p for p, m in messages.items() if len(json.loads(m)) >= 7}
+    for one_each in (first_turns, last_turns):
+        singles = {p: messages[p] for p in one_each}
+        assert conversation_ids(singles) == {p: p for p in one_each}
+        single_domains = {p: domains[p] for p in one_each}
+        alone = manifest_eval_ids(single_domains, 0.05, 0)
+        assert manifest_eval_ids(single_domains, 0.05, 0, conversation_ids(singles)) == alone
+        assert holdout_digest(alone) != holdout_digest(whole)
+
+
+def test_a_split_other_than_the_recorded_one_is_named(gen) -> None:
+    """holdout_changed: the digest a stage recorded against the split this run makes now. A
+    record from before the key (None) holds where the prompt unit gives the same split (this
+    run's first-turn prompts); another digest is refused with what to set."""
+    from tasks.extract.sequences import holdout_changed
+
+    run, tok, _, _ = gen
+    by_conversation = SequenceBuilder(run, tok, 256, VOCAB, eval_fraction=0.25, seed=3)
+    by_prompt = SequenceBuilder(run, tok, 256, VOCAB, eval_fraction=0.25, seed=3, holdout_unit="prompt")
+    assert by_conversation.eval_ids == by_prompt.eval_ids and by_conversation.holdout == by_prompt.holdout
+    assert holdout_changed(None, by_conversation, "here") is None
+    assert holdout_changed(by_prompt.holdout, by_conversation, "here") is None
+    other = SequenceBuilder(run, tok, 256, VOCAB, eval_fraction=0.25, seed=4)
+    said = holdout_changed(other.holdout, by_conversation, "run/train/checkpoints/step-4")
+    assert said is not None and said.startswith("run/train/checkpoints/step-4 was made with another held-out split")
+    assert "extract.holdout_unit 'conversation'" in said
+    with pytest.raises(ValueError, match="extract.holdout_unit 'turn'"):
+        SequenceBuilder(run, tok, 256, VOCAB, holdout_unit="turn")
+
+
+def test_a_record_from_before_the_key_holds_only_where_each_prompt_alone_splits_alike(gen) -> None:
+    """The run's prompts made a prompt per user turn (each conversation one more turn, committed
+    as discovery commits): by conversation the split is another than each prompt alone, so a
+    record from before extract.holdout_unit is refused with what to set, and holds with it set."""
+    from tasks.discover.commit import TABLES, commit_discovery, discovery_marker
+    from tasks.discover.formats import prompt_id_of
+    from tasks.discover.result import MANIFEST_SCHEMA
+    from tasks.extract.sequences import holdout_changed
+    from tasks.runfolder.fingerprint import canonical_json
+
+    run, tok, _, _ = gen
+    first = read_prompts_table(run, "manifest").to_pylist()
+    later = []
+    for row in first:
+        turns = [*json.loads(row["messages"]), {"role": "assistant", "content": "Done."},
+                 {"role": "user", "content": "And the tests?"}]  # fmt: skip
+        later.append({**row, "prompt_id": prompt_id_of(turns), "messages": canonical_json(turns)})
+    tables = {name: read_prompts_table(run, name) for name in TABLES}
+    tables["manifest"] = pa.Table.from_pylist(sorted(first + later, key=lambda r: r["prompt_id"]), schema=MANIFEST_SCHEMA)
+    commit_discovery(run, tables, {}, "", discovery_marker(run)["config_hash"])
+
+    by_conversation = SequenceBuilder(run, tok, 256, VOCAB, eval_fraction=0.25, seed=3)
+    by_prompt = SequenceBuilder(run, tok, 256, VOCAB, eval_fraction=0.25, seed=3, holdout_unit="prompt")
+    assert len(by_conversation._messages) == 2 * len(first) and by_conversation.eval_ids != by_prompt.eval_ids
+    said = holdout_changed(None, by_conversation, "run/train/data.json: the draft")
+    assert said is not None and "set extract.holdout_unit to 'prompt' to go on with it" in said
+    assert holdout_changed(None, by_prompt, "run/train/data.json: the draft") is None

@@ -219,6 +219,27 @@ def test_changed_settings_are_refused_then_re_extracted_in_fp8_when_allowed(
     assert seq.aux_hidden.dtype == torch.float32 and seq.aux_hidden.shape[1] == 3 * 64
 
 
+def test_a_shard_of_another_held_out_split_is_refused(tmp_path_factory, tmp_path, tiny_target_dir):
+    """Each marker records the held-out split's digest (not in the settings' hash: every
+    extraction before the key would fail it). A shard extracted with another split would mix two
+    in one run: refused, naming both; one from before the key (no digest) goes on where this
+    run's prompts split the same way per prompt."""
+    import json
+
+    cfg, run, stage = _stage(tmp_path_factory.getbasetemp(), tiny_target_dir, tmp_path)
+    _run_all(stage)
+    assert extract_metadata(run)["holdout"] == stage.builder.holdout
+    key = "extract/_SUCCESS/" + sorted(k for k in run.listdir("extract/_SUCCESS") if k.endswith(".json"))[0]
+    marker = json.loads(run.read_bytes(key))
+    tok = load_tokenizer(cfg.target.model_path)
+    run.write_bytes_atomic(key, json.dumps({**marker, "holdout": "0123456789abcdef"}).encode())
+    with pytest.raises(FingerprintMismatch, match=r"was made with another held-out split \(0123456789abcdef\)"):
+        ExtractStage(cfg, run, tok).prepare()
+    assert extract_metadata(run)["holdout"] is None  # the shards disagree: no one split to record
+    run.write_bytes_atomic(key, json.dumps({k: v for k, v in marker.items() if k != "holdout"}).encode())
+    assert ExtractStage(cfg, run, tok).prepare() == []
+
+
 def test_multi_part_shards_hold_exactly_what_one_object_per_shard_holds(
     tmp_path_factory, tmp_path, tiny_target_dir
 ):

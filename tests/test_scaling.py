@@ -116,6 +116,15 @@ def test_scaling_drafts_on_the_tiny_target(
     # A second call resumes finished trainings: no step is taken again.
     again = train_scaling_drafts(run, train, cfg.target.model_path)
     assert [e["steps"] for e in again] == [round(6 * 0.25), round(6 * 0.5)]
+    # A full draft of another held-out split (its data.json): the curve's points would be replayed
+    # on sequences they trained on. Refused before a step, naming both.
+    from tasks.draft.data import DATA_META_KEY
+    from tasks.draft.trainer import TrainError
+
+    run.write_json_atomic(DATA_META_KEY, {**extract_metadata(run), "hidden_states": "offline", "holdout": "0123456789abcdef"})
+    with pytest.raises(TrainError, match=r"data.json: the full draft was made with the held-out split 0123456789abcdef, "
+                                         rf"the extracted shards hold {extract_metadata(run)['holdout']}"):  # fmt: skip
+        train_scaling_drafts(run, train.model_copy(update={"scaling_fractions": [0.75]}), cfg.target.model_path)
 
 
 def test_a_domain_with_one_measured_count_falls_back_to_replay_and_one_without_any_is_reported(tmp_path: Path):

@@ -165,6 +165,54 @@ def test_a_checkpoint_is_resumed_in_its_own_mode_only(tmp_path_factory, tiny_tar
     assert run.read_json(DATA_META_KEY)["hidden_states"] == "offline"  # the refused start wrote nothing
 
 
+def test_a_held_out_split_changed_since_training_is_refused_at_resume_and_at_replay(
+    tmp_path_factory, tiny_target_dir, tmp_path
+):
+    """The checkpoint and data.json record the held-out split's digest. A resume, or the gate's
+    replay of the draft, that would make another split (here eval_fraction changed; in practice
+    extract.holdout_unit) is refused before any weight loads or state is captured: the draft
+    would train on, or be scored on, what it held out. Records from before the key are per
+    prompt, which this run's prompts (one a conversation) split the same way: they go on."""
+    import hashlib
+    import json
+
+    from tasks.draft.online import OnlineDataError, online_sequences
+    from tasks.draft.trainer import TrainCallbacks
+
+    class Preempted(Exception):
+        pass
+
+    def preempted(_: str) -> None:
+        raise Preempted
+
+    cfg, _, run = _run(tmp_path_factory, tiny_target_dir, tmp_path / "split", online=True)
+    four = cfg.train.model_copy(update={"max_steps": 4, "save_every": 2, "eval_every": 2})
+    with pytest.raises(Preempted):  # stopped at its first checkpoint, as a preempted node
+        train_draft(run, four, cfg.target.model_path, online=OnlineTarget.from_config(cfg),
+                    callbacks=TrainCallbacks(on_checkpoint=preempted))  # fmt: skip
+    key = ckpt.checkpoint_key(2)
+    recorded = run.read_json(DATA_META_KEY)["holdout"]
+    assert recorded and run.read_json(f"{key}/trainer_state.json")["holdout"] == recorded
+    other = cfg.model_copy(update={"extract": cfg.extract.model_copy(update={"eval_fraction": 0.5})})
+    with pytest.raises(TrainError, match=rf"{key} was made with another held-out split \({recorded}\)"):
+        train_draft(run, four, cfg.target.model_path, online=OnlineTarget.from_config(other))
+    with pytest.raises(OnlineDataError, match=r"data.json: the draft was made with another held-out split"):
+        next(online_sequences(run, OnlineTarget.of(other), torch.device("cpu"), "eval"))
+
+    # Before the key: neither record holds a digest (the checkpoint's meta.json re-signed).
+    state = run.read_json(f"{key}/trainer_state.json")
+    del state["holdout"]
+    blob = json.dumps(state).encode()
+    run.write_bytes_atomic(f"{key}/trainer_state.json", blob)
+    meta = run.read_json(f"{key}/meta.json")
+    meta["sha256"]["trainer_state.json"] = hashlib.sha256(blob).hexdigest()
+    run.write_json_atomic(f"{key}/meta.json", meta)
+    run.write_json_atomic(DATA_META_KEY, {k: v for k, v in run.read_json(DATA_META_KEY).items() if k != "holdout"})
+    assert next(online_sequences(run, OnlineTarget.of(cfg), torch.device("cpu"), "eval")).sequence_id
+    resumed = train_draft(run, four, cfg.target.model_path, online=OnlineTarget.from_config(cfg))
+    assert resumed.resumed_from == key and run.read_json(DATA_META_KEY)["holdout"] == recorded
+
+
 def test_the_parent_flow_skips_extract_and_the_status_says_why(tmp_path_factory, tiny_target_dir, tmp_path):
     """The real CLI (ephemeral Prefect API): extract is skipped, nothing is stored, the train
     stage trains online and exports, and `eaglescale status` names the mode."""

@@ -277,6 +277,14 @@ class ExtractConfig(ShardLeaseConfig):
     # S3's 5 GB single PUT.
     part_bytes: int = Field(2 * 1024**3, ge=1, description="Bytes per extract data part.")
     eval_fraction: float = Field(0.05, ge=0.0, lt=1.0, description="Held-out split, per domain.")
+    holdout_unit: Literal["conversation", "prompt"] = Field(
+        "conversation",
+        description="What the held-out split holds out whole. conversation: every prompt of a held-out "
+        "prompt's conversation (those that open alike), so that with a prompt per user turn "
+        "(discover's prompt_turns every_user) no other turn of a held-out conversation trains. prompt: "
+        "each prompt alone, the split of runs trained before this key (their draft's gate and resume "
+        "need it). Runs of first-turn prompts get the same split from both.",
+    )
     seed: int = 0
 
 

@@ -113,12 +113,14 @@ def build_index(
 
 
 def write_data_metadata(run: RunFolder, mode: str, meta: dict[str, Any], index: DataIndex) -> None:
-    """Record the training data: the mode, the states' layout and the index's split counts."""
+    """Record the training data: the mode, the states' layout, the index's split counts and
+    the held-out split's identity, which the gate's replay of an online run checks."""
     splits = {name: len(index.split(name)) for name in ("train", "eval")}
     run.write_json_atomic(DATA_META_KEY, {
         "hidden_states": mode, "hidden_size": int(meta["hidden_size"]),
         "aux_layer_ids": [int(i) for i in meta["aux_layer_ids"]],
         "storage_dtype": meta.get("storage_dtype"), "splits": splits,
+        "holdout": meta.get("holdout"),  # the held-out split's holdout_digest (None: made before the key)
     })  # fmt: skip
 
 

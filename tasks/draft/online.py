@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from tasks.draft.data import DataIndex, SeqRef
+from tasks.draft.data import DATA_META_KEY, DataIndex, SeqRef
+from tasks.extract.sequences import holdout_changed
 from tasks.extract.storage import AUX_LAYERS, ExtractedSequence, SequenceTokens
 from tasks.extract.writer import storage_round_trip
 from tasks.runfolder import RunFolder, ShardStore
@@ -36,8 +37,9 @@ if TYPE_CHECKING:
 
 
 class OnlineDataError(ValueError):
-    """The generation data changed under an online training run (the train entry point,
-    tasks/train/main.py, reports a ValueError as a one-line error)."""
+    """The generation data, or the held-out split made from it, changed under an online
+    training run or its draft's replay (the train entry point, tasks/train/main.py, reports a
+    ValueError as a one-line error)."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class OnlineTarget:
     dtype: str
     storage_dtype: str
     batch_size: int
+    holdout_unit: str = "conversation"
 
     @classmethod
     def from_config(cls, cfg: EagleScaleConfig) -> OnlineTarget | None:
@@ -65,7 +68,7 @@ class OnlineTarget:
         ex = cfg.extract
         return cls(cfg.target.model_path, cfg.target.revision, cfg.target.chat_template,
                    ex.max_length, ex.eval_fraction, ex.seed, ex.dtype, ex.storage_dtype,
-                   ex.batch_size)  # fmt: skip
+                   ex.batch_size, ex.holdout_unit)  # fmt: skip
 
 
 class OnlineData:
@@ -84,7 +87,7 @@ class OnlineData:
         tokenizer = load_tokenizer(target.model_path, target.chat_template, revision=target.revision)
         # Refuses a chat template other than generation's, as extraction does.
         self.builder = SequenceBuilder(run, tokenizer, target.max_length, self.layout.vocab_size,
-                                       target.eval_fraction, target.seed)  # fmt: skip
+                                       target.eval_fraction, target.seed, target.holdout_unit)  # fmt: skip
         self.gen = ShardStore(run, "generate")
         self._capture: LocalCapture | None = None
         self._load_lock = threading.Lock()
@@ -92,7 +95,7 @@ class OnlineData:
     def metadata(self) -> dict[str, Any]:
         """The fields the trainer checks extract_metadata's against, for the states made here."""
         return {"hidden_size": self.layout.hidden_size, "aux_layer_ids": list(self.aux_layer_ids),
-                "storage_dtype": self.target.storage_dtype}  # fmt: skip
+                "storage_dtype": self.target.storage_dtype, "holdout": self.builder.holdout}  # fmt: skip
 
     def shard_sequences(self, shard_id: str, marker: dict[str, Any]) -> list[TrainingSequence]:
         return self.builder.build(self.gen.read_rows(marker)).sequences
@@ -147,6 +150,12 @@ def online_sequences(
     The target is loaded on the first and released after the last."""
     data = OnlineData(run, target, device)
     try:
+        # The split the draft trained with (its data.json): another one would replay sequences it
+        # trained on as held out.
+        trained = run.read_json(DATA_META_KEY) or {}
+        changed = holdout_changed(trained.get("holdout"), data.builder, f"{run.url}/{DATA_META_KEY}: the draft")
+        if changed:
+            raise OnlineDataError(changed)
         index = data.index()
         refs = index.split(split)[:limit]
         reader = data.reader(index)

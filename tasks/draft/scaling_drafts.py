@@ -52,13 +52,14 @@ def train_scaling_drafts(
     """Train, resume or skip each fraction of `cfg.scaling_fractions`; export each best
     checkpoint; write and return the index (one entry per fraction)."""
     from tasks.draft import checkpoint as ckpt
-    from tasks.draft.data import training_data_metadata
+    from tasks.draft.data import DATA_META_KEY, training_data_metadata
     from tasks.draft.export import export_to_run
     from tasks.draft.trainer import Dist, train_draft
     from tasks.draft.vocab import VocabMap
 
     rank = Dist.current()  # under torchrun every rank trains; rank 0 exports and writes the index
-    n_train = int(training_data_metadata(run)["splits"].get("train", 0))
+    full = training_data_metadata(run)
+    n_train = int(full["splits"].get("train", 0))
     if n_train == 0:
         raise ValueError(f"{run.url}: the training data has no training sequences")
     # Every fraction drafts over the full draft's vocabulary: the drafts differ in their training
@@ -74,7 +75,9 @@ def train_scaling_drafts(
             "warmup_steps": max(1, round(cfg.warmup_steps * fraction)) if cfg.warmup_steps else 0,
             "max_steps": max(1, round(cfg.max_steps * fraction)) if cfg.max_steps else None,
         })  # fmt: skip
+        # The curve's points are replayed on the full draft's held-out split: each trains without it.
         result = train_draft(view, scaled, target_model_path, vocab_map=vocab, max_train_sequences=samples,
+                             split_of=(full.get("holdout"), f"{run.url}/{DATA_META_KEY}: the full draft"),
                              **train_kwargs)  # fmt: skip
         best = result.best or {}
         chosen = ckpt.checkpoint_key(best["step"]) if best.get("step") is not None else result.last_checkpoint

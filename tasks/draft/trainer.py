@@ -61,6 +61,7 @@ from tasks.draft.ttt import (
     summarize,
 )
 from tasks.draft.vocab import VocabMap, build_vocab_map, count_tokens
+from tasks.extract.sequences import holdout_changed
 from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import TRAIN_BEST, TRAIN_PLOT, TRAIN_RESULT, TRAIN_VOCAB_MAP
 from tasks.target.model_dir import read_model_config, resolve_model_dir
@@ -231,6 +232,7 @@ def train_draft(
     max_train_sequences: int | None = None,
     compile_kernels: bool | None = None,
     online: OnlineTarget | None = None,
+    split_of: tuple[str | None, str] | None = None,
 ) -> TrainResult:
     """Train (or resume training) the draft of `run`; returns the metric history.
 
@@ -239,7 +241,10 @@ def train_draft(
     `max_train_sequences` trains on the first N training sequences only (data scaling; default
     cfg.max_train_sequences);
     `compile_kernels` fuses the layer's elementwise work with torch.compile (default: on CUDA);
-    `online` (OnlineTarget.from_config) is required when cfg.hidden_states is "online".
+    `online` (OnlineTarget.from_config) is required when cfg.hidden_states is "online";
+    `split_of` (the held-out split's digest some other record holds, None from before the key,
+    and where that record is) is the split this draft must share (a scaling draft: its full
+    draft's), refused before any step when it would make another.
     """
     from tasks.extract.storage import extract_metadata
 
@@ -309,6 +314,20 @@ def train_draft(
     optimizer, scheduler = build_optimizer(params, cfg, total_steps, device)
     stepper = DistributedDataParallel(model, broadcast_buffers=False) if rank.world > 1 else model
 
+    def check_split(recorded: str | None, where: str) -> None:
+        """Refuse a held-out split other than the one `where` recorded (holdout_changed)."""
+        if source is not None:  # online: the split is made here, from the manifest
+            changed = holdout_changed(recorded, source.builder, where)
+        elif None not in (recorded, data_meta.get("holdout")) and recorded != data_meta["holdout"]:
+            changed = f"{where} was made with the held-out split {recorded}, the extracted shards hold {data_meta['holdout']}"
+        else:
+            changed = None
+        if changed:
+            raise TrainError(changed)
+
+    if split_of is not None:
+        check_split(*split_of)
+
     # -- resume --------------------------------------------------------------------------
     state: dict[str, Any] = {"step": 0, "history": [], "evals": [], "best": None}
     resumed_from = ckpt.latest_checkpoint(run)
@@ -324,6 +343,8 @@ def train_draft(
                 f"this run asks for {cfg.hidden_states!r}; resume in {recorded_mode!r} mode, or "
                 "remove train/checkpoints to start over"
             )
+        # A split changed since (extract.holdout_unit, say) would train on what the checkpoint held out.
+        check_split(state.get("holdout"), f"{run.url}/{resumed_from}")  # checkpoints before the key: per prompt
         recorded_n = state.get("train_sequences")  # checkpoints before the key: not checked
         if recorded_n is not None and recorded_n != len(index.split("train")):
             raise TrainError(
@@ -406,6 +427,7 @@ def train_draft(
         last_saved = ckpt.checkpoint_key(step)
         if rank.rank == 0:
             trainer_state = {**state, "hidden_states": cfg.hidden_states, "train_sequences": len(index.split("train")),
+                             "holdout": data_meta.get("holdout"),
                              "recipe": recipe,
                              "step": step, "epoch": step // steps_per_epoch,
                              "batch_in_epoch": step % steps_per_epoch,

@@ -9,7 +9,11 @@ and counted.
 
 The held-out split is decided per prompt (all samples of a prompt fall on one side), per
 domain, from a seeded hash ranking over the whole manifest, so it does not depend on which
-generation shards have been committed so far.
+generation shards have been committed so far. With `extract.holdout_unit` conversation (the
+default) it holds out whole conversations: a prompt per user turn (discover's `prompt_turns:
+every_user`) makes several prompts of one conversation, and a later turn's context holds the
+earlier turns, so the other turns of a held-out prompt's conversation never train. A run of
+first-turn prompts has one prompt a conversation, and both units give it the same split.
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from typing import Any
 import pyarrow as pa
 
 from tasks.discover.commit import read_prompts_table
+from tasks.discover.formats import prompt_id_of
 from tasks.runfolder import RunFolder
+from tasks.runfolder.fingerprint import canonical_json
 from tasks.target.identity import chat_template_hash
 from tasks.target.model_dir import TargetError
 from tasks.target.tokenizer import render_many_prompt_ids, render_prompt_ids
@@ -113,31 +119,103 @@ def turn_completion(output_ids: list[int], terminator: list[int]) -> list[int]:
 
 
 def eval_prompt_ids(
-    prompts_by_domain: dict[str, list[str]], fraction: float, seed: int
+    prompts_by_domain: dict[str, list[str]],
+    fraction: float,
+    seed: int,
+    conversations: dict[str, str] | None = None,
 ) -> set[str]:
     """Per domain, the round(fraction·n) prompts ranked first by a seeded hash (at least one
-    when fraction > 0 and the domain has two or more prompts)."""
+    when fraction > 0 and the domain has two or more prompts).
+
+    With `conversations` (prompt_id -> its conversation's id, conversation_ids) each domain's
+    prompts are ranked by their conversation's hash first, and each one taken brings its whole
+    conversation, every domain's prompts of it, until the domain holds its count (a
+    conversation may take it past). Where every conversation is one prompt (its id its own),
+    that is the same split as without."""
     chosen: set[str] = set()
     if fraction <= 0:
         return chosen
+    members: dict[str, set[str]] = defaultdict(set)
+    for prompt, conversation in (conversations or {}).items():
+        members[conversation].add(prompt)
+
+    def rank(domain: str, key: str) -> str:
+        return hashlib.sha256(f"{seed}:{domain}:{key}".encode()).hexdigest()
+
     for domain in sorted(prompts_by_domain):
         ids = sorted(set(prompts_by_domain[domain]))
         k = round(fraction * len(ids))
         if k == 0 and len(ids) >= 2:
             k = 1
-        ranked = sorted(
-            ids, key=lambda p: hashlib.sha256(f"{seed}:{domain}:{p}".encode()).hexdigest()
-        )
-        chosen.update(ranked[:k])
+        if conversations is None:
+            chosen.update(sorted(ids, key=lambda p: rank(domain, p))[:k])
+            continue
+        here = set(ids)
+        held = len(here & chosen)  # taken with an earlier domain's conversations
+        for prompt in sorted(ids, key=lambda p: (rank(domain, conversations.get(p, p)), rank(domain, p))):
+            if held >= k:
+                break
+            if prompt in chosen:
+                continue
+            taken = (members.get(conversations.get(prompt, prompt)) or {prompt}) - chosen
+            chosen |= taken
+            held += len(taken & here)
     return chosen
 
 
-def manifest_eval_ids(domains: dict[str, str], fraction: float, seed: int) -> set[str]:
-    """The held-out prompts of a manifest (prompt_id -> domain): eval_prompt_ids per domain."""
+def conversation_ids(messages: dict[str, str]) -> dict[str, str]:
+    """prompt_id -> the id of its conversation, for a manifest's prompts (their messages as
+    JSON). A conversation is the prompts that share an opening (every turn through the first
+    user turn): those a prompt per user turn makes of one conversation, and conversations that
+    open alike (a held-out one keeps the others out of training too). Its id is that of its one
+    prompt when it has one (a run of one prompt a conversation, whichever turn it ends at, gets
+    the same split by conversation as by prompt), else of its first turn (prompt_id_of the
+    opening)."""
+    of: dict[str, str] = {}
+    for prompt_id, text in messages.items():
+        turns = json.loads(text)
+        first_user = next((i for i, t in enumerate(turns) if t.get("role") == "user"), len(turns) - 1)
+        of[prompt_id] = canonical_json(turns[: first_user + 1])
+    sizes = Counter(of.values())
+    return {p: p if sizes[o] == 1 else prompt_id_of(json.loads(o)) for p, o in of.items()}
+
+
+def manifest_eval_ids(
+    domains: dict[str, str], fraction: float, seed: int, conversations: dict[str, str] | None = None
+) -> set[str]:
+    """The held-out prompts of a manifest (prompt_id -> domain): eval_prompt_ids per domain,
+    by conversation when `conversations` is given (conversation_ids)."""
     by_domain: dict[str, list[str]] = defaultdict(list)
     for pid, domain in domains.items():
         by_domain[domain].append(pid)
-    return eval_prompt_ids(by_domain, fraction, seed)
+    return eval_prompt_ids(by_domain, fraction, seed, conversations)
+
+
+def holdout_changed(recorded: str | None, builder: SequenceBuilder, where: str) -> str | None:
+    """Why the held-out split `builder` makes is not the one `recorded` (a holdout_digest) by
+    `where`, or None when it is. A record from before the key (None) was made per prompt: the
+    split holds when the prompt unit gives the same one (a run of first-turn prompts)."""
+    if recorded is None:
+        if builder.holdout_unit == "prompt" or builder.holdout == builder.prompt_unit_holdout():
+            return None
+        return (f"{where} was made with the held-out split of before extract.holdout_unit (each prompt alone), "
+                f"and this run's prompts give another by conversation: set extract.holdout_unit to 'prompt' "
+                "to go on with it")  # fmt: skip
+    if recorded == builder.holdout:
+        return None
+    return (f"{where} was made with another held-out split ({recorded}) than this run's "
+            f"({builder.holdout}: extract.holdout_unit {builder.holdout_unit!r}, eval_fraction, seed or the "
+            "prompts changed): go on with the settings it was made with, or start it over")  # fmt: skip
+
+
+def holdout_digest(eval_ids: set[str]) -> str:
+    """The held-out split's identity: a sha256 prefix of its sorted prompt ids. A stage that
+    reads a run's split again (a resumed trainer, the gate's replay, an extraction resumed)
+    compares it with the one recorded, so that a split changed in between is refused."""
+    return hashlib.sha256("\n".join(sorted(eval_ids)).encode()).hexdigest()[:16]
+
+
+HOLDOUT_UNITS = ("prompt", "conversation")
 
 
 class SequenceBuilder:
@@ -151,13 +229,20 @@ class SequenceBuilder:
         vocab_size: int,
         eval_fraction: float = 0.0,
         seed: int = 0,
+        holdout_unit: str = "conversation",
     ) -> None:
         check_chat_template(run, tokenizer)
         manifest = read_prompts_table(run, "manifest")
         pids = manifest.column("prompt_id").to_pylist()
         self._messages = dict(zip(pids, manifest.column("messages").to_pylist(), strict=True))
         self._domains = dict(zip(pids, manifest.column("domain").to_pylist(), strict=True))
-        self.eval_ids = manifest_eval_ids(self._domains, eval_fraction, seed)
+        if holdout_unit not in HOLDOUT_UNITS:
+            raise ValueError(f"extract.holdout_unit {holdout_unit!r}: expected one of {HOLDOUT_UNITS}")
+        conversations = conversation_ids(self._messages) if holdout_unit == "conversation" else None
+        self.eval_ids = manifest_eval_ids(self._domains, eval_fraction, seed, conversations)
+        self.holdout_unit = holdout_unit
+        self.holdout = holdout_digest(self.eval_ids)
+        self._split = (eval_fraction, seed)
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.vocab_size = vocab_size
@@ -165,6 +250,10 @@ class SequenceBuilder:
         self._rendered: dict[str, list[int]] = {}
         # Shard tasks may share one builder; tokenizers are not guaranteed thread-safe.
         self._lock = threading.Lock()
+
+    def prompt_unit_holdout(self) -> str:
+        """The holdout_digest of the split each prompt alone would make (holdout_unit prompt)."""
+        return holdout_digest(manifest_eval_ids(self._domains, *self._split))
 
     def _render_all(self, prompt_ids: list[str]) -> None:
         """The prompts of a shard's rows rendered at once (render_many_prompt_ids); one that

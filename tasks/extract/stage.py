@@ -32,7 +32,7 @@ from tasks.config import EagleScaleConfig
 from tasks.extract.backends import build_capture_backend, target_layout
 from tasks.extract.capture import CaptureBackend, aux_capture_layers
 from tasks.extract.forecast import check_forecast, forecast_extract
-from tasks.extract.sequences import SequenceBuilder
+from tasks.extract.sequences import SequenceBuilder, holdout_changed
 from tasks.extract.storage import STAGE, ExtractFormatError, ShardWriter, verify_shard
 from tasks.runfolder import (
     FingerprintMismatch,
@@ -112,8 +112,9 @@ class ExtractStage:
         )
         # Refuses a changed chat template here, before any model is loaded.
         self.builder = SequenceBuilder(
-            run, tokenizer, ex.max_length, self.layout.vocab_size, ex.eval_fraction, ex.seed
-        )
+            run, tokenizer, ex.max_length, self.layout.vocab_size, ex.eval_fraction, ex.seed,
+            ex.holdout_unit,
+        )  # fmt: skip
         self._backend = backend
         self._model = model
         self.forecast: dict[str, Any] = {}
@@ -143,6 +144,11 @@ class ExtractStage:
                     f"allow_fingerprint_change to re-extract). Differing fields:\n  "
                     + "\n  ".join(diffs)
                 )
+            # Not part of the settings' hash, which every extraction before the key would fail:
+            # a shard of another held-out split would mix two splits in one run.
+            changed = holdout_changed(marker.get("holdout"), self.builder, f"{self.run.url}/{STAGE}: shard {shard_id}")
+            if changed and not self.cfg.allow_fingerprint_change:
+                raise FingerprintMismatch(changed + " (or allow_fingerprint_change to re-extract)")
 
     def pending_shards(self) -> list[str]:
         """Generation shards committed so far whose extraction is missing or stale, in order."""
@@ -269,6 +275,8 @@ class ExtractStage:
         dead = pa.Table.from_pylist(built.dead, schema=DEAD_SCHEMA)
         extra = {
             **self.settings,
+            "holdout_unit": self.builder.holdout_unit,
+            "holdout": self.builder.holdout,
             "source_sha256": source["sha256"],
             "source_attempt": source["attempt"],
             "bytes": parts.bytes,

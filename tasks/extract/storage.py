@@ -250,6 +250,7 @@ def extract_metadata(run: RunFolder) -> dict[str, Any]:
             f"{sorted(layouts)}"
         )
     hidden_size, aux_ids, storage_dtype = layouts.pop()
+    holdouts = {m.get("holdout") for m in markers.values()}  # one: the stage refuses to mix them
     splits = {"train": 0, "eval": 0}
     for m in markers.values():
         for name, count in m.get("splits", {}).items():
@@ -264,5 +265,6 @@ def extract_metadata(run: RunFolder) -> dict[str, Any]:
         "loss_tokens": sum(m.get("loss_tokens", 0) for m in markers.values()),
         "truncated": sum(m.get("truncated", 0) for m in markers.values()),
         "splits": splits,
+        "holdout": holdouts.pop() if len(holdouts) == 1 else None,  # None: a shard from before the key
         "complete": store.is_complete(),
     }
