@@ -329,7 +329,12 @@ The sessions, in order:
        ... prepare (as above) --draft-from /work/draft23/drafts.tar   # 41 parts; no --checkpoint-from
        python3 benchmarks/h200_run.py node start --plan qwen-sweep --set 'gate.num_steps=[3, 4]' \
            --set 'gate.topk_points=[{num_steps: 3, topk: 4, num_draft_tokens: 8}]' \
-           --set 'gate.breakeven_accept_lengths=[]' --set gate.replay_sequences=1000 --budget S
+           --set 'gate.breakeven_accept_lengths=[]' --set gate.replay_sequences=1000 \
+           --set extract.holdout_unit=prompt --budget S
+
+   extract.holdout_unit=prompt: run 23's draft trained on the split of before that key (each
+   prompt alone); the default now holds out whole conversations (P27), which on the grown set is
+   another split, and the gate's replay refuses a split other than the draft's (its data.json).
 
    num_steps 3 and 4 and the tree (3 steps, topk 4: run 18's tree accepted 0.29 more than the
    chain at 3 steps, where the accept-length goal is read), twice each with the baseline: 8
