@@ -77,7 +77,7 @@ def test_learning_is_real_and_more_data_beats_less(make_run):
     assert trained["sim_accept"] > 1.3 * less.evals[-1]["sim_accept"]
 
 
-def test_resume_reproduces_the_uninterrupted_loss_curve(make_run):
+def test_resume_reproduces_the_uninterrupted_loss_curve(make_run, monkeypatch):
     steps, crash_at = 24, 10
     cfg, run = make_run("straight", max_steps=steps, eval_every=8, save_every=crash_at)
     straight = train_draft(run, cfg.train, cfg.target.model_path)
@@ -96,7 +96,16 @@ def test_resume_reproduces_the_uninterrupted_loss_curve(make_run):
                     callbacks=TrainCallbacks(on_checkpoint=crash))
     # A save that died mid-way (no meta.json) must not be resumed from.
     run2.write_bytes_atomic(f"{ckpt.checkpoint_key(crash_at + 1)}/model.safetensors", b"partial")
-    resumed = train_draft(run2, cfg2.train, cfg2.target.model_path)
+    from tasks.draft.data import ShardReader
+
+    events: list[str] = []
+    read = ShardReader.batch
+    monkeypatch.setattr(ShardReader, "batch", lambda self, refs: events.append(refs[0].split) or read(self, refs))
+    resumed = train_draft(run2, cfg2.train, cfg2.target.model_path, callbacks=TrainCallbacks(on_ready=lambda: events.append("ready")))
+    # The resumed draft read its held-out batches before its first step, as a fresh one does in
+    # its untrained evaluation: none of its evaluations reads them again (run 23's first did).
+    ready = events.index("ready")
+    assert "eval" in events[:ready] and "eval" not in events[ready:] and events[ready + 1 :].count("train") > 0
 
     assert resumed.resumed_from == ckpt.checkpoint_key(crash_at)
     assert not run2.exists(ckpt.checkpoint_key(crash_at + 1))

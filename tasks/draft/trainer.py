@@ -475,6 +475,14 @@ def train_draft(
 
     if step == 0 and eval_batches:
         record_eval()  # the untrained baseline
+    elif eval_batches and step < total_steps:
+        # A resumed draft reads (online: captures) its held-out batches now, as a fresh one does in
+        # its untrained evaluation, so that its first evaluation costs what every later one does
+        # and the set-up before its first step says what it takes: run 23's first evaluation
+        # after its resume took 58.6 s with its save, the capture of 793 sequences included,
+        # against 9.7 s, and the node's watch counted that for every evaluation left.
+        for _ in eval_source():
+            pass
 
     # -- the loop --------------------------------------------------------------------------
     reader = make_reader()
