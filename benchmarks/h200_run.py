@@ -320,7 +320,8 @@ The sessions, in order:
 
    Run 23 (2026-12-05, H100, BENCHMARKS P27) did so: 2,317 steps at 0.247 s a step, ready after
    27 s, the first step after 86 s (the first evaluation after a resume 58.6 s with its save: it
-   captures and keeps the held-out batches), the export 74 s, the draft packed in 17 s and back in
+   captured and kept the held-out batches; a resumed draft now does so before its first step),
+   the export 74 s, the draft packed in 17 s and back in
    4 calls (15 parts, 214,712,320 bytes, sha256 e90a240f...c91f; in /work/draft23 while this
    workspace lasts, too large for the repository). It replays 2.353 at 3 steps on run 15's
    held-out sequences (P24's forecast: 2.12). The gate had ~320 s: its replay, the baseline
