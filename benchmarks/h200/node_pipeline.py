@@ -489,12 +489,16 @@ class Pipeline:
         main = threading.Thread(target=self.stage, args=("train", "train.scaling_fractions=[]"),
                                 kwargs={"label": "train-draft", "env": env}, daemon=True)  # fmt: skip
         main.start()
-        vocab = self.run_root / "train/vocab_map.safetensors"
-        while not vocab.exists() and main.is_alive():
+        # The scaling drafts read both as they start: the vocabulary they draft over, and the
+        # training data's record (its split counts and held-out split), which the draft writes
+        # a few seconds after its vocabulary (its model built, its resume checked).
+        needed = [self.run_root / "train/vocab_map.safetensors", self.run_root / "train/data.json"]
+        while not all(p.exists() for p in needed) and main.is_alive():
             time.sleep(2)
-        if not vocab.exists():  # the draft's training failed both ways: nothing to train beside it
+        if missing := [p.name for p in needed if not p.exists()]:  # the draft's training failed both ways
             main.join()
-            raise RuntimeError("the draft's training wrote no vocabulary map (logs/stage-train-draft.log, plain-train-draft.log)")
+            raise RuntimeError(f"the draft's training wrote no {' and no '.join(missing)}: nothing to train beside it "
+                               "(logs/stage-train-draft.log, plain-train-draft.log)")  # fmt: skip
         procs = self.start_scaling(env, beside=1)  # the full draft trains on
         if not node_env.REHEARSAL and "anchor" not in self.skip:
             procs["specforge"] = self.py(specforge_command(), "specforge", env, wait=False)
