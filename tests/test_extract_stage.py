@@ -236,6 +236,8 @@ def test_a_shard_of_another_held_out_split_is_refused(tmp_path_factory, tmp_path
     with pytest.raises(FingerprintMismatch, match=r"was made with another held-out split \(0123456789abcdef\)"):
         ExtractStage(cfg, run, tok).prepare()
     assert extract_metadata(run)["holdout"] is None  # the shards disagree: no one split to record
+    allowed = ExtractStage(cfg.model_copy(update={"allow_fingerprint_change": True}), run, tok)
+    assert allowed.prepare() == [marker["shard_id"]]  # allowed: that shard is extracted again
     run.write_bytes_atomic(key, json.dumps({k: v for k, v in marker.items() if k != "holdout"}).encode())
     assert ExtractStage(cfg, run, tok).prepare() == []
 

@@ -243,6 +243,7 @@ class SequenceBuilder:
         self.holdout_unit = holdout_unit
         self.holdout = holdout_digest(self.eval_ids)
         self._split = (eval_fraction, seed)
+        self._prompt_unit_holdout: str | None = None
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.vocab_size = vocab_size
@@ -253,7 +254,9 @@ class SequenceBuilder:
 
     def prompt_unit_holdout(self) -> str:
         """The holdout_digest of the split each prompt alone would make (holdout_unit prompt)."""
-        return holdout_digest(manifest_eval_ids(self._domains, *self._split))
+        if self._prompt_unit_holdout is None:  # asked once per marker a stage checks
+            self._prompt_unit_holdout = holdout_digest(manifest_eval_ids(self._domains, *self._split))
+        return self._prompt_unit_holdout
 
     def _render_all(self, prompt_ids: list[str]) -> None:
         """The prompts of a shard's rows rendered at once (render_many_prompt_ids); one that

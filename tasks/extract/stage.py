@@ -131,6 +131,7 @@ class ExtractStage:
             marker.get("source_sha256") != source["sha256"]
             or marker["fingerprint"] != self.settings_hash
             or self._damaged.get(marker["shard_id"]) == marker.get("attempt")
+            or holdout_changed(marker.get("holdout"), self.builder, "") is not None  # allowed to change
         )
 
     def _check_settings(self) -> None:
