@@ -30,7 +30,6 @@ import pyarrow as pa
 from tasks.discover.commit import read_prompts_table
 from tasks.discover.formats import prompt_id_of
 from tasks.runfolder import RunFolder
-from tasks.runfolder.fingerprint import canonical_json
 from tasks.target.identity import chat_template_hash
 from tasks.target.model_dir import TargetError
 from tasks.target.tokenizer import render_many_prompt_ids, render_prompt_ids
@@ -171,13 +170,13 @@ def conversation_ids(messages: dict[str, str]) -> dict[str, str]:
     prompt when it has one (a run of one prompt a conversation, whichever turn it ends at, gets
     the same split by conversation as by prompt), else of its first turn (prompt_id_of the
     opening)."""
-    of: dict[str, str] = {}
+    opening: dict[str, str] = {}  # prompt_id -> its opening's id (held as a hash, not its text)
     for prompt_id, text in messages.items():
         turns = json.loads(text)
         first_user = next((i for i, t in enumerate(turns) if t.get("role") == "user"), len(turns) - 1)
-        of[prompt_id] = canonical_json(turns[: first_user + 1])
-    sizes = Counter(of.values())
-    return {p: p if sizes[o] == 1 else prompt_id_of(json.loads(o)) for p, o in of.items()}
+        opening[prompt_id] = prompt_id_of(turns[: first_user + 1])
+    sizes = Counter(opening.values())
+    return {p: p if sizes[o] == 1 else o for p, o in opening.items()}
 
 
 def manifest_eval_ids(
