@@ -18,6 +18,7 @@ first-turn prompts has one prompt a conversation, and both units give it the sam
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import threading
@@ -195,7 +196,7 @@ def holdout_changed(recorded: str | None, builder: SequenceBuilder, where: str) 
     `where`, or None when it is. A record from before the key (None) was made per prompt: the
     split holds when the prompt unit gives the same one (a run of first-turn prompts)."""
     if recorded is None:
-        if builder.holdout_unit == "prompt" or builder.holdout == builder.prompt_unit_holdout():
+        if builder.holdout_unit == "prompt" or builder.holdout == builder.prompt_unit_holdout:
             return None
         return (f"{where} was made with the held-out split of before extract.holdout_unit (each prompt alone), "
                 f"and this run's prompts give another by conversation: set extract.holdout_unit to 'prompt' "
@@ -242,7 +243,6 @@ class SequenceBuilder:
         self.holdout_unit = holdout_unit
         self.holdout = holdout_digest(self.eval_ids)
         self._split = (eval_fraction, seed)
-        self._prompt_unit_holdout: str | None = None
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.vocab_size = vocab_size
@@ -251,11 +251,11 @@ class SequenceBuilder:
         # Shard tasks may share one builder; tokenizers are not guaranteed thread-safe.
         self._lock = threading.Lock()
 
+    @functools.cached_property
     def prompt_unit_holdout(self) -> str:
-        """The holdout_digest of the split each prompt alone would make (holdout_unit prompt)."""
-        if self._prompt_unit_holdout is None:  # asked once per marker a stage checks
-            self._prompt_unit_holdout = holdout_digest(manifest_eval_ids(self._domains, *self._split))
-        return self._prompt_unit_holdout
+        """The holdout_digest of the split each prompt alone would make (holdout_unit prompt);
+        computed once, though a stage asks it of every marker."""
+        return holdout_digest(manifest_eval_ids(self._domains, *self._split))
 
     def _render_all(self, prompt_ids: list[str]) -> None:
         """The prompts of a shard's rows rendered at once (render_many_prompt_ids); one that
