@@ -164,7 +164,10 @@ def test_a_server_of_another_model_stops_the_run_before_any_row(tmp_path, tiny_t
     """The issue's server: ids up to 50,000 for a 2,048-token target. It once committed 276
     rows, and extraction found no valid sequence in them. Now its first answer stops the run,
     unretried, before anything is committed."""
-    with start_server_thread(step_latency_s=0.0, vocab_size=50000) as server:
+    # Every answer at least 8 ids (7 drawn from 50,000, then the stop token): one of a single stop
+    # token, or of ids that all happen to fall in the 2,048, is a valid answer, journaled before
+    # the first wrong one arrives (a fresh clone's run journaled 2 that way).
+    with start_server_thread(step_latency_s=0.0, vocab_size=50000, min_new_fraction=0.5) as server:
         params = sglang_params(tmp_path, tiny_target_dir, tmp_path / "run", server.url)
         proc = eaglescale(tmp_path, api_url, params, "--set", "generate.shard_retries=2")
         sent = server.server.requests.get("generate", 0)

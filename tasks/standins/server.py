@@ -43,6 +43,7 @@ class ServerOptions:
     max_batch: int = 64
     context_length: int | None = None  # default: the model's, or 32768 when simulated
     vocab_size: int = 32000
+    min_new_fraction: float = 0.0  # simulated completions at least this fraction of max_new_tokens
     batch_window_s: float = 0.005
     fault: FaultSpec = field(default_factory=FaultSpec)
     router: list[str] = field(default_factory=list)  # worker URLs: serve as a router instead
@@ -60,6 +61,7 @@ class ServerOptions:
             max_batch=self.max_batch,
             context_length=self.context_length or 32768,
             vocab_size=self.vocab_size,
+            min_new_fraction=self.min_new_fraction,
         )
 
 
