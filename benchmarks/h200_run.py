@@ -215,7 +215,7 @@ The sessions, in order:
    parts with run 18's draft) and setup ~27 min; a session with less leaves num_steps 5, then 4,
    out (gate_within_budget; gate_trims keeps 3, what 4 and 5 compare with). It does not fit
    beside training the draft.
-4. qwen-scaling (--run-from --draft-from): the data-scaling drafts (0.1, 0.3, 0.6 of the
+4. qwen-scaling (--run-from --draft-from): next (after run 24); the data-scaling drafts (0.1, 0.3, 0.6 of the
    sequences, a draft's worth of steps side by side: run 10 measured that side by side they take
    about the sum of their times alone) trained online on the carried draft's vocabulary map, then
    the baseline and the full draft at num_steps 3 twice and every scaling draft once (7 launches,
@@ -239,7 +239,7 @@ The sessions, in order:
    trained again. At run 22's pace (0.228 s a step, P26) that may be one session with no draft
    carried: the full draft and the three scaling drafts side by side are 1,224 steps, ~5 min if
    side by side still costs the sum of their times alone (measured on the old path only), then
-   the one-repetition gate (~715 s), ~25 min with the payload (31 parts) and setup. Three Qwen
+   the one-repetition gate (~715 s), ~25 min with the payload (35 parts, prepared 2026-12-05 after run 24) and setup. Three Qwen
    trainers side by side hold ~96 GiB at their peaks (~32 each, runs 18, 22, 23): on an H100
    (80 GiB) the scaling drafts train in one process beside the full draft, in two on an H200
    (scaling_groups, PLAN_TRAINER_GIB; measurements.json's scaling_processes):
@@ -345,6 +345,11 @@ The sessions, in order:
    whole held-out split (793 sequences: gate.replay_sequences), of which 204 are run 15's
    held-out prompts: the first 256 in index order hold only ~59 of them, too few to set the
    grown draft on run 20's replayed curve (qwen_run_report's replay_on_reference_held_out).
+   Run 24 (2026-12-05, H100, BENCHMARKS P28) did so: payload 41 calls (~4.1 s each; 317 s held
+   after part 40, the machine's start included), setup 101 s, the gate 1,064 s (replay 80 s, 8
+   launches; the first baseline cold, ready after 167 s, the rest after 61-81 s), 1,490 s held
+   in all. PROMOTE: 3 steps at 1.330x (CI 1.234-1.402), 2.58 tokens per verify (code 2.46,
+   HumanEval 2.92); 4 steps 1.314x (2.82); the tree 1.128x (2.96); every output lossless.
 
 A gate cut short still leaves every launch it measured (gate/progress.json), but no decision; the
 report says which goals it could not judge.
