@@ -788,6 +788,18 @@ def test_a_session_records_the_machine_it_ran_on(tmp_path: Path, monkeypatch: py
     assert bare["gpus"].startswith("nvidia-smi:") and bare["cpu_model"].startswith("unreadable:")
 
 
+def test_the_kernel_caches_a_session_filled_are_weighed(tmp_path: Path) -> None:
+    """Whether carrying Triton's and inductor's caches to a fresh machine is worth a call: their
+    files and bytes, each cache apart; a cache never filled weighs nothing."""
+    (tmp_path / "triton" / "abc").mkdir(parents=True)
+    (tmp_path / "triton" / "abc" / "kernel.cubin").write_bytes(b"x" * 1000)
+    (tmp_path / "triton" / "abc" / "kernel.json").write_bytes(b"{}")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "big").write_bytes(b"x" * 5000)
+    sizes = node_pipeline.kernel_cache_sizes(tmp_path)
+    assert sizes == {"triton": {"files": 2, "bytes": 1002}, "inductor": {"files": 0, "bytes": 0}}
+
+
 def test_the_scaling_drafts_train_in_as_many_processes_as_the_gpu_holds_beside_the_full_draft(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

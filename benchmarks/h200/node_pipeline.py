@@ -204,6 +204,20 @@ def host_facts(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
     return facts
 
 
+KERNEL_CACHES = ("triton", "inductor")  # TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR under the node's folder
+
+
+def kernel_cache_sizes(root: Path) -> dict[str, dict[str, int]]:
+    """The files and bytes of the compiled-kernel caches the session's processes filled. A fresh
+    machine compiles them again: run 24's first baseline launch was ready after 167 s, its second
+    after 67 s. What they weigh says whether carrying them to the next session is worth a call."""
+    out = {}
+    for name in KERNEL_CACHES:
+        files = [f for f in (root / name).rglob("*") if f.is_file()] if (root / name).is_dir() else []
+        out[name] = {"files": len(files), "bytes": sum(f.stat().st_size for f in files)}
+    return out
+
+
 def nvidia_smi(fields: tuple[str, ...]) -> tuple[list[dict[str, str]], str]:
     """Each GPU's `fields` as nvidia-smi prints them (with their units), and its stderr; OSError
     where there is no nvidia-smi."""
@@ -281,7 +295,7 @@ class Pipeline:
             **os.environ, "PYTHONPATH": f"{self.site}:{node_env.REPO}", "EAGLESCALE_CACHE": str(node_env.NODE / "cache"),
             "PREFECT_HOME": str(node_env.NODE / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-            "TORCHINDUCTOR_CACHE_DIR": str(node_env.NODE / "inductor"), "TRITON_CACHE_DIR": str(node_env.NODE / "triton"),
+            "TORCHINDUCTOR_CACHE_DIR": str(node_env.NODE / KERNEL_CACHES[1]), "TRITON_CACHE_DIR": str(node_env.NODE / KERNEL_CACHES[0]),
         }  # fmt: skip
         self.server: subprocess.Popen[bytes] | None = None
         options = read_json(node_env.NODE / "options.json") or {}
@@ -575,6 +589,7 @@ class Pipeline:
                 self.note("finished", "done")
             except SessionEnds as e:
                 self.note("finished", "done", f"stopped for the session's end: {e}")
+            self.save_measure("kernel_caches", kernel_cache_sizes(node_env.NODE))
             self.status["state"] = "done"
             (node_env.NODE / "status.json").write_text(json.dumps(self.status, indent=1))
         except Exception as e:
