@@ -32,10 +32,12 @@ from tasks.runfolder.layout import TRAIN_PLOT, TRAIN_RESULT
 from tasks.train.stage import run_train_stage
 
 # The held-out metrics per eval in the UI's table and the log: pooled_accept_len_3 is the accept
-# length at 3 drafts counted as SGLang counts it (tasks/draft/acceptance.py); the gradient norm,
-# clip rate, step time and wait for the batch are the training window's since the eval before.
-EVAL_COLUMNS = ("step", "loss", "sim_accept", "sim_accept_len", "pooled_accept_len_3", "acc_0", "acc_1", "acc_2",
-                "acc_3", "train_grad_norm", "train_clip_rate", "train_step_s", "train_data_wait_s")  # fmt: skip
+# length at 3 drafts counted as SGLang counts it (tasks/draft/acceptance.py); target_agreement the
+# share of response tokens that are the target's argmax (train.min_target_agreement); the gradient
+# norm, clip rate, step time and wait for the batch are the training window's since the eval before.
+EVAL_COLUMNS = ("step", "loss", "sim_accept", "sim_accept_len", "pooled_accept_len_3", "target_agreement", "acc_0",
+                "acc_1", "acc_2", "acc_3", "train_grad_norm", "train_clip_rate", "train_step_s",
+                "train_data_wait_s")  # fmt: skip
 
 
 def _torchrun(config: EagleScaleConfig) -> None:

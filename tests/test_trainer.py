@@ -155,6 +155,56 @@ def test_refuses_a_target_whose_aux_layers_differ_from_the_extraction(make_run, 
         train_draft(run, cfg.train, str(twelve))
 
 
+def test_the_targets_own_greedy_replies_agree_and_another_models_stop_training_before_a_step(make_run, tmp_path: Path):
+    """The run's replies were regenerated greedily by the tiny target (seed 0): at the untrained
+    evaluation nearly every response token is its argmax. The same replies under a target of
+    other weights (seed 1: same tokenizer, vocabulary and shape, what a server of another model
+    or target.model_path at other weights gives) agree far less, and training stops before its
+    first step, naming the figure and the fix, with nothing written; null turns the check off."""
+    cfg, run = make_run("own", max_steps=2, eval_every=100, save_every=100)
+    own = train_draft(run, cfg.train, cfg.target.model_path)
+    untrained = own.evals[0]
+    assert untrained["step"] == 0 and untrained["target_agreement_tokens"] > 500
+    assert untrained["target_agreement"] > 0.97
+
+    other = build_tiny_target(tmp_path / "seed1", seed=1)
+    cfg, run = make_run("other-weights", max_steps=2, eval_every=100, save_every=100)
+    with pytest.raises(TrainError, match=r"the replies are not the target's greedy output: \d+\.\d% of the [\d,]+ "
+                                         r"response tokens .* \(at most \d+\.\d% within sampling noise\), "
+                                         r"below train.min_target_agreement \(85%\)"):
+        train_draft(run, cfg.train, str(other))
+    assert not run.exists(TRAIN_RESULT) and run.listdir("train/checkpoints") == []
+    off = cfg.train.model_copy(update={"min_target_agreement": None})
+    trained = train_draft(run, off, str(other))
+    assert trained.steps == 2 and trained.evals[0]["target_agreement"] < 0.5
+
+
+def test_a_few_held_out_tokens_below_the_threshold_are_not_enough_to_stop_a_run():
+    """Run on a tiny Qwen2 in bf16 (test_qwen25_profile): 18 of 24 response tokens agreed, random
+    weights' near-ties flipped. 75% of 24 could be 85% within its noise; of 20,000 it could not."""
+    from tasks.draft.trainer import check_target_agreement, wilson_upper
+
+    assert 0.85 < wilson_upper(0.75, 24, 3.29) < 0.95
+    check_target_agreement({"target_agreement": 0.75, "target_agreement_tokens": 24}, 0.85, True, "run")
+    with pytest.raises(TrainError, match=r"75\.0% of the 20,000 response tokens .* \(at most 76\.\d% within"):
+        check_target_agreement({"target_agreement": 0.75, "target_agreement_tokens": 20_000}, 0.85, True, "run")
+    check_target_agreement({"target_agreement": 0.75, "target_agreement_tokens": 20_000}, 0.85, False, "run")  # sampled
+    check_target_agreement({"target_agreement": 0.75, "target_agreement_tokens": 20_000}, None, True, "run")  # off
+
+
+def test_target_agreement_counts_response_tokens_only():
+    """Position p's argmax against the token at p+1 where that is a response token: prompt
+    tokens and padding are not counted."""
+    from tasks.draft.ttt import target_agreement
+
+    lm_head = torch.eye(4)  # the argmax of a hidden state is its largest coordinate
+    hidden = torch.eye(4)[[1, 2, 3, 0, 0]].unsqueeze(0)  # predicts 1, 2, 3, 0, 0 at positions 0..4
+    input_ids = torch.tensor([[0, 1, 2, 0, 0]])  # the tokens at 1, 2 and 4 agree; at 3 not
+    loss_mask = torch.tensor([[False, False, True, True, False]])  # responses at 2 and 3; 4 is padding
+    assert target_agreement(hidden, lm_head, input_ids, loss_mask, chunk=1) == (1, 2)
+    assert target_agreement(hidden, lm_head, input_ids, torch.ones(1, 5, dtype=torch.bool), chunk=3) == (3, 4)
+
+
 def test_max_train_sequences_is_a_smaller_run_on_the_same_data(make_run):
     """train.max_train_sequences: the first N training sequences, the vocabulary counted over
     those alone, the held-out set unchanged; a resume with another N is refused."""

@@ -315,6 +315,16 @@ class TrainConfig(Strict):
         "them again): slower, same figures. The held-out split grows with the data (extract.eval_fraction).",
     )
     save_every: int = Field(50, ge=1)
+    min_target_agreement: float | None = Field(
+        0.85,
+        ge=0.0,
+        le=1.0,
+        description="For replies sampled at temperature 0: the least share of their response tokens that "
+        "must be the target's own argmax, checked on the held-out sequences at the untrained evaluation, "
+        "before the first step (the target's greedy replies agree at ~99%, another model's ~74%: "
+        "BENCHMARKS P29). Below it beyond its sampling noise, training stops: the servers served other weights. null: no check "
+        "(replies from another model on purpose).",
+    )
     logits_chunk: int = Field(1024, ge=1, description="Tokens per chunk of target-logit computation.")
     device: str = "cpu"
     compute_dtype: Literal["float32", "bfloat16"] = "float32"

@@ -59,10 +59,12 @@ from tasks.draft.ttt import (
     counted_rows,
     stored_token_matches,
     summarize,
+    target_agreement,
 )
 from tasks.draft.vocab import VocabMap, build_vocab_map, count_tokens
 from tasks.extract.sequences import holdout_changed
 from tasks.runfolder import RunFolder
+from tasks.runfolder.fingerprint import RUN_JSON
 from tasks.runfolder.layout import TRAIN_BEST, TRAIN_PLOT, TRAIN_RESULT, TRAIN_VOCAB_MAP
 from tasks.target.model_dir import read_model_config, resolve_model_dir
 
@@ -86,6 +88,49 @@ class TrainResult:
     last_checkpoint: str | None
     resumed_from: str | None
     vocab_stats: dict[str, Any] = field(default_factory=dict)
+
+
+def greedy_replies(run: RunFolder) -> bool:
+    """Whether the run's replies were sampled at temperature 0 (its run.json): only then must they
+    be the target's argmax wherever it predicts them. False without a run.json (data made by hand)."""
+    sampling = ((run.read_json(RUN_JSON) or {}).get("fingerprint") or {}).get("sampling") or {}
+    return sampling.get("temperature") == 0
+
+
+AGREEMENT_Z = 3.29  # two-sided 99.9%: a run is stopped on its data only when the figure leaves no doubt
+
+
+def wilson_upper(p: float, n: int, z: float) -> float:
+    """The Wilson score interval's upper end for a share `p` of `n` trials."""
+    if n <= 0:
+        return 1.0
+    centre = p + z * z / (2 * n)
+    spread = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return min(1.0, (centre + spread) / (1 + z * z / n))
+
+
+def check_target_agreement(evaluation: dict[str, Any], threshold: float | None, greedy: bool, where: str) -> None:
+    """TrainError when greedy replies are too seldom the target's own argmax (the untrained
+    evaluation's target_agreement): the servers that wrote them served other weights, which a
+    shared vocabulary hides from generation's checks, and a draft trained on them would learn
+    another model's choices. Nothing to check at a sampled temperature or with no held-out tokens."""
+    agreement, tokens = evaluation.get("target_agreement"), evaluation.get("target_agreement_tokens") or 0
+    if threshold is None or not greedy or agreement is None:
+        return
+    # Refused only when it is below beyond its sampling noise: a few dozen held-out tokens (a
+    # tiny run) say little, and a random tiny target in bf16 flips its near-ties.
+    upper = wilson_upper(agreement, tokens, AGREEMENT_Z)
+    if upper >= threshold:
+        return
+    raise TrainError(
+        f"{where}: the replies are not the target's greedy output: {agreement:.1%} of the "
+        f"{tokens:,} response tokens of the held-out sequences are the target's argmax where it "
+        f"predicts them (at most {upper:.1%} within sampling noise), below train.min_target_agreement ({threshold:.0%}); "
+        "the target's own greedy replies agree at ~99%. The generation servers served another model or "
+        "other weights than target.model_path (each row of generate/data names its server). Fix: "
+        "regenerate with servers launched with the target, or point target.model_path at the weights "
+        "the servers ran; for replies from another model on purpose, set train.min_target_agreement: null"
+    )
 
 
 # Per-step fields train/result.json keeps (checkpoints keep every field of every step).
@@ -403,11 +448,16 @@ def train_draft(
         # Greedy chains over the held-out sequences with k drafts per cycle: tokens and
         # verify cycles, pooled over every cycle as SGLang counts (tasks.draft.acceptance).
         chains = torch.zeros(2, cfg.ttt_steps, dtype=torch.float64)
+        agreement = torch.zeros(2, dtype=torch.float64)  # response tokens that are the target's argmax, of all
         with torch.no_grad(), autocast:
             for batch in eval_source():
                 rows = counted_rows(batch.loss_mask, cfg.ttt_steps, device)
-                _, stats, predicted = model.unrolled(batch.to(device, compute_dtype), rows, cfg.ttt_steps,
+                on_device = batch.to(device, compute_dtype)
+                _, stats, predicted = model.unrolled(on_device, rows, cfg.ttt_steps,
                                                      cfg.ttt_decay, cfg.logits_chunk, full_vocab=True)
+                agreement += torch.tensor(target_agreement(on_device.last_hidden, model.target_lm_head,
+                                                           on_device.input_ids, on_device.loss_mask, cfg.logits_chunk),
+                                          dtype=torch.float64)  # fmt: skip
                 totals = totals.merged(stats)
                 matches = stored_token_matches(predicted, rows, batch.input_ids, cfg.ttt_steps)
                 for k, (tokens, cycles) in chain_totals(matches.numpy(), batch.loss_mask.numpy(), ks).items():
@@ -417,9 +467,11 @@ def train_draft(
         for t in (totals.loss_sum, totals.correct, totals.count):
             rank.sum_(t)
         chains = rank.sum_(chains.to(device)).cpu()
+        agreed, responses = rank.sum_(agreement.to(device)).tolist()
         pooled = {f"pooled_accept_len_{k}": pooled_accept_length(chains[0, k - 1].item(), chains[1, k - 1].item())
                   for k in ks}  # fmt: skip
         return {"step": step, "acc_basis": "full_vocab", **summarize(totals, cfg.ttt_decay), **pooled,
+                "target_agreement": agreed / responses if responses else None, "target_agreement_tokens": int(responses),
                 "eval_batches_kept": eval_batches_kept}  # fmt: skip
 
     def save(best_changed: bool) -> None:
@@ -475,6 +527,8 @@ def train_draft(
 
     if step == 0 and eval_batches:
         record_eval()  # the untrained baseline
+        # Before the first step: are the replies the target's own? (a server of other weights)
+        check_target_agreement(state["evals"][-1], cfg.min_target_agreement, greedy_replies(run), run.url)
     elif eval_batches and step < total_steps:
         # A resumed draft reads (online: captures) its held-out batches now, as a fresh one does in
         # its untrained evaluation, so that its first evaluation costs what every later one does

@@ -192,6 +192,25 @@ def compute_teacher(
     return Teacher(probs.view(b, t, -1), argmax.view(b, t))
 
 
+@torch.no_grad()
+def target_agreement(
+    last_hidden: torch.Tensor, lm_head: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, chunk: int
+) -> tuple[int, int]:
+    """How many response tokens are the target's own argmax where it predicts them, of how many:
+    the target at position p (last_hidden[p] @ lm_head.T over the full vocabulary) against the
+    stored token at p+1 wherever that is a response token (loss_mask). Replies the target itself
+    regenerated greedily agree at ~99% (bf16 near-ties aside); another model's replies to the same
+    prompts far less (BENCHMARKS P29: 0.990 against 0.735 on Qwen2.5-Coder-1.5B-Instruct)."""
+    response = loss_mask[:, 1:].to(last_hidden.device)
+    hidden = last_hidden[:, :-1][response].to(lm_head.dtype)
+    wanted = input_ids[:, 1:].to(last_hidden.device)[response]
+    agree = 0
+    for start in range(0, hidden.shape[0], chunk):
+        argmax = (hidden[start : start + chunk] @ lm_head.T).argmax(-1)
+        agree += int((argmax == wanted[start : start + chunk]).sum())
+    return agree, int(wanted.numel())
+
+
 @dataclass
 class StepStats:
     """Sums over counted positions, per unroll step (all-reducible as they are)."""
