@@ -226,15 +226,15 @@ def _draft_of(sessions: list[dict[str, Any]]) -> list[str]:
     for s in sessions:
         carried = bool((s.get("carried") or {}).get("draft"))
         own = Path(s["folder"]).name
-        out.append(made or own if carried else own)
+        out.append((made or own) if carried else own)
         if not carried and (s.get("training") or {}).get("steps"):
             made = own
     return out
 
 
 def records(sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each draft's decision of record, in the order the drafts were made: the first gate that
-    decided over it (a later one over the same draft is in `decisions`, beside)."""
+    """Each draft's decision of record, in session order: the first gate that decided over it (a
+    later one over the same draft is in `decisions`, beside)."""
     seen: dict[str, dict[str, Any]] = {}
     for s, draft in zip(sessions, _draft_of(sessions), strict=True):
         if (s.get("gate") or {}).get("outcome") and draft not in seen:

@@ -321,7 +321,7 @@ class TrainConfig(Strict):
         le=1.0,
         description="For replies sampled at temperature 0: the least share of their response tokens that "
         "must be the target's own argmax, checked on the held-out sequences at the untrained evaluation, "
-        "before the first step (the target's greedy replies agree at ~99%, another model's ~74%: "
+        "before the first step (the target's greedy replies agree at ~99%, another model's ~75%: "
         "BENCHMARKS P29). Below it beyond its sampling noise, training stops: the servers served other weights. null: no check "
         "(replies from another model on purpose).",
     )
