@@ -247,16 +247,10 @@ def _meets(gate: dict[str, Any]) -> bool:
     return bool(gate.get("promoted")) and (best.get("speedup") or 0) >= GOAL_SPEEDUP and (best.get("ci_low") or 0) > 1
 
 
-def _deciding(sessions: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The record the goals read: the first draft's whose gate promoted at the goal, else the
-    latest draft's."""
-    made = records(sessions)
+def _deciding(made: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The record the goals read, of `made` (records): the first draft's whose gate promoted at
+    the goal, else the latest draft's."""
     return next((r for r in made if _meets(r["gate"])), made[-1] if made else None)
-
-
-def _deciding_gate(sessions: list[dict[str, Any]]) -> dict[str, Any] | None:
-    record = _deciding(sessions)
-    return record and record["gate"]
 
 
 def _cut_short_s3(sessions: list[dict[str, Any]]) -> tuple[dict[str, Any], str | None]:
@@ -282,8 +276,9 @@ def _scaling(sessions: list[dict[str, Any]]) -> dict[str, Any] | None:
     return next((c for c in curves if not c["replayed_only"]), None) or next(iter(curves), None)
 
 
-def goals(sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    deciding = _deciding_gate(sessions)
+def goals(sessions: list[dict[str, Any]], deciding: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The issue's goals, the promotion and accept-length ones read from `deciding` (the
+    record's gate, _deciding)."""
     # The latest session that regenerated: a later one re-measures (run 16 without the prefix cache).
     gen = next((s["generation"] for s in reversed(sessions) if s.get("generation")), {})
     scaling = _scaling(sessions)
@@ -403,7 +398,8 @@ def build(folders: list[Path], reference: set[str] | None = None) -> dict[str, A
     """`reference`: the held-out prompt ids every full draft's replay is also pooled over
     (reference_holdout; main: the first folder's generation.tar, run 15's)."""
     sessions = [session(f, reference) for f in folders]
-    record = _deciding(sessions)
+    made = records(sessions)
+    record = _deciding(made)
     deciding = record and record["gate"]
     # each gate's, by session (runs 19 and 24 were both qwen-sweep)
     measured_at_3 = {_label(s): _config(s.get("gate"), S3).get("accept_length_per_domain")
@@ -423,12 +419,12 @@ def build(folders: list[Path], reference: set[str] | None = None) -> dict[str, A
         "decision": record and {"draft": record["draft"], "session": record["session"], "plan": record["plan"],
                                 **{k: record["gate"][k] for k in ("outcome", "best", "speedup", "ci", "promoted", "reasons")}},
         "records": [{k: r[k] for k in ("draft", "session", "plan")} | {"outcome": r["gate"]["outcome"]}
-                    for r in records(sessions)],
+                    for r in made],
         "decisions": decisions(sessions),
         "accept_length_at_3_steps_per_domain": measured_at_3,
         "breakeven_at_3_steps": _breakeven_at_3_steps(deciding, sessions),
         "scaling": scaling,
-        "goals": goals(sessions),
+        "goals": goals(sessions, deciding),
     }  # fmt: skip
     missed = [g for g in result["goals"] if g["met"] is False]
     if missed:  # what the issue asks of a miss: the measured break-even and the data the curve says is needed

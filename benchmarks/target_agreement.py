@@ -1,5 +1,5 @@
-"""How often a reply's tokens are the target's own argmax (tasks.draft.ttt.target_agreement, what
-the trainer's untrained evaluation checks against train.min_target_agreement), for the target's
+"""How often a reply's tokens are the target's own argmax (tasks.draft.ttt.target_agreement: the
+count the trainer's untrained evaluation checks against train.min_target_agreement), for the target's
 greedy replies and for another model's replies to the same prompts:
 
     .venv/bin/python benchmarks/target_agreement.py [--sequences 12] [--dtype float32|bfloat16]

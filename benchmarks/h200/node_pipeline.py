@@ -204,7 +204,8 @@ def host_facts(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
     return facts
 
 
-KERNEL_CACHES = ("triton", "inductor")  # TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR under the node's folder
+# The compiled-kernel caches every process of a session shares: variable -> folder under the node's.
+KERNEL_CACHES = {"TRITON_CACHE_DIR": "triton", "TORCHINDUCTOR_CACHE_DIR": "inductor"}
 
 
 def kernel_cache_sizes(root: Path) -> dict[str, dict[str, int]]:
@@ -212,7 +213,7 @@ def kernel_cache_sizes(root: Path) -> dict[str, dict[str, int]]:
     machine compiles them again: run 24's first baseline launch was ready after 167 s, its second
     after 67 s. What they weigh says whether carrying them to the next session is worth a call."""
     out = {}
-    for name in KERNEL_CACHES:
+    for name in KERNEL_CACHES.values():
         files = [f for f in (root / name).rglob("*") if f.is_file()] if (root / name).is_dir() else []
         out[name] = {"files": len(files), "bytes": sum(f.stat().st_size for f in files)}
     return out
@@ -295,7 +296,7 @@ class Pipeline:
             **os.environ, "PYTHONPATH": f"{self.site}:{node_env.REPO}", "EAGLESCALE_CACHE": str(node_env.NODE / "cache"),
             "PREFECT_HOME": str(node_env.NODE / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-            "TORCHINDUCTOR_CACHE_DIR": str(node_env.NODE / KERNEL_CACHES[1]), "TRITON_CACHE_DIR": str(node_env.NODE / KERNEL_CACHES[0]),
+            **{var: str(node_env.NODE / name) for var, name in KERNEL_CACHES.items()},
         }  # fmt: skip
         self.server: subprocess.Popen[bytes] | None = None
         options = read_json(node_env.NODE / "options.json") or {}

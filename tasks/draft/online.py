@@ -56,7 +56,7 @@ class OnlineTarget:
     dtype: str
     storage_dtype: str
     batch_size: int
-    holdout_unit: str = "conversation"
+    holdout_unit: str
 
     @classmethod
     def from_config(cls, cfg: EagleScaleConfig) -> OnlineTarget | None:

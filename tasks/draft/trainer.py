@@ -56,10 +56,10 @@ from tasks.draft.ttt import (
     Batch,
     StepStats,
     TTTModel,
+    agreement_counts,
     counted_rows,
     stored_token_matches,
     summarize,
-    target_agreement,
 )
 from tasks.draft.vocab import VocabMap, build_vocab_map, count_tokens
 from tasks.extract.sequences import holdout_changed
@@ -452,11 +452,10 @@ def train_draft(
         with torch.no_grad(), autocast:
             for batch in eval_source():
                 rows = counted_rows(batch.loss_mask, cfg.ttt_steps, device)
-                on_device = batch.to(device, compute_dtype)
-                _, stats, predicted = model.unrolled(on_device, rows, cfg.ttt_steps,
-                                                     cfg.ttt_decay, cfg.logits_chunk, full_vocab=True)
-                agreement += torch.tensor(target_agreement(on_device.last_hidden, model.target_lm_head,
-                                                           on_device.input_ids, on_device.loss_mask, cfg.logits_chunk),
+                _, stats, predicted, teacher_argmax = model.unrolled(
+                    batch.to(device, compute_dtype), rows, cfg.ttt_steps, cfg.ttt_decay, cfg.logits_chunk,
+                    full_vocab=True)  # fmt: skip
+                agreement += torch.tensor(agreement_counts(teacher_argmax, batch.input_ids, batch.loss_mask),
                                           dtype=torch.float64)  # fmt: skip
                 totals = totals.merged(stats)
                 matches = stored_token_matches(predicted, rows, batch.input_ids, cfg.ttt_steps)

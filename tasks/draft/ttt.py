@@ -192,23 +192,26 @@ def compute_teacher(
     return Teacher(probs.view(b, t, -1), argmax.view(b, t))
 
 
+def agreement_counts(argmax: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor) -> tuple[int, int]:
+    """How many response tokens are the target's argmax where it predicts them, of how many:
+    `argmax` [B, T] is the target's full-vocabulary argmax at each position (Teacher.argmax with
+    full_vocab), against the stored token at p+1 wherever that is a response token (loss_mask)."""
+    response = loss_mask[:, 1:].to(argmax.device)
+    hits = argmax[:, :-1][response] == input_ids[:, 1:].to(argmax.device)[response]
+    return int(hits.sum()), int(hits.numel())
+
+
 @torch.no_grad()
 def target_agreement(
     last_hidden: torch.Tensor, lm_head: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, chunk: int
 ) -> tuple[int, int]:
-    """How many response tokens are the target's own argmax where it predicts them, of how many:
-    the target at position p (last_hidden[p] @ lm_head.T over the full vocabulary) against the
-    stored token at p+1 wherever that is a response token (loss_mask). Replies the target itself
-    regenerated greedily agree at ~99% (bf16 near-ties aside); another model's replies to the same
-    prompts far less (BENCHMARKS P29: 0.991 against 0.749 on Qwen2.5-Coder-1.5B-Instruct)."""
-    response = loss_mask[:, 1:].to(last_hidden.device)
-    hidden = last_hidden[:, :-1][response].to(lm_head.dtype)
-    wanted = input_ids[:, 1:].to(last_hidden.device)[response]
-    agree = torch.zeros((), dtype=torch.int64, device=hidden.device)  # summed where it lies: one sync, at the end
-    for start in range(0, hidden.shape[0], chunk):
-        argmax = (hidden[start : start + chunk] @ lm_head.T).argmax(-1)
-        agree += (argmax == wanted[start : start + chunk]).sum()
-    return int(agree), int(wanted.numel())
+    """agreement_counts from the target's last hidden states (last_hidden @ lm_head.T over the
+    full vocabulary, `chunk` positions at a time). Replies the target itself regenerated greedily
+    agree at ~99% (bf16 near-ties aside); another model's replies to the same prompts far less
+    (BENCHMARKS P29: 0.991 against 0.749 on Qwen2.5-Coder-1.5B-Instruct)."""
+    flat = last_hidden.reshape(-1, last_hidden.shape[-1]).to(lm_head.dtype)
+    argmax = torch.cat([(flat[i : i + chunk] @ lm_head.T).argmax(-1) for i in range(0, flat.shape[0], chunk)])
+    return agreement_counts(argmax.view(last_hidden.shape[:2]), input_ids, loss_mask)
 
 
 @dataclass
@@ -327,8 +330,8 @@ class TTTModel(nn.Module):
     ) -> tuple[torch.Tensor, StepStats]:
         """`rows` = counted_rows(cpu loss mask, steps, device); `loss_denominator` None: each
         step's mean over its counted positions, else the fixed denominator (module docstring)."""
-        loss, stats, _ = self.unrolled(batch, rows, steps, decay, logits_chunk, full_vocab,
-                                       loss_denominator)
+        loss, stats, _, _ = self.unrolled(batch, rows, steps, decay, logits_chunk, full_vocab,
+                                          loss_denominator)
         return loss, stats
 
     def unrolled(
@@ -340,9 +343,10 @@ class TTTModel(nn.Module):
         logits_chunk: int,
         full_vocab: bool = False,
         loss_denominator: float | None = None,
-    ) -> tuple[torch.Tensor, StepStats, torch.Tensor]:
-        """forward's loss and statistics, and the draft's token (target id) at every counted
-        row of every step in order, for stored_token_matches."""
+    ) -> tuple[torch.Tensor, StepStats, torch.Tensor, torch.Tensor]:
+        """forward's loss and statistics, the draft's token (target id) at every counted row of
+        every step in order, for stored_token_matches, and the teacher's argmax [B, T] (over the
+        full vocabulary with `full_vocab`: agreement_counts)."""
         draft = self.draft
         teacher = compute_teacher(
             batch.last_hidden, self.target_lm_head, self.draft_ids, logits_chunk, full_vocab
@@ -362,7 +366,7 @@ class TTTModel(nn.Module):
             zero = draft.logits(hidden[:1, 0]).float().sum() * 0.0
             nothing = torch.zeros(steps, dtype=torch.float64, device=device)
             none_predicted = torch.zeros(0, dtype=torch.int64, device=device)
-            return zero, StepStats(nothing, nothing.clone(), count.to(device)), none_predicted
+            return zero, StepStats(nothing, nothing.clone(), count.to(device)), none_predicted, teacher.argmax
         if loss_denominator is None:  # today's per-batch mean, the expression kept bit for bit
             weights = torch.cat([torch.full((n,), decay**k / max(n, 1)) for k, n in enumerate(sizes)])
         else:
@@ -383,4 +387,4 @@ class TTTModel(nn.Module):
             correct = torch.zeros(steps, dtype=torch.float64, device=device).index_add_(
                 0, segment, hit
             )
-        return loss, StepStats(loss_sum, correct, count.to(device)), predicted
+        return loss, StepStats(loss_sum, correct, count.to(device)), predicted, teacher.argmax
