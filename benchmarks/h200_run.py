@@ -215,8 +215,8 @@ The sessions, in order:
    parts with run 18's draft) and setup ~27 min; a session with less leaves num_steps 5, then 4,
    out (gate_within_budget; gate_trims keeps 3, what 4 and 5 compare with). It does not fit
    beside training the draft.
-4. qwen-scaling (--run-from --draft-from): next (after run 24); the data-scaling drafts (0.1, 0.3, 0.6 of the
-   sequences, a draft's worth of steps side by side: run 10 measured that side by side they take
+4. qwen-scaling (--run-from [--draft-from]), the next session after run 24: the data-scaling
+   drafts (0.1, 0.3, 0.6 of the sequences, a draft's worth of steps side by side: run 10 measured that side by side they take
    about the sum of their times alone) trained online on the carried draft's vocabulary map, then
    the baseline and the full draft at num_steps 3 twice and every scaling draft once (7 launches,
    ~16 min at run 17's launch cost). They train at the carried draft's epochs, so that the
@@ -239,8 +239,8 @@ The sessions, in order:
    trained again. At run 22's pace (0.228 s a step, P26) that may be one session with no draft
    carried: the full draft and the three scaling drafts side by side are 1,224 steps, ~5 min if
    side by side still costs the sum of their times alone (measured on the old path only), then
-   the one-repetition gate (~715 s), ~25 min with the payload (35 parts, prepared 2026-12-05 after run 24) and setup. Three Qwen
-   trainers side by side hold ~96 GiB at their peaks (~32 each, runs 18, 22, 23): on an H100
+   the one-repetition gate (~715 s), ~25 min with the payload (35 parts, prepared 2026-12-05
+   after run 24) and setup. Three Qwen trainers side by side hold ~96 GiB at their peaks (~32 each, runs 18, 22, 23): on an H100
    (80 GiB) the scaling drafts train in one process beside the full draft, in two on an H200
    (scaling_groups, PLAN_TRAINER_GIB; measurements.json's scaling_processes):
 
