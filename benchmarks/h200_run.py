@@ -216,8 +216,8 @@ The sessions, in order:
    out (gate_within_budget; gate_trims keeps 3, what 4 and 5 compare with). It does not fit
    beside training the draft.
 4. qwen-scaling (--run-from [--draft-from]), the next session after run 24: the data-scaling
-   drafts (0.1, 0.3, 0.6 of the sequences, a draft's worth of steps side by side: run 10 measured that side by side they take
-   about the sum of their times alone) trained online on the carried draft's vocabulary map, then
+   drafts (0.1, 0.3, 0.6 of the sequences, a draft's worth of steps side by side: run 10
+   measured that side by side they take about the sum of their times alone) trained online on the carried draft's vocabulary map, then
    the baseline and the full draft at num_steps 3 twice and every scaling draft once (7 launches,
    ~16 min at run 17's launch cost). They train at the carried draft's epochs, so that the
    curve's points share its recipe: the node reads them from the draft's record
