@@ -10,9 +10,11 @@ measured), and what the session packed to travel (a draft, or a stopped draft's 
 every gate's decision with each config's speedup and CI, accept length per domain and
 lossless counts; the accept length at 3 steps per domain (the goal: >= 2.5 on held-out HumanEval
 and ShareGPT code); the gate's predicted tok/s against the measured; the break-even the server
-measured at num_steps 3 (qwen-sweep's, unless the deciding gate measured it); the data-scaling
-curve (measured and replayed points, the fits, the training sequences the fits say an accept
-length of 2.5 and the break-even need); and the issue's goals, each met or missed by how much.
+measured at num_steps 3 (qwen-sweep's, unless the deciding gate measured it); the run's
+data-scaling curve over every draft it made (`run_curve`: the scaling drafts, and each draft of
+record at the sequences it trained on, measured and replayed; the fits, the training sequences
+they say an accept length of 2.5 and the break-even need); and the issue's goals, each met or
+missed by how much.
 
 Each draft has one decision of record: the first gate that decided over it (`records`). A draft
 is made by a session that trains one to its end; a session that carries a draft in
@@ -22,8 +24,8 @@ registry, so a second gate on another machine can promote where the first reject
 run 18's draft), and reading the better of two would be choosing the measurement. The promotion
 goal reads the first draft whose record meets it, else the latest record. Writes `qwen-run.json` (in the
 first RESULTS_DIR unless --out says where), `qwen-run-gates.png` beside it (every config a gate
-measured: its speed against the baseline, its accept length against its break-even) and prints
-a summary.
+measured: its speed against the baseline, its accept length against its break-even),
+`qwen-run-curve.png` (the run's curve) and prints a summary.
 """
 
 from __future__ import annotations
@@ -49,7 +51,17 @@ from benchmarks.real_run_report import (  # noqa: E402
     replay_accept_length,
 )
 from tasks.gate.report import figure_png  # noqa: E402
-from tasks.gate.scaling import MEASURED, OVERALL, replay_points, scaling_report  # noqa: E402
+from tasks.gate.scaling import (  # noqa: E402
+    MEASURED,
+    OVERALL,
+    REPLAY,
+    ScalingPoint,
+    fit_trend,
+    fittable,
+    plot_scaling,
+    replay_points,
+    scaling_report,
+)
 
 S3 = "eagle3-s3-k1-n4"  # num_steps 3, topk 1: the goals' config
 GOAL_SPEEDUP = 1.3
@@ -102,6 +114,7 @@ def session(folder: Path, reference: set[str] | None = None) -> dict[str, Any]:
     scaling = results.json("run/gate/scaling/report.json") or replayed_curve(results)
     if scaling:
         out["scaling"] = scaling_figures(scaling)
+    out["train_sequences"] = train_sequences(results)
     pooled = replay_on_reference(replayed, results.json("run/run.json"), reference) if reference else None
     if pooled:
         out["replay_on_reference_held_out"] = pooled
@@ -192,17 +205,31 @@ def replayed_curve(results: Results) -> dict[str, Any] | None:
     return {**scaling_report(points, None, int(at)), "replayed_only": True}
 
 
+def train_sequences(results: Results) -> int | None:
+    """The training sequences of the draft a session trained or carried in: its run/train/data.json
+    (the node's results hold it from run 25 on; run 23's was taken from the drafts it packed),
+    else the scaling drafts' index, which records its full draft's (run 20's: run 18's draft)."""
+    splits = (results.json("run/train/data.json") or {}).get("splits") or {}
+    if splits.get("train") is not None:
+        return int(splits["train"])
+    index = results.json("run/train/scaling/index.json") or {}
+    return index.get("train_sequences")
+
+
 def scaling_figures(scaling: dict[str, Any]) -> dict[str, Any]:
     curve: dict[str, dict[str, dict[str, float]]] = {}
     for p in scaling.get("points", []):
         curve.setdefault(p["domain"], {}).setdefault(str(p["samples"]), {})[p["kind"]] = p["accept_length"]
     fits = scaling.get("fits") or {}
+
+    def overall(kind: str) -> list[int]:  # the sample counts of one kind of point, overall
+        return sorted({int(p["samples"]) for p in scaling.get("points", []) if p["kind"] == kind and p["domain"] == OVERALL})
+
     return {
-        "num_steps": scaling.get("num_steps"), "points": sorted({int(p["samples"]) for p in scaling.get("points", [])}),
-        # The sample counts a server measured (overall): the curve's measured half.
-        "measured_points": sorted({int(p["samples"]) for p in scaling.get("points", [])
-                                   if p["kind"] == MEASURED and p["domain"] == OVERALL}),
-        "replayed_only": bool(scaling.get("replayed_only")),
+        "num_steps": scaling.get("num_steps"),
+        # The sample counts a server measured: the curve's measured half; and the replayed half.
+        "measured_points": overall(MEASURED), "replayed_points": overall(REPLAY),
+        "replayed_only": bool(scaling.get("replayed_only")), "curve_points": scaling.get("points", []),
         "curve": curve, "fits": fits, "no_fit": scaling.get("no_fit"),
         "break_even_accept_length": scaling.get("break_even_accept_length"),
         "samples_for_accept": {d: samples_for(f, GOAL_ACCEPT) for d, f in fits.items()},
@@ -269,19 +296,74 @@ def _tree_at_3_steps(name: str) -> bool:
     return bool(m) and m["draft"] is None and m["s"] == "3" and m["k"] != "1"
 
 
-def _scaling(sessions: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The curve of record: the latest a gate wrote (measured and replayed), else the latest
-    replayed half (a session whose gate ended before its launches: run 20)."""
-    curves = [s["scaling"] for s in reversed(sessions) if s.get("scaling")]
-    return next((c for c in curves if not c["replayed_only"]), None) or next(iter(curves), None)
+def run_curve(sessions: list[dict[str, Any]], made: list[dict[str, Any]],
+              break_even: float | None) -> dict[str, Any] | None:  # fmt: skip
+    """The run's data-scaling curve at 3 steps, over every draft it made: each session's scaling
+    curve (a gate's, measured and replayed, or run 20's replayed half), and each draft of record at
+    the sequences it trained on: the server's accept length where its record's gate measured 3
+    steps (`records`: one measurement a draft, never the better of two), and its replay on the
+    reference held-out split (run 15's, on which every scaling draft was replayed). One point a
+    draft, kind and domain; each carries the draft it is of. Fitted as the gate fits a curve
+    (tasks/gate/scaling.py: on a domain's measured points where it has two sample counts, else on
+    its replayed ones), with the server's break-even at 3 steps; beside it the replayed points'
+    own fit, so that a reader sees what offline replay alone would say."""
+    drafts = _draft_of(sessions)
+    sequences: dict[str, int] = {}
+    for s, draft in zip(sessions, drafts, strict=True):
+        if s.get("train_sequences") is not None:
+            sequences.setdefault(draft, s["train_sequences"])
+    points: dict[tuple[str, str, str], ScalingPoint] = {}
+
+    def add(draft: str, point: ScalingPoint) -> None:
+        points.setdefault((draft, point.kind, point.domain), point)
+
+    for s, draft in zip(sessions, drafts, strict=True):
+        for p in (s.get("scaling") or {}).get("curve_points", []):
+            # The session's full draft is the one it trained or carried; the others its scaling drafts.
+            owner = draft if p["samples"] == sequences.get(draft) else f"{Path(s['folder']).name} at {p['samples']}"
+            add(owner, ScalingPoint(p["domain"], int(p["samples"]), float(p["accept_length"]), p["kind"]))
+    for record in made:
+        n = sequences.get(record["draft"])
+        if n is None:
+            continue
+        s3 = _config(record["gate"], S3)
+        measured = {OVERALL: s3.get("accept_length"), **(s3.get("accept_length_per_domain") or {})}
+        for domain, accept in measured.items():
+            if accept is not None:
+                add(record["draft"], ScalingPoint(domain, n, float(accept), MEASURED))
+        replayed = next((s["replay_on_reference_held_out"] for s, d in zip(sessions, drafts, strict=True)
+                         if d == record["draft"] and s.get("replay_on_reference_held_out")), None)  # fmt: skip
+        if replayed:
+            tables = {OVERALL: replayed, **replayed["per_domain"]}
+            for domain, t in tables.items():
+                add(record["draft"], ScalingPoint(domain, n, float(t["accept_length"]), REPLAY))
+    if not points:
+        return None
+    ordered = sorted(points.items(), key=lambda kv: (kv[1].samples, kv[0]))
+    report = scaling_report([p for _, p in ordered], break_even, 3)
+    report["points"] = [{"draft": key[0], **vars(p)} for key, p in ordered]
+    replayed_fits = fit_trend(fittable([p for _, p in ordered if p.kind == REPLAY])[0])
+    measured = {d for d in report["fits"] if len({p.samples for _, p in ordered if p.domain == d and p.kind == MEASURED}) > 1}
+    return {**scaling_figures(report), "drafts": {key[0]: p.samples for key, p in ordered},
+            "measured_domains": sorted(measured),  # the domains whose fit is the server's (else replay's)
+            "replayed_fits": {d: {"intercept": f.intercept, "slope_per_ln_sample": f.slope, "points": f.points,
+                                  "samples_for_accept": f.samples_for(GOAL_ACCEPT)} for d, f in replayed_fits.items()}}  # fmt: skip
 
 
-def goals(sessions: list[dict[str, Any]], deciding: dict[str, Any] | None) -> list[dict[str, Any]]:
+def plot_curve(curve: dict[str, Any]) -> bytes:
+    """qwen-run-curve.png: the run's curve (run_curve) as the gate plots one, with the goal."""
+    points = [ScalingPoint(p["domain"], p["samples"], p["accept_length"], p["kind"]) for p in curve["curve_points"]]
+    usable, _ = fittable(points)
+    return plot_scaling(usable or points, fit_trend(usable) if usable else {}, curve["break_even_accept_length"],
+                        goal=(f"the goal at 3 steps, {GOAL_ACCEPT}", GOAL_ACCEPT))  # fmt: skip
+
+
+def goals(sessions: list[dict[str, Any]], deciding: dict[str, Any] | None,
+          scaling: dict[str, Any] | None) -> list[dict[str, Any]]:  # fmt: skip
     """The issue's goals, the promotion and accept-length ones read from `deciding` (the
-    record's gate, _deciding)."""
+    record's gate, _deciding), the curve's from `scaling` (run_curve)."""
     # The latest session that regenerated: a later one re-measures (run 16 without the prefix cache).
     gen = next((s["generation"] for s in reversed(sessions) if s.get("generation")), {})
-    scaling = _scaling(sessions)
     out = []
     ratio = gen.get("vs_plain_batched_request")
     out.append(_goal("regeneration vs one plain batched request on the same server", f">= {GOAL_REGENERATION}",
@@ -319,7 +401,7 @@ def goals(sessions: list[dict[str, Any]], deciding: dict[str, Any] | None) -> li
     out.append(_goal("the gate's predicted tok/s vs measured", f"within +/-{GOAL_PREDICTION:.0%}", errors,
                      None if worst is None else worst <= GOAL_PREDICTION,
                      None if worst is None or worst <= GOAL_PREDICTION else worst - GOAL_PREDICTION))  # fmt: skip
-    points = (scaling or {}).get("points") or []
+    points = (scaling or {}).get("replayed_points") or []
     measured = (scaling or {}).get("measured_points") or []
     short = {k: 4 - len(v) for k, v in (("replayed", points), ("measured", measured)) if len(v) < 4}
     out.append(_goal("the data-scaling curve, measured and replayed", ">= 4 points each",
@@ -407,7 +489,8 @@ def build(folders: list[Path], reference: set[str] | None = None) -> dict[str, A
     # 3 steps with topk > 1 beside the chain (run 18's tree: 2.24 on HumanEval where the chain had 1.92)
     measured_at_3 |= {f"{_label(s)} {c['name']}": c.get("accept_length_per_domain") for s in sessions
                       for c in (s.get("gate") or {}).get("configs", []) if _tree_at_3_steps(c["name"])}  # fmt: skip
-    scaling = _scaling(sessions)
+    breakeven = _breakeven_at_3_steps(deciding, sessions)
+    scaling = run_curve(sessions, made, breakeven and breakeven.get("break_even"))
     cut_s3, cut_folder = _cut_short_s3(sessions)
     if cut_s3 and cut_folder not in {s["folder"] for s in sessions if _config(s.get("gate"), S3)}:
         measured_at_3[f"{cut_folder} (a gate cut short)"] = cut_s3.get("accept_length_per_domain")
@@ -422,9 +505,9 @@ def build(folders: list[Path], reference: set[str] | None = None) -> dict[str, A
                     for r in made],
         "decisions": decisions(sessions),
         "accept_length_at_3_steps_per_domain": measured_at_3,
-        "breakeven_at_3_steps": _breakeven_at_3_steps(deciding, sessions),
+        "breakeven_at_3_steps": breakeven,
         "scaling": scaling,
-        "goals": goals(sessions, deciding),
+        "goals": goals(sessions, deciding, scaling),
     }  # fmt: skip
     missed = [g for g in result["goals"] if g["met"] is False]
     if missed:  # what the issue asks of a miss: the measured break-even and the data the curve says is needed
@@ -499,6 +582,10 @@ def plot_gates(points: list[dict[str, Any]]) -> bytes:
     return figure_png(fig)
 
 
+def _count(samples: float | None) -> str:
+    return "no figure (a flat trend)" if samples is None else f"{samples:,.0f}"
+
+
 def _print(result: dict[str, Any]) -> None:
     for s in result["sessions"]:
         print(f"{s['folder']}: plan {s['plan']}, {s['state']}, steps {s['steps_s']}")
@@ -536,6 +623,15 @@ def _print(result: dict[str, Any]) -> None:
                       f"accept {c['accept_length']} {c['accept_length_per_domain']}")  # fmt: skip
             for k, row in gate["breakeven"].items():
                 print(f"    break-even, num_steps {k}: {row['statement']}")
+    curve = result.get("scaling")
+    if curve:
+        print(f"curve at {curve['num_steps']} steps: drafts at {curve['drafts']} sequences; measured at "
+              f"{curve['measured_points']}, replayed at {curve['replayed_points']}")  # fmt: skip
+        for d, fit in curve["fits"].items():
+            basis = "measured" if d in curve["measured_domains"] else "replayed"
+            print(f"  {d}: {fit['slope_per_ln_sample']:+.3f} per e-fold ({basis}, {fit['points']} points): "
+                  f"{GOAL_ACCEPT} at {_count(curve['samples_for_accept'].get(d))} sequences; the replayed points alone "
+                  f"say {_count((curve['replayed_fits'].get(d) or {}).get('samples_for_accept'))}")  # fmt: skip
     for g in result["goals"]:
         verdict = {True: "met", False: f"MISSED by {g['short_by']}", None: "not measured"}[g["met"]]
         print(f"goal {g['goal']} ({g['target']}): {g['measured']} -> {verdict}")
@@ -559,6 +655,10 @@ def main() -> int:
     if points:  # beside the JSON: qwen-run-gates.png
         plot = out.with_name(f"{out.stem}-gates.png")
         plot.write_bytes(plot_gates(points))
+        print(plot)
+    if result["scaling"]:  # and qwen-run-curve.png
+        plot = out.with_name(f"{out.stem}-curve.png")
+        plot.write_bytes(plot_curve(result["scaling"]))
         print(plot)
     _print(result)
     print(out)

@@ -137,7 +137,7 @@ def _ended_since(status: dict[str, Any], name: str, since: float) -> bool:
 # shows the scaling drafts replayed and every launch measured, per domain.
 RESULT_FILES = (
     "run.json", "prompts/discovery_report.json", "prompts/_SUCCESS.json", "generate/progress.json",
-    "train/result.json", "train/best.json", "train/scaling/index.json", "train/plots/accuracy.png",
+    "train/result.json", "train/best.json", "train/data.json", "train/scaling/index.json", "train/plots/accuracy.png",
     "gate/report.json", "gate/report.md", "gate/progress.json", "gate/replay.json", "gate/costs.json",
     "gate/prediction.json", "gate/scaling/replay.json", "gate/scaling/report.json", "gate/scaling/curve.png",
     "gate/plots/tok_s.png", "gate/plots/acceptance.png", "gate/plots/predicted_vs_measured.png", "promoted.json",

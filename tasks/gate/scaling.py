@@ -94,9 +94,10 @@ def projection(fits: dict[str, ScalingFit], break_even: float) -> dict[str, Any]
     }  # fmt: skip
 
 
-def plot_scaling(points: Sequence[ScalingPoint], fits: dict[str, ScalingFit], break_even: float | None) -> bytes:
+def plot_scaling(points: Sequence[ScalingPoint], fits: dict[str, ScalingFit], break_even: float | None,
+                 goal: tuple[str, float] | None = None) -> bytes:
     """PNG: points and fitted trend per domain on a log x axis, the break-even line, and where
-    each trend crosses it."""
+    each trend crosses it; `goal` (its label and accept length) a line of its own."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -124,6 +125,8 @@ def plot_scaling(points: Sequence[ScalingPoint], fits: dict[str, ScalingFit], br
             ax.scatter([crossing], [break_even], marker="x", s=80, color=color)
     if break_even is not None:
         ax.axhline(break_even, color="tab:gray", linestyle=":", label=f"break-even {break_even:.2f}")
+    if goal is not None:
+        ax.axhline(goal[1], color="tab:green", linestyle="-.", label=goal[0])
     ax.set_xscale("log")
     ax.set_xlabel("training samples (sequences)")
     ax.set_ylabel("acceptance length (tokens per verify)")
