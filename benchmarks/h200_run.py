@@ -351,6 +351,31 @@ The sessions, in order:
    in all. PROMOTE: 3 steps at 1.330x (CI 1.234-1.402), 2.58 tokens per verify (code 2.46,
    HumanEval 2.92); 4 steps 1.314x (2.82); the tree 1.128x (2.96); every output lossless.
 
+7. The code lever (not run yet; after item 4): ShareGPT code at 2.46 tokens per verify at 3
+   steps is the one accept-length goal missed (by 0.04), and the run's curve says code reaches
+   2.5 at ~43,000 training sequences, 1.11x the grown set (BENCHMARKS P30). Discovery drops
+   5,237 code prompts of 1,025-2,048 tokens (later turns of long conversations) under the
+   profile's 1,024-token cap; `discover.max_prompt_tokens_by_domain` lets code alone run to 2,048
+   (44,903 prompts: the grown set's 39,666 and those, the same 96 held out, discovered here in
+   1 min 57 s). The grown generation's replies are reused, so the node regenerates only the
+   5,237 (7.54 M prompt tokens, ~1.1 M new ones: a few minutes). The draft trains from scratch at
+   3 epochs, every point of the curve's recipe: ~1,970 steps an epoch (~5,900 in all, ~22 min at
+   run 22's 0.228 s a step), two sessions with its checkpoint between them, then the gate. Give
+   every session the same extract.max_length (2,304: the longest prompt and its 256 new tokens;
+   at 1,536 a prompt of 1,536 tokens or more is dropped and a shorter one loses its reply's end):
+
+       tar -xf benchmarks/results/real-run-node/run-15/generation.tar -C /tmp/run-15 run/prompts run/run.json
+       .venv/bin/python benchmarks/h200_run.py prepare --bundle DIR --profile deployments/params/qwen25-coder.yaml \
+           --set 'discover.sources[0].prompt_turns=every_user' --set 'discover.domain_quotas={}' \
+           --set discover.holdout_from=/tmp/run-15/run --set 'discover.max_prompt_tokens_by_domain={coding: 2048}' \
+           --reuse-from /work/grown/generation.tar
+       python3 benchmarks/h200_run.py node start --plan qwen-generate --set extract.max_length=2304 \
+           --set train.epochs=3 --budget S                                      # with the last part
+
+   Its generation comes back (`node generation K`), and the next sessions carry it as item 6's
+   did (`prepare ... --run-from generation.tar [--checkpoint-from checkpoint.tar]`, then
+   `node start --plan qwen-gate --set extract.max_length=2304 --set train.epochs=3`).
+
 A gate cut short still leaves every launch it measured (gate/progress.json), but no decision; the
 report says which goals it could not judge.
 """

@@ -16,6 +16,7 @@ from typing import Any
 import fsspec
 
 from tasks.config import EagleScaleConfig
+from tasks.discover.domains import max_prompt_tokens
 from tasks.extract.sizes import bytes_per_token, free_bytes_at, human_bytes
 from tasks.redaction import redact_url
 from tasks.runfolder import RunFolder, ShardStore
@@ -93,7 +94,7 @@ def _disk(cfg: EagleScaleConfig, run: RunFolder | None, prompts: int | None) -> 
         return {"extract_bytes": None, "summary": "unknown (the target's hidden size or the prompt count is not known before a load or discovery)"}
     # Every sequence at its longest: the prompt bound plus the response bound, cut at
     # extract.max_length. The forecast at extraction's start uses the real token counts.
-    per_seq = min(cfg.discover.max_prompt_tokens + cfg.sampling.max_new_tokens + 1, ex.max_length)
+    per_seq = min(max_prompt_tokens(cfg.discover) + cfg.sampling.max_new_tokens + 1, ex.max_length)
     tokens = prompts * cfg.sampling.samples_per_prompt * per_seq
     per_token = bytes_per_token(hidden, ex.storage_dtype)
     total = tokens * per_token

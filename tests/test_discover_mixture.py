@@ -285,6 +285,14 @@ def test_same_inputs_and_seed_give_identical_output_in_any_order(tmp_path: Path)
             {"min_prompt_tokens": 10, "max_prompt_tokens": 5},
             "discover.min_prompt_tokens (10) is above discover.max_prompt_tokens (5)",
         ),
+        (
+            {"max_prompt_tokens_by_domain": {"coding": 2048}},
+            "discover.max_prompt_tokens_by_domain: domain 'coding' is not the domain of any source",
+        ),
+        (
+            {"min_prompt_tokens": 10, "max_prompt_tokens_by_domain": {"a": 5}},
+            "discover.max_prompt_tokens_by_domain.a (5) is below discover.min_prompt_tokens (10)",
+        ),
     ],
 )
 def test_config_errors_name_the_field(tmp_path: Path, kw: dict[str, Any], message: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tarfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,8 @@ import yaml
 from tasks.config import ConfigError, DiscoverConfig, SourceConfig, load_config
 from tasks.discover import FILTERED_SCHEMA, DiscoverConfigError, discover_prompts, prompt_id_of
 from tasks.discover.report import OUTCOMES, funnel_counts, reason_kinds
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def words(messages: list[dict[str, str]]) -> int:
@@ -138,6 +141,40 @@ def test_every_row_left_out_is_a_record_and_the_counts_are_the_records(tmp_path:
     markdown = result.report_markdown()
     assert "## Filtered (examples of each reason; all 8 in prompts/filtered.parquet)" in markdown
     assert "| s | 4 | too_long | 11 tokens, above max_prompt_tokens 6 |" in markdown
+
+
+def test_a_domain_with_a_length_cap_of_its_own_keeps_longer_prompts(tmp_path: Path) -> None:
+    """ShareGPT code's later turns run to 2,048 tokens where chat's are cut at 1,024 (P28): a
+    domain's own cap keeps its longer prompts, the others keep the run's, and a prompt dropped
+    names the key that dropped it. Unset, the discover hash is what it was."""
+    from tasks.discover.domains import max_prompt_tokens
+    from tasks.discover.stage import discover_config_hash
+
+    rows = [q("def one two three four five"), q("chat one two three four five"),
+            q("def one two"), q("chat one two"),
+            q("def one two three four five six seven eight nine")]  # fmt: skip
+    src = SourceConfig(name="s", path=write_jsonl(tmp_path / "s.jsonl", rows), domain="chat",
+                       domain_rules=[{"pattern": "^def", "domain": "code"}])  # fmt: skip
+    result = discover([src], max_prompt_tokens=4, max_prompt_tokens_by_domain={"code": 7})
+    kept = sorted(json.loads(m)[0]["content"] for m in result.manifest.column("messages").to_pylist())
+    assert kept == ["chat one two", "def one two", "def one two three four five"]
+    dropped = {f["row_index"]: f["detail"] for f in result.filtered.to_pylist()}
+    assert dropped == {1: "6 tokens, above max_prompt_tokens 4",
+                       4: "10 tokens, above max_prompt_tokens_by_domain.code 7"}  # fmt: skip
+    assert result.report["settings"]["max_prompt_tokens_by_domain"] == {"code": 7}
+    assert "prompt length 1–4 tokens, code up to 7;" in result.report_markdown()
+    cfg = DiscoverConfig(sources=[src], max_prompt_tokens=4, max_prompt_tokens_by_domain={"code": 7})
+    assert (max_prompt_tokens(cfg), max_prompt_tokens(cfg, "code"), max_prompt_tokens(cfg, "chat")) == (7, 7, 4)
+
+    # Unset, the key stays out of the discover hash: the Qwen profile's is still the one run 15
+    # committed its prompts under, so its carried prompts are not discovered again. Set, it counts.
+    profile = load_config(REPO / "deployments/params/qwen25-coder.yaml")
+    with tarfile.open(REPO / "benchmarks/results/real-run-node/run-15/generation.tar") as tar:
+        committed = json.load(tar.extractfile("run/prompts/_SUCCESS.json"))["config_hash"]
+    assert discover_config_hash(profile, None) == committed
+    capped = profile.model_copy(update={"discover": profile.discover.model_copy(
+        update={"max_prompt_tokens_by_domain": {"coding": 2048}})})  # fmt: skip
+    assert discover_config_hash(capped, None) != committed
 
 
 def chat(*texts: str) -> dict[str, Any]:

@@ -160,6 +160,13 @@ class DiscoverConfig(Strict):
     )
     min_prompt_tokens: int = Field(1, ge=0, description="Shorter prompts are filtered (too_short).")
     max_prompt_tokens: int = Field(4096, ge=1, description="Longer prompts are filtered (too_long).")
+    max_prompt_tokens_by_domain: dict[str, int] = Field(
+        default_factory=dict,
+        description="A domain's own max_prompt_tokens, in place of the one above: longer prompts "
+        "only where they pay (ShareGPT code's later turns run to 2,048 tokens). Each domain must be "
+        "one a source or rule gives. extract.max_length should hold the longest prompt and its "
+        "reply: extraction drops a prompt of max_length tokens or more and cuts a longer sequence.",
+    )
     dedupe_key: DedupeKey = Field(
         "conversation",
         description="What makes two prompts duplicates (exact and normalized dedupe, and "

@@ -36,3 +36,18 @@ def source_domains(src: SourceConfig) -> list[str]:
 def declared_domains(cfg: DiscoverConfig) -> list[str]:
     """Every domain some row of the config can get, sorted."""
     return sorted({d for src in cfg.sources for d in source_domains(src)})
+
+
+def max_prompt_tokens(cfg: DiscoverConfig, domain: str | None = None) -> int:
+    """The longest prompt `domain` keeps (its own cap, else the run's); with no domain, the
+    longest any domain keeps (what a sequence's length is bounded by)."""
+    if domain is None:
+        return max([cfg.max_prompt_tokens, *cfg.max_prompt_tokens_by_domain.values()])
+    return cfg.max_prompt_tokens_by_domain.get(domain, cfg.max_prompt_tokens)
+
+
+def max_prompt_setting(cfg: DiscoverConfig, domain: str) -> str:
+    """The key and value that cap `domain`'s prompts, as a filtered row's detail names them."""
+    if domain in cfg.max_prompt_tokens_by_domain:
+        return f"max_prompt_tokens_by_domain.{domain} {cfg.max_prompt_tokens_by_domain[domain]}"
+    return f"max_prompt_tokens {cfg.max_prompt_tokens}"

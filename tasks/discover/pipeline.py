@@ -39,7 +39,13 @@ from typing import Any
 import pyarrow as pa
 
 from tasks.config import DiscoverConfig, SourceConfig
-from tasks.discover.domains import DomainRules, declared_domains, source_domains
+from tasks.discover.domains import (
+    DomainRules,
+    declared_domains,
+    max_prompt_setting,
+    max_prompt_tokens,
+    source_domains,
+)
 from tasks.discover.formats import (
     MalformedRow,
     Messages,
@@ -128,6 +134,18 @@ def check_discover_config(cfg: DiscoverConfig) -> None:
             f"discover.min_prompt_tokens ({cfg.min_prompt_tokens}) is above "
             f"discover.max_prompt_tokens ({cfg.max_prompt_tokens})"
         )
+    domains = declared_domains(cfg)
+    for domain, cap in cfg.max_prompt_tokens_by_domain.items():
+        if domain not in domains:
+            raise DiscoverConfigError(
+                f"discover.max_prompt_tokens_by_domain: domain {domain!r} is not the domain of any "
+                f"source or domain rule (domains: {domains})"
+            )
+        if cap < max(1, cfg.min_prompt_tokens):
+            raise DiscoverConfigError(
+                f"discover.max_prompt_tokens_by_domain.{domain} ({cap}) is below "
+                f"discover.min_prompt_tokens ({cfg.min_prompt_tokens}) or 1"
+            )
     check_mixture_config(cfg)
 
 
@@ -262,7 +280,7 @@ class _Discovery:
     def filter_lengths(self) -> list[_Prompt]:
         passed: list[_Prompt] = []
         failures: list[Exception] = []
-        lo, hi = self.cfg.min_prompt_tokens, self.cfg.max_prompt_tokens
+        lo = self.cfg.min_prompt_tokens
         for p in sorted(self.prompts.values(), key=lambda p: p.prompt_id):
             try:
                 n = self.count_tokens(p.messages)
@@ -282,8 +300,8 @@ class _Discovery:
             p.n_tokens = n
             if n < lo:
                 self.drop(p, "too_short", f"{n} tokens, below min_prompt_tokens {lo}")
-            elif n > hi:
-                self.drop(p, "too_long", f"{n} tokens, above max_prompt_tokens {hi}")
+            elif n > max_prompt_tokens(self.cfg, p.domain):
+                self.drop(p, "too_long", f"{n} tokens, above {max_prompt_setting(self.cfg, p.domain)}")
             else:
                 passed.append(p)
         if failures and len(failures) == len(self.prompts):
@@ -498,6 +516,7 @@ def discover_prompts(
         "seed": cfg.seed,
         "min_prompt_tokens": cfg.min_prompt_tokens,
         "max_prompt_tokens": cfg.max_prompt_tokens,
+        "max_prompt_tokens_by_domain": dict(cfg.max_prompt_tokens_by_domain),
         "holdout_per_domain": cfg.holdout_per_domain,
         "holdout_from": None if cfg.holdout_from is None else redact_url(cfg.holdout_from),
         "total_prompts": cfg.total_prompts,

@@ -169,6 +169,12 @@ def _turn_rows(sources: Iterable[Mapping[str, Any]], rows_read: int) -> str:
     return f" (prompts and quarantined rows from {source_rows} rows: prompt_turns every_user)"
 
 
+def _length_by_domain(settings: dict[str, Any]) -> str:
+    """The domains with a length cap of their own (reports before the key have none)."""
+    caps = settings.get("max_prompt_tokens_by_domain") or {}
+    return "".join(f", {d} up to {n}" for d, n in sorted(caps.items()))
+
+
 def _holdout_setting(report: Mapping[str, Any]) -> str:
     holdout = report["holdout"]
     if holdout["from"] is None:
@@ -210,7 +216,8 @@ def render_markdown(
         f"{_turn_rows(report['sources'].values(), totals['rows_read'])}.",
         "",
         f"Seed {settings['seed']}; prompt length {settings['min_prompt_tokens']}–"
-        f"{settings['max_prompt_tokens']} tokens; {_holdout_setting(report)}; dedupe key: "
+        f"{settings['max_prompt_tokens']} tokens{_length_by_domain(settings)}; "
+        f"{_holdout_setting(report)}; dedupe key: "
         f"{settings['dedupe_key']}; mixture mode: {settings['mixture_mode']}.",
         "",
         "## Per domain",

@@ -36,7 +36,8 @@ def fix_for(error_class: str, settings: Mapping[str, Any] | None = None) -> str:
             "fit the server's context length; retrying alone sends them into the same limit. "
             "Either raise the server's context length (SGLang --context-length; engine.kind=local: "
             f"the target's) and rerun with {RETRY_DEAD}, or lower discover.max_prompt_tokens"
-            f"{_now(s, 'discover.max_prompt_tokens')} or sampling.max_new_tokens on a new run root "
+            f"{_now(s, 'discover.max_prompt_tokens')} (or a domain's own, discover.max_prompt_tokens_by_domain) "
+            "or sampling.max_new_tokens on a new run root "
             "(both change the run's fingerprint), or accept the loss with a higher "
             f"generate.max_dead_fraction{_now(s, 'generate.max_dead_fraction')}"
         )
