@@ -376,6 +376,21 @@ The sessions, in order:
    did (`prepare ... --run-from generation.tar [--checkpoint-from checkpoint.tar]`, then
    `node start --plan qwen-gate --set extract.max_length=2304 --set train.epochs=3`).
 
+8. The promoted draft's sweep, whole (not run yet): run 24 measured the grown draft at num_steps
+   3 and 4 and the tree; the issue asks for 1 to 5 at topk 1. Run 18's draft has them across runs
+   17-19 (1 at 0.77x, 2 at 1.04x, 3 at 1.10x, 4 at 1.06x, 5 at 1.05x), the grown draft not 1, 2
+   or 5. qwen-sweep over the carried draft at 1, 2, 3 and 5 (3 again, so that the others compare
+   with it in one session), twice each with the baseline: 10 launches, ~1,250 s at QWEN_LAUNCH_S,
+   with the payload (41 parts) and setup ~29 min; a session short of time leaves out 1, then 5,
+   then 2 (gate_trims). No training: it needs the draft this workspace keeps (/work/draft23):
+
+       .venv/bin/python benchmarks/h200_run.py prepare --bundle DIR --profile deployments/params/qwen25-coder.yaml \
+           --set 'discover.sources[0].prompt_turns=every_user' --set 'discover.domain_quotas={}' \
+           --set discover.holdout_from=/tmp/run-15/run --run-from /work/grown/generation.tar \
+           --draft-from /work/draft23/drafts.tar
+       python3 benchmarks/h200_run.py node start --plan qwen-sweep --set 'gate.num_steps=[1, 2, 3, 5]' \
+           --set 'gate.breakeven_accept_lengths=[]' --set extract.holdout_unit=prompt --budget S
+
 A gate cut short still leaves every launch it measured (gate/progress.json), but no decision; the
 report says which goals it could not judge.
 """
