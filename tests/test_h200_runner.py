@@ -994,6 +994,21 @@ def test_what_node_wait_brings_back_of_a_server_log_is_its_start_and_its_end(
     assert f"[... {left_out} bytes left out ...]".encode() in kept
 
 
+def test_what_node_wait_brings_back_holds_the_drafts_data_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sequences a draft trained on (its train/data.json) place it on the run's data-scaling
+    curve (qwen_run_report's run_curve); before run 25 the results did not hold them."""
+    import json
+    import tarfile
+
+    _on_node(monkeypatch, tmp_path)
+    (tmp_path / "run/train").mkdir(parents=True)
+    record = {"splits": {"train": 38_873, "eval": 793}, "hidden_states": "online"}
+    (tmp_path / "run/train/data.json").write_text(json.dumps(record))
+    lifecycle.collect_node_results(tmp_path / "out")
+    with tarfile.open(tmp_path / "out/results.tar.gz") as tar:
+        assert json.load(tar.extractfile("run/train/data.json")) == record
+
+
 def test_node_wait_on_a_machine_that_started_bare_says_so_at_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
