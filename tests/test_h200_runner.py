@@ -1548,3 +1548,45 @@ def test_a_grown_run_on_the_node_reuses_the_replies_of_the_earlier_run_its_paylo
     theirs = {r["prompt_id"]: r["output_ids"] for p in sorted((earlier / "run/generate/data").glob("*.parquet"))
               for r in pq.read_table(p).to_pylist()}  # fmt: skip
     assert mine == theirs
+
+
+def test_the_node_profiles_the_servers_import_and_brings_it_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run 24's launches spent ~50 s of their 61-81 s before the scheduler's first line (P31):
+    setup times SGLang's import twice in the background (`python -X importtime`), by package and
+    by module, and `node wait` brings it back. Here on a module this machine has."""
+    import json
+    import os
+    import sys
+    import tarfile
+
+    from benchmarks.h200.import_profile import (
+        IMPORT_PROFILE,
+        profile_in_background,
+        summarize_importtime,
+    )
+
+    _on_node(monkeypatch, tmp_path)
+    thread = profile_in_background(sys.executable, dict(os.environ), tmp_path / IMPORT_PROFILE, module="email.message")
+    thread.join(timeout=60)
+    profile = json.loads((tmp_path / IMPORT_PROFILE).read_text())
+    assert profile["module"] == "email.message" and len(profile["runs"]) == 2
+    for run in profile["runs"]:
+        assert "error" not in run and run["modules"] > 5 and 0 < run["total_s"] < run["wall_s"]
+        assert dict(run["by_package"])["email"] > 0
+    lifecycle.collect_node_results(tmp_path / "out")
+    with tarfile.open(tmp_path / "out/results.tar.gz") as tar:
+        assert json.load(tar.extractfile(IMPORT_PROFILE)) == profile
+    # importtime's own lines: the nesting read from the indent, the packages summed by own time
+    report = ("import time: self [us] | cumulative | imported package\n"
+              "import time:   1000000 |    1000000 |     torch._C\n"
+              "import time:   2000000 |    3000000 |   torch\n"
+              "import time:    500000 |    3500000 | sglang.srt.managers.scheduler\n"
+              "import time:    100000 |     100000 | json\n")  # fmt: skip
+    summary = summarize_importtime(report)
+    assert summary["modules"] == 4 and summary["total_s"] == 3.6  # the top level's cumulative times
+    assert summary["by_package"] == [["torch", 3.0], ["sglang", 0.5], ["json", 0.1]]
+    assert summary["slowest_own"][0] == ["torch", 2.0]
+    # a module that cannot be imported says why, and the profile still comes back
+    failed = profile_in_background(sys.executable, dict(os.environ), tmp_path / "failed.json", module="no_such_module_here")
+    failed.join(timeout=60)
+    assert "ModuleNotFoundError" in json.loads((tmp_path / "failed.json").read_text())["runs"][0]["error"]

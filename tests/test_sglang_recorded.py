@@ -271,6 +271,36 @@ def test_the_gate_reads_the_recorded_logs() -> None:
     assert spec.to_dict()["mean_logged_accept_len"] == 1.0
 
 
+def test_the_gate_reads_a_launchs_start_up_from_a_real_log(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run 24's first 3-step launch (its log as `node wait` brought it back, on an H100): ready
+    after 61 s, of which ~41 s passed before the scheduler process wrote its first line (the
+    server's two processes importing SGLang), then the weights (3 s) and the CUDA graphs (12 s).
+    Each phase is read from the log's own times, to the second, against the launch's start."""
+    import tarfile
+    import time
+
+    results = Path(__file__).resolve().parents[1] / "benchmarks/results/real-run-node/run-24/results.tar.gz"
+    with tarfile.open(results) as tar:
+        text = tar.extractfile("server-logs/001-eagle3-s3-k1-n4-rep0.log").read().decode()
+        report = json.load(tar.extractfile("run/gate/report.json"))
+    started_at = report["bench"]["launches"][1]["started_at"]
+    # SGLang writes the local time of the machine it runs on, where the gate reads it: the node's
+    # was UTC, whatever this machine's is.
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    try:
+        startup = parse_server_log(text).to_dict(started_at)["startup_s"]
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert list(startup) == ["first_line", "server_args", "scheduler", "weights_loaded", "graphs_captured", "ready"]
+    assert [round(startup[k]) for k in startup] == [19, 21, 41, 44, 56, 59]
+    # the launch's own clock (its health check answered) agrees: ready after 61.0 s
+    assert startup["ready"] <= report["bench"]["launches"][1]["health_s"] < startup["ready"] + 3
+    # a log without times (the recorded excerpts' older form) has no start-up, and says nothing of it
+    assert "startup_s" not in parse_server_log("Decode batch, accept len: 1.00, cuda graph: True\n").to_dict(started_at)
+
+
 # --- the compatible server answers with the recorded keys ----------------------------------------
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.h200 import node_env
+from benchmarks.h200.import_profile import IMPORT_PROFILE
 from benchmarks.h200.node_env import read_json, sha256
 from benchmarks.h200.plans import NEEDS_DRAFT, RECIPE_ROOT, parse_settings, plan_options
 from benchmarks.h200.travel import PACKED, calls_for, carried, collect_generation
@@ -217,6 +218,7 @@ def collect_node_results(out: Path) -> None:
             _add_root(tar, node_env.NODE / name, SIBLING_RESULT_FILES)
         for path in [node_env.NODE / "replay-compare.json", node_env.NODE / "recipe-replay.json", node_env.NODE / "drafts/index.json",
                      node_env.NODE / "checkpoint/index.json", node_env.NODE / "generation/index.json", node_env.NODE / "train-fit.json", node_env.NODE / "carried.json", node_env.NODE / "options.json",
+                     node_env.NODE / IMPORT_PROFILE,
                      *sorted(node_env.NODE.glob("recorded/*.json")), *sorted(node_env.NODE.glob("registry/*.json")),
                      *sorted(node_env.NODE.glob("registry/history/*.json"))]:  # fmt: skip
             if path.is_file():

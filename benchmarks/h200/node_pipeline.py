@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.h200 import node_env, node_steps
+from benchmarks.h200.import_profile import IMPORT_PROFILE, profile_in_background
 from benchmarks.h200.node_env import bytes_under, read_json, run_command
 from benchmarks.h200.plans import (
     LOSSLESS_GATE,
@@ -419,6 +420,9 @@ class Pipeline:
                                   env=self.env, capture_output=True, text=True)  # fmt: skip
         self.save_measure("versions", versions.stdout.strip() or versions.stderr[-500:])
         self.save_measure("host", host_facts())
+        # Where a launch's ~50 s before the scheduler's first line go (P31): measured beside the
+        # stages, not waited for; sglang-import.json comes back with the results.
+        profile_in_background(sys.executable, self.env, node_env.NODE / IMPORT_PROFILE)
         (node_env.NODE / "setup.done").write_text("ok")
         self.note("setup", "done", self.model_dir)
 

@@ -236,7 +236,7 @@ class GateRunner:
         finally:
             server.stop()
             log = parse_server_log(server.log_text())
-            record.log = log.to_dict()
+            record.log = log.to_dict(record.started_at)
             steps = config.spec.num_steps if config.spec else 0
             record.graph_problems = log.graph_problems(config.spec is not None, steps)
             if self.progress is not None:

@@ -304,6 +304,19 @@ _GRAPH = re.compile(r"\b(?:cuda|cpu|npu|xpu|musa) graph: (True|False)", re.I)
 _THROUGHPUT = re.compile(r"gen throughput \(token/s\): ([0-9.]+)")
 _FLUSHED = re.compile(r"Cache flushed successfully")
 _CAPTURE_KINDS = ("target", "draft", "draft_extend", "prefill")
+_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\]")
+# A launch's start-up as SGLang 0.5.14's log tells it, each the time of its first line (its last
+# for the loads and captures, which come once for the target and again for a draft): the server
+# process's arguments, the scheduler process's first line, the weights loaded, the CUDA graphs
+# captured, ready. Run 24's launches were ready after 61-81 s, ~50 s of them before the
+# scheduler's first line: the two processes starting, not the model.
+_STARTUP = (
+    ("server_args", re.compile(r"server_args=ServerArgs\("), "first"),
+    ("scheduler", re.compile(r"Init torch distributed begin"), "first"),
+    ("weights_loaded", re.compile(r"Load weight end"), "last"),
+    ("graphs_captured", re.compile(r"Capture .*graph end\b", re.I), "last"),
+    ("ready", re.compile(r"The server is fired up and ready"), "first"),
+)
 
 
 def _capture_kind(what: str) -> str:
@@ -322,11 +335,24 @@ class DecodeLine:
     gen_throughput: float | None
 
 
+def _stamp(line: str) -> float | None:
+    """A log line's time (SGLang writes the machine's local time, to the second), as epoch seconds."""
+    m = _STAMP.match(line)
+    return time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) if m else None
+
+
 @dataclass
 class LogReport:
     captures: dict[str, dict[str, int]]  # kind -> {"begin": n, "end": n}
     decode: list[DecodeLine]
     cache_flushes: int = 0
+    # epoch seconds of the first timestamped line ("first_line") and of each _STARTUP phase found
+    startup_at: dict[str, float] = field(default_factory=dict)
+
+    def startup_s(self, started_at: float) -> dict[str, float]:
+        """Each start-up phase in seconds after the launch began (`started_at`, epoch): to the
+        second, as the log's times are."""
+        return {k: round(t - started_at, 1) for k, t in self.startup_at.items()}
 
     def graph_problems(self, speculative: bool, num_steps: int = 0) -> list[str]:
         """What is missing for a CUDA-graph benchmark: the target (verify) graph, the draft
@@ -345,7 +371,7 @@ class LogReport:
             problems.append(f"all {len(flags)} decode log lines say cuda graph: False")
         return problems
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, started_at: float | None = None) -> dict[str, Any]:
         accepts = [d.accept_len for d in self.decode if d.accept_len is not None]
         graphs = [d.cuda_graph for d in self.decode if d.cuda_graph is not None]
         return {
@@ -354,6 +380,7 @@ class LogReport:
             "decode_cuda_graph_true": sum(1 for g in graphs if g),
             "mean_logged_accept_len": sum(accepts) / len(accepts) if accepts else None,
             "cache_flushes": self.cache_flushes,
+            **({"startup_s": self.startup_s(started_at)} if started_at is not None and self.startup_at else {}),
         }
 
 
@@ -361,7 +388,15 @@ def parse_server_log(text: str) -> LogReport:
     captures = {kind: {"begin": 0, "end": 0} for kind in _CAPTURE_KINDS}
     decode = []
     flushes = 0
+    startup: dict[str, float] = {}
     for line in text.splitlines():
+        if "ready" not in startup:  # the start-up's lines all come before it
+            at = _stamp(line)
+            if at is not None:
+                startup.setdefault("first_line", at)
+                for name, pattern, which in _STARTUP:
+                    if (which == "last" or name not in startup) and pattern.search(line):
+                        startup[name] = at
         if _FLUSHED.search(line):
             flushes += 1
             continue
@@ -378,4 +413,4 @@ def parse_server_log(text: str) -> LogReport:
                     float(t.group(1)) if t else None,
                 )
             )
-    return LogReport(captures, decode, flushes)
+    return LogReport(captures, decode, flushes, startup)
