@@ -242,7 +242,10 @@ The sessions, in order:
    the one-repetition gate (~715 s), ~25 min with the payload (35 parts, prepared 2026-12-05
    after run 24) and setup. Three Qwen trainers side by side hold ~96 GiB at their peaks (~32 each, runs 18, 22, 23): on an H100
    (80 GiB) the scaling drafts train in one process beside the full draft, in two on an H200
-   (scaling_groups, PLAN_TRAINER_GIB; measurements.json's scaling_processes):
+   (scaling_groups, PLAN_TRAINER_GIB; measurements.json's scaling_processes). The run's curve
+   already holds two measured points, run 18's draft (10,040 sequences) and the grown draft
+   (38,873), each by its record's gate (qwen_run_report's run_curve, P30): the three scaling
+   drafts measured once each make five, so the one-repetition gate meets the curve goal:
 
        .venv/bin/python benchmarks/h200_run.py prepare --bundle DIR --profile deployments/params/qwen25-coder.yaml \
            --run-from benchmarks/results/real-run-node/run-15/generation.tar
