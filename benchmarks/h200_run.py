@@ -387,6 +387,7 @@ The sessions, in order:
    with the payload (41 parts) and setup ~29 min; a session short of time leaves out 1, then 5,
    then 2 (gate_trims). No training: it needs the draft this workspace keeps (/work/draft23):
 
+       tar -xf benchmarks/results/real-run-node/run-15/generation.tar -C /tmp/run-15 run/prompts run/run.json
        .venv/bin/python benchmarks/h200_run.py prepare --bundle DIR --profile deployments/params/qwen25-coder.yaml \
            --set 'discover.sources[0].prompt_turns=every_user' --set 'discover.domain_quotas={}' \
            --set discover.holdout_from=/tmp/run-15/run --run-from /work/grown/generation.tar \
