@@ -268,7 +268,7 @@ The sessions, in order:
    prompts' marker holds the discover section's hash; the held-out set is hashed by its prompt
    ids, so run 15's folder may be unpacked anywhere):
 
-       tar -xf benchmarks/results/real-run-node/run-15/generation.tar -C /tmp/run-15 run/prompts run/run.json
+       mkdir -p /tmp/run-15 && tar -xf benchmarks/results/real-run-node/run-15/generation.tar -C /tmp/run-15 run/prompts run/run.json
        .venv/bin/python benchmarks/h200_run.py prepare --bundle DIR --profile deployments/params/qwen25-coder.yaml \
            --set 'discover.sources[0].prompt_turns=every_user' --set 'discover.domain_quotas={}' \
            --set discover.holdout_from=/tmp/run-15/run \
@@ -367,7 +367,7 @@ The sessions, in order:
    every session the same extract.max_length (2,304: the longest prompt and its 256 new tokens;
    at 1,536 a prompt of 1,536 tokens or more is dropped and a shorter one loses its reply's end):
 
-       tar -xf benchmarks/results/real-run-node/run-15/generation.tar -C /tmp/run-15 run/prompts run/run.json
+       mkdir -p /tmp/run-15 && tar -xf benchmarks/results/real-run-node/run-15/generation.tar -C /tmp/run-15 run/prompts run/run.json
        .venv/bin/python benchmarks/h200_run.py prepare --bundle DIR --profile deployments/params/qwen25-coder.yaml \
            --set 'discover.sources[0].prompt_turns=every_user' --set 'discover.domain_quotas={}' \
            --set discover.holdout_from=/tmp/run-15/run --set 'discover.max_prompt_tokens_by_domain={coding: 2048}' \
@@ -387,7 +387,7 @@ The sessions, in order:
    with the payload (41 parts) and setup ~29 min; a session short of time leaves out 1, then 5,
    then 2 (gate_trims). No training: it needs the draft this workspace keeps (/work/draft23):
 
-       tar -xf benchmarks/results/real-run-node/run-15/generation.tar -C /tmp/run-15 run/prompts run/run.json
+       mkdir -p /tmp/run-15 && tar -xf benchmarks/results/real-run-node/run-15/generation.tar -C /tmp/run-15 run/prompts run/run.json
        .venv/bin/python benchmarks/h200_run.py prepare --bundle DIR --profile deployments/params/qwen25-coder.yaml \
            --set 'discover.sources[0].prompt_turns=every_user' --set 'discover.domain_quotas={}' \
            --set discover.holdout_from=/tmp/run-15/run --run-from /work/grown/generation.tar \
