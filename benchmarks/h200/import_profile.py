@@ -69,7 +69,9 @@ def profile_in_background(python: str, env: dict[str, str], out: Path, module: s
     does not wait for it."""
 
     def work() -> None:
-        out.write_text(json.dumps(profile_import(python, env, module), indent=1))
+        partial = out.with_name(out.name + ".partial")  # renamed when whole: `node wait` may collect meanwhile
+        partial.write_text(json.dumps(profile_import(python, env, module), indent=1))
+        partial.replace(out)
 
     thread = threading.Thread(target=work, name="sglang-import-profile", daemon=True)
     thread.start()
