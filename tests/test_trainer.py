@@ -230,3 +230,55 @@ def test_max_train_sequences_is_a_smaller_run_on_the_same_data(make_run):
     more = cfg.train.model_copy(update={"max_train_sequences": 60, "max_steps": 6})
     with pytest.raises(TrainError, match="trained on 48 training sequences, this run has 60"):
         train_draft(run, more, cfg.target.model_path)
+
+
+def test_a_draft_continues_from_an_exported_one_and_a_resume_keeps_its_start(make_run, tiny_target_dir, tmp_path):
+    """train.init_from: a shipped draft continued on the data. The continued draft's untrained
+    evaluation is the shipped draft's last (the same weights on the same held-out set), its
+    vocabulary map is the shipped one's, and it learns on from there; its checkpoints record the
+    start, so a resume from another start is refused. A draft that does not fit (another
+    intermediate size) is refused before any data is read, each difference named."""
+    from tasks.config import ConfigError, check_input_paths, load_config
+    from tasks.draft.export import export_sglang
+    from tasks.draft.starting_draft import StartingDraftError, read_exported, weights_digest
+    from tests.draft_support import params_for
+
+    cfg, run = make_run("shipped", learning_rate=1e-2, max_steps=120, eval_every=120, save_every=120)
+    shipped = train_draft(run, cfg.train, cfg.target.model_path)
+    embed, _ = load_target_heads(cfg.target.model_path)
+    final = export_sglang(ckpt.load_checkpoint_model(run.path(shipped.last_checkpoint), embed), tmp_path / "final",
+                          dtype="float32")  # fmt: skip
+    _, weights, _ = read_exported(final)
+
+    cfg2, run2 = make_run("continued", max_steps=40, eval_every=20, save_every=20, init_from=str(final))
+    continued = train_draft(run2, cfg2.train, cfg2.target.model_path)
+    start, last = continued.evals[0], shipped.evals[-1]
+    assert start["step"] == 0 and last["step"] == 120
+    for key in ("sim_accept", "loss", "pooled_accept_len_3"):
+        assert start[key] == pytest.approx(last[key], rel=1e-6), key
+    assert start["sim_accept"] > 5 * max(shipped.evals[0]["sim_accept"], 0.005)  # far from a random start
+    assert torch.equal(VocabMap.load(run2).d2t, VocabMap.load(run).d2t)
+    assert continued.evals[-1]["loss"] < start["loss"]  # it learns on
+    state = ckpt.read_trainer_state(run2, continued.last_checkpoint)
+    assert state["recipe"]["init_from_sha256"] == weights_digest(weights)
+
+    # A resume with another start (none: random weights) is neither run's continuation.
+    cfg3 = cfg2.model_copy(update={"train": cfg2.train.model_copy(update={"init_from": None, "max_steps": 60})})
+    with pytest.raises(TrainError, match=r"train\.init_from \(its weights' sha256\): checkpoint '[0-9a-f]{64}', this run None"):
+        train_draft(run2, cfg3.train, cfg3.target.model_path)
+
+    # Another intermediate size: refused at the start, before the data is indexed.
+    cfg4, run4 = make_run("misfit", max_steps=4, intermediate_size=64, init_from=str(final))
+    with pytest.raises(StartingDraftError, match="intermediate_size 128 where this run's is 64"):
+        train_draft(run4, cfg4.train, cfg4.target.model_path)
+    assert not run4.exists("train/vocab_map.safetensors")
+
+    # Before the run: the folder must hold an exported draft of this draft vocabulary size.
+    params = params_for(tmp_path / "preflight", tiny_target_dir)
+    for given, message in ((tmp_path / "nowhere", "no exported draft folder at"),
+                           (tmp_path, r"holds no exported draft \(no config.json or model.safetensors\)")):  # fmt: skip
+        with pytest.raises(ConfigError, match=f"train.init_from: .*{message}"):
+            check_input_paths(load_config(params, [f"train.init_from={given}"]))
+    with pytest.raises(ConfigError, match="has a draft vocabulary of 1024 tokens, this run's train.draft_vocab_size is 512"):
+        check_input_paths(load_config(params, [f"train.init_from={final}", "train.draft_vocab_size=512"]))
+    check_input_paths(load_config(params, [f"train.init_from={final}"]))

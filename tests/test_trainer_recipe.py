@@ -189,6 +189,14 @@ def test_lm_head_and_norm_start_as_the_targets_rows_for_the_draft_vocabulary(tin
     assert torch.equal(untouched.lm_head.weight, before) and untouched.lm_head.weight.requires_grad
     with pytest.raises(ValueError, match="freeze_lm_head needs train.init_lm_head_from_target"):
         TrainConfig(freeze_lm_head=True)
+    # A draft started from an exported one has that draft's head: it may stay fixed, and nothing
+    # may overwrite it or its norm with the target's.
+    assert TrainConfig(freeze_lm_head=True, init_from="/drafts/shipped").freeze_lm_head
+    for overwrite in ("init_lm_head_from_target", "init_norm_from_target"):
+        with pytest.raises(ValueError, match=f"train.init_from starts every weight from that draft: .*{overwrite}"):
+            TrainConfig(init_from="/drafts/shipped", **{overwrite: True})
+    with pytest.raises(ValueError, match="train.init_from with train.scaling_fractions"):
+        TrainConfig(init_from="/drafts/shipped", scaling_fractions=[0.5])
 
     # The final norm is read alone from the target's safetensors, refused where it means another thing.
     copy = tmp_path / "target"
@@ -233,6 +241,13 @@ def test_a_checkpoint_from_before_the_record_had_todays_fixed_recipe():
     assert recipe_differences(today, recipe_record(TrainConfig(learning_rate=3e-3, adam_betas=[0.9, 0.95]), 100)) == []
     assert recipe_differences(today, recipe_record(TrainConfig(learning_rate=1e-3, adam_betas=[0.9, 0.95]), 100)) == [
         "train.learning_rate: checkpoint 0.003, this run 0.001"]
+    # A checkpoint recorded before train.init_from started from random weights: resuming it from
+    # a shipped draft is refused, and so is the other way round.
+    started = recipe_record(TrainConfig(learning_rate=3e-3, adam_betas=[0.9, 0.95]), 100, "ab" * 32)
+    before_key = {k: v for k, v in today.items() if k != "init_from_sha256"}
+    assert recipe_differences(before_key, today) == []
+    assert recipe_differences(before_key, started) == [f"train.init_from (its weights' sha256): checkpoint None, this run {'ab' * 32!r}"]
+    assert recipe_differences(started, today) == [f"train.init_from (its weights' sha256): checkpoint {'ab' * 32!r}, this run None"]
 
 
 # -- the pooled accept length --------------------------------------------------------------------

@@ -1,11 +1,12 @@
 """The check before anything starts: every input path the stages of this process will read
 exists (the model folder, the chat template file, the sources and an earlier run's holdout, the
-earlier run whose generation is reused, the gate's interpreter), named in its absolute form and
-with what it was relative to."""
+earlier run whose generation is reused, the draft training starts from, the gate's interpreter),
+named in its absolute form and with what it was relative to."""
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 
 from tasks.config.loading import ConfigError
@@ -23,7 +24,7 @@ def _describe(origin: PathOrigin) -> str:
     return f"{origin.given!r} relative to {origin.base_name}, {origin.base}"
 
 
-def _input_problem(origin: PathOrigin) -> str | None:
+def _input_problem(origin: PathOrigin, config: EagleScaleConfig) -> str | None:
     """Why an input path cannot be used, or None."""
     value = origin.value
     if origin.hub_id:
@@ -58,9 +59,31 @@ def _input_problem(origin: PathOrigin) -> str | None:
         if os.path.exists(value):
             return f"{value} is a file, not a run folder"
         return f"no {origin.what} at {value}"
+    if origin.key == "train.init_from":
+        return _starting_draft_problem(value, config)
     if os.path.isfile(value):
         return None
     return f"no {origin.what} at {value}"
+
+
+def _starting_draft_problem(value: str, config: EagleScaleConfig) -> str | None:
+    """Before the run: an exported draft is there, made for this run's draft vocabulary size (the
+    train stage checks the rest against the target when it starts, before reading any data)."""
+    if not os.path.isdir(value):
+        return f"no exported draft folder at {value}"
+    missing = [name for name in ("config.json", "model.safetensors") if not os.path.isfile(os.path.join(value, name))]
+    if missing:
+        return f"{value} holds no exported draft (no {' or '.join(missing)})"
+    try:
+        with open(os.path.join(value, "config.json")) as f:
+            draft = json.load(f)
+    except (OSError, ValueError) as err:
+        return f"{value}/config.json is not readable JSON ({err})"
+    size = draft.get("draft_vocab_size")  # both export formats keep it at the top
+    if size is not None and int(size) != config.train.draft_vocab_size:
+        return (f"the draft at {value} has a draft vocabulary of {size} tokens, this run's "
+                f"train.draft_vocab_size is {config.train.draft_vocab_size}")
+    return None
 
 
 def _needs_locally(config: EagleScaleConfig, key: str) -> bool:
@@ -70,6 +93,8 @@ def _needs_locally(config: EagleScaleConfig, key: str) -> bool:
     if key.startswith("generate."):  # read by the generate stage, wherever it runs
         deployed = "generate" in config.orchestration.stage_deployments
         return "generate" in config.stages and not deployed
+    if key.startswith("train."):  # read by the train stage, wherever it runs
+        return "train" in config.stages and "train" not in config.orchestration.stage_deployments
     if key.startswith("gate."):
         gate_here = "gate" in config.stages and "gate" not in config.orchestration.stage_deployments
         # The interpreter launches SGLang servers (the only gate input checked before the run).
@@ -90,7 +115,7 @@ def check_input_paths(config: EagleScaleConfig) -> None:
     for origin in config.path_origins():
         if origin.role != "input" or not _needs_locally(config, origin.key):
             continue
-        problem = _input_problem(origin)
+        problem = _input_problem(origin, config)
         if problem is not None:
             problems.append(f"{origin.key}: {problem} ({_describe(origin)})")
     for spec in (s for s in PATH_KEYS if s.role == "input"):

@@ -42,6 +42,7 @@ PATH_KEYS: tuple[PathKey, ...] = (
     PathKey("discover.sources[].path", "input", "source file, glob or folder"),
     PathKey("discover.holdout_from", "input", "run folder or holdout parquet file"),
     PathKey("generate.reuse_from", "input", "earlier run folder"),
+    PathKey("train.init_from", "input", "exported draft folder"),
     PathKey("gate.registry_url", "output", "registry folder"),
     PathKey("gate.python", "input", "Python interpreter"),
     PathKey("gate.challengers[].path", "optional", "challenger draft folder"),

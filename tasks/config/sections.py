@@ -398,6 +398,17 @@ class TrainConfig(Strict):
         "AddGaussianNoise (its default 0.05); seeded by train.seed and the step. 0: none.",
     )
 
+    init_from: str | None = Field(
+        None,
+        description="An exported draft to start from instead of random weights (a train stage's "
+        "final/, or a registry's promoted draft; SGLang or speculators format): a draft shipped on "
+        "less data, continued on more. It must have been made for this target with this run's "
+        "draft_vocab_size and intermediate_size (every difference is named before any work), and "
+        "its vocabulary map becomes the run's. Checkpoints record its weights' sha256: a resume "
+        "from another start is refused. Not with init_lm_head_from_target or init_norm_from_target, "
+        "nor with scaling_fractions.",
+    )
+
     @field_validator("adam_betas")
     @classmethod
     def _betas(cls, v: tuple[float, float]) -> tuple[float, float]:
@@ -407,9 +418,16 @@ class TrainConfig(Strict):
 
     @model_validator(mode="after")
     def _frozen_head_starts_from_the_target(self) -> TrainConfig:
-        if self.freeze_lm_head and not self.init_lm_head_from_target:
-            raise ValueError("train.freeze_lm_head needs train.init_lm_head_from_target: a frozen head "
-                             "would keep its random initialisation")
+        if self.freeze_lm_head and not (self.init_lm_head_from_target or self.init_from):
+            raise ValueError("train.freeze_lm_head needs train.init_lm_head_from_target (or train.init_from): "
+                             "a frozen head would keep its random initialisation")
+        if self.init_from and (self.init_lm_head_from_target or self.init_norm_from_target):
+            raise ValueError("train.init_from starts every weight from that draft: train.init_lm_head_from_target "
+                             "and train.init_norm_from_target would overwrite its head or norm; leave them off")
+        if self.init_from and self.scaling_fractions:
+            raise ValueError("train.init_from with train.scaling_fractions: the scaling drafts measure what data "
+                             "alone buys, from random weights, and a continued draft is no point of that curve; "
+                             "leave one of them out")
         return self
 
 

@@ -34,21 +34,28 @@ BEFORE_RECORDING = {
 }  # fmt: skip
 
 
-def recipe_record(cfg: TrainConfig, total_steps: int) -> dict[str, Any]:
-    """The recipe as a checkpoint's trainer state keeps it (JSON values)."""
+# Recorded since a later key: what a checkpoint without it trained with (train.init_from: none).
+RECORDED_LATER = {"init_from_sha256": None}
+_NAMES = {"total_steps": "train.epochs / train.max_steps (total steps)",
+          "init_from_sha256": "train.init_from (its weights' sha256)"}  # fmt: skip
+
+
+def recipe_record(cfg: TrainConfig, total_steps: int, init_from_sha256: str | None = None) -> dict[str, Any]:
+    """The recipe as a checkpoint's trainer state keeps it (JSON values); `init_from_sha256`: the
+    starting draft's weights (tasks/draft/starting_draft.py), None for random ones."""
     dumped = cfg.model_dump(mode="json")
-    return {**{key: dumped[key] for key in RECIPE_KEYS}, "total_steps": total_steps}
+    return {**{key: dumped[key] for key in RECIPE_KEYS}, "total_steps": total_steps,
+            "init_from_sha256": init_from_sha256}  # fmt: skip
 
 
 def recipe_differences(recorded: dict[str, Any] | None, current: dict[str, Any]) -> list[str]:
     """'train.KEY: checkpoint A, this run B' for each recorded setting this run changes."""
-    recorded = BEFORE_RECORDING if recorded is None else recorded
+    recorded = {**RECORDED_LATER, **(BEFORE_RECORDING if recorded is None else recorded)}
     out = []
     for key, then in recorded.items():
         now = current.get(key)
         if then != now:
-            name = "train.epochs / train.max_steps (total steps)" if key == "total_steps" else f"train.{key}"
-            out.append(f"{name}: checkpoint {then!r}, this run {now!r}")
+            out.append(f"{_NAMES.get(key, f'train.{key}')}: checkpoint {then!r}, this run {now!r}")
     return out
 
 

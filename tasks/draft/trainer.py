@@ -51,6 +51,7 @@ from tasks.draft.recipe import (
     start_from_target,
     with_aux_noise,
 )
+from tasks.draft.starting_draft import read_starting_draft
 from tasks.draft.target_heads import load_target_heads, load_target_norm
 from tasks.draft.ttt import (
     Batch,
@@ -312,6 +313,13 @@ def train_draft(
     else:
         data_meta = extract_metadata(run)
     draft_cfg = _draft_config(cfg, target_model_path, data_meta)
+    # train.init_from: read and checked before the data is indexed; its vocabulary map is the run's.
+    start = read_starting_draft(cfg.init_from, draft_cfg) if cfg.init_from else None
+    if start is not None:
+        if vocab_map is not None and not torch.equal(vocab_map.d2t, start.vocab.d2t):
+            raise TrainError(f"train.init_from {start.source}: its vocabulary map is not the one this draft "
+                             "was given (a scaling draft trains on its full draft's)")
+        vocab_map = start.vocab
     if rank.rank == 0:
         ckpt.remove_incomplete(run)
     if max_train_sequences is None:
@@ -351,6 +359,8 @@ def train_draft(
     draft.set_vocab(vocab.d2t, vocab.t2d)
     start_from_target(draft, lm_head, vocab.draft_ids,
                       load_target_norm(target_model_path) if cfg.init_norm_from_target else None, cfg)
+    if start is not None:  # a resume then loads its checkpoint over these
+        start.load_into(draft)
     if compile_kernels is None:
         compile_kernels = device.type == "cuda"
     model = TTTModel(draft, lm_head.to(head_dtype), vocab.draft_ids, compile_kernels).to(device)
@@ -376,7 +386,7 @@ def train_draft(
     # -- resume --------------------------------------------------------------------------
     state: dict[str, Any] = {"step": 0, "history": [], "evals": [], "best": None}
     resumed_from = ckpt.latest_checkpoint(run)
-    recipe = recipe_record(cfg, total_steps)
+    recipe = recipe_record(cfg, total_steps, start.sha256 if start else None)
     if resumed_from is not None:
         # Checked before the weights and optimizer load: a frozen head, say, changes the
         # optimizer's parameter groups, and loading would fail without naming why.

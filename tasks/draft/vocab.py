@@ -124,13 +124,19 @@ class VocabMap:
         missing = {"d2t", "t2d"} - set(tensors)
         if missing:
             raise ValueError(f"{where}: missing tensors {sorted(missing)}")
-        d2t, t2d = tensors["d2t"], tensors["t2d"]
+        stats = json.loads(_read_metadata(data).get("stats", "{}"))
+        return cls.from_tensors(tensors["d2t"], tensors["t2d"], where, stats)
+
+    @classmethod
+    def from_tensors(cls, d2t: torch.Tensor, t2d: torch.Tensor, where: str = "vocab map",
+                     stats: dict[str, Any] | None = None) -> VocabMap:  # fmt: skip
+        """The map of a d2t / t2d pair (a saved map's, or an exported draft's), checked."""
+        d2t, t2d = d2t.to(torch.int64), t2d.to(torch.bool)
         problems = vocab_consistency_problems(d2t, t2d)
         if problems:
             raise ValueError(f"{where}: " + "; ".join(problems))
-        stats = json.loads(_read_metadata(data).get("stats", "{}"))
         draft_ids = torch.arange(d2t.numel(), dtype=torch.int64) + d2t
-        return cls(d2t=d2t, t2d=t2d, draft_ids=draft_ids, stats=stats)
+        return cls(d2t=d2t, t2d=t2d, draft_ids=draft_ids, stats=stats or {})
 
     def save(self, run: RunFolder, rel: str = TRAIN_VOCAB_MAP) -> None:
         run.write_bytes_atomic(rel, self.to_bytes())
