@@ -378,6 +378,16 @@ The sessions, in order:
    Its generation comes back (`node generation K`), and the next sessions carry it as item 6's
    did (`prepare ... --run-from generation.tar [--checkpoint-from checkpoint.tar]`, then
    `node start --plan qwen-gate --set extract.max_length=2304 --set train.epochs=3`).
+   Cheaper, and no point of the curve: continue the grown draft instead (train.init_from, carried
+   by `prepare --start-from`: the node trains from its weights and vocabulary map, with no scaling
+   drafts) for one epoch of the 44,903 (~1,970 steps, ~8 min at run 22's pace), on its own
+   held-out split (extract.holdout_unit=prompt, as it trained): the regeneration, the epoch and
+   the least gate that decides are ~1.5 sessions. Its recipe is 3 epochs of 38,873 sequences and
+   one of ~44,000; the gate decides on it as on any draft:
+
+       ... prepare (as above) --start-from /work/draft23/drafts.tar
+       python3 benchmarks/h200_run.py node start --plan qwen-generate --set extract.max_length=2304 \
+           --set extract.holdout_unit=prompt --set train.epochs=1 --budget S    # with the last part
 
 8. The promoted draft's sweep, whole (not run yet): run 24 measured the grown draft at num_steps
    3 and 4 and the tree; the issue asks for 1 to 5 at topk 1. Run 18's draft has them across runs
@@ -457,6 +467,10 @@ def main() -> int:
     p.add_argument("--anchor-from", help="an earlier recipe session's drafts.tar (`node drafts K`'s parts joined): "
                    "SpecForge's draft in it travels, and the recipe plan gates and replays it beside this session's "
                    "variants instead of training SpecForge's again (needs --run-from, the generation it was trained on)")  # fmt: skip
+    p.add_argument("--start-from", help="an earlier session's drafts.tar (`node drafts K`'s parts joined): its exported "
+                   "draft travels beside the run, and the node trains its draft from those weights (train.init_from, "
+                   "no scaling drafts) instead of random ones: a shipped draft continued on more data. Every session "
+                   "of that draft carries it (with --checkpoint-from once it stopped mid-schedule)")  # fmt: skip
     p.add_argument("--profile", default=str(node_env.PROFILE), help="the run's profile, inside this repository (default: SmolLM2's); "
                    "its target's wheels travel in the payload and every node step reads it")  # fmt: skip
     p.add_argument("--reuse-from", help="an earlier run's complete generation.tar (run 15's: benchmarks/results/"

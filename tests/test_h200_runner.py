@@ -1074,7 +1074,7 @@ def test_prepare_refuses_a_checkpoint_it_cannot_carry_before_anything_is_downloa
     def prepare(**given: str) -> tuple[int, str]:
         args = {"bundle": str(bundle), "profile": str(QWEN), "run_from": None, "draft_from": None,
                 "checkpoint_from": None, "scaling_from": None, "anchor_from": None, "target_wheels": None,
-                "reuse_from": None, "discover_sets": [], **given}  # fmt: skip
+                "reuse_from": None, "start_from": None, "discover_sets": [], **given}  # fmt: skip
         code = payload.prepare(argparse.Namespace(**args))
         return code, capsys.readouterr().err
 
@@ -1086,6 +1086,10 @@ def test_prepare_refuses_a_checkpoint_it_cannot_carry_before_anything_is_downloa
     assert code == 2 and f"{generation}: members outside run/train/" in said
     code, said = prepare(run_from=str(generation), scaling_from=str(generation))
     assert code == 2 and "prepare --scaling-from needs --draft-from" in said
+    code, said = prepare(run_from=str(generation), draft_from="drafts.tar", start_from="drafts.tar")
+    assert code == 2 and "a carried draft is gated, and nothing trains from the start" in said
+    code, said = prepare(run_from=str(generation), start_from=str(generation))
+    assert code == 2 and f"{generation}: no run/train/final/config.json, run/train/final/model.safetensors in it" in said
     code, said = prepare(run_from=str(stopped), draft_from="drafts.tar")
     assert code == 2 and f"{stopped}: its generation was stopped before its end" in said and "--draft-from" in said
     code, said = prepare(reuse_from=str(stopped))
@@ -1590,3 +1594,37 @@ def test_the_node_profiles_the_servers_import_and_brings_it_back(tmp_path: Path,
     failed = profile_in_background(sys.executable, dict(os.environ), tmp_path / "failed.json", module="no_such_module_here")
     failed.join(timeout=60)
     assert "ModuleNotFoundError" in json.loads((tmp_path / "failed.json").read_text())["runs"][0]["error"]
+
+
+def test_a_node_given_a_start_draft_trains_its_draft_from_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`prepare --start-from drafts.tar`: the exported draft of an earlier session travels beside
+    the run, and the node's params start the draft from it (train.init_from) with no scaling
+    drafts (a continued draft is no point of a from-scratch curve); the params still load."""
+    import json
+    import tarfile
+
+    from tasks.config import load_config
+
+    _on_node(monkeypatch, tmp_path)
+    final = tmp_path / "shipped/run/train/final"
+    final.mkdir(parents=True)
+    (final / "config.json").write_text('{"draft_vocab_size": 32000}')
+    (final / "model.safetensors").write_bytes(b"weights")
+    (final.parent / "result.json").write_text("{}")
+    packed = tmp_path / "drafts.tar"
+    with tarfile.open(packed, "w") as tar:
+        tar.add(tmp_path / "shipped/run", "run")
+    (tmp_path / "manifest.json").write_text(json.dumps({"parts": [], "profile": str(QWEN.relative_to(RUNNER.parents[1]))}))
+    (tmp_path / "options.json").write_text(json.dumps(plans.plan_options([], "qwen-gate", None)))
+    pipeline = node_pipeline.Pipeline()
+    assert travel.carried_start_draft() is None and "init_from" not in pipeline.params_data()["train"]
+    start = travel.unpack_start_draft(packed, tmp_path / "src")  # what setup unpacks of the payload
+    assert start == tmp_path / travel.START_DRAFT and sorted(p.name for p in start.iterdir()) == ["config.json", "model.safetensors"]
+    assert travel.carried_start_draft() == start
+    pipeline._start_from_carried_draft()  # setup's, once the payload is unpacked
+    for given in (pipeline, node_pipeline.Pipeline()):  # and a pipeline restarted on that node
+        train = given.params_data()["train"]
+        assert train["init_from"] == str(start) and train["scaling_fractions"] == []
+        # every stage's --set says the same as params.yaml, and the profile loads with them
+        cfg = load_config(QWEN, overrides=given.sets)
+        assert cfg.train.init_from == str(start) and cfg.train.scaling_fractions == []

@@ -46,6 +46,7 @@ from benchmarks.h200.travel import (
     carried,
     carried_anchor,
     carried_reuse,
+    carried_start_draft,
     checkpoint_members,
     generation_bytes,
     generation_travel_s,
@@ -312,8 +313,22 @@ class Pipeline:
             **PLAN_SETTINGS.get(self.plan, {}), **{k: v for part in self.skip for k, v in SKIPPABLE[part].items()},
             **{(section, key): value for section, key, value in options.get("settings", [])},
         }  # fmt: skip
-        self.sets = [*node_env.EXTRA_SETS, *(f"{'.'.join(k)}={json.dumps(v)}" for k, v in self.settings.items()),
-                     f"gate.registry_url={node_env.NODE / 'registry'}"]  # the node's registry, as in params.yaml (write_params)
+        self.sets = self._sets()
+        self._start_from_carried_draft()  # a restarted pipeline's, whose setup unpacked it already
+
+    def _sets(self) -> list[str]:
+        """The settings as each stage's --set, with the node's registry (as params.yaml has it)."""
+        return [*node_env.EXTRA_SETS, *(f"{'.'.join(k)}={json.dumps(v)}" for k, v in self.settings.items()),
+                f"gate.registry_url={node_env.NODE / 'registry'}"]  # fmt: skip
+
+    def _start_from_carried_draft(self) -> None:
+        """`prepare --start-from`: the draft trains from the carried one (train.init_from), with no
+        scaling drafts (a continued draft is no point of a from-scratch curve). Known once setup
+        has unpacked the payload."""
+        start = carried_start_draft()
+        if start is not None and self.settings.get(("train", "init_from")) != str(start):
+            self.settings.update({("train", "init_from"): str(start), ("train", "scaling_fractions"): []})
+            self.sets = self._sets()
 
     def note(self, step: str, state: str, detail: str = "", **extra: Any) -> None:
         with self.lock:
@@ -414,6 +429,7 @@ class Pipeline:
         if not self.run_root.exists():
             shutil.copytree(src / "run", self.run_root)
             self._note_carried()
+        self._start_from_carried_draft()
         self._resolve_target()
         versions = subprocess.run([sys.executable, "-c", "import sglang, torch, transformers, prefect; "
                                    "print(sglang.__version__, torch.__version__, transformers.__version__, prefect.__version__)"],

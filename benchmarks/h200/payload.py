@@ -29,6 +29,7 @@ from benchmarks.h200.travel import (
     unpack_generation,
     unpack_reuse_from,
     unpack_scaling_drafts,
+    unpack_start_draft,
 )
 
 CALL_BYTES = 64 * 2**20  # what one device call carries: the working tree (tracked and untracked-not-ignored files) and its carry
@@ -165,6 +166,11 @@ def prepare(args: argparse.Namespace) -> int:
         print("prepare --scaling-from needs --draft-from: the scaling drafts trained on the full draft's vocabulary map, "
               "and their curve ends at that draft", file=sys.stderr)  # fmt: skip
         return 2
+    if args.start_from and args.draft_from:
+        print("prepare --start-from and --draft-from: a carried draft is gated, and nothing trains from the start "
+              "--start-from carries; give --start-from with --checkpoint-from (a continued draft still training) "
+              "or alone", file=sys.stderr)  # fmt: skip
+        return 2
     if args.draft_from and args.checkpoint_from:
         print("prepare --draft-from and --checkpoint-from: one draft or the other (a checkpoint is a draft still "
               "training; the draft it becomes is what --draft-from carries)", file=sys.stderr)  # fmt: skip
@@ -190,7 +196,7 @@ def prepare(args: argparse.Namespace) -> int:
         return 2
     carried = {"generation": False, "draft": bool(args.draft_from),
                "checkpoint": bool(args.checkpoint_from), "scaling": bool(args.scaling_from),
-               "anchor": bool(args.anchor_from), "reuse": bool(args.reuse_from)}  # fmt: skip
+               "anchor": bool(args.anchor_from), "reuse": bool(args.reuse_from), "start": bool(args.start_from)}  # fmt: skip
     try:  # an earlier session's prompts, regenerated shards, draft or checkpoint, checked before the downloads
         if args.run_from:
             carried["generation"] = run_holds(unpack_generation(Path(args.run_from), src))["generation"]
@@ -209,8 +215,10 @@ def prepare(args: argparse.Namespace) -> int:
             unpack_anchor(Path(args.anchor_from), src)
         if args.reuse_from:
             unpack_reuse_from(Path(args.reuse_from), src)
+        if args.start_from:
+            unpack_start_draft(Path(args.start_from), src)
     except (OSError, ValueError, tarfile.TarError) as e:
-        print(f"prepare --run-from/--draft-from/--checkpoint-from/--scaling-from/--anchor-from/--reuse-from: {e}",
+        print(f"prepare --run-from/--draft-from/--checkpoint-from/--scaling-from/--anchor-from/--reuse-from/--start-from: {e}",
               file=sys.stderr)  # fmt: skip
         return 2
     with (src / "bundle.tar.xz").open("wb") as out:

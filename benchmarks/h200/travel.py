@@ -2,8 +2,8 @@
 the regenerated shards, a trained draft, a training checkpoint and the data-scaling drafts, packed
 on the node in parts small enough for what one call brings back through $OUT, and unpacked here
 into the next payload's run folder (`prepare --run-from` / `--draft-from` / `--checkpoint-from` /
-`--scaling-from`, and SpecForge's draft of a recipe session: `--anchor-from`); what a node's run
-folder came with (carried.json).
+`--scaling-from`, SpecForge's draft of a recipe session: `--anchor-from`, and a draft to continue:
+`--start-from`); what a node's run folder came with (carried.json).
 
 Standard library only: the pipeline process packs them on the node's own Python."""
 
@@ -364,6 +364,34 @@ def unpack_anchor(packed: Path, dest: Path) -> Path:
 def carried_anchor() -> Path | None:
     """SpecForge's draft this node's payload carried (`prepare --anchor-from`), or None."""
     path = node_env.NODE / CARRIED_ANCHOR
+    return path if (path / "config.json").is_file() else None
+
+
+# The draft a node's training starts from (`prepare --start-from`: train.init_from), beside the run.
+START_DRAFT = "src/start-draft"
+_FINAL = "run/train/final/"
+
+
+def unpack_start_draft(packed: Path, dest: Path) -> Path:
+    """An earlier session's exported draft out of its drafts.tar (`node drafts K`'s parts joined:
+    run/train/final/), unpacked as dest/start-draft, which it returns; refused, naming the file,
+    unless it holds the draft's config.json and model.safetensors. A node given it trains its
+    draft from those weights (train.init_from) instead of random ones, the same start in every
+    session of that draft: a checkpoint records the start it was trained from."""
+    with tarfile.open(packed) as tar:
+        members = [m for m in tar.getmembers() if m.isfile() and m.name.startswith(_FINAL)]
+        missing = sorted({f"{_FINAL}config.json", f"{_FINAL}model.safetensors"} - {m.name for m in members})
+        if missing:
+            raise ValueError(f"{packed}: no {', '.join(missing)} in it: not the drafts.tar of a session that trained one")
+        for member in members:
+            member.name = "start-draft/" + member.name.removeprefix(_FINAL)
+            tar.extract(member, dest, filter="data")
+    return dest / "start-draft"
+
+
+def carried_start_draft() -> Path | None:
+    """The draft this node's payload carried to start training from (`prepare --start-from`), or None."""
+    path = node_env.NODE / START_DRAFT
     return path if (path / "config.json").is_file() else None
 
 
