@@ -409,6 +409,7 @@ class Pipeline:
             if not self.run_root.exists():  # a small discovered run folder (H200_REHEARSAL_RUN)
                 shutil.copytree(node_env.REHEARSAL_RUN, self.run_root)
                 self._note_carried()
+            self._start_from_carried_draft()  # a rehearsal places it where setup would have unpacked it
             self._resolve_target()
             self.note("setup", "done", f"rehearsal: {self.model_dir}")
             return
