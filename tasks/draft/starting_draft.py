@@ -17,6 +17,7 @@ import torch
 
 from tasks.draft.architecture import DraftConfig
 from tasks.draft.export import ExportError, draft_config_from_sglang, read_exported
+from tasks.draft.model import Eagle3Draft
 from tasks.draft.vocab import VocabMap
 
 # What must agree between the starting draft and the one this run builds for its target: every
@@ -39,9 +40,9 @@ class StartingDraft:
     vocab: VocabMap
     sha256: str  # of the tensors as read: names, dtypes, shapes and bytes
 
-    def load_into(self, model: torch.nn.Module) -> None:
-        """The weights into an Eagle3Draft built for this run (set_vocab already called)."""
-        model.load_exportable_state_dict(self.weights)  # type: ignore[operator]
+    def load_into(self, model: Eagle3Draft) -> None:
+        """The weights into the draft built for this run (set_vocab already called)."""
+        model.load_exportable_state_dict(self.weights)
 
 
 def weights_digest(weights: dict[str, torch.Tensor]) -> str:
