@@ -239,8 +239,8 @@ def test_a_draft_continues_from_an_exported_one_and_a_resume_keeps_its_start(mak
     start, so a resume from another start is refused. A draft that does not fit (another
     intermediate size) is refused before any data is read, each difference named."""
     from tasks.config import ConfigError, check_input_paths, load_config
-    from tasks.draft.export import export_sglang
-    from tasks.draft.starting_draft import StartingDraftError, read_exported, weights_digest
+    from tasks.draft.export import export_sglang, read_exported
+    from tasks.draft.starting_draft import StartingDraftError, weights_digest
     from tests.draft_support import params_for
 
     cfg, run = make_run("shipped", learning_rate=1e-2, max_steps=120, eval_every=120, save_every=120)
