@@ -56,9 +56,9 @@ from tasks.gate.scaling import (  # noqa: E402
     OVERALL,
     REPLAY,
     ScalingPoint,
+    curve_png,
     fit_trend,
     fittable,
-    plot_scaling,
     replay_points,
     scaling_report,
 )
@@ -343,9 +343,10 @@ def run_curve(sessions: list[dict[str, Any]], made: list[dict[str, Any]],
     report = scaling_report([p for _, p in ordered], break_even, 3)
     report["points"] = [{"draft": key[0], **vars(p)} for key, p in ordered]
     replayed_fits = fit_trend(fittable([p for _, p in ordered if p.kind == REPLAY])[0])
-    measured = {d for d in report["fits"] if len({p.samples for _, p in ordered if p.domain == d and p.kind == MEASURED}) > 1}
+    # the domains whose trend the server's points give (fittable's choice), the others replay's
+    measured = {p.domain for p in fittable([p for _, p in ordered])[0] if p.kind == MEASURED}
     return {**scaling_figures(report), "drafts": {key[0]: p.samples for key, p in ordered},
-            "measured_domains": sorted(measured),  # the domains whose fit is the server's (else replay's)
+            "measured_domains": sorted(measured),
             "replayed_fits": {d: {"intercept": f.intercept, "slope_per_ln_sample": f.slope, "points": f.points,
                                   "samples_for_accept": f.samples_for(GOAL_ACCEPT)} for d, f in replayed_fits.items()}}  # fmt: skip
 
@@ -353,9 +354,7 @@ def run_curve(sessions: list[dict[str, Any]], made: list[dict[str, Any]],
 def plot_curve(curve: dict[str, Any]) -> bytes:
     """qwen-run-curve.png: the run's curve (run_curve) as the gate plots one, with the goal."""
     points = [ScalingPoint(p["domain"], p["samples"], p["accept_length"], p["kind"]) for p in curve["curve_points"]]
-    usable, _ = fittable(points)
-    return plot_scaling(usable or points, fit_trend(usable) if usable else {}, curve["break_even_accept_length"],
-                        goal=(f"the goal at 3 steps, {GOAL_ACCEPT}", GOAL_ACCEPT))  # fmt: skip
+    return curve_png(points, curve["break_even_accept_length"], goal=(f"the goal at 3 steps, {GOAL_ACCEPT}", GOAL_ACCEPT))
 
 
 def goals(sessions: list[dict[str, Any]], deciding: dict[str, Any] | None,

@@ -240,7 +240,7 @@ def test_a_draft_continues_from_an_exported_one_and_a_resume_keeps_its_start(mak
     intermediate size) is refused before any data is read, each difference named."""
     from tasks.config import ConfigError, check_input_paths, load_config
     from tasks.draft.export import export_sglang, read_exported
-    from tasks.draft.starting_draft import StartingDraftError, weights_digest
+    from tasks.draft.starting_draft import StartingDraftError, tensors_sha256
     from tests.draft_support import params_for
 
     cfg, run = make_run("shipped", learning_rate=1e-2, max_steps=120, eval_every=120, save_every=120)
@@ -260,7 +260,7 @@ def test_a_draft_continues_from_an_exported_one_and_a_resume_keeps_its_start(mak
     assert torch.equal(VocabMap.load(run2).d2t, VocabMap.load(run).d2t)
     assert continued.evals[-1]["loss"] < start["loss"]  # it learns on
     state = ckpt.read_trainer_state(run2, continued.last_checkpoint)
-    assert state["recipe"]["init_from_sha256"] == weights_digest(weights)
+    assert state["recipe"]["init_from_sha256"] == tensors_sha256(weights)
 
     # A resume with another start (none: random weights) is neither run's continuation.
     cfg3 = cfg2.model_copy(update={"train": cfg2.train.model_copy(update={"init_from": None, "max_steps": 60})})

@@ -17,7 +17,6 @@ import torch
 
 from tasks.draft.architecture import DraftConfig
 from tasks.draft.export import ExportError, draft_config_from_sglang, read_exported
-from tasks.draft.model import Eagle3Draft
 from tasks.draft.vocab import VocabMap
 
 # What must agree between the starting draft and the one this run builds for its target: every
@@ -40,12 +39,8 @@ class StartingDraft:
     vocab: VocabMap
     sha256: str  # of the tensors as read: names, dtypes, shapes and bytes
 
-    def load_into(self, model: Eagle3Draft) -> None:
-        """The weights into the draft built for this run (set_vocab already called)."""
-        model.load_exportable_state_dict(self.weights)
 
-
-def weights_digest(weights: dict[str, torch.Tensor]) -> str:
+def tensors_sha256(weights: dict[str, torch.Tensor]) -> str:
     digest = hashlib.sha256()
     for name in sorted(weights):
         tensor = weights[name].detach().to("cpu").contiguous()
@@ -73,4 +68,4 @@ def read_starting_draft(source: str, draft_cfg: DraftConfig) -> StartingDraft:
         vocab = VocabMap.from_tensors(weights["d2t"], weights["t2d"], where=f"train.init_from {source}")
     except (KeyError, ValueError) as err:
         raise StartingDraftError(f"train.init_from {source}: no usable vocabulary map ({err})") from err
-    return StartingDraft(source, weights, vocab, weights_digest(weights))
+    return StartingDraft(source, weights, vocab, tensors_sha256(weights))

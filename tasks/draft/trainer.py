@@ -360,7 +360,7 @@ def train_draft(
     start_from_target(draft, lm_head, vocab.draft_ids,
                       load_target_norm(target_model_path) if cfg.init_norm_from_target else None, cfg)
     if start is not None:  # a resume then loads its checkpoint over these
-        start.load_into(draft)
+        draft.load_exportable_state_dict(start.weights)
     if compile_kernels is None:
         compile_kernels = device.type == "cuda"
     model = TTTModel(draft, lm_head.to(head_dtype), vocab.draft_ids, compile_kernels).to(device)

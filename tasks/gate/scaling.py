@@ -157,29 +157,29 @@ def fittable(points: Sequence[ScalingPoint]) -> tuple[list[ScalingPoint], dict[s
 def scaling_report(points: Sequence[ScalingPoint], break_even: float | None, num_steps: int) -> dict[str, Any]:
     """The curve's report: its points, the trend fitted per domain (with the samples it needs
     for `break_even`, when there is one), and why a domain with too few points has no fit."""
-    return _report(points, break_even, num_steps)[0]
-
-
-def _report(
-    points: Sequence[ScalingPoint], break_even: float | None, num_steps: int
-) -> tuple[dict[str, Any], list[ScalingPoint], dict[str, ScalingFit]]:
     usable, skipped = fittable(points)
     fits = fit_trend(usable) if usable else {}
-    report = {
+    return {
         "num_steps": num_steps,
         "break_even_accept_length": break_even,
         "points": [vars(p) for p in points],
         "fits": projection(fits, break_even) if break_even is not None else projection(fits, math.inf),
         "no_fit": skipped,
     }
-    return report, usable, fits
+
+
+def curve_png(points: Sequence[ScalingPoint], break_even: float | None, goal: tuple[str, float] | None = None) -> bytes:
+    """The curve's plot: the points each trend is fitted on (all of them when no domain has a
+    trend), the trends, the break-even and `goal` (plot_scaling's)."""
+    usable, _ = fittable(points)
+    return plot_scaling(usable or list(points), fit_trend(usable) if usable else {}, break_even, goal)
 
 
 def write_scaling_report(
     run: RunFolder, points: Sequence[ScalingPoint], break_even: float | None, num_steps: int
 ) -> dict[str, Any]:
     """gate/scaling/report.json and gate/scaling/curve.png; returns the report."""
-    report, usable, fits = _report(points, break_even, num_steps)
+    report = scaling_report(points, break_even, num_steps)
     run.write_json_atomic(f"{SCALING_ROOT}/report.json", report)
-    run.write_bytes_atomic(f"{SCALING_ROOT}/curve.png", plot_scaling(usable or list(points), fits, break_even))
+    run.write_bytes_atomic(f"{SCALING_ROOT}/curve.png", curve_png(points, break_even))
     return report
