@@ -116,6 +116,9 @@ class LaunchSpec:
     server: ServerSettings = field(default_factory=ServerSettings)
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+    # SGLang's batch-size-aware adaptive speculation (tasks/sglang/adaptive.py): the path of its
+    # JSON config; the launch's num_steps must be one of its candidate steps.
+    adaptive_config: str | None = None
 
 
 def build_server_args(spec: LaunchSpec, version: str) -> list[str]:
@@ -153,6 +156,8 @@ def build_server_args(spec: LaunchSpec, version: str) -> list[str]:
             "--speculative-eagle-topk", str(s.topk),
             "--speculative-num-draft-tokens", str(s.num_draft_tokens),
         ]  # fmt: skip
+    if spec.adaptive_config is not None:
+        args += adaptive_args(spec, flags.version)
     # The builder's own flags must be ones this version has (a wrong table entry fails here, in
     # a test, rather than in SGLang's argparse on a GPU node).
     unknown = [a for a in args if a.startswith("--") and a not in flags.known]
@@ -162,6 +167,39 @@ def build_server_args(spec: LaunchSpec, version: str) -> list[str]:
     if aliases:
         raise LaunchError(f"built flags {aliases} are deprecated aliases in SGLang {flags.version}")
     return args + list(spec.extra_args)
+
+
+def adaptive_args(spec: LaunchSpec, version: str) -> list[str]:
+    """`--speculative-adaptive --speculative-adaptive-config PATH`, refused where 0.5.14 would
+    refuse the launch or silently run it static: a version without the flags, no speculation, a
+    tree (topk > 1), a num_steps outside the file's candidate steps, a file it would reject."""
+    from tasks.sglang.adaptive import (
+        ADAPTIVE_CONFIG_FLAG,
+        ADAPTIVE_FLAG,
+        ADAPTIVE_VERSIONS,
+        AdaptiveConfig,
+        AdaptiveConfigError,
+    )
+
+    if version not in ADAPTIVE_VERSIONS:
+        raise LaunchError(f"{ADAPTIVE_FLAG}: SGLang {version} has no adaptive speculation (it came with 0.5.14)")
+    if spec.spec is None:
+        raise LaunchError(f"{ADAPTIVE_FLAG} needs speculative decoding: the launch has no draft")
+    if spec.spec.topk != 1:
+        raise LaunchError(
+            f"{ADAPTIVE_FLAG} with --speculative-eagle-topk {spec.spec.topk}: SGLang 0.5.14 adapts chains "
+            "(topk 1) only and would run the tree static, saying so in its log"
+        )
+    try:
+        config = AdaptiveConfig.load(str(spec.adaptive_config))
+    except (OSError, AdaptiveConfigError) as e:
+        raise LaunchError(f"{ADAPTIVE_CONFIG_FLAG}: {e}") from None
+    if spec.spec.num_steps not in config.candidate_steps:
+        raise LaunchError(
+            f"--speculative-num-steps {spec.spec.num_steps} is not one of the adaptive config's candidate steps "
+            f"{config.candidate_steps}: SGLang 0.5.14 refuses to start"
+        )
+    return [ADAPTIVE_FLAG, ADAPTIVE_CONFIG_FLAG, str(spec.adaptive_config)]
 
 
 def build_launch_command(spec: LaunchSpec, version: str, python: str = "python") -> list[str]:

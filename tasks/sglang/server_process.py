@@ -272,6 +272,8 @@ def _expected_info(spec: LaunchSpec) -> dict[str, Any]:
             speculative_eagle_topk=s.topk,
             speculative_num_draft_tokens=s.num_draft_tokens,
         )
+    if spec.adaptive_config is not None:  # 0.5.14 turns it off (with a log line) where it cannot adapt
+        expected["speculative_adaptive"] = True
     return expected
 
 

@@ -128,8 +128,10 @@ FLAG_SETS: dict[str, FlagSet] = {
         server_info_paths=("/server_info", "/get_server_info"),
         # --disable-prefill-cuda-graph: the per-phase CUDA-graph flags 0.5.14 introduced (of which
         # 0.5.23's --disable-decode-cuda-graph is one); public 0.5.19+ launch recipes use it.
+        # --speculative-adaptive(-config): 0.5.14's adaptive speculation, kept in later releases.
         known=_BUILDER_FLAGS | _LONG_STANDING_SETTINGS
-        | {"--cuda-graph-max-bs-decode", "--disable-decode-cuda-graph", "--disable-prefill-cuda-graph"},
+        | {"--cuda-graph-max-bs-decode", "--disable-decode-cuda-graph", "--disable-prefill-cuda-graph",
+           "--speculative-adaptive", "--speculative-adaptive-config"},
         max_port=65535 - GRPC_PORT_OFFSET,  # assumed from 0.5.14: the gRPC port came with it
     ),
 }
@@ -142,7 +144,7 @@ MANAGED_FLAGS = frozenset(
         "--mem-fraction-static",
         "--speculative-algorithm", "--speculative-algo", "--speculative-draft-model-path",
         "--speculative-draft-model", "--speculative-num-steps", "--speculative-eagle-topk",
-        "--speculative-num-draft-tokens",
+        "--speculative-num-draft-tokens", "--speculative-adaptive", "--speculative-adaptive-config",
         "--cuda-graph-max-bs", "--cuda-graph-max-bs-decode", "--disable-cuda-graph",
         "--disable-decode-cuda-graph",
         # 0.5.14's other ways of switching CUDA graphs on and off
