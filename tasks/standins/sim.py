@@ -7,6 +7,15 @@ prefills it and yields its first token; every later step decodes: one token per 
 (plain) or a verify cycle's accepted draft tokens plus one (speculative). A step takes the longer
 of its prefill and decode parts, scaled by a per-launch and a per-request speed factor.
 
+Load: a target forward costs `batch_token_s` more per token it processes, so a plain decode of B
+requests takes decode_s + batch_token_s * B and a verify of B requests at n draft tokens each
+verify_step_s + (verify_token_s + batch_token_s) * n * B, plus its draft steps (draft_step_s +
+draft_batch_token_s * B each): speculation that pays alone stops paying in a big batch, as on a
+real GPU once the step is compute-bound. With an `AdaptiveRuntime` (sim_adaptive.py) the draft
+steps of each verify follow the batch size as SGLang's adaptive speculation picks them; at steps 0
+the step is a plain decode, counted as a verify that accepted nothing. The speculative behaviour
+and SGLang's scheduler log lines live in sim_spec.py.
+
 Outputs are deterministic: the completion's length, its end (stop or length) and its ids depend
 only on a key, the rid (so a test or benchmark can predict every answer) or the prompt ids (so
 two launches agree token for token on a prompt, as greedy decoding does). A speculative answer
@@ -22,15 +31,15 @@ import hashlib
 import json
 import math
 import random
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.sglang.simulated_acceptance import SIMULATED_TOKEN, simulated_tokens
+from tasks.sglang.simulated_acceptance import SIMULATED_TOKEN
 from tasks.standins.backends import BackendInput, BackendOutput
-from tasks.standins.sim_logprobs import CHANGE, FLIP, SyntheticDistribution
+from tasks.standins.sim_adaptive import AdaptiveRuntime
+from tasks.standins.sim_spec import SchedulerLog, Speculation
 
 SIM_EOS_ID = 2
 _ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,"
@@ -112,165 +121,19 @@ def launch_speed_factor(seed: int, launch_index: int, jitter: float) -> float:
     return speed_factor(random.Random(f"launch:{seed}:{launch_index}"), jitter)
 
 
-# --- the two behaviours ------------------------------------------------------------------------
+# --- the two behaviours (the speculative one: sim_spec.py) -------------------------------------
 
 
 @dataclass(frozen=True)
 class StepTimes:
     prefill_s: float  # a step that prefills (and yields the first token of) newly admitted requests
-    decode_s: float  # a plain decode step
+    decode_s: float  # a plain decode step of one request
+    # Added to a target forward per token it processes (a plain decode: one per running request):
+    # the step stops being memory-bound as the batch grows.
+    batch_token_s: float = 0.0
 
-
-@dataclass
-class Speculation:
-    """EAGLE-style decoding: each decode step is a verify cycle of `num_steps` draft steps whose
-    tokens the target accepts with per-depth probabilities; answers carry the version's spec_*
-    meta_info fields."""
-
-    sglang_version: str
-    num_steps: int
-    topk: int
-    num_draft_tokens: int
-    accept_probs: list[float]
-    draft_step_s: float
-    verify_step_s: float
-    verify_token_s: float = 0.0  # added per draft token verified
-    stuck_acceptance: bool = False  # every draft rejected: the EAGLE-vs-EAGLE3 symptom
-    disagree_from: int | None = None  # answers diverge from the plain ones at this token
-    # Where answers leave the plain ones (deviation): the target's synthetic distribution, the
-    # share of its near-ties a verify flips (bf16 verify vs decode), the first confident position
-    # from which the runner-up is emitted instead (a server that changes output).
-    distribution: SyntheticDistribution | None = None
-    near_tie_flip_rate: float = 0.0
-    wrong_token_from: int | None = None
-    # SGLANG_SIMULATE_ACC_LEN (tasks/sglang/simulated_acceptance.py): tokens per verify forced
-    # to this mean, outputs filled with SGLang's token 100.
-    simulate_acc_len: float | None = None
-    simulate_method: str = "multinomial"
-
-    def deviation(self, key: str, ids: list[int], finish: str, frequency_penalty: float) -> tuple[int, int, str] | None:
-        """(position, token, kind) where this launch's answer to `key` first leaves the plain one
-        `ids`: a flipped near-tie (the runner-up; FLIP: the verify's own logits put it first),
-        the wrong-token fault (the runner-up at a confident position) or, with a frequency
-        penalty, SGLang's relaxed penalty under speculation (the token just emitted, emitted
-        again, at a confident position: decode penalized it, the verify's penalty had not
-        counted it yet); both CHANGE: the verify's own logits still put the plain token first.
-        None: no deviation. The first token comes from prefill, as in the plain launch, and the
-        stop token stays."""
-        dist = self.distribution
-        if dist is None or not (self.near_tie_flip_rate or self.wrong_token_from is not None or frequency_penalty > 0):
-            return None
-        end = len(ids) - 1 if finish == "stop" else len(ids)
-        for i in range(1, end):
-            if dist.is_near_tie(key, i):
-                if self.near_tie_flip_rate and dist.flip_draw(key, i) < self.near_tie_flip_rate:
-                    return i, dist.runner_up(key, i, ids[i]), FLIP
-            elif self.wrong_token_from is not None and i >= self.wrong_token_from:
-                return i, dist.runner_up(key, i, ids[i]), CHANGE
-            elif frequency_penalty > 0 and ids[i - 1] != ids[i]:
-                return i, ids[i - 1], CHANGE
-        return None
-
-    def cycle_s(self, batch: int) -> float:
-        return self.num_steps * self.draft_step_s + self.verify_step_s + self.verify_token_s * self.num_draft_tokens * batch
-
-    def accepted(self, rng: random.Random) -> int:
-        """Draft tokens the target accepts in one verify cycle."""
-        if self.stuck_acceptance:
-            return 0
-        if self.simulate_acc_len is not None:
-            return simulated_tokens(rng, self.simulate_acc_len, self.num_steps, self.simulate_method) - 1
-        accepted = 0
-        for i in range(self.num_steps):
-            p = self.accept_probs[min(i, len(self.accept_probs) - 1)]
-            # A tree of topk branches gives each depth about topk tries.
-            if rng.random() >= 1.0 - (1.0 - p) ** self.topk:
-                break
-            accepted += 1
-        return accepted
-
-    def meta_info(self, completion: int, verify_ct: int, hist: list[int]) -> dict[str, Any]:
-        """A speculative answer's meta_info fields. 0.5.14's (recorded, gen-eagle3.json) are the
-        nine below, in that order, with the histogram cut after its last non-zero count; 0.5.23
-        keeps the full num_steps + 1 histogram; 0.5.4 has spec_verify_ct only."""
-        version = self.sglang_version
-        if version == "0.5.4" or (version == "0.5.23" and verify_ct == 0):
-            return {"spec_verify_ct": verify_ct}
-        correct = sum(k * c for k, c in enumerate(hist))
-        proposed = verify_ct * (self.num_draft_tokens - 1)
-        if version == "0.5.14":
-            hist = hist[: max(1, max((k + 1 for k, c in enumerate(hist) if c), default=1))]
-        # verify_ct 0 (a one-token answer) was not recorded; the ratios read 0 and the length
-        # is the completion itself.
-        return {
-            "spec_accept_rate": correct / proposed if proposed else 0.0,
-            "spec_accept_length": completion / verify_ct if verify_ct else float(completion),
-            "spec_num_correct_drafts": correct,
-            "spec_num_proposed_drafts": proposed,
-            "spec_verify_ct": verify_ct,
-            "spec_accepted_drafts": correct,
-            "spec_proposed_drafts": proposed,
-            "spec_correct_drafts_histogram": list(hist),
-            "spec_accept_histogram": list(hist),
-        }
-
-
-# --- SGLang's scheduler log --------------------------------------------------------------------
-
-
-def sglang_log(message: str, rank: bool = True) -> None:
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    print(f"[{stamp}{' TP0' if rank else ''}] {message}", file=sys.stderr, flush=True)
-
-
-@dataclass
-class SchedulerLog:
-    """SGLang's `Prefill batch` (0.5.14's recorded wording) and `Decode batch` lines, the latter
-    once per `decode_log_interval` decode steps with the window's accept length and throughput."""
-
-    sglang_version: str
-    rank: bool  # whether lines carry " TP0" (0.5.14 on one GPU prints none)
-    decode_log_interval: int
-    prefill_graph: bool
-    decode_graph: bool
-    speculation: Speculation | None
-    _forward_ct: int = 0
-    # The window since the last Decode batch line: verify cycles (one per running request per
-    # step), tokens and seconds.
-    _cycles: int = 0
-    _tokens: int = 0
-    _seconds: float = 0.0
-
-    def prefill(self, new_tokens: list[int], running: int, queued: int, seconds: float) -> None:
-        if self.sglang_version != "0.5.14":
-            return
-        n_input = sum(new_tokens)
-        sglang_log(
-            f"Prefill batch, #new-seq: {len(new_tokens)}, #new-token: {n_input}, #cached-token: 0, token usage: 0.00, "
-            f"#running-req: {running}, #queue-req: {queued}, #pending-token: 0, cuda graph: {self.prefill_graph}, "
-            f"input throughput (token/s): {n_input / seconds if seconds else 0:.2f}",
-            self.rank,
-        )
-
-    def decode(self, running: int, tokens: int, seconds: float, queued: int) -> None:
-        self._forward_ct += 1
-        self._cycles += running
-        self._tokens += tokens
-        self._seconds += seconds
-        if self._forward_ct % self.decode_log_interval:
-            return
-        old = self.sglang_version == "0.5.4"
-        msg = f"Decode batch{'.' if old else ','} #running-req: {running}, #token: {self._tokens}, token usage: 0.00, "
-        if self.speculation is not None:
-            msg += f"accept len: {self._tokens / self._cycles:.2f}, "
-            if not old:
-                drafts = self._cycles * (self.speculation.num_draft_tokens - 1)
-                msg += f"accept rate: {(self._tokens - self._cycles) / drafts if drafts else 0:.2f}, "
-        msg += f"cuda graph: {self.decode_graph}, "
-        msg += f"gen throughput (token/s): {self._tokens / self._seconds if self._seconds else 0:.2f}, #queue-req: {queued}"
-        sglang_log(msg + (", " if old else ""), self.rank)
-        self._cycles = self._tokens = 0
-        self._seconds = 0.0
+    def plain_decode_s(self, batch: int) -> float:
+        return self.decode_s + self.batch_token_s * batch
 
 
 # --- the simulator -----------------------------------------------------------------------------
@@ -290,7 +153,9 @@ class _Running:
 
 
 class SimulatedBackend:
-    """Continuous batching over `StepTimes`, plain or (with a `Speculation`) speculative."""
+    """Continuous batching over `StepTimes`, plain or (with a `Speculation`) speculative; with an
+    `AdaptiveRuntime` the step count of each verify follows the batch size (SGLang's adaptive
+    speculation), steps 0 being a plain decode."""
 
     kind = "simulated"
 
@@ -305,6 +170,7 @@ class SimulatedBackend:
         outputs_follow_prompt: bool = False,
         min_new_fraction: float = 0.0,
         speculation: Speculation | None = None,
+        adaptive: AdaptiveRuntime | None = None,
         log: SchedulerLog | None = None,
         launch_factor: float = 1.0,
         request_jitter: float = 0.0,
@@ -325,6 +191,7 @@ class SimulatedBackend:
         self._outputs_follow_prompt = outputs_follow_prompt
         self._min_new_fraction = min_new_fraction
         self._speculation = speculation
+        self._adaptive = adaptive if speculation is not None else None
         self._log = log
         self._launch_factor = launch_factor
         self._request_jitter = request_jitter
@@ -370,7 +237,7 @@ class SimulatedBackend:
         self._requests += len(items)
         outputs = [self._planned_output(i) for i in items]
         # Zero step times answer at once; a speculative answer still needs its verify cycles run.
-        if self._times.prefill_s == self._times.decode_s == 0 and self._speculation is None:
+        if self._times.prefill_s == self._times.decode_s == self._times.batch_token_s == 0 and self._speculation is None:
             self._tokens += sum(len(o.output_ids) for o in outputs)
             return outputs
         if self._stepper is None:
@@ -378,8 +245,7 @@ class SimulatedBackend:
             self._stepper = asyncio.create_task(self._step_forever())
         assert self._wake is not None
         loop = asyncio.get_running_loop()
-        hist_size = self._speculation.num_steps + 1 if self._speculation is not None else 0
-        entries = [_Running(i, o, loop.create_future(), hist_size) for i, o in zip(items, outputs, strict=True)]
+        entries = [_Running(i, o, loop.create_future(), self._hist_size()) for i, o in zip(items, outputs, strict=True)]
         self._waiting.extend(entries)
         self._max_waiting = max(self._max_waiting, len(self._waiting))
         self._wake.set()
@@ -400,18 +266,33 @@ class SimulatedBackend:
         self._max_running = max(self._max_running, len(self._running) + len(admitted))
         return admitted
 
-    def _step_seconds(self, admitted: list[_Running]) -> tuple[float, float]:
-        """(prefill part, decode part) of the next step; the step takes the longer."""
+    def _hist_size(self) -> int:
+        """Accept-histogram slots: 0..the most draft steps a verify of this launch can run."""
+        spec = self._speculation
+        if spec is None:
+            return 0
+        return max(spec.num_steps, self._adaptive.max_steps if self._adaptive is not None else 0) + 1
+
+    def _step_seconds(self, admitted: list[_Running]) -> tuple[float, float, int]:
+        """(prefill part, decode part, draft steps) of the next step; the step takes the longer
+        part. An adaptive server picks the draft steps for this batch size here, as SGLang's
+        worker does before it drafts, and a switch of steps costs its graph swap."""
         prefill = self._times.prefill_s if admitted else 0.0
-        if not self._running:
+        batch = len(self._running)
+        spec, steps = self._speculation, 0
+        if spec is not None:
+            steps = spec.num_steps if self._adaptive is None or not batch else self._adaptive.activate(batch)
+        if not batch:
             decode = 0.0
-        elif self._speculation is not None:
-            decode = self._speculation.cycle_s(len(self._running))
-        else:
-            decode = self._times.decode_s
+        elif spec is not None and steps > 0:
+            decode = spec.cycle_s(batch, steps, self._times.batch_token_s)
+        else:  # plain, or an adaptive tier at steps 0: the target decodes one token per request
+            decode = self._times.plain_decode_s(batch)
+        if self._adaptive is not None:
+            decode += self._adaptive.take_switch_s()
         # The batch moves at its slowest request's pace.
         factor = self._launch_factor * max(e.factor for e in [*self._running, *admitted])
-        return prefill * factor, decode * factor
+        return prefill * factor, decode * factor, steps
 
     async def _step_forever(self) -> None:
         assert self._wake is not None
@@ -423,7 +304,7 @@ class SimulatedBackend:
                 await self._wake.wait()
                 deadline = time.monotonic()
                 continue
-            prefill_s, decode_s = self._step_seconds(admitted)
+            prefill_s, decode_s, steps = self._step_seconds(admitted)
             step_s = max(prefill_s, decode_s)
             # Fixed-rate steps: small lateness does not accumulate; a stall of a whole step
             # restarts the timeline instead of being made up in a burst.
@@ -434,7 +315,7 @@ class SimulatedBackend:
             await asyncio.sleep(deadline - time.monotonic())
             self._late_s += time.monotonic() - deadline
             self._steps += 1
-            decoded = self._decode()
+            decoded = self._decode(steps)
             for entry in admitted:
                 entry.emitted = 1
             self._tokens += decoded + len(admitted)
@@ -451,18 +332,25 @@ class SimulatedBackend:
                     self._finish(entry)
             self._running = still
 
-    def _decode(self) -> int:
-        """One decode step of the running requests: the tokens it yields."""
+    def _decode(self, steps: int) -> int:
+        """One decode step of the running requests at `steps` draft steps: the tokens it yields.
+        A speculative step of 0 draft steps (an adaptive tier with speculation off) counts as a
+        verify that accepted nothing: the emulator's assumption, spec_verify_ct counting every
+        decode step of a speculative server."""
         total = 0
+        drawn: list[int] = []  # accepted drafts per request, before the answer's end cuts them
         for entry in self._running:
             tokens = 1
             if self._speculation is not None:
-                accepted = min(self._speculation.accepted(self._rng), len(entry.output.output_ids) - entry.emitted - 1)
+                drawn.append(self._speculation.accepted(self._rng, steps))
+                accepted = min(drawn[-1], len(entry.output.output_ids) - entry.emitted - 1)
                 entry.hist[accepted] += 1
                 entry.verify_ct += 1
                 tokens += accepted
             entry.emitted += tokens
             total += tokens
+        if self._adaptive is not None and drawn:
+            self._adaptive.on_verify(drawn, len(drawn))
         return total
 
     def _finish(self, entry: _Running) -> None:
@@ -488,6 +376,7 @@ class SimulatedBackend:
             "late_s": self._late_s,
             "timeline_restarts": self._restarts,
             "launch_factor": self._launch_factor,
+            **(self._adaptive.stats() if self._adaptive is not None else {}),
         }
 
     async def close(self) -> None:

@@ -18,7 +18,17 @@ metrics mixin and EAGLE worker):
   draft and draft-extend graphs) and the server args echoed in server info;
 - serving: the simulator keyed by prompt (baseline and speculative launches agree token for
   token unless `disagree_from` is set), speculative with --speculative-algorithm, at a per-launch
-  and a per-request speed factor (the run-to-run spread), writing SGLang's scheduler log lines.
+  and a per-request speed factor (the run-to-run spread), writing SGLang's scheduler log lines;
+- load (sim.py): steps grow with the batch (`batch_token_s` per token a target forward processes,
+  `draft_batch_token_s` per request a draft step carries), so a draft that wins at concurrency 1
+  can lose at 16, as measured on an H100; --max-running-requests caps the running batch, and a
+  speculative server without it is capped at 48 with SGLang's warning (a plain one at 4096, its
+  KV pool's order); server info echoes the cap in effect;
+- adaptive speculation (0.5.14, 0.5.23; 0.5.4 refuses the flags): --speculative-adaptive and
+  --speculative-adaptive-config as SGLang starts and runs them (sim_adaptive.py): the config's
+  checks and SGLang's messages, the fall-back to static for a tree, per-batch-size step counts
+  moved by SGLang's EMA rule, their log lines, steps 0 as a plain decode, `adaptive_switch_s` per
+  switch; server info echoes speculative_adaptive (in effect) and speculative_adaptive_config.
 Failure switches: `stuck_acceptance` (every draft rejected: the EAGLE-vs-EAGLE3 symptom),
 `disagree_from`, `never_healthy` (hangs in CUDA-graph capture; /health_generate never passes),
 `max_topk` (a tree config above it exits during start-up).
@@ -46,23 +56,19 @@ import sys
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from tasks.sglang.recorded_flags import recorded_flags
+from tasks.sglang.adaptive import ADAPTIVE_VERSIONS
 from tasks.sglang.simulated_acceptance import METHODS, SIMULATE_ACC_LEN, SIMULATE_ACC_METHOD
 from tasks.standins.app import SGLangCompatServer
 from tasks.standins.backends import BackendInput, BackendOutput
 from tasks.standins.server import start_site
-from tasks.standins.sim import (
-    SchedulerLog,
-    SimulatedBackend,
-    Speculation,
-    StepTimes,
-    launch_speed_factor,
-    prompt_key,
-    sglang_log,
-)
+from tasks.standins.sim import SimulatedBackend, StepTimes, launch_speed_factor, prompt_key
+from tasks.standins.sim_adaptive import AdaptivePlan, AdaptiveRuntime
 from tasks.standins.sim_logprobs import SyntheticDistribution, logprob_fields
+from tasks.standins.sim_spec import SchedulerLog, Speculation, sglang_log
+from tasks.standins.spec_args import LaunchArgs, max_running, parse_launch_args, resolve_server_args
 
 EMULATED_VERSIONS = ("0.5.4", "0.5.14", "0.5.23")
+_COSTS = ("batch_token_s", "draft_batch_token_s", "adaptive_switch_s")
 
 
 @dataclass
@@ -75,6 +81,12 @@ class EmulatorConfig:
     verify_step_s: float = 0.0025
     verify_token_s: float = 0.0  # added per draft token verified
     draft_step_s: float = 0.0003
+    # Load: each token a target forward processes adds batch_token_s to it (a plain decode of B
+    # requests: B tokens; a verify: B * draft tokens); each draft step adds draft_batch_token_s
+    # per running request. 0: steps cost the same at every batch size.
+    batch_token_s: float = 0.0
+    draft_batch_token_s: float = 0.0
+    adaptive_switch_s: float = 0.0  # added to the first step an adaptive server runs after switching steps
     accept_probs: list[float] = field(default_factory=lambda: [0.8, 0.7, 0.6, 0.5, 0.4])
     launch_jitter: float = 0.0  # stdev of the per-launch speed factor
     request_jitter: float = 0.0  # stdev of the per-request speed factor
@@ -105,105 +117,10 @@ class EmulatorConfig:
         for name in ("near_tie_rate", "near_tie_flip_rate"):
             if not 0.0 <= getattr(cfg, name) <= 1.0:
                 raise ValueError(f"sim config: {name} must be in [0, 1], got {getattr(cfg, name)}")
+        for name in _COSTS:
+            if getattr(cfg, name) < 0:
+                raise ValueError(f"sim config: {name} must be >= 0, got {getattr(cfg, name)}")
         return cfg
-
-
-@dataclass
-class LaunchArgs:
-    """The subset of SGLang's server args the emulator reads (names as in ServerArgs)."""
-
-    model_path: str
-    host: str
-    port: int
-    tp_size: int
-    speculative_algorithm: str | None
-    speculative_draft_model_path: str | None
-    speculative_num_steps: int | None
-    speculative_eagle_topk: int | None
-    speculative_num_draft_tokens: int | None
-    cuda_graph_max_bs: int | None
-    disable_cuda_graph: bool
-    disable_prefill_cuda_graph: bool
-    max_running_requests: int | None
-    max_total_tokens: int | None
-    mem_fraction_static: float | None
-    context_length: int | None
-    skip_tokenizer_init: bool
-    attention_backend: str | None
-    sampling_backend: str | None
-    grammar_backend: str | None
-    dtype: str | None
-    sleep_on_idle: bool
-    random_seed: int | None
-    nccl_port: int | None = None  # bound for the server's life, as torch.distributed's store is
-
-
-ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
-# The server settings the emulator reads (tasks/sglang/server_settings.py's ServerSettings; the gate's builder emits them).
-_SETTING_VALUES = ("--attention-backend", "--sampling-backend", "--grammar-backend", "--dtype")
-_SETTING_SWITCHES = ("--skip-tokenizer-init", "--sleep-on-idle")
-
-
-def _sglang_parser(version: str) -> argparse.ArgumentParser:
-    """argparse as the pinned version's launch_server has it, for the flags the emulator reads;
-    with a recorded --help (0.5.14) every other flag it lists is accepted (and ignored) too, and
-    choices are the recorded ones, so a command SGLang would refuse is refused here."""
-    recorded = recorded_flags(version)
-    choices = recorded.choices if recorded is not None else {}
-    p = argparse.ArgumentParser(prog="sglang.launch_server (emulated)", allow_abbrev=False)
-    p.add_argument("--model-path", "--model", dest="model_path", required=True)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--nccl-port", type=int, default=None)
-    tp_aliases = ("--tp-size", "--tensor-parallel-size") if recorded is not None else ("--tp-size", "--tp")
-    p.add_argument(*tp_aliases, dest="tp_size", type=int, default=1)
-    p.add_argument("--mem-fraction-static", type=float, default=None)
-    p.add_argument("--max-running-requests", type=int, default=None)
-    p.add_argument("--max-total-tokens", type=int, default=None)
-    p.add_argument("--context-length", type=int, default=None)
-    p.add_argument("--speculative-algorithm", choices=ALGORITHMS, default=None)
-    p.add_argument("--speculative-draft-model-path", default=None)
-    p.add_argument("--speculative-num-steps", type=int, default=None)
-    p.add_argument("--speculative-eagle-topk", type=int, default=None)
-    p.add_argument("--speculative-num-draft-tokens", type=int, default=None)
-    p.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--disable-radix-cache", action="store_true")
-    p.add_argument("--log-level", default="info")
-    p.add_argument("--random-seed", type=int, default=None)
-    for flag in _SETTING_VALUES:
-        p.add_argument(flag, default=None, choices=choices.get(flag))
-    for flag in _SETTING_SWITCHES:
-        p.add_argument(flag, action="store_true")
-    p.set_defaults(disable_prefill_cuda_graph=False)
-    if version == "0.5.4":
-        p.add_argument("--cuda-graph-max-bs", dest="cuda_graph_max_bs", type=int, default=None)
-        p.add_argument("--disable-cuda-graph", dest="disable_cuda_graph", action="store_true")
-    else:
-        p.add_argument("--cuda-graph-max-bs-decode", dest="cuda_graph_max_bs", type=int, default=None)
-        p.add_argument("--disable-decode-cuda-graph", dest="disable_cuda_graph", action="store_true")
-        p.add_argument("--disable-prefill-cuda-graph", action="store_true")
-    if version == "0.5.14":
-        # The deprecated aliases still work there (SGLang warns); the gate's builder never emits them.
-        p.add_argument("--cuda-graph-max-bs", dest="cuda_graph_max_bs", type=int, default=None)
-        p.add_argument("--disable-cuda-graph", dest="deprecated_disable_cuda_graph", action="store_true")
-    if recorded is not None:
-        taken = {o for action in p._actions for o in action.option_strings}
-        for flag in sorted(recorded.flags - taken):
-            p.add_argument(flag, nargs="*", dest=f"ignored_{flag.lstrip('-').replace('-', '_')}",
-                           choices=None if flag not in choices else [*choices[flag]])  # fmt: skip
-    return p
-
-
-def parse_launch_args(version: str, argv: list[str]) -> LaunchArgs:
-    """Parse as SGLang's argparse would (unknown flags exit 2); apply SGLang's spec rules."""
-    a = _sglang_parser(version).parse_args(argv)
-    if getattr(a, "deprecated_disable_cuda_graph", False):  # 0.5.14: both phases, as SGLang maps it
-        a.disable_cuda_graph = a.disable_prefill_cuda_graph = True
-    args = LaunchArgs(**{f.name: getattr(a, f.name) for f in fields(LaunchArgs)})
-    spec = (args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens)
-    if args.speculative_algorithm is not None and (None in spec and spec != (None, None, None)):
-        raise SystemExit(f"AssertionError: set all of num_steps/eagle_topk/num_draft_tokens or none, got {spec}")
-    return args
 
 
 # 0.5.14's prefill graph sizes, as its log lists them (tests/fixtures/sglang-0.5.14/).
@@ -267,9 +184,10 @@ def _target_architecture(model_path: str) -> str:
         return "LlamaForCausalLM"
 
 
-def startup_log(cfg: EmulatorConfig, a: LaunchArgs) -> None:
+def startup_log(cfg: EmulatorConfig, a: LaunchArgs, adaptive: AdaptiveRuntime | None = None) -> None:
     version, rank = cfg.sglang_version, _rank(cfg.sglang_version, a)
-    sglang_log(f"server_args=ServerArgs({', '.join(f'{k}={v!r}' for k, v in asdict(a).items())})", rank=False)
+    echoed = {k: v for k, v in asdict(a).items() if version in ADAPTIVE_VERSIONS or not k.startswith("speculative_adaptive")}
+    sglang_log(f"server_args=ServerArgs({', '.join(f'{k}={v!r}' for k, v in echoed.items())})", rank=False)
     if a.speculative_eagle_topk == 1 and a.speculative_num_draft_tokens != (a.speculative_num_steps or 0) + 1:
         sglang_log("speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when speculative_eagle_topk == 1", rank=False)
         a.speculative_num_draft_tokens = (a.speculative_num_steps or 0) + 1
@@ -280,6 +198,8 @@ def startup_log(cfg: EmulatorConfig, a: LaunchArgs) -> None:
             sglang_log(f"Load weight end. elapsed=0.10 s, type={model}, avail mem=71.00 GB, mem usage=8.00 GB.", rank)
         else:
             sglang_log(f"Load weight end. type={model}, dtype=torch.bfloat16, avail mem=71.00 GB, mem usage=8.00 GB.", rank)
+    if adaptive is not None:  # the EAGLE worker's constructor
+        adaptive.log_init()
     # 0.5.14 captures prefill graphs for a plain launch (its EAGLE3 log shows none).
     if version == "0.5.14" and a.speculative_algorithm is None and not a.disable_prefill_cuda_graph:
         _capture(version, "prefill", a)
@@ -290,7 +210,9 @@ def startup_log(cfg: EmulatorConfig, a: LaunchArgs) -> None:
             if (a.speculative_num_steps or 0) > 1:  # SGLang captures no draft graph for one step
                 _capture(version, "draft", a)
             _capture(version, "draft_extend", a)
-    sglang_log(f"max_total_num_tokens={a.max_total_tokens or 100000}, max_running_requests={a.max_running_requests or 1}, "
+    if adaptive is not None:  # after the draft's graphs: a runtime state per other candidate step
+        adaptive.log_states_built()
+    sglang_log(f"max_total_num_tokens={a.max_total_tokens or 100000}, max_running_requests={max_running(a)}, "
                f"context_len={a.context_length or 32768}", rank)  # fmt: skip
 
 
@@ -298,7 +220,8 @@ class LaunchedSimulator(SimulatedBackend):
     """The simulator as a launched SGLang server: it echoes its server args in server info, logs
     cache flushes as SGLang does, and with `never_healthy` never finishes starting."""
 
-    def __init__(self, cfg: EmulatorConfig, args: LaunchArgs, launch_index: int = 0) -> None:
+    def __init__(self, cfg: EmulatorConfig, args: LaunchArgs, launch_index: int = 0,
+                 adaptive: AdaptiveRuntime | None = None) -> None:  # fmt: skip
         self.distribution = SyntheticDistribution(cfg.seed, cfg.near_tie_rate, cfg.vocab_size)
         speculation = None
         if args.speculative_algorithm is not None:
@@ -311,6 +234,7 @@ class LaunchedSimulator(SimulatedBackend):
                 draft_step_s=cfg.draft_step_s,
                 verify_step_s=cfg.verify_step_s,
                 verify_token_s=cfg.verify_token_s,
+                draft_batch_token_s=cfg.draft_batch_token_s,
                 stuck_acceptance=cfg.stuck_acceptance,
                 disagree_from=cfg.disagree_from,
                 distribution=self.distribution,
@@ -329,14 +253,15 @@ class LaunchedSimulator(SimulatedBackend):
             speculation=speculation,
         )
         super().__init__(
-            times=StepTimes(prefill_s=cfg.prefill_s, decode_s=cfg.baseline_step_s),
-            max_batch=args.max_running_requests or 1,
+            times=StepTimes(prefill_s=cfg.prefill_s, decode_s=cfg.baseline_step_s, batch_token_s=cfg.batch_token_s),
+            max_batch=max_running(args),
             context_length=args.context_length or 32768,
             vocab_size=cfg.vocab_size,
             model_path=args.model_path,
             outputs_follow_prompt=True,
             min_new_fraction=cfg.min_new_fraction,
             speculation=speculation,
+            adaptive=adaptive,
             log=log,
             launch_factor=launch_speed_factor(cfg.seed, launch_index, cfg.launch_jitter),
             request_jitter=cfg.request_jitter,
@@ -360,6 +285,8 @@ class LaunchedSimulator(SimulatedBackend):
             ("cuda_graph_max_bs" if old else "cuda_graph_max_bs_decode"): a.cuda_graph_max_bs,
             ("disable_cuda_graph" if old else "disable_decode_cuda_graph"): a.disable_cuda_graph,
             **({} if old else {"disable_prefill_cuda_graph": a.disable_prefill_cuda_graph}),
+            **({"speculative_adaptive": a.speculative_adaptive, "speculative_adaptive_config": a.speculative_adaptive_config}
+               if self.cfg.sglang_version in ADAPTIVE_VERSIONS else {}),
             "skip_tokenizer_init": a.skip_tokenizer_init,
             "attention_backend": a.attention_backend,
             "sampling_backend": a.sampling_backend,
@@ -422,10 +349,13 @@ def bind_nccl_port(args: LaunchArgs) -> socket.socket | None:
     return store
 
 
-async def _serve(cfg: EmulatorConfig, args: LaunchArgs, launch_index: int) -> None:
+async def _serve(cfg: EmulatorConfig, args: LaunchArgs, launch_index: int, plan: AdaptivePlan | None) -> None:
     store = bind_nccl_port(args)
-    startup_log(cfg, args)
-    server = SGLangCompatServer(LaunchedSimulator(cfg, args, launch_index), skip_tokenizer_init=args.skip_tokenizer_init)
+    rank = _rank(cfg.sglang_version, args)
+    adaptive = None if plan is None else AdaptiveRuntime(plan, rank=rank, switch_s=cfg.adaptive_switch_s)
+    startup_log(cfg, args, adaptive)
+    backend = LaunchedSimulator(cfg, args, launch_index, adaptive)
+    server = SGLangCompatServer(backend, skip_tokenizer_init=args.skip_tokenizer_init)
     runner, url = await start_site(server, args.host, args.port)
     sglang_log(f"Uvicorn running on {url} (Press CTRL+C to quit)", rank=False)
     if not cfg.never_healthy:
@@ -463,12 +393,17 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         print(f'ValueError: "{os.environ[SIMULATE_ACC_LEN]}" is not a valid float value', file=sys.stderr, flush=True)
         return 1
+    try:
+        plan = resolve_server_args(args)
+    except (OSError, ValueError, AttributeError) as e:  # SGLang's server args raise; the process exits
+        sglang_log(f"{type(e).__name__}: {e}", rank=False)
+        return 1
     if cfg.max_topk is not None and (args.speculative_eagle_topk or 1) > cfg.max_topk:
         sglang_log(f"RuntimeError: speculative_eagle_topk {args.speculative_eagle_topk} > 1 is not supported "
                    "by this attention backend", rank=False)  # fmt: skip
         return 1
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve(cfg, args, sim.sim_launch_index))
+        asyncio.run(_serve(cfg, args, sim.sim_launch_index, plan))
     return 0
 
 
