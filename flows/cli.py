@@ -220,12 +220,13 @@ def main(argv: list[str] | None = None) -> int:
         "tiny-target": "build the tiny local target model",
         "export": "export a draft checkpoint (SGLang EAGLE3 or vLLM speculators format)",
         "promote": "promote a run's exported draft to the registry by hand (recorded as such, with the reason)",
+        "serving-policy": "print the promoted draft's serving policy: SGLang flags, adaptive config, vLLM schedule",
         "serve-sglang": "serve a model or a simulator over SGLang's HTTP endpoints",
     }
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         print("usage: eaglescale COMMAND [ARGS]\n\ncommands:")
         for name, text in commands.items():
-            print(f"  {name:<13} {text}")
+            print(f"  {name:<15} {text}")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     command, rest = argv[0], argv[1:]
     if command == "run":
@@ -250,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
         from tasks.gate.promote_by_hand import promote_main
 
         return promote_main(rest)
+    if command == "serving-policy":
+        from tasks.gate.serving_policy import serving_policy_main
+
+        return serving_policy_main(rest)
     if command == "tiny-target":
         from tasks.target.tiny import tiny_target_main
 

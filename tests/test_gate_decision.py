@@ -115,7 +115,8 @@ def test_a_faster_config_is_promoted_and_the_best_is_chosen() -> None:
     summary = d.summary()
     assert set(summary) == {"outcome", "best_config", "baseline_config", "baseline_median_tok_s", "best_median_tok_s",
                             "speedup", "ci", "ci_level", "accept_length", "exact_match_fraction", "reasons",
-                            "best_spec", "incumbent", "contenders", "left_out", "lossless"}  # fmt: skip
+                            "best_spec", "incumbent", "contenders", "left_out", "lossless", "deploy_concurrency",
+                            "serving_policy"}  # fmt: skip
     assert summary["ci"] == [d.ci_low, d.ci_high]
     # What a later gate measures this draft at when it is the incumbent (gate.incumbent: evidence).
     assert summary["best_spec"] == {"num_steps": 3, "topk": 1, "num_draft_tokens": 4}

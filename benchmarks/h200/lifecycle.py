@@ -142,7 +142,8 @@ RESULT_FILES = (
     "gate/report.json", "gate/report.md", "gate/progress.json", "gate/replay.json", "gate/costs.json",
     "gate/prediction.json", "gate/scaling/replay.json", "gate/scaling/report.json", "gate/scaling/curve.png",
     "gate/plots/tok_s.png", "gate/plots/acceptance.png", "gate/plots/predicted_vs_measured.png", "promoted.json",
-    "gate/plots/breakeven.png",
+    "gate/plots/breakeven.png", "gate/load.json", "gate/serving-policy.json", "gate/sglang-adaptive.json",
+    "gate/plots/load.png",
 )  # fmt: skip
 
 

@@ -82,7 +82,10 @@ class GateConfig(Strict):
         default_factory=lambda: [SpecPoint(num_steps=3, topk=4, num_draft_tokens=8)],
         description="topk > 1 points (SGLang engines; the local engine drafts chains only).",
     )
-    repetitions: int = Field(3, ge=2, description="Fresh launches per config (>= 2 to see spread).")
+    repetitions: int = Field(
+        3, ge=1, description="Fresh launches per config (>= 2 to see the run-to-run spread; 1 only in a rehearsal, "
+        "gate.simulated_acceptance, whose CI then resamples requests alone).",
+    )  # fmt: skip
     concurrent_servers: int = Field(
         1,
         ge=1,
@@ -106,6 +109,18 @@ class GateConfig(Strict):
     scaling_num_steps: int = Field(
         3, ge=1, description="num_steps (topk 1) at which the train stage's data-scaling drafts are measured."
     )
+    concurrency: list[int] = Field(
+        default_factory=lambda: [1],
+        description="Load levels (requests in flight together) every launch measures in turn, over the same "
+        "held-out prompts: at level C, max(num_prompts, 3C, 24) requests (num_prompts at 1). The decision is per "
+        "level: a draft ships with a serving policy that speculates only where it is faster and is never slower "
+        "than the baseline beyond the spread at any level (docs/GATE.md, the gate at load). The local engine "
+        "decodes one request at a time: [1] only.",
+    )
+    deploy_concurrency: int | None = Field(
+        None, description="The level of gate.concurrency the headline speedup is read at (the load the "
+        "deployment serves); None: the lowest level.",
+    )  # fmt: skip
     num_prompts: int = Field(32, ge=1, description="Held-out prompts in the benchmark set.")
     prompt_seed: int = 0
     max_new_tokens: int = Field(256, ge=1)
@@ -159,6 +174,14 @@ class GateConfig(Strict):
         "against the baseline's gives the server's own break-even accept length. Never promoted. Empty: off.",
     )
     breakeven_prompts: int = Field(8, ge=1, description="Benchmark prompts sent to each break-even launch.")
+    simulated_acceptance: dict[str, float] = Field(
+        default_factory=dict,
+        description="A rehearsal (SGLang server engines): the sweep's speculative configs named here (by label, e.g. "
+        "eagle3-s3-k1-n4) run with SGLANG_SIMULATE_ACC_LEN at the given accept length, and every request runs to "
+        "max_new_tokens (their outputs are filler): the whole gate at load, its serving policy and the policy's own "
+        "launch, for a draft of those accept lengths on this server and target. Nothing is promoted (outcome "
+        "'rehearsal'). Empty: off.",
+    )
     breakeven_num_steps: list[int] | None = Field(
         None,
         description="The num_steps (topk 1) the break-even launches run at, whether or not the sweep measures "
@@ -172,6 +195,11 @@ class GateConfig(Strict):
             raise ValueError(f"gate.breakeven_accept_lengths must be tokens per verify >= 1, got {self.breakeven_accept_lengths}")
         if self.breakeven_num_steps is not None and any(k < 1 for k in self.breakeven_num_steps):
             raise ValueError(f"gate.breakeven_num_steps must be draft steps >= 1, got {self.breakeven_num_steps}")
+        if self.simulated_acceptance:
+            self._check_simulated()
+        elif self.repetitions < 2:
+            raise ValueError(f"gate.repetitions {self.repetitions}: at least 2 fresh launches per config, to see the "
+                             "run-to-run spread (1 only in a rehearsal, gate.simulated_acceptance)")  # fmt: skip
         if self.engine == "local" and self.breakeven_accept_lengths:
             raise ValueError("gate.breakeven_accept_lengths needs an SGLang server (gate.engine sglang or emulated): "
                              "the local engine has no simulated acceptance")  # fmt: skip
@@ -179,6 +207,17 @@ class GateConfig(Strict):
             raise ValueError("gate.frequency_penalty needs an SGLang server (gate.engine sglang or emulated): "
                              "the local engine decodes without penalties")  # fmt: skip
         return self
+
+    def _check_simulated(self) -> None:
+        if self.engine == "local":
+            raise ValueError("gate.simulated_acceptance needs an SGLang server (gate.engine sglang or emulated)")
+        points = {f"eagle3-s{s}-k1-n{s + 1}": s for s in self.num_steps}
+        points |= {f"eagle3-s{p.num_steps}-k{p.topk}-n{p.num_draft_tokens}": p.num_steps for p in self.topk_points}
+        for label, x in self.simulated_acceptance.items():
+            if label not in points:
+                raise ValueError(f"gate.simulated_acceptance: {label!r} is not a config of the sweep ({sorted(points)})")
+            if not 1.0 <= x <= points[label] + 1:
+                raise ValueError(f"gate.simulated_acceptance[{label!r}] {x} is outside [1, {points[label] + 1}] tokens per verify")
 
     @model_validator(mode="before")
     @classmethod
@@ -194,6 +233,32 @@ class GateConfig(Strict):
     @classmethod
     def _pinned(cls, v: str) -> str:
         return flag_set(v).version  # raises naming the pinned versions
+
+    @field_validator("concurrency")
+    @classmethod
+    def _levels(cls, v: list[int]) -> list[int]:
+        if not v or any(c < 1 for c in v) or len(set(v)) != len(v):
+            raise ValueError(f"gate.concurrency must be distinct integers >= 1 (requests in flight), got {v}")
+        return sorted(v)
+
+    @model_validator(mode="after")
+    def _load_levels(self) -> GateConfig:
+        if self.deploy_concurrency is not None and self.deploy_concurrency not in self.concurrency:
+            raise ValueError(f"gate.deploy_concurrency {self.deploy_concurrency} is not one of gate.concurrency {self.concurrency}")
+        top = max(self.concurrency)
+        if self.engine == "local" and top > 1:
+            raise ValueError(f"gate.concurrency {self.concurrency}: the local engine decodes one request at a time "
+                             "(concurrency [1]); measure load on an SGLang server (gate.engine sglang or emulated)")  # fmt: skip
+        if self.engine != "local" and self.require_cuda_graphs and self.cuda_graph_max_bs < top:
+            raise ValueError(f"gate.cuda_graph_max_bs {self.cuda_graph_max_bs} is below the highest gate.concurrency {top}: "
+                             "larger batches would decode without CUDA graphs (and fail require_cuda_graphs); set "
+                             f"cuda_graph_max_bs to at least {top}")  # fmt: skip
+        return self
+
+    @property
+    def deploy_level(self) -> int:
+        """The concurrency the headline speedup is read at."""
+        return self.deploy_concurrency if self.deploy_concurrency is not None else self.concurrency[0]
 
     @field_validator("num_steps")
     @classmethod

@@ -6,13 +6,16 @@
 - every repetition of every config is a fresh launch; in each repetition the baseline and the
   speculative configs alternate in launch order (baseline first in even repetitions, last in
   odd ones, the speculative configs rotated) so slow drift does not favour one side;
-- per launch: health, server-info check, warm-up requests, /flush_cache, then the fixed
-  seeded held-out prompts one at a time (concurrency 1) at temperature 0;
+- per launch: health, server-info check, warm-up requests, cost probes (per load level), then
+  at each level of gate.concurrency (/flush_cache first) the fixed seeded held-out prompts at
+  temperature 0, that many requests in flight at a time (one at a time at concurrency 1);
+- after the policy's sweep decision, the serving policy's own launch pair (run_more:
+  tasks/gate/serving_policy.py) on the same ports and references;
 - per request: completion tokens, latency, tok/s, spec_verify_ct, accept length, the
   correct-drafts histogram when the server gives one, finish reason, agreement with the
   baseline's output (exact, or the first divergence classified by tasks/gate/lossless.py);
-- after a baseline launch's measured requests, untimed: the prefill re-score of each prompt's
-  reference output, the lossless rule's evidence;
+- after a baseline launch's lowest level, untimed: the prefill re-score of each prompt's
+  reference output, the lossless rule's evidence (later levels are judged by it too);
 - after a speculative launch's measured requests, untimed (gate.verify_logprobs): each request
   refused as not lossless (or each that diverged) sent again with return_logprob, its verify
   path's own view of the divergence recorded beside the verdict (lossless.verify_view);
@@ -30,6 +33,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +55,7 @@ from tasks.gate.lossless import (
 from tasks.gate.plan import (
     BREAKEVEN,
     CANDIDATE,
+    POLICY,
     BenchConfig,
     BenchPrompt,
     BenchResult,
@@ -58,7 +63,10 @@ from tasks.gate.plan import (
     LaunchRecord,
     RequestRecord,
     accept_length,
+    is_filler,
     launch_order,
+    level_requests,
+    load_levels,
 )
 from tasks.gate.progress import GateProgress
 from tasks.sglang.command import LaunchSpec, SpecParams
@@ -76,6 +84,7 @@ from tasks.sglang.server_process import (
     unreported_server_info,
     wait_healthy,
 )
+from tasks.sglang.server_settings import ServerSettings
 
 PROBE_REPETITION = -2  # cost-probe requests: neither warm-up (-1) nor measured (>= 0)
 STUCK_DIAGNOSIS = "acceptance stuck at 1.0: check --speculative-algorithm EAGLE3 and the aux hidden states"
@@ -171,10 +180,30 @@ class GateRunner:
             progress.planned(len(self._order))
 
     def run(self) -> BenchResult:
-        with httpx.Client(timeout=self.cfg.request_timeout_s, trust_env=False) as client:
+        """The launches of the configs given at construction."""
+        return self._run(self.configs, self.cfg.repetitions)
+
+    def run_more(self, configs: list[BenchConfig], result: BenchResult, repetitions: int = 1) -> BenchResult:
+        """Launches decided after the first ones (the serving policy's pair), on the same ports,
+        the same references of the lossless rule and the same progress: appended to `result`."""
+        order = launch_order(configs, repetitions)
+        self._order.extend(order)
+        if self.progress is not None:
+            self.progress.planned(len(self._order))
+        more = self._run(configs, repetitions)
+        result.configs += configs
+        result.launches += more.launches
+        result.stopped = result.stopped or more.stopped
+        return result
+
+    def _run(self, configs: list[BenchConfig], repetitions: int) -> BenchResult:
+        # One connection per request in flight at the highest load level (httpx's pool holds 100).
+        width = max(self.cfg.concurrency) + 8
+        limits = httpx.Limits(max_connections=max(100, width), max_keepalive_connections=max(20, width))
+        with httpx.Client(timeout=self.cfg.request_timeout_s, trust_env=False, limits=limits) as client:
             try:
                 return run_protocol(
-                    self.configs, self.prompts, self.cfg.repetitions,
+                    configs, self.prompts, repetitions,
                     lambda rep, config, record: self._launch(client, rep, config, record),
                 )  # fmt: skip
             finally:  # a stopped benchmark leaves no server of its wave behind
@@ -235,6 +264,7 @@ class GateRunner:
             record.error = str(e)  # a draft from elsewhere that fails is reported, not fatal
         finally:
             server.stop()
+            record.ended_at = time.time()
             log = parse_server_log(server.log_text())
             record.log = log.to_dict(record.started_at)
             steps = config.spec.num_steps if config.spec else 0
@@ -249,6 +279,7 @@ class GateRunner:
         record.server_info = fetch_server_info(client, url, self.launcher.version)
         record.info_problems = check_server_info(record.server_info, spec)
         record.info_notes = unreported_server_info(record.server_info, spec)
+        record.max_running_requests = _positive_int(record.server_info.get("max_running_requests"))
         if record.info_problems:
             raise GateStopped(f"{config.name}: the server does not echo the launch: " + "; ".join(record.info_problems))
         warm = [self._request(client, url, config, -1, p) for p in self.prompts[: cfg.warmup_requests]]
@@ -257,17 +288,70 @@ class GateRunner:
         floor = cfg.acceptance_floor if config.role == CANDIDATE else 1.0
         if config.spec is not None:
             record.warmup_accept_length = check_acceptance(floor, config, warm, "after warm-up")
+        levels = load_levels(cfg, config)
         self._probe_costs(client, url, config, record)
-        client.post(url + "/flush_cache", timeout=60.0).raise_for_status()
+        record.level_costs[str(levels[0])] = {"prefill_s": record.prefill_s, "step_s": record.step_s}
+        for level in levels[1:]:
+            record.level_costs[str(level)] = self._probe_level(client, url, config, record, level)
         record.measured_at = time.time()
         prompts = self.prompts[: cfg.breakeven_prompts] if config.role == BREAKEVEN else self.prompts
-        record.requests = [self._request(client, url, config, rep, p) for p in prompts]
-        if config.is_baseline:
-            self._rescore(client, url, config, record)
-        if config.spec is not None and config.role != BREAKEVEN and cfg.verify_logprobs != "off":
+        for i, level in enumerate(levels):
+            client.post(url + "/flush_cache", timeout=60.0).raise_for_status()
+            record.requests += self._run_level(client, url, config, rep, prompts, level, record)
+            # The references' re-score comes after the lowest level, before any later level of
+            # the same launch is compared with them.
+            if i == 0 and config.is_baseline:
+                self._rescore(client, url, config, record)
+        if config.spec is not None and not is_filler(config) and cfg.verify_logprobs != "off":
             self._verify_views(client, url, config, record)
         if config.spec is not None:
             check_acceptance(floor, config, record.requests, "over the measured requests")
+
+    def _run_level(
+        self, client: httpx.Client, url: str, config: BenchConfig, rep: int, prompts: list[BenchPrompt],
+        level: int, record: LaunchRecord,
+    ) -> list[RequestRecord]:  # fmt: skip
+        """One load level: `level` requests in flight at a time (a closed loop: each one that ends
+        is replaced) until level_requests(...) have run, the prompts in order and repeating;
+        records the level's wall time and output throughput in record.levels."""
+        n = level_requests(level, len(prompts))
+        t0 = time.perf_counter()
+        if level == 1:
+            out = [self._request(client, url, config, rep, prompts[j % len(prompts)], slot=j) for j in range(n)]
+        else:
+            with ThreadPoolExecutor(max_workers=level) as pool:
+                out = list(pool.map(lambda j: self._request(client, url, config, rep, prompts[j % len(prompts)],
+                                                            level=level, slot=j), range(n)))  # fmt: skip
+        wall = time.perf_counter() - t0
+        tokens = sum(r.completion_tokens for r in out if r.error is None)
+        record.levels[str(level)] = {"concurrency": level, "requests": n, "errors": sum(r.error is not None for r in out),
+                                     "wall_s": wall, "output_tokens": tokens, "tok_s": tokens / wall if wall > 0 else None}  # fmt: skip
+        return out
+
+    def _probe_level(
+        self, client: httpx.Client, url: str, config: BenchConfig, record: LaunchRecord, level: int
+    ) -> dict[str, float | None]:
+        """A level's cost probe, on an empty cache: `level` prompts at once with max_new_tokens 1
+        (their prefill), then the same run to max_new_tokens (ignore_eos, so the batch stays
+        whole); the difference over the decode steps (verify cycles: the most any request ran)
+        is one step's cost at that batch size."""
+        prompts = [self.prompts[j % len(self.prompts)] for j in range(level)]
+
+        def batch(max_new_tokens: int | None) -> tuple[float, list[RequestRecord]]:
+            client.post(url + "/flush_cache", timeout=60.0).raise_for_status()
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(max_workers=level) as pool:
+                recs = list(pool.map(lambda p: self._request(client, url, config, PROBE_REPETITION, p, max_new_tokens,
+                                                             level=level, ignore_eos=True), prompts))  # fmt: skip
+            return time.perf_counter() - t0, recs
+
+        first_s, first = batch(1)
+        whole_s, whole = batch(None)
+        record.probes += first + whole
+        if any(r.error for r in first + whole):
+            return {"prefill_s": None, "step_s": None}
+        steps = max((r.spec_verify_ct or 0) if config.spec is not None else r.completion_tokens - 1 for r in whole)
+        return {"prefill_s": first_s, "step_s": (whole_s - first_s) / steps if steps > 0 else None}
 
     def _verify_views(self, client: httpx.Client, url: str, config: BenchConfig, record: LaunchRecord) -> None:
         """Untimed, after the measured requests: each one refused as not lossless (each that
@@ -346,10 +430,14 @@ class GateRunner:
 
     def _request(
         self, client: httpx.Client, url: str, config: BenchConfig, rep: int, prompt: BenchPrompt,
-        max_new_tokens: int | None = None,
+        max_new_tokens: int | None = None, *, level: int = 1, slot: int | None = None, ignore_eos: bool = False,
     ) -> RequestRecord:  # fmt: skip
-        rec = RequestRecord(config.name, config.env_name, rep, prompt.index, prompt.prompt_id, prompt.domain)
-        body = {"input_ids": list(prompt.input_ids), "sampling_params": self._sampling(config, max_new_tokens),
+        rec = RequestRecord(config.name, config.env_name, rep, prompt.index, prompt.prompt_id, prompt.domain,
+                            concurrency=level, slot=slot)  # fmt: skip
+        sampling = self._sampling(config, max_new_tokens)
+        if ignore_eos:
+            sampling["ignore_eos"] = True
+        body = {"input_ids": list(prompt.input_ids), "sampling_params": sampling,
                 "rid": f"gate-{config.name}-r{rep}-p{prompt.index}-{next(self._rids)}"}  # fmt: skip
         t0 = time.perf_counter()
         try:
@@ -369,9 +457,13 @@ class GateRunner:
         sampling: dict[str, object] = {"temperature": 0.0, "max_new_tokens": max_new_tokens or self.cfg.max_new_tokens}
         if self.cfg.frequency_penalty:
             sampling["frequency_penalty"] = self.cfg.frequency_penalty
-        if config.role == BREAKEVEN:
-            sampling["ignore_eos"] = True
+        if config.role == BREAKEVEN or self.cfg.simulated_acceptance:  # filler runs to the end, and so does
+            sampling["ignore_eos"] = True  # a rehearsal's baseline, for the same tokens per request
         return sampling
+
+
+def _positive_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def server_launcher(cfg: GateConfig, engine: str | None = None) -> Launcher:
@@ -388,10 +480,21 @@ def launch_spec(cfg: GateConfig, model_path: str, config: BenchConfig, ports: Po
         model_path=model_path, port=ports.http_port(), nccl_port=ports.nccl_port(),
         host=cfg.host, tp_size=cfg.tp_size,
         spec=config.spec, cuda_graph_max_bs=cfg.cuda_graph_max_bs,
-        mem_fraction_static=cfg.mem_fraction_static, server=cfg.server,
+        mem_fraction_static=cfg.mem_fraction_static, server=launch_server_settings(cfg, config),
         extra_args=tuple(cfg.extra_server_args),
-        env={**cfg.env, **config.env},
+        env={**cfg.env, **config.env}, adaptive_config=config.adaptive_config,
     )  # fmt: skip
+
+
+def launch_server_settings(cfg: GateConfig, config: BenchConfig) -> ServerSettings:
+    """gate.server, except that the serving policy's launch pair admits every request of the
+    highest load level (SGLang 0.5.14 caps a speculative server at 48 running requests unless
+    told otherwise: the policy ships with the cap it was verified at)."""
+    if config.role != POLICY:
+        return cfg.server
+    need = max(cfg.concurrency)
+    cap = cfg.server.max_running_requests
+    return cfg.server if cap is not None and cap >= need else cfg.server.model_copy(update={"max_running_requests": need})
 
 
 def record_generate_answer(rec: RequestRecord, status: int, body: bytes, spec: SpecParams | None) -> list[int] | None:

@@ -200,24 +200,28 @@ class Prediction:
         return out
 
 
-def costs_from_launches(result: Any, source: str = "sglang") -> StepCosts:
+def costs_from_launches(result: Any, source: str = "sglang", level: int | None = None) -> StepCosts:
     """Step costs from a server benchmark's cost probes (a BenchResult's LaunchRecord.prefill_s
-    and step_s): the median over the baseline launches, and over each topk=1 num_steps of the
-    candidate draft's launches (reference and scaling drafts are left out)."""
+    and step_s, or at a load level its level_costs): the median over the baseline launches, and
+    over each topk=1 num_steps of the candidate draft's launches (reference, scaling and policy
+    launches are left out)."""
     configs = {c.name: c for c in result.configs}
     base, prefill, cycles = [], [], defaultdict(list)
     for x in result.launches:
         config = configs[x.config]
-        if x.prefill_s is not None:
-            prefill.append(x.prefill_s)
-        if x.step_s is None:
+        if config.role != "candidate":
+            continue
+        probe = x.level_costs.get(str(level), {}) if level is not None else {"prefill_s": x.prefill_s, "step_s": x.step_s}
+        if probe.get("prefill_s") is not None:
+            prefill.append(probe["prefill_s"])
+        if probe.get("step_s") is None:
             continue
         if config.spec is None:
-            base.append(x.step_s)
-        elif config.role == "candidate" and config.spec.topk == 1:
-            cycles[config.spec.num_steps].append(x.step_s)
+            base.append(probe["step_s"])
+        elif config.spec.topk == 1:
+            cycles[config.spec.num_steps].append(probe["step_s"])
     if not base:
-        raise CostModelError("no baseline launch measured a step cost")
+        raise CostModelError("no baseline launch measured a step cost" + (f" at concurrency {level}" if level else ""))
     return StepCosts(
         baseline_step_s=statistics.median(base), verify_s={},
         cycle_s={k: statistics.median(v) for k, v in sorted(cycles.items())},

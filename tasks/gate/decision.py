@@ -31,6 +31,7 @@ import numpy as np
 
 from tasks.config.gate_section import GateConfig
 from tasks.gate.breakeven import measure_breakeven
+from tasks.gate.load import LevelSummary, crossover, level_summary, measured_levels, tok_s_matrix
 from tasks.gate.lossless import LosslessTally
 from tasks.gate.plan import (
     BREAKEVEN,
@@ -38,6 +39,8 @@ from tasks.gate.plan import (
     CHALLENGER,
     INCUMBENT,
     NEW_DRAFT,
+    POLICY,
+    POLICY_BASELINE,
     BenchConfig,
     BenchResult,
     Incumbent,
@@ -58,6 +61,7 @@ class ConfigSummary:
     role: str = CANDIDATE  # tasks.gate.plan: candidate | incumbent | challenger | scaling
     samples: int | None = None  # scaling drafts: their training sequences
     draft: str = NEW_DRAFT  # the contender whose draft it runs
+    simulated_accept_length: float | None = None  # acceptance forced (break-even, rehearsal): filler outputs
     n_requests: int = 0
     n_errors: int = 0
     median_tok_s: float | None = None
@@ -81,6 +85,11 @@ class ConfigSummary:
     # left out): exact, near_tie, not_lossless, no_evidence, compared; and a sentence per failure.
     lossless: dict[str, int] = field(default_factory=dict)
     refusals: list[str] = field(default_factory=list)
+    # The gate at load (tasks/gate/load.py): its figures per concurrency level (str keys), the
+    # level its headline figures above are read at, and where it stops paying.
+    levels: dict[str, LevelSummary] = field(default_factory=dict)
+    headline_level: int = 1
+    crossover: dict[str, Any] | None = None
 
     def is_candidate_chain(self) -> bool:
         """Our draft at topk 1 in the default environment (what replay predicts and the curve plots)."""
@@ -128,6 +137,10 @@ class GateDecision:
     incumbent: dict[str, Any] | None = None
     left_out: list[dict[str, str]] = field(default_factory=list)  # LeftOut records
     breakeven: dict[str, Any] | None = None  # the server's measured break-even (tasks.gate.breakeven)
+    # The serving policy the draft ships with (tasks/gate/serving_policy.py ServingPolicy.to_dict):
+    # where it speculates, its SGLang adaptive config and vLLM schedule, and its own launch's
+    # figures per level; None before the policy is judged.
+    policy: dict[str, Any] | None = None
 
     @property
     def promote(self) -> bool:
@@ -162,18 +175,9 @@ class GateDecision:
             ],
             "left_out": list(self.left_out),
             "reasons": list(self.reasons),
+            "deploy_concurrency": best.headline_level if best else None,
+            "serving_policy": self.policy,
         }
-
-
-def tok_s_matrix(records: list[RequestRecord], n_prompts: int) -> np.ndarray:
-    """[repetition, prompt] of per-request tok/s; NaN where a request failed or is missing."""
-    reps = sorted({r.repetition for r in records})
-    m = np.full((len(reps), n_prompts), np.nan)
-    row = {rep: i for i, rep in enumerate(reps)}
-    for r in records:
-        if r.error is None and r.tok_s is not None:
-            m[row[r.repetition], r.prompt_index] = r.tok_s
-    return m
 
 
 def bootstrap_speedup(
@@ -207,17 +211,23 @@ def _per_position(records: list[RequestRecord]) -> list[float] | None:
     return [float(total[k:].sum() / cycles) for k in range(1, len(total))] if cycles else None
 
 
-def summarize(config: BenchConfig, result: BenchResult) -> ConfigSummary:
+def summarize(config: BenchConfig, result: BenchResult, level: int = 1) -> ConfigSummary:
+    """One config's figures: per load level, and the headline ones (median, repetition medians,
+    spread) at `level` (gate.deploy_concurrency), or at its lowest level when it did not measure
+    that one (break-even and data-scaling launches measure the lowest only)."""
     records = result.records(config.name)
     launches = [x for x in result.launches if x.config == config.name]
     s = ConfigSummary(config.name, config.env_name, config.is_baseline,
                       asdict(config.spec) if config.spec else None, list(config.notes),
-                      config.role, config.samples, config.draft)  # fmt: skip
+                      config.role, config.samples, config.draft, config.simulated_accept_length)  # fmt: skip
     s.n_requests, s.n_errors = len(records), sum(1 for r in records if r.error)
     s.graph_problems = sorted({p for x in launches for p in x.graph_problems})
     s.info_problems = sorted({p for x in launches for p in x.info_problems})
     s.launch_errors = [x.error.splitlines()[0] for x in launches if x.error]
-    m = tok_s_matrix(records, len(result.prompts))
+    levels = measured_levels(result, config.name)
+    s.levels = {str(c): level_summary(result, config.name, c) for c in levels}
+    s.headline_level = level if level in levels or not levels else levels[0]
+    m = tok_s_matrix(result.records(config.name, s.headline_level), result.columns(s.headline_level))
     if m.size and not np.all(np.isnan(m)):
         s.median_tok_s = float(np.nanmedian(m))
         s.rep_medians = [float(np.nanmedian(row)) for row in m if not np.all(np.isnan(row))]
@@ -253,7 +263,7 @@ def _eligibility(s: ConfigSummary, cfg: GateConfig) -> list[str]:
         if s.refusals:
             more = len(s.refusals) - 1
             reasons.append(s.refusals[0] + (f" (and {more} more request{'s' * (more > 1)} not lossless)" if more else ""))
-        elif not s.lossless.get("compared"):
+        elif not s.lossless.get("compared") and s.simulated_accept_length is None:
             reasons.append("no output was compared with the baseline's")
         if s.accept_length is None or s.accept_length < cfg.acceptance_floor:
             reasons.append(f"accept length {s.accept_length} below the floor {cfg.acceptance_floor:g}")
@@ -281,14 +291,17 @@ def _speed_verdict(s: ConfigSummary, cfg: GateConfig, versus: str) -> tuple[bool
 
 def _best_of(summaries: list[ConfigSummary], draft: str) -> ConfigSummary | None:
     """A contender's best config: its eligible one of the highest median with a speedup."""
-    eligible = [s for s in summaries if s.draft == draft and not s.baseline and s.eligible and s.speedup is not None]
+    eligible = [s for s in summaries if s.draft == draft and not s.baseline and s.role != POLICY and s.eligible
+                and s.speedup is not None]  # fmt: skip
     return max(eligible, key=lambda s: s.median_tok_s or 0.0) if eligible else None
 
 
 def _ratio(result: BenchResult, cfg: GateConfig, num: ConfigSummary, den: ConfigSummary) -> tuple[float, float, float] | None:
-    """median(num) / median(den) with its bootstrap CI, paired by prompt as the speedup is."""
-    n = len(result.prompts)
-    return bootstrap_speedup(tok_s_matrix(result.records(den.name), n), tok_s_matrix(result.records(num.name), n),
+    """median(num) / median(den) with its bootstrap CI at the headline level, paired by request
+    slot as the speedup is."""
+    level = num.headline_level
+    n = result.columns(level)
+    return bootstrap_speedup(tok_s_matrix(result.records(den.name, level), n), tok_s_matrix(result.records(num.name, level), n),
                              cfg.n_bootstrap, cfg.ci_level, cfg.bootstrap_seed)  # fmt: skip
 
 
@@ -303,7 +316,7 @@ def _contenders(summaries: list[ConfigSummary], result: BenchResult, cfg: GateCo
     inc = _best_of(summaries, INCUMBENT)
     out = []
     for name in names:
-        mine = [s for s in summaries if s.draft == name and not s.baseline and s.role != BREAKEVEN]
+        mine = [s for s in summaries if s.draft == name and not s.baseline and s.role not in (BREAKEVEN, POLICY)]
         measured = [s for s in mine if s.median_tok_s is not None]
         best = _best_of(summaries, name) or (max(measured, key=lambda s: s.median_tok_s or 0.0) if measured else None)
         c = Contender(name, mine[0].role, best.name if best else None)
@@ -386,11 +399,30 @@ def decide(
     return decision
 
 
+def level_speedups(result: BenchResult, cfg: GateConfig, s: ConfigSummary, base: ConfigSummary | None) -> None:
+    """`s`'s speedup over `base` at each level both measured (bootstrap CI, paired by request
+    slot), its headline speedup (at its headline level) and where it stops paying."""
+    if base is None:
+        return
+    for level in s.levels.values():
+        n = result.columns(level.level)
+        ci = bootstrap_speedup(tok_s_matrix(result.records(base.name, level.level), n),
+                               tok_s_matrix(result.records(s.name, level.level), n),
+                               cfg.n_bootstrap, cfg.ci_level, cfg.bootstrap_seed)  # fmt: skip
+        if ci is not None:
+            level.speedup, level.ci_low, level.ci_high = ci
+            if level.level == s.headline_level:
+                s.speedup, s.ci_low, s.ci_high = ci
+    if len(s.levels) > 1:
+        s.crossover = crossover({v.level: v for v in s.levels.values()})
+
+
 def _decide(result: BenchResult, cfg: GateConfig, incumbent: Incumbent | None, left_out: Sequence[LeftOut]) -> GateDecision:
-    summaries = [summarize(c, result) for c in result.configs]
+    summaries = [summarize(c, result, cfg.deploy_level) for c in result.configs]
     thresholds = {k: getattr(cfg, k) for k in ("min_speedup", "ci_level", "n_bootstrap", "bootstrap_seed",
                                               "acceptance_floor", "near_tie_nats", "top_logprobs_num",
-                                              "frequency_penalty", "require_cuda_graphs", "repetitions")}  # fmt: skip
+                                              "frequency_penalty", "require_cuda_graphs", "repetitions",
+                                              "concurrency", "deploy_concurrency")}  # fmt: skip
     decision = GateDecision("reject", None, None, None, None, None, cfg.ci_level, [], summaries, thresholds)
     decision.left_out = [asdict(x) for x in left_out]
     for s in summaries:
@@ -399,21 +431,17 @@ def _decide(result: BenchResult, cfg: GateConfig, incumbent: Incumbent | None, l
     if result.stopped:
         decision.outcome, decision.reasons = "stopped", [result.stopped]
         return decision
-    baselines = [s for s in summaries if s.baseline and s.eligible]
+    baselines = [s for s in summaries if s.baseline and s.eligible and s.role != POLICY]
     if not baselines:
         decision.reasons = ["no valid baseline: " + "; ".join(f"{s.name}: {', '.join(s.reasons)}" for s in summaries if s.baseline)]
         return decision
     # The reference is the fastest non-speculative deployment found, whatever its environment.
     ref = max(baselines, key=lambda s: s.median_tok_s or 0.0)
     decision.baseline = ref.name
-    base_m = tok_s_matrix(result.records(ref.name), len(result.prompts))
+    policy_base = next((s for s in summaries if s.name == POLICY_BASELINE and s.eligible), None)
     for s in summaries:
-        if s.baseline or s.median_tok_s is None:
-            continue
-        spec_m = tok_s_matrix(result.records(s.name), len(result.prompts))
-        ci = bootstrap_speedup(base_m, spec_m, cfg.n_bootstrap, cfg.ci_level, cfg.bootstrap_seed)
-        if ci is not None:
-            s.speedup, s.ci_low, s.ci_high = ci
+        if not s.baseline:
+            level_speedups(result, cfg, s, policy_base if s.role == POLICY else ref)
     decision.contenders = _contenders(summaries, result, cfg)
     # Only the run's own draft can be promoted; the incumbent, challengers and scaling drafts are measured beside it.
     best = _best_of(summaries, NEW_DRAFT)
@@ -437,8 +465,10 @@ def _decide(result: BenchResult, cfg: GateConfig, incumbent: Incumbent | None, l
     if wins:
         decision.outcome = "promote"
         n = best.lossless
-        reason += (f"; accept length {best.accept_length:.2f}; outputs lossless: {n['exact']} of {n['compared']} exact, "
-                   f"{n['near_tie']} first leaving the baseline's at a near-tie")  # fmt: skip
+        reason += f"; accept length {best.accept_length:.2f}"
+        if best.simulated_accept_length is None:  # forced acceptance answers filler: nothing to compare
+            reason += (f"; outputs lossless: {n['exact']} of {n['compared']} exact, "
+                       f"{n['near_tie']} first leaving the baseline's at a near-tie")  # fmt: skip
     decision.reasons = [reason]
     if incumbent is not None and (line := _against_incumbent(decision, summaries, cfg, incumbent, best, wins)):
         decision.reasons.append(line)

@@ -75,7 +75,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tasks.engines.sglang_wire import ReplyLogprobs, TokenLogprob
-from tasks.gate.plan import BREAKEVEN, BenchConfig, BenchPrompt, RequestRecord
+from tasks.gate.plan import BenchConfig, BenchPrompt, RequestRecord, is_filler
 
 NEAR_TIE, NOT_LOSSLESS, NO_EVIDENCE = "near_tie", "not_lossless", "no_evidence"
 
@@ -407,7 +407,7 @@ class ReferenceOutputs:
                 stop: int | None = None) -> None:  # fmt: skip
         """Set rec's agreement with the reference and, where it diverges, the classified first
         divergence. `stop`: the token this output's stop matched."""
-        if rec.repetition < 0 or config.role == BREAKEVEN:  # warm-up; simulated acceptance: filler output
+        if rec.repetition < 0 or is_filler(config):  # warm-up; simulated acceptance: filler output
             return
         ref = self._ids.setdefault(config.env_name, {})
         if config.is_baseline and prompt.index not in ref:

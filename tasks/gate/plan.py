@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -76,6 +76,11 @@ def encoder_for_target(model_path: str, chat_template: str | None = None) -> Enc
 # by SGLANG_SIMULATE_ACC_LEN (once per accept length: the server's own break-even, never promoted).
 CANDIDATE, INCUMBENT, CHALLENGER, SCALING = "candidate", "incumbent", "challenger", "scaling"
 BREAKEVEN = "breakeven"
+# The serving policy's own launch pair (tasks/gate/serving_policy.py): a baseline and the run's
+# draft under the policy (SGLang's adaptive speculation), measured after the sweep at every load
+# level; what a multi-level gate promotes on.
+POLICY = "policy"
+POLICY_CONFIG, POLICY_BASELINE = "serving-policy", "baseline-for-policy"
 NEW_DRAFT = "new draft"  # the contender name of the run's own draft in reports
 DEFAULT_ENV = "default"  # the environment name when gate.nccl_env_sweep has one entry
 
@@ -98,10 +103,24 @@ class BenchConfig:
     samples: int | None = None  # scaling drafts: training sequences
     draft: str = NEW_DRAFT  # the contender whose draft it runs (an ExtraDraft's name)
     simulated_accept_length: float | None = None  # BREAKEVEN: the SGLANG_SIMULATE_ACC_LEN it runs with
+    adaptive_config: str | None = None  # POLICY: the SGLang adaptive config file it launches with
 
     @property
     def is_baseline(self) -> bool:
         return self.spec is None
+
+
+def load_levels(cfg: GateConfig, config: BenchConfig) -> list[int]:
+    """The concurrency levels a launch of `config` measures: every gate.concurrency level, except
+    for launches that measure acceptance or cost only (break-even, data-scaling drafts), which
+    measure the lowest."""
+    return cfg.concurrency[:1] if config.role in (BREAKEVEN, SCALING) else list(cfg.concurrency)
+
+
+def level_requests(level: int, n_prompts: int) -> int:
+    """Requests one launch sends at a concurrency level: every held-out prompt, and at least 3
+    per request slot and 24 in all, for a CI at that level (prompts repeat in order beyond n)."""
+    return max(n_prompts, 3 * level, 24) if level > 1 else n_prompts
 
 
 @dataclass(frozen=True)
@@ -160,7 +179,7 @@ def plan_configs(cfg: GateConfig, draft_dir: str, extra: list[ExtraDraft] | None
         env_name = DEFAULT_ENV if len(cfg.nccl_env_sweep) == 1 else f"env{i}"
         suffix = "" if env_name == DEFAULT_ENV else f"@{env_name}"
         configs.append(BenchConfig(f"baseline{suffix}", None, env_name, dict(env)))
-        configs += [BenchConfig(f"{s.label}{suffix}", s, env_name, dict(env), tuple(n)) for s, n in specs]
+        configs += [rehearsed(cfg, BenchConfig(f"{s.label}{suffix}", s, env_name, dict(env), tuple(n))) for s, n in specs]
         configs += [
             BenchConfig(f"{d.name}:{s.label}{suffix}", s, env_name, dict(env), tuple(n), role=d.role,
                         repetitions=1 if d.role == SCALING else None, samples=d.samples, draft=d.name)
@@ -169,6 +188,21 @@ def plan_configs(cfg: GateConfig, draft_dir: str, extra: list[ExtraDraft] | None
     at = [s for s, _ in specs] if cfg.breakeven_num_steps is None else [
         resolve_spec(draft_dir, k, 1, None)[0] for k in cfg.breakeven_num_steps]  # fmt: skip
     return configs + breakeven_configs(cfg, at, configs[0])
+
+
+def rehearsed(cfg: GateConfig, config: BenchConfig) -> BenchConfig:
+    """`config` with its acceptance forced when gate.simulated_acceptance names it (a rehearsal)."""
+    x = cfg.simulated_acceptance.get(config.spec.label) if config.spec else None
+    if x is None:
+        return config
+    note = f"acceptance forced to a mean of {x:g} tokens per verify (gate.simulated_acceptance): a rehearsal"
+    return replace(config, env={**config.env, SIMULATE_ACC_LEN: f"{x:g}"}, notes=(*config.notes, note),
+                   simulated_accept_length=x)  # fmt: skip
+
+
+def is_filler(config: BenchConfig) -> bool:
+    """Its outputs are filler (acceptance forced): never compared with the baseline's."""
+    return config.simulated_accept_length is not None
 
 
 def breakeven_configs(cfg: GateConfig, specs: list[SpecParams], baseline: BenchConfig) -> list[BenchConfig]:
@@ -222,6 +256,12 @@ class RequestRecord:
     stop_token: int | None = None  # the token a "stop" finish matched
     reference: bool = False  # its output is the reference its environment's later requests are compared with
     divergence: dict[str, Any] | None = None  # tasks.gate.lossless.Divergence where the output leaves the reference
+    concurrency: int = 1  # the load level it was sent at (requests in flight together)
+    slot: int | None = None  # its place in the level's sequence (pairs launches at a level); None: prompt_index
+
+    @property
+    def column(self) -> int:
+        return self.prompt_index if self.slot is None else self.slot
 
 
 def accept_length(completion_tokens: int, verify_ct: int, requests: int = 1) -> float | None:
@@ -267,14 +307,21 @@ class LaunchRecord:
     probes: list[RequestRecord] = field(default_factory=list)
     prefill_s: float | None = None
     step_s: float | None = None
-    started_at: float | None = None  # wall clock: the launch, and the first measured request
+    started_at: float | None = None  # wall clock: the launch, the first measured request, the server stopped
     measured_at: float | None = None
+    ended_at: float | None = None
     # Why this launch has no valid measurement: a speculative server that never served (with its
     # log tail), or a reference/scaling draft whose requests failed. The candidate's problems
     # stop the gate instead.
     error: str | None = None
     # A baseline launch's re-score of the references (tasks.gate.lossless.rescore_summary).
     rescore: dict[str, Any] = field(default_factory=dict)
+    # Per load level (str(concurrency)): the level's wall time, output tokens and throughput
+    # (LevelRun), and its cost probes ({"prefill_s", "step_s"}: a batch of `level` prompts timed
+    # at max_new_tokens 1, then to the end, as at concurrency 1).
+    levels: dict[str, dict[str, Any]] = field(default_factory=dict)
+    level_costs: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    max_running_requests: int | None = None  # the running-request cap the server reported
 
 
 @dataclass
@@ -285,8 +332,14 @@ class BenchResult:
     launches: list[LaunchRecord] = field(default_factory=list)
     stopped: str | None = None
 
-    def records(self, config: str) -> list[RequestRecord]:
-        return [r for launch_ in self.launches if launch_.config == config for r in launch_.requests]
+    def records(self, config: str, level: int | None = None) -> list[RequestRecord]:
+        """The measured requests of `config`, at one concurrency level or (None) at every level."""
+        return [r for launch_ in self.launches if launch_.config == config for r in launch_.requests
+                if level is None or r.concurrency == level]  # fmt: skip
+
+    def columns(self, level: int) -> int:
+        """Request slots per launch at `level` (the width of its tok/s matrices)."""
+        return level_requests(level, len(self.prompts))
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -67,6 +67,9 @@ def launch_figures(record: LaunchRecord) -> dict[str, Any]:
         "accept_length_per_domain": per_domain,
         "requests": len(record.requests),
         "failed_requests": len(record.requests) - len(ok),
+        # Per load level: output tok/s over the level's wall time, and the probed step cost.
+        "levels": {k: {"tok_s": v.get("tok_s"), "step_s": record.level_costs.get(k, {}).get("step_s")}
+                   for k, v in record.levels.items()},  # fmt: skip
     }
 
 

@@ -67,6 +67,69 @@ def contenders_markdown(decision: GateDecision, cfg: GateConfig) -> list[str]:
     return lines + [""]
 
 
+def _level_cell(lv: Any) -> str:
+    if lv is None or lv.speedup is None:
+        return "-"
+    mark = " **+**" if lv.wins() else (" **-**" if lv.loses() else "")
+    return f"{lv.speedup:.2f}x [{_num(lv.ci_low, '.2f')}, {_num(lv.ci_high, '.2f')}]{mark}"
+
+
+def load_markdown(decision: GateDecision, cfg: GateConfig) -> list[str]:
+    """Per concurrency level: each config's speedup over the baseline with its CI (+ faster, -
+    slower, beyond the spread), the baseline's tok/s and where each config stops paying."""
+    if len(cfg.concurrency) <= 1:
+        return []
+    from tasks.gate.load import crossover_words
+
+    levels = [str(c) for c in cfg.concurrency]
+    base = decision.config(decision.baseline)
+    lines = ["", "## At load", "",
+             f"Speedup over the baseline at the same concurrency ({cfg.ci_level:.0%} CI; **+** faster, **-** slower, "
+             "beyond the spread), from each request's tok/s (output tokens over its latency, queueing included).", "",
+             "| config | " + " | ".join(f"c={c}" for c in levels) + " | where it stops paying |",
+             "|---|" + "---|" * (len(levels) + 1)]  # fmt: skip
+    if base is not None:
+        tput = [_num(base.levels[c].throughput_tok_s, ",.0f") if c in base.levels else "-" for c in levels]
+        lines.append("| baseline (output tok/s over the wall time) | " + " | ".join(tput) + " | - |")
+    for s in decision.configs:
+        if s.baseline or len(s.levels) <= 1:
+            continue
+        words = crossover_words(s.crossover) if s.crossover else "-"
+        lines.append(f"| {s.name} | " + " | ".join(_level_cell(s.levels.get(c)) for c in levels) + f" | {words} |")
+    caps = sorted({(s.name, lv.max_running_requests) for s in decision.configs for lv in s.levels.values()
+                   if lv.max_running_requests is not None and lv.max_running_requests < max(cfg.concurrency)})  # fmt: skip
+    if caps:
+        lines += ["", "Running-request caps below the highest level (the rest of a level's requests queued): "
+                  + ", ".join(f"{n} {c}" for n, c in caps) + "."]  # fmt: skip
+    return lines
+
+
+def policy_markdown(policy: dict[str, Any] | None, cfg: GateConfig) -> list[str]:
+    """The serving policy: what runs at each level, its files and flags, and its own launch."""
+    if not policy:
+        return []
+    verdict = {True: "holds", False: "does not hold", None: "not judged"}[policy["holds"]]
+    lines = ["", "## Serving policy", "", f"Kind: **{policy['kind']}**; {verdict}.", ""]
+    lines += [f"- {r}" for r in policy["reasons"]]
+    lines += ["", "| concurrency | num_steps | config | sweep speedup | own launch | vs the sweep |", "|---|---|---|---|---|---|"]
+    verified = policy.get("verified") or {}
+    for c in policy["levels"]:
+        v = verified.get(str(c["level"]))
+        own = f"{v['speedup']:.3f}x [{_num(v['ci'][0], '.3f')}, {_num(v['ci'][1], '.3f')}]" if v else "-"
+        gap = f"{v['vs_predicted']:+.1%}" if v and v.get("vs_predicted") is not None else "-"
+        sweep = f"{c['speedup']:.3f}x" if c.get("speedup") is not None else "- (plain)"
+        lines.append(f"| {c['level']} | {c['num_steps']} | {c['config'] or '-'} | {sweep} | {own} | {gap} |")
+    if policy.get("adaptive_config"):
+        lines += ["", "SGLang (`gate/sglang-adaptive.json`, launch flags `" + " ".join(
+            ["--speculative-num-steps", str(policy["num_steps"]), "--speculative-eagle-topk 1",
+             "--speculative-adaptive --speculative-adaptive-config sglang-adaptive.json",
+             f"--max-running-requests {policy['max_running_requests']}"]) + "`):", "",
+                  "```json", json.dumps(policy["adaptive_config"]), "```"]  # fmt: skip
+    if policy.get("vllm"):
+        lines += ["", f"vLLM speculative_config: `{json.dumps(policy['vllm'])}`"]
+    return lines + [""]
+
+
 def verify_sentence(div: dict[str, Any]) -> str:
     """What a divergence's verify view (tasks/gate/lossless.py verify_view) says, in words."""
     v = div["verify"]
@@ -137,7 +200,10 @@ def render_markdown(decision: GateDecision, result: BenchResult, cfg: GateConfig
         where = f"fresh launches per config, SGLang {cfg.sglang_version} ({cfg.engine})"
     lines.append(
         f"Reference baseline: `{decision.baseline}`; best speculative config: `{decision.best}`; "
-        f"{len(result.prompts)} held-out prompts x {cfg.repetitions} {where}, concurrency 1, temperature 0"
+        f"{len(result.prompts)} held-out prompts x {cfg.repetitions} {where}, "
+        + (f"concurrency {', '.join(map(str, cfg.concurrency))} (headline figures at {cfg.deploy_level})"
+           if len(cfg.concurrency) > 1 else f"concurrency {cfg.concurrency[0]}")
+        + ", temperature 0"
         + (f", frequency penalty {cfg.frequency_penalty:g}." if cfg.frequency_penalty else ".")
     )
     lines += ["", *contenders_markdown(decision, cfg), "## Configs", ""]
@@ -153,6 +219,8 @@ def render_markdown(decision: GateDecision, result: BenchResult, cfg: GateConfig
             f"| {s.name} | {s.env_name} | {_num(s.median_tok_s)} | {reps} | {_num(s.spread, '.1%')} | "
             f"{_ci(s)} | {_num(s.accept_length, '.2f')} | {exact} | {verdict} |"
         )
+    lines += load_markdown(decision, cfg)
+    lines += policy_markdown(decision.policy, cfg)
     lines += lossless_markdown(decision, result, cfg)
     lines += breakeven_markdown(decision.breakeven)
     per_pos = [s for s in decision.configs if s.accept_per_position]
@@ -189,6 +257,12 @@ def render_markdown(decision: GateDecision, result: BenchResult, cfg: GateConfig
             # The start-up's processes (Python importing SGLang twice) against the model's load and graphs.
             processes = _num(x.log.get("startup_s", {}).get("scheduler"))
             lines.append(f"| {x.config} | {x.repetition} | {_num(x.health_s)} | {processes} | {cap} | {graphs} | {ttft} | {step} | {problems} |")
+        timed = [x for x in result.launches if x.started_at is not None and x.ended_at is not None]
+        if timed:
+            held = sum((x.ended_at or 0.0) - (x.started_at or 0.0) for x in timed)
+            ready = sum(x.health_s or 0.0 for x in timed)
+            lines += ["", f"{len(result.launches)} launches; the servers up {held:,.0f} s in all (GPU time with "
+                      f"concurrent_servers 1), {ready:,.0f} s of it starting."]  # fmt: skip
         if cfg.concurrent_servers > 1:
             lines += ["", f"Servers started in waves of {cfg.concurrent_servers}; each was measured alone "
                       "while the others of its wave waited idle."]  # fmt: skip
@@ -297,6 +371,29 @@ def plot_breakeven(breakeven: dict[str, Any]) -> bytes:
     return figure_png(fig)
 
 
+def plot_load(decision: GateDecision) -> bytes:
+    """Output tok/s over the wall time against concurrency per config (log-log), the baseline
+    dashed, each config's crossover marked where it stops paying."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    for s in decision.configs:
+        pts = sorted((lv.level, lv.throughput_tok_s) for lv in s.levels.values() if lv.throughput_tok_s)
+        if len(pts) < 2 or s.role not in ("candidate", "policy", "incumbent", "challenger"):
+            continue
+        style = {"linestyle": "--", "color": "black"} if s.baseline else {"marker": "o"}
+        line = ax.plot([c for c, _ in pts], [t for _, t in pts], label=s.name, **style)[0]
+        if s.crossover and s.crossover.get("crossover"):
+            ax.axvline(s.crossover["crossover"], color=line.get_color(), linestyle=":", alpha=0.7)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("concurrent requests")
+    ax.set_ylabel("output tok/s over the wall time")
+    ax.set_title(f"Throughput by load (dotted: where a config stops paying) - {decision.outcome}")
+    ax.legend(loc="best", fontsize="small")
+    return figure_png(fig)
+
+
 def write_gate_report(
     run: RunFolder,
     decision: GateDecision,
@@ -325,6 +422,8 @@ def write_gate_report(
         plots["predicted_vs_measured"] = plot_predicted(decision, predictions)
     if decision.breakeven and decision.breakeven.get("per_steps"):
         plots["breakeven"] = plot_breakeven(decision.breakeven)
+    if len(cfg.concurrency) > 1:
+        plots["load"] = plot_load(decision)
     paths = []
     for name, data in plots.items():
         rel = f"{PLOTS}/{name}.png"

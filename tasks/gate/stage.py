@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import statistics
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,11 +29,14 @@ import torch
 from tasks.gate.contenders import find_contenders, run_target
 from tasks.gate.cost_model import CostModelError, Prediction, StepCosts, calibrate_overhead, predict
 from tasks.gate.decision import GateDecision, decide
+from tasks.gate.load import load_record
 from tasks.gate.plan import (
     SCALING,
     BenchConfig,
     BenchResult,
     ExtraDraft,
+    Incumbent,
+    LeftOut,
     encoder_for_target,
     load_bench_prompts,
     plan_configs,
@@ -43,18 +46,30 @@ from tasks.gate.progress import GateProgress, Logger
 from tasks.gate.promote import promote
 from tasks.gate.replay import ReplayResult, replay_run
 from tasks.gate.report import write_gate_report
+from tasks.gate.serving_policy import (
+    ADAPTIVE,
+    ServingPolicy,
+    build_policy,
+    close_rehearsal,
+    judge,
+    policy_launches,
+    write_policy,
+)
 from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import GATE_DONE, TRAIN_FINAL
 
 if TYPE_CHECKING:
     from tasks.config import EagleScaleConfig
+    from tasks.config.gate_section import GateConfig
     from tasks.draft.model import Eagle3Draft
+    from tasks.gate.benchmark import GateRunner
 
 log = logging.getLogger(__name__)
 
 REPLAY_KEY = "gate/replay.json"
 COSTS_KEY = "gate/costs.json"
 PREDICTION_KEY = "gate/prediction.json"
+LOAD_KEY = "gate/load.json"
 
 
 @dataclass
@@ -188,7 +203,7 @@ def _benchmark_local(
 
 def _benchmark_server(
     config: EagleScaleConfig, configs: list[BenchConfig], prompts: list[Any], work_dir: Path, progress: GateProgress
-) -> BenchResult:
+) -> tuple[GateRunner, BenchResult]:
     from tasks.gate.benchmark import GateRunner, server_launcher
     from tasks.target.model_dir import resolve_model_dir
 
@@ -198,7 +213,28 @@ def _benchmark_server(
     logs.mkdir(parents=True, exist_ok=True)
     # Servers load a local HF folder: a package or GGUF target is its converted folder.
     model_dir = str(resolve_model_dir(config.target.model_path, config.target.revision))
-    return GateRunner(gate, launcher, model_dir, configs, prompts, logs, progress).run()
+    runner = GateRunner(gate, launcher, model_dir, configs, prompts, logs, progress)
+    return runner, runner.run()
+
+
+def decide_server(
+    gate: GateConfig, runner: GateRunner, result: BenchResult, draft_dir: Path, work_dir: Path,
+    incumbent: Incumbent | None = None, left_out: Sequence[LeftOut] = (), progress: GateProgress | None = None,
+) -> tuple[GateDecision, ServingPolicy | None]:  # fmt: skip
+    """The sweep's decision and the serving policy it supports; an adaptive policy of a draft
+    the sweep would promote is launched and measured at every level (runner.run_more), then
+    the policy is judged and the outcome settled (serving_policy.judge)."""
+    decision = decide(result, gate, incumbent, left_out)
+    policy = build_policy(decision, gate)
+    if policy is not None and policy.kind == ADAPTIVE and decision.promote and result.stopped is None:
+        if progress is not None:
+            progress.phase("policy", "the serving policy's own launch pair, at every load level")
+        runner.run_more(policy_launches(policy, gate, str(draft_dir), work_dir), result)
+        decision = decide(result, gate, incumbent, left_out)
+        policy = build_policy(decision, gate)
+    policy = judge(decision, gate, policy)
+    close_rehearsal(decision, gate)
+    return decision, policy
 
 
 def calibrated_prediction(costs: dict[str, Any], decision: GateDecision, replayed: ReplayResult) -> Prediction | None:
@@ -230,14 +266,20 @@ def server_prediction(result: BenchResult, replayed: ReplayResult) -> tuple[dict
         log.warning("no step costs: %s", e)
         return None, None
     lengths = {k: v for k, v in replayed.accept_lengths().items() if costs.covers(k)}
-    probes = [r.completion_tokens for x in result.launches for r in x.probes
-              if x.config.split("@")[0] == "baseline" and r.error is None and r.completion_tokens > 1]  # fmt: skip
-    tokens = float(statistics.median(probes)) if probes else None
+    tokens = probe_tokens(result)
     try:
         return costs.to_dict(), predict(costs, lengths, tokens) if lengths else None
     except CostModelError as e:
         log.warning("no prediction: %s", e)
         return costs.to_dict(), None
+
+
+def probe_tokens(result: BenchResult) -> float | None:
+    """Tokens per request the prediction is made for: the baseline's concurrency-1 probes' median."""
+    probes = [r.completion_tokens for x in result.launches for r in x.probes
+              if x.config.split("@")[0] == "baseline" and r.error is None and r.completion_tokens > 1
+              and r.concurrency == 1]  # fmt: skip
+    return float(statistics.median(probes)) if probes else None
 
 
 def prediction_markdown(replayed: ReplayResult, prediction: Prediction | None, decision: GateDecision) -> str:
@@ -425,12 +467,18 @@ def _gate(config: EagleScaleConfig, run: RunFolder, work_dir: Path, progress: Ga
     if gate.engine == "local":
         result, costs = _benchmark_local(config, draft_dir, configs, prompts)
         decision = decide(result, gate, None, contenders.left_out)
+        judge(decision, gate, build_policy(decision, gate))
         prediction = calibrated_prediction(costs, decision, replayed)
     else:
-        result = _benchmark_server(config, configs, prompts, work_dir, progress)
-        decision = decide(result, gate, contenders.incumbent, contenders.left_out)
+        runner, result = _benchmark_server(config, configs, prompts, work_dir, progress)
+        decision, _ = decide_server(gate, runner, result, draft_dir, work_dir, contenders.incumbent,
+                                    contenders.left_out, progress)  # fmt: skip
         costs, prediction = server_prediction(result, replayed)
     progress.phase("decide")
+    write_policy(run, decision)
+    if len(gate.concurrency) > 1:
+        run.write_json_atomic(LOAD_KEY, load_record(result, decision.configs, replayed.accept_lengths(),
+                                                    probe_tokens(result), gate.deploy_level))  # fmt: skip
     if costs is not None:
         run.write_json_atomic(COSTS_KEY, costs)
     if prediction is not None:

@@ -1,0 +1,166 @@
+"""The gate at load (docs/GATE.md): each config's figures per concurrency level, its speedup over
+the baseline at the same level with the bootstrap CI, and where it stops paying.
+
+A level's figures come from its own requests: per-request tok/s (output tokens over the request's
+latency, queueing included), the level's throughput (output tokens over its wall time, per
+launch), latency and time per output token. The speedup at a level is the ratio of the median
+per-request tok/s, bootstrapped as at concurrency 1 (request slots paired, launches resampled):
+with the same requests in flight on both sides it moves with the throughput ratio.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from tasks.gate.plan import BenchResult, RequestRecord, pooled_accept_lengths
+
+
+@dataclass
+class LevelSummary:
+    """One config at one concurrency level."""
+
+    level: int
+    n_requests: int = 0
+    n_errors: int = 0
+    median_tok_s: float | None = None  # per request
+    throughput_tok_s: float | None = None  # output tokens over the level's wall time, median over launches
+    latency_p50_s: float | None = None
+    latency_p90_s: float | None = None
+    tpot_p50_ms: float | None = None  # a request's latency over its output tokens
+    accept_length: float | None = None
+    max_running_requests: int | None = None  # the cap its server reported (None: not reported)
+    speedup: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+
+    def wins(self) -> bool:
+        """Faster than the baseline beyond the spread (the CI above 1)."""
+        return self.ci_low is not None and self.ci_low > 1.0
+
+    def loses(self) -> bool:
+        """Slower than the baseline beyond the spread (the CI below 1)."""
+        return self.ci_high is not None and self.ci_high < 1.0
+
+
+def tok_s_matrix(records: list[RequestRecord], columns: int) -> np.ndarray:
+    """[launch, request slot] of per-request tok/s; NaN where a request failed or is missing."""
+    reps = sorted({r.repetition for r in records})
+    m = np.full((len(reps), columns), np.nan)
+    row = {rep: i for i, rep in enumerate(reps)}
+    for r in records:
+        if r.error is None and r.tok_s is not None and r.column < columns:
+            m[row[r.repetition], r.column] = r.tok_s
+    return m
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    return float(np.quantile(values, q)) if values else None
+
+
+def level_summary(result: BenchResult, config: str, level: int) -> LevelSummary:
+    """`config`'s own figures at `level` (the speedup is set against a baseline by the decision)."""
+    records = result.records(config, level)
+    s = LevelSummary(level, len(records), sum(r.error is not None for r in records))
+    ok = [r for r in records if r.error is None]
+    m = tok_s_matrix(records, result.columns(level))
+    if m.size and not np.all(np.isnan(m)):
+        s.median_tok_s = float(np.nanmedian(m))
+    launches = [x for x in result.launches if x.config == config and str(level) in x.levels]
+    rates = [x.levels[str(level)]["tok_s"] for x in launches if x.levels[str(level)].get("tok_s")]
+    s.throughput_tok_s = statistics.median(rates) if rates else None
+    s.latency_p50_s, s.latency_p90_s = _quantile([r.latency_s for r in ok], 0.5), _quantile([r.latency_s for r in ok], 0.9)
+    per_token = [1e3 * r.latency_s / r.completion_tokens for r in ok if r.completion_tokens]
+    s.tpot_p50_ms = _quantile(per_token, 0.5)
+    s.accept_length = pooled_accept_lengths(records)[0]
+    caps = {x.max_running_requests for x in launches if x.max_running_requests is not None}
+    s.max_running_requests = min(caps) if caps else None
+    return s
+
+
+def measured_levels(result: BenchResult, config: str) -> list[int]:
+    return sorted({r.concurrency for r in result.records(config)})
+
+
+def crossover(levels: dict[int, LevelSummary]) -> dict[str, Any]:
+    """Where a config stops paying: `pays_up_to`, the highest level up to which it wins beyond the
+    spread at every level from the lowest (None: not even there); `crossover`, the concurrency
+    where its point speedup first falls below 1, interpolated between the two levels around it on
+    a log2 scale (None when it never falls below 1, or is below 1 from the lowest level);
+    `wins_at` and `loses_at`, the levels beyond the spread either way."""
+    ordered = [levels[c] for c in sorted(levels) if levels[c].speedup is not None]
+    pays_up_to = None
+    for s in ordered:
+        if not s.wins():
+            break
+        pays_up_to = s.level
+    cross = None
+    for lo, hi in zip(ordered, ordered[1:], strict=False):
+        assert lo.speedup is not None and hi.speedup is not None
+        if lo.speedup >= 1.0 > hi.speedup:
+            t = (lo.speedup - 1.0) / (lo.speedup - hi.speedup)
+            cross = 2 ** (math.log2(lo.level) + t * (math.log2(hi.level) - math.log2(lo.level)))
+            break
+    return {
+        "pays_up_to": pays_up_to,
+        "crossover": cross,
+        "below_from_lowest": bool(ordered) and ordered[0].speedup is not None and ordered[0].speedup < 1.0,
+        "wins_at": [s.level for s in ordered if s.wins()],
+        "loses_at": [s.level for s in ordered if s.loses()],
+    }
+
+
+def crossover_words(c: dict[str, Any]) -> str:
+    """A crossover record in a phrase: where the config stops paying."""
+    if c["below_from_lowest"]:
+        return "slower from the lowest level"
+    if c["crossover"] is None:
+        return "pays at every measured level" if c["wins_at"] else "never beyond the spread"
+    return f"stops paying at ~{c['crossover']:.0f} concurrent requests"
+
+
+def predict_levels(result: BenchResult, accept_lengths: dict[int, float], tokens: float | None) -> dict[str, Any]:
+    """Per level: the step costs its probes timed and the per-request tok/s they predict for the
+    baseline and each num_steps (the replay's accept lengths, as at concurrency 1), beside the
+    measured medians. Above a server's running-request cap a probe batch runs in turns, so its
+    step cost already holds the queueing a request meets there."""
+    from tasks.gate.cost_model import CostModelError, costs_from_launches, predict
+
+    levels = sorted({r.concurrency for x in result.launches for r in x.requests})
+    configs = {c.name: c for c in result.configs}
+    out: dict[str, Any] = {}
+    for level in levels:
+        try:
+            costs = costs_from_launches(result, level=level)
+            lengths = {k: v for k, v in accept_lengths.items() if costs.covers(k)}
+            prediction = predict(costs, lengths, tokens) if lengths else None
+        except CostModelError as e:
+            out[str(level)] = {"error": str(e)}
+            continue
+        predicted = prediction.gate_predictions() if prediction else {"baseline": None}
+        rows = {}
+        for name, tok_s in predicted.items():
+            measured = level_summary(result, name, level).median_tok_s if name in configs else None
+            rows[name] = {"predicted_tok_s": tok_s, "measured_tok_s": measured,
+                          "error": tok_s / measured - 1 if tok_s and measured else None}  # fmt: skip
+        out[str(level)] = {"costs": costs.to_dict(), "configs": rows}
+    return out
+
+
+def load_record(result: BenchResult, summaries: list[Any], accept_lengths: dict[int, float],
+                tokens: float | None, deploy_level: int) -> dict[str, Any]:  # fmt: skip
+    """gate/load.json: the levels, each config's figures per level and where it stops paying
+    (`summaries`: the decision's ConfigSummary list), and the per-level prediction."""
+    levels = sorted({r.concurrency for x in result.launches for r in x.requests})
+    return {
+        "concurrency": levels,
+        "deploy_concurrency": deploy_level,
+        "configs": {s.name: {"role": s.role, "baseline": s.baseline, "crossover": s.crossover,
+                             "levels": {k: asdict(v) for k, v in s.levels.items()}}
+                    for s in summaries if s.levels},  # fmt: skip
+        "prediction": predict_levels(result, accept_lengths, tokens),
+    }
