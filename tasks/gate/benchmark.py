@@ -331,10 +331,12 @@ class GateRunner:
     def _probe_level(
         self, client: httpx.Client, url: str, config: BenchConfig, record: LaunchRecord, level: int
     ) -> dict[str, float | None]:
-        """A level's cost probe, on an empty cache: `level` prompts at once with max_new_tokens 1
-        (their prefill), then the same run to max_new_tokens (ignore_eos, so the batch stays
-        whole); the difference over the decode steps (verify cycles: the most any request ran)
-        is one step's cost at that batch size."""
+        """A level's cost probe, on an empty cache, twice: `level` prompts at once with
+        max_new_tokens 1 (their prefill), then the same run to max_new_tokens (ignore_eos, so the
+        batch stays whole). The quicker of each (a stall of the server lengthens one batch, and
+        once) and their difference over a request's mean decode steps (verify cycles: with a real
+        draft the batch thins at its end, which the mean weighs as the closed loop never does)
+        give one step's cost at that batch size."""
         prompts = [self.prompts[j % len(self.prompts)] for j in range(level)]
 
         def batch(max_new_tokens: int | None) -> tuple[float, list[RequestRecord]]:
@@ -343,14 +345,18 @@ class GateRunner:
             with ThreadPoolExecutor(max_workers=level) as pool:
                 recs = list(pool.map(lambda p: self._request(client, url, config, PROBE_REPETITION, p, max_new_tokens,
                                                              level=level, ignore_eos=True), prompts))  # fmt: skip
+            record.probes += recs
             return time.perf_counter() - t0, recs
 
-        first_s, first = batch(1)
-        whole_s, whole = batch(None)
-        record.probes += first + whole
-        if any(r.error for r in first + whole):
+        firsts, wholes = [], []
+        for _ in range(2):
+            firsts.append(batch(1))
+            wholes.append(batch(None))
+        if any(r.error for _, recs in firsts + wholes for r in recs):
             return {"prefill_s": None, "step_s": None}
-        steps = max((r.spec_verify_ct or 0) if config.spec is not None else r.completion_tokens - 1 for r in whole)
+        first_s = min(t for t, _ in firsts)
+        whole_s, whole = min(wholes, key=lambda w: w[0])
+        steps = statistics.mean((r.spec_verify_ct or 0) if config.spec is not None else r.completion_tokens - 1 for r in whole)
         return {"prefill_s": first_s, "step_s": (whole_s - first_s) / steps if steps > 0 else None}
 
     def _verify_views(self, client: httpx.Client, url: str, config: BenchConfig, record: LaunchRecord) -> None:

@@ -104,6 +104,30 @@ def load_markdown(decision: GateDecision, cfg: GateConfig) -> list[str]:
     return lines
 
 
+def load_prediction_markdown(load: dict[str, Any] | None) -> str:
+    """gate/load.json's prediction: per level, each config's per-request tok/s predicted from
+    that level's cost probes and the replay's accept length, beside the measured median."""
+    if not load or not load.get("prediction"):
+        return ""
+    levels = sorted(load["prediction"], key=int)
+    names = list(dict.fromkeys(n for lv in levels for n in load["prediction"][lv].get("configs", {})))
+    lines = ["", "## Predicted per level", "",
+             "Per-request tok/s predicted from each level's cost probes and the replay's accept length / measured "
+             "(the error).", "", "| config | " + " | ".join(f"c={c}" for c in levels) + " |",
+             "|---|" + "---|" * len(levels)]  # fmt: skip
+    for name in names:
+        cells = []
+        for lv in levels:
+            r = load["prediction"][lv].get("configs", {}).get(name)
+            if not r or r.get("predicted_tok_s") is None:
+                cells.append("-")
+                continue
+            err = f" ({r['error']:+.1%})" if r.get("error") is not None else ""
+            cells.append(f"{r['predicted_tok_s']:.0f} / {_num(r.get('measured_tok_s'), '.0f')}{err}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def policy_markdown(policy: dict[str, Any] | None, cfg: GateConfig) -> list[str]:
     """The serving policy: what runs at each level, its files and flags, and its own launch."""
     if not policy:

@@ -45,7 +45,7 @@ from tasks.gate.preflight import preflight_sweep
 from tasks.gate.progress import GateProgress, Logger
 from tasks.gate.promote import promote
 from tasks.gate.replay import ReplayResult, replay_run
-from tasks.gate.report import write_gate_report
+from tasks.gate.report import load_prediction_markdown, write_gate_report
 from tasks.gate.serving_policy import (
     ADAPTIVE,
     ServingPolicy,
@@ -476,16 +476,17 @@ def _gate(config: EagleScaleConfig, run: RunFolder, work_dir: Path, progress: Ga
         costs, prediction = server_prediction(result, replayed)
     progress.phase("decide")
     write_policy(run, decision)
+    load = None
     if len(gate.concurrency) > 1:
-        run.write_json_atomic(LOAD_KEY, load_record(result, decision.configs, replayed.accept_lengths(),
-                                                    probe_tokens(result), gate.deploy_level))  # fmt: skip
+        load = load_record(result, decision.configs, replayed.accept_lengths(), probe_tokens(result), gate.deploy_level)
+        run.write_json_atomic(LOAD_KEY, load)
     if costs is not None:
         run.write_json_atomic(COSTS_KEY, costs)
     if prediction is not None:
         run.write_json_atomic(PREDICTION_KEY, prediction.to_dict())
     report = write_gate_report(
         run, decision, result, gate, prediction.gate_predictions() if prediction else None,
-        extra_markdown=prediction_markdown(replayed, prediction, decision),
+        extra_markdown=prediction_markdown(replayed, prediction, decision) + load_prediction_markdown(load),
     )  # fmt: skip
     summary = promote(
         run, decision, f"{run.url}/{TRAIN_FINAL}", gate.registry_url,
