@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from benchmarks.real_run_report import scaling_slopes, write_real_run
+from tests.figures_support import assert_same_figures
 
 NODE = Path(__file__).resolve().parents[1] / "benchmarks/results/real-run-node"
 
@@ -16,7 +17,8 @@ def test_the_committed_real_run_json_is_what_collect_builds(tmp_path: Path) -> N
     out = write_real_run(NODE / "run-13", tmp_path, earlier)
     data = json.loads(out.read_text())
     committed = json.loads((NODE.parent / "real-run.json").read_text())
-    assert data == committed  # the figures in README/BENCHMARKS come from these files
+    # The figures in README/BENCHMARKS come from these files; floats within figures_support.REL.
+    assert_same_figures(data, committed)
 
     # Run 13 (issue 27's curve at the new recipe) carried run 9's generation and was cut short in
     # its gate's sixth launch (the machine was lost between two `node wait` calls): every draft
@@ -213,3 +215,13 @@ def test_a_gate_cut_short_gives_its_curve_from_the_launches_that_finished() -> N
     assert abs(slope - 0.4 / math.log(10)) < 1e-9  # fitted on the measured points
     assert curve_from_launches({"finished": progress["finished"][2:4]}, full, {}, 1000) is None
     assert curve_from_launches(progress, full, {"100": table}, None) is None
+
+
+def test_figures_compare_within_the_stated_tolerance_and_nothing_else() -> None:
+    from tests.figures_support import figure_differences
+
+    committed = {"slope": 0.2332700847503551, "n": 3, "points": [1.0, 2.5], "label": "x"}
+    assert figure_differences({**committed, "slope": 0.23327008475035504}, committed) == []  # another BLAS path
+    assert figure_differences({**committed, "slope": 0.23327009}, committed) != []  # a different figure (4e-8)
+    assert figure_differences({**committed, "label": "y"}, committed) == ["$.label: 'y', committed 'x'"]
+    assert figure_differences({**committed, "points": [1.0]}, committed) == ["$.points: 1 items, committed 2"]
