@@ -32,11 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tasks.config.gate_section import GateConfig, SpecPoint  # noqa: E402
 from tasks.gate.benchmark import GateRunner, server_launcher  # noqa: E402
+from tasks.gate.decision import decide  # noqa: E402
 from tasks.gate.load import load_record  # noqa: E402
-from tasks.gate.plan import BenchPrompt, plan_configs  # noqa: E402
+from tasks.gate.plan import plan_configs  # noqa: E402
 from tasks.gate.progress import GateProgress  # noqa: E402
+from tasks.gate.prompts import BenchPrompt  # noqa: E402
 from tasks.gate.report import load_prediction_markdown, write_gate_report  # noqa: E402
-from tasks.gate.serving_policy import write_policy  # noqa: E402
+from tasks.gate.serving_policy import build_policy, close_rehearsal, write_policy  # noqa: E402
 from tasks.gate.stage import LOAD_KEY, decide_server  # noqa: E402
 from tasks.runfolder import RunFolder  # noqa: E402
 
@@ -138,7 +140,15 @@ def rehearse(args: argparse.Namespace) -> dict[str, Any]:
     runner = GateRunner(cfg, server_launcher(cfg), str(target), plan_configs(cfg, str(draft)), prompts,
                         out / "server-logs", progress)  # fmt: skip
     result = runner.run()
-    decision, _ = decide_server(cfg, runner, result, draft, out, progress=progress)
+    if args.sweep_only:  # the sweep's per-level figures and the policy they support, not launched
+        decision = decide(result, cfg)
+        policy = build_policy(decision, cfg)
+        if policy is not None:
+            policy.reasons.append("built from the sweep, not launched (--sweep-only)")
+            decision.policy = policy.to_dict()
+        close_rehearsal(decision, cfg)
+    else:
+        decision, _ = decide_server(cfg, runner, result, draft, out, progress=progress)
     progress.finished("done", decision.outcome)
     wall = time.time() - started
     tokens = float(args.new_tokens)
@@ -181,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--repetitions", type=int, default=1)
+    p.add_argument("--sweep-only", action="store_true", help="no policy launch pair: the sweep and the policy it supports")
     summary = rehearse(p.parse_args(argv))
     for name, row in summary["table"].items():
         cells = " ".join(f"{k}:{(v['tok_s'] or 0):.0f}/{(v['speedup'] or 1):.2f}x" for k, v in row["levels"].items())

@@ -75,7 +75,7 @@ def margin_from_records(report: dict[str, Any], new: str, incumbent: str) -> lis
     """median(new) / median(incumbent) with its CI: the decision's bootstrap (paired by prompt,
     repetitions resampled) and settings, over the per-request records report.json keeps."""
     from tasks.gate.decision import bootstrap_speedup, tok_s_matrix
-    from tasks.gate.plan import RequestRecord
+    from tasks.gate.records import RequestRecord
 
     records: dict[str, list[RequestRecord]] = {}
     for launch in report["bench"]["launches"]:

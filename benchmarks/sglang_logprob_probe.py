@@ -56,7 +56,7 @@ def probe(url: str, params: str, out: Path, n_prompts: int = 4, new_tokens: int 
     from tasks.config import load_config
     from tasks.engines.sglang_wire import read_generate_reply
     from tasks.gate.lossless import evidence_from_sglang, path_deltas, rescore_body
-    from tasks.gate.plan import encoder_for_target, load_bench_prompts
+    from tasks.gate.prompts import encoder_for_target, load_bench_prompts
     from tasks.runfolder import RunFolder
 
     cfg = load_config(params)

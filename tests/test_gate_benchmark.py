@@ -16,13 +16,9 @@ import pytest
 from tasks.config.gate_section import GateConfig, SpecPoint
 from tasks.gate.benchmark import STUCK_DIAGNOSIS, GateRunner
 from tasks.gate.decision import GateDecision, decide
-from tasks.gate.plan import (
-    BenchResult,
-    launch_order,
-    load_bench_prompts,
-    plan_configs,
-    select_prompts,
-)
+from tasks.gate.plan import launch_order, plan_configs
+from tasks.gate.prompts import load_bench_prompts, select_prompts
+from tasks.gate.records import BenchResult
 from tasks.runfolder import RunFolder
 from tasks.sglang.server_process import EmulatedLauncher, ServerStartError
 from tasks.sglang.simulated_acceptance import SIMULATE_ACC_LEN

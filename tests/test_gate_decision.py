@@ -8,7 +8,9 @@ import pytest
 from tasks.config.gate_section import GateConfig
 from tasks.gate.decision import bootstrap_speedup, decide, summarize, tok_s_matrix
 from tasks.gate.lossless import NEAR_TIE, NOT_LOSSLESS, PositionView, ReferenceEvidence, classify
-from tasks.gate.plan import BenchConfig, BenchPrompt, BenchResult, LaunchRecord, RequestRecord
+from tasks.gate.plan import BenchConfig
+from tasks.gate.prompts import BenchPrompt
+from tasks.gate.records import BenchResult, LaunchRecord, RequestRecord
 from tasks.sglang.command import SpecParams
 
 PROMPTS = [BenchPrompt(i, f"p{i}", "chat" if i % 2 else "code", (4, 5, 6)) for i in range(6)]

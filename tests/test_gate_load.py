@@ -17,8 +17,10 @@ from tasks.config.gate_section import GateConfig, SpecPoint
 from tasks.gate.benchmark import GateRunner
 from tasks.gate.decision import decide
 from tasks.gate.load import load_record
-from tasks.gate.plan import POLICY_CONFIG, BenchResult, load_bench_prompts, plan_configs
+from tasks.gate.plan import POLICY_CONFIG, plan_configs
 from tasks.gate.promote import promote
+from tasks.gate.prompts import load_bench_prompts
+from tasks.gate.records import BenchResult
 from tasks.gate.report import REPORT_MD, write_gate_report
 from tasks.gate.serving_policy import (
     ADAPTIVE,

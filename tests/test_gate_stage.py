@@ -210,8 +210,8 @@ def test_emulated_gate_promotes_then_keeps_it_when_a_slower_draft_loses(trained,
 
 
 def test_the_progress_record_keeps_no_credentials(tmp_path: Path) -> None:
-    from tasks.gate.plan import LaunchRecord
     from tasks.gate.progress import GateProgress
+    from tasks.gate.records import LaunchRecord
 
     progress = GateProgress(RunFolder(str(tmp_path / "run")))
     progress.planned(1)
@@ -228,8 +228,8 @@ def test_the_progress_record_keeps_no_credentials(tmp_path: Path) -> None:
 def test_a_launch_keeps_its_server_logs_start_and_end(tmp_path: Path) -> None:
     """Run 17's launches took 57-129 s to be ready and kept only their logs' ends: the start-up
     (arguments, weights, captures, with their clocks) is kept now, beside the end."""
-    from tasks.gate.plan import LaunchRecord
     from tasks.gate.progress import LOG_HEAD_BYTES, LOG_TAIL_BYTES, GateProgress
+    from tasks.gate.records import LaunchRecord
 
     start = b"".join(b"[12:00:%02d] Load weight end. mem usage=3.1 GB\n" % k for k in range(60))
     middle = b"Decode batch, #running-req: 1\n" * 20_000

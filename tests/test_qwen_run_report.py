@@ -399,7 +399,7 @@ def test_the_servers_accept_length_per_domain_has_a_ci_over_prompts_not_launches
     how near that is. A prompt's greedy requests in two launches are one sample: the CI resamples
     prompts, and its point is the gate's (the prefill's token left out of each request)."""
     from benchmarks.qwen_run_report import server_accept_ci
-    from tasks.gate.plan import accept_length
+    from tasks.gate.records import accept_length
 
     def request(prompt: int, domain: str, tokens: int, verifies: int, error: str | None = None) -> dict[str, Any]:
         return {"prompt_id": f"p{prompt}", "domain": domain, "completion_tokens": tokens, "spec_verify_ct": verifies,

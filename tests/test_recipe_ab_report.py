@@ -19,7 +19,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.real_run_report import Results  # noqa: E402
 from benchmarks.recipe_ab_report import build, main  # noqa: E402
-from tasks.gate.plan import RequestRecord, pooled_accept_lengths  # noqa: E402
+from tasks.gate.records import RequestRecord, pooled_accept_lengths  # noqa: E402
 
 PROMPTS = 6
 CONFIG = "eagle3-s3-k1-n4"

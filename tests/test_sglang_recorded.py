@@ -27,7 +27,9 @@ from tasks.gate.benchmark import (
     check_acceptance,
     record_generate_answer,
 )
-from tasks.gate.plan import BenchConfig, BenchPrompt, GateStopped, RequestRecord, plan_configs
+from tasks.gate.plan import BenchConfig, GateStopped, plan_configs
+from tasks.gate.prompts import BenchPrompt
+from tasks.gate.records import RequestRecord
 from tasks.sglang.command import LaunchSpec, SpecParams
 from tasks.sglang.server_process import (
     EmulatedLauncher,

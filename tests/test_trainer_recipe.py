@@ -32,7 +32,7 @@ from tasks.draft.target_heads import TargetHeadsError, load_target_heads, load_t
 from tasks.draft.trainer import TrainCallbacks, TrainError, build_optimizer, train_draft
 from tasks.draft.ttt import Batch, TTTModel, counted_rows, stored_token_matches
 from tasks.draft.vocab import VocabMap, build_vocab_map
-from tasks.gate.plan import RequestRecord, pooled_accept_lengths
+from tasks.gate.records import RequestRecord, pooled_accept_lengths
 from tasks.gate.replay import SequenceReplay, accept_stats
 from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import TRAIN_RESULT

@@ -57,18 +57,15 @@ from tasks.gate.plan import (
     CANDIDATE,
     POLICY,
     BenchConfig,
-    BenchPrompt,
-    BenchResult,
     GateStopped,
-    LaunchRecord,
-    RequestRecord,
-    accept_length,
     is_filler,
     launch_order,
     level_requests,
     load_levels,
 )
 from tasks.gate.progress import GateProgress
+from tasks.gate.prompts import BenchPrompt
+from tasks.gate.records import BenchResult, LaunchRecord, RequestRecord, accept_length
 from tasks.sglang.command import LaunchSpec, SpecParams
 from tasks.sglang.server_process import (
     EmulatedLauncher,

@@ -29,7 +29,8 @@ import statistics
 from typing import Any
 
 from tasks.gate.cost_model import CostModelError, costs_from_launches
-from tasks.gate.plan import BREAKEVEN, BenchConfig, BenchResult, LaunchRecord, pooled_accept_lengths
+from tasks.gate.plan import BREAKEVEN, BenchConfig
+from tasks.gate.records import BenchResult, LaunchRecord, pooled_accept_lengths
 
 
 def decode_tok_s(launch: LaunchRecord, prompts: int) -> list[float]:

@@ -42,13 +42,11 @@ from tasks.gate.plan import (
     POLICY,
     POLICY_BASELINE,
     BenchConfig,
-    BenchResult,
     Incumbent,
     LeftOut,
-    RequestRecord,
     is_default_chain,
-    pooled_accept_lengths,
 )
+from tasks.gate.records import BenchResult, RequestRecord, pooled_accept_lengths
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.gate.plan import BenchResult, RequestRecord, pooled_accept_lengths
+from tasks.gate.records import BenchResult, RequestRecord, pooled_accept_lengths
 
 
 @dataclass

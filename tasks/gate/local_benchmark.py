@@ -22,16 +22,9 @@ import torch
 from tasks.config.gate_section import GateConfig
 from tasks.gate.benchmark import check_acceptance, run_protocol
 from tasks.gate.lossless import PositionView, ReferenceEvidence, ReferenceOutputs, rescore_summary
-from tasks.gate.plan import (
-    BenchConfig,
-    BenchPrompt,
-    BenchResult,
-    GateStopped,
-    LaunchRecord,
-    RequestRecord,
-    accept_length,
-    is_default_chain,
-)
+from tasks.gate.plan import BenchConfig, GateStopped, is_default_chain
+from tasks.gate.prompts import BenchPrompt
+from tasks.gate.records import BenchResult, LaunchRecord, RequestRecord, accept_length
 from tasks.gate.spec_engine import DecodeResult, SpecEngine
 
 

@@ -75,7 +75,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tasks.engines.sglang_wire import ReplyLogprobs, TokenLogprob
-from tasks.gate.plan import BenchConfig, BenchPrompt, RequestRecord, is_filler
+from tasks.gate.plan import BenchConfig, is_filler
+from tasks.gate.prompts import BenchPrompt
+from tasks.gate.records import RequestRecord
 
 NEAR_TIE, NOT_LOSSLESS, NO_EVIDENCE = "near_tie", "not_lossless", "no_evidence"
 

@@ -1,72 +1,20 @@
-"""What the gate benchmarks, and the records it keeps: the held-out prompt set, the configs
-(baseline, num_steps sweep at topk=1, topk>1 points, per environment of the NCCL sweep), the
-launch order, and per-request / per-launch records."""
+"""What the gate benchmarks: the configs (baseline, num_steps sweep at topk=1, topk>1 points, per
+environment of the NCCL sweep, the contenders' drafts, break-even and policy launches), the
+launch order and each launch's load levels. What it keeps is tasks/gate/records.py; its prompts,
+tasks/gate/prompts.py."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-import pyarrow as pa
-
 from tasks.config.gate_section import GateConfig
-from tasks.draft.acceptance import pooled_accept_length
-from tasks.runfolder import RunFolder
 from tasks.sglang.command import SpecParams, resolve_spec
 from tasks.sglang.simulated_acceptance import SIMULATE_ACC_LEN
-
-Encoder = Callable[[list[dict[str, Any]]], list[int]]
 
 
 class GateStopped(RuntimeError):
     """The benchmark cannot give valid evidence; the message is the diagnosis."""
-
-
-@dataclass(frozen=True)
-class BenchPrompt:
-    index: int
-    prompt_id: str
-    domain: str
-    input_ids: tuple[int, ...]
-
-
-def select_prompts(table: pa.Table, n: int, seed: int, encode: Encoder) -> list[BenchPrompt]:
-    """n held-out prompts in a seeded order, domains taken round-robin so a small n covers all.
-
-    The order depends on (seed, prompt_id) only, never on the table's row order."""
-    rows = table.select(["prompt_id", "domain", "messages"]).to_pylist()
-    if not rows:
-        raise GateStopped("the held-out prompt set is empty (discover.holdout_per_domain is 0?)")
-    by_domain: dict[str, list[dict[str, Any]]] = {}
-    for row in sorted(rows, key=lambda r: hashlib.sha256(f"{seed}:{r['prompt_id']}".encode()).digest()):
-        by_domain.setdefault(row["domain"], []).append(row)
-    picked: list[dict[str, Any]] = []
-    queues = [by_domain[d] for d in sorted(by_domain)]
-    while len(picked) < n and any(queues):
-        for q in queues:
-            if q and len(picked) < n:
-                picked.append(q.pop(0))
-    return [
-        BenchPrompt(i, r["prompt_id"], r["domain"], tuple(encode(json.loads(r["messages"]))))
-        for i, r in enumerate(picked)
-    ]
-
-
-def load_bench_prompts(run: RunFolder, n: int, seed: int, encode: Encoder) -> list[BenchPrompt]:
-    from tasks.discover.commit import read_prompts_table
-
-    return select_prompts(read_prompts_table(run, "holdout"), n, seed, encode)
-
-
-def encoder_for_target(model_path: str, chat_template: str | None = None) -> Encoder:
-    """Prompt ids as generation rendered them: the target's tokenizer and chat template."""
-    from tasks.target.tokenizer import load_tokenizer, render_prompt_ids
-
-    tokenizer = load_tokenizer(model_path, chat_template)
-    return lambda messages: render_prompt_ids(tokenizer, messages)
 
 
 # What a speculative config benchmarks: the run's own draft (the only one that can be promoted),
@@ -231,121 +179,3 @@ def launch_order(configs: list[BenchConfig], repetitions: int) -> list[tuple[int
             seq = [c for c in group if c.is_baseline] + specs[k:] + specs[:k]
             order += [(rep, c) for c in (seq if rep % 2 == 0 else seq[::-1])]
     return order + [(0, c) for c in configs if c.role == BREAKEVEN]
-
-
-@dataclass
-class RequestRecord:
-    config: str
-    env_name: str
-    repetition: int
-    prompt_index: int
-    prompt_id: str
-    domain: str
-    completion_tokens: int = 0
-    latency_s: float = 0.0
-    tok_s: float | None = None
-    server_e2e_latency_s: float | None = None
-    spec_verify_ct: int | None = None
-    accept_length: float | None = None
-    correct_drafts_histogram: list[int] | None = None
-    finish: str = ""
-    output_sha: str = ""
-    exact_match: bool | None = None
-    first_mismatch: int | None = None
-    error: str | None = None
-    stop_token: int | None = None  # the token a "stop" finish matched
-    reference: bool = False  # its output is the reference its environment's later requests are compared with
-    divergence: dict[str, Any] | None = None  # tasks.gate.lossless.Divergence where the output leaves the reference
-    concurrency: int = 1  # the load level it was sent at (requests in flight together)
-    slot: int | None = None  # its place in the level's sequence (pairs launches at a level); None: prompt_index
-
-    @property
-    def column(self) -> int:
-        return self.prompt_index if self.slot is None else self.slot
-
-
-def accept_length(completion_tokens: int, verify_ct: int, requests: int = 1) -> float | None:
-    """Tokens per verify step (tasks.draft.acceptance's definition). The first token of each
-    request comes from prefill, not from a verify step, so it is left out: stuck acceptance
-    reads exactly 1.0 whatever the length (SGLang's own per-request spec_accept_length,
-    completion_tokens / spec_verify_ct, reads (n+1)/n)."""
-    return pooled_accept_length(completion_tokens - requests, verify_ct)
-
-
-def pooled_accept_lengths(records: list[RequestRecord]) -> tuple[float | None, dict[str, float]]:
-    """Accept length over the successful speculative requests of `records`, overall and per
-    domain: what the decision reports for a config, and gate/progress.json for each launch as
-    it ends (a gate cut short keeps its per-domain figures)."""
-    spec_ok = [r for r in records if r.error is None and r.spec_verify_ct]
-
-    def pooled(rs: list[RequestRecord]) -> float | None:
-        return accept_length(sum(r.completion_tokens for r in rs), sum(r.spec_verify_ct or 0 for r in rs), len(rs))
-
-    per_domain = {d: pooled([r for r in spec_ok if r.domain == d]) for d in sorted({r.domain for r in spec_ok})}
-    return pooled(spec_ok), {d: v for d, v in per_domain.items() if v is not None}
-
-
-@dataclass
-class LaunchRecord:
-    config: str
-    env_name: str
-    repetition: int
-    url: str
-    log_path: str
-    health_s: float | None = None
-    server_info: dict[str, Any] = field(default_factory=dict)
-    info_problems: list[str] = field(default_factory=list)
-    info_notes: list[str] = field(default_factory=list)  # launch settings the server info omits
-    graph_problems: list[str] = field(default_factory=list)
-    log: dict[str, Any] = field(default_factory=dict)
-    warmup_accept_length: float | None = None
-    requests: list[RequestRecord] = field(default_factory=list)
-    # Step costs, timed on probe requests after warm-up (not on the measured ones): the time to
-    # the first token as the client sees it (prefill + the HTTP round trip: max_new_tokens 1),
-    # then seconds per decode step (baseline) or per verify cycle (speculative: draft + verify +
-    # extend), that first token's time taken out.
-    probes: list[RequestRecord] = field(default_factory=list)
-    prefill_s: float | None = None
-    step_s: float | None = None
-    started_at: float | None = None  # wall clock: the launch, the first measured request, the server stopped
-    measured_at: float | None = None
-    ended_at: float | None = None
-    # Why this launch has no valid measurement: a speculative server that never served (with its
-    # log tail), or a reference/scaling draft whose requests failed. The candidate's problems
-    # stop the gate instead.
-    error: str | None = None
-    # A baseline launch's re-score of the references (tasks.gate.lossless.rescore_summary).
-    rescore: dict[str, Any] = field(default_factory=dict)
-    # Per load level (str(concurrency)): the level's wall time, output tokens and throughput
-    # (LevelRun), and its cost probes ({"prefill_s", "step_s"}: a batch of `level` prompts timed
-    # at max_new_tokens 1, then to the end, as at concurrency 1).
-    levels: dict[str, dict[str, Any]] = field(default_factory=dict)
-    level_costs: dict[str, dict[str, float | None]] = field(default_factory=dict)
-    max_running_requests: int | None = None  # the running-request cap the server reported
-
-
-@dataclass
-class BenchResult:
-    configs: list[BenchConfig]
-    prompts: list[BenchPrompt]
-    repetitions: int
-    launches: list[LaunchRecord] = field(default_factory=list)
-    stopped: str | None = None
-
-    def records(self, config: str, level: int | None = None) -> list[RequestRecord]:
-        """The measured requests of `config`, at one concurrency level or (None) at every level."""
-        return [r for launch_ in self.launches if launch_.config == config for r in launch_.requests
-                if level is None or r.concurrency == level]  # fmt: skip
-
-    def columns(self, level: int) -> int:
-        """Request slots per launch at `level` (the width of its tok/s matrices)."""
-        return level_requests(level, len(self.prompts))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "configs": [{**asdict(c), "spec": asdict(c.spec) if c.spec else None} for c in self.configs],
-            "prompts": [{"index": p.index, "prompt_id": p.prompt_id, "domain": p.domain, "prompt_tokens": len(p.input_ids)} for p in self.prompts],
-            "repetitions": self.repetitions,
-            "launches": [asdict(x) for x in self.launches],
-            "stopped": self.stopped,
-        }

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tasks.gate.plan import LaunchRecord, pooled_accept_lengths
+from tasks.gate.records import LaunchRecord, pooled_accept_lengths
 from tasks.redaction import redact_text, redact_url
 from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import GATE_PROGRESS

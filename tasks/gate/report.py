@@ -10,7 +10,7 @@ from typing import Any
 from tasks.config.gate_section import GateConfig
 from tasks.gate.breakeven import breakeven_markdown
 from tasks.gate.decision import ConfigSummary, GateDecision
-from tasks.gate.plan import BenchResult
+from tasks.gate.records import BenchResult
 from tasks.redaction import redact_secret_keys
 from tasks.runfolder import RunFolder
 

@@ -30,20 +30,12 @@ from tasks.gate.contenders import find_contenders, run_target
 from tasks.gate.cost_model import CostModelError, Prediction, StepCosts, calibrate_overhead, predict
 from tasks.gate.decision import GateDecision, decide
 from tasks.gate.load import load_record
-from tasks.gate.plan import (
-    SCALING,
-    BenchConfig,
-    BenchResult,
-    ExtraDraft,
-    Incumbent,
-    LeftOut,
-    encoder_for_target,
-    load_bench_prompts,
-    plan_configs,
-)
+from tasks.gate.plan import SCALING, BenchConfig, ExtraDraft, Incumbent, LeftOut, plan_configs
 from tasks.gate.preflight import preflight_sweep
 from tasks.gate.progress import GateProgress, Logger
 from tasks.gate.promote import promote
+from tasks.gate.prompts import encoder_for_target, load_bench_prompts
+from tasks.gate.records import BenchResult
 from tasks.gate.replay import ReplayResult, replay_run
 from tasks.gate.report import load_prediction_markdown, write_gate_report
 from tasks.gate.serving_policy import (
