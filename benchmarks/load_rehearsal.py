@@ -11,6 +11,8 @@ Nothing is promoted: the outcome is "rehearsal".
 
     python3 benchmarks/load_rehearsal.py OUT_DIR [--engine sglang|emulated] [--shape qwen15b]
         [--levels 1,2,4,8,16,32,64] [--accept eagle3-s3-k1-n4=2.58,...] [--prompts 24] [--new-tokens 256]
+        [--sweep-only]
+    .venv/bin/python benchmarks/load_rehearsal.py --rejudge RESULTS_DIR   # a collected one, judged again
 
 On the GPU node (SGLang 0.5.14 unpacked on PYTHONPATH) --engine sglang; here --engine emulated runs
 the same protocol against the package's SGLang emulator (a batch cost model in place of the GPU).
@@ -180,7 +182,38 @@ def table(decision: Any, cfg: GateConfig) -> dict[str, Any]:
     return rows
 
 
+def rejudge(folder: Path) -> dict[str, Any]:
+    """A rehearsal that came back (its results.tar.gz, or the folder it unpacks to) judged again by
+    the decision as it is now: the per-level table, the policy the sweep supports, the prediction
+    per level and each launch's figures, from the records in its report.json."""
+    import tarfile
+    import tempfile
+
+    from tasks.gate.records import BenchResult
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = folder
+        if (folder / "results.tar.gz").exists():
+            with tarfile.open(folder / "results.tar.gz") as tar:
+                tar.extractall(tmp, filter="data")
+            root = Path(tmp)
+        report = json.loads((root / "run/gate/report.json").read_text())
+    cfg = GateConfig(**report["gate_config"])
+    result = BenchResult.from_dict(report["bench"])
+    decision = decide(result, cfg)
+    policy = build_policy(decision, cfg)
+    steps = {int(k.split("-s")[1].split("-")[0]): v for k, v in cfg.simulated_acceptance.items() if "-k1-" in k}
+    record = load_record(result, decision.configs, steps, float(cfg.max_new_tokens), cfg.deploy_level)
+    return {"table": table(decision, cfg), "policy": policy.to_dict() if policy else None,
+            "prediction_error": {lv: {n: r["error"] for n, r in row.get("configs", {}).items()}
+                                 for lv, row in record["prediction"].items()}}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--rejudge"]:
+        print(json.dumps(rejudge(Path(argv[1])), indent=1, default=str))
+        return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out")
     p.add_argument("--engine", choices=["sglang", "emulated"], default="sglang")

@@ -136,7 +136,7 @@ def stats(server: LaunchedServer) -> dict[str, Any]:
 # --- the batch cost model and the running-request cap -------------------------------------------
 
 
-def test_a_draft_that_wins_at_concurrency_1_loses_at_16_and_adaptive_speculation_turns_it_off(tmp_path: Path) -> None:
+def test_a_draft_that_wins_at_concurrency_1_loses_at_16_and_a_tier_of_0_steps_costs_more_than_plain(tmp_path: Path) -> None:
     config = _config(tmp_path, SWITCH_OFF_AT_9)
     adaptive = [*CHAIN3, "--speculative-adaptive", "--speculative-adaptive-config", config]
     with serving(tmp_path, (LOAD, []), (LOAD, CHAIN3), (LOAD, adaptive)) as (plain, chain, adapt):
@@ -152,8 +152,10 @@ def test_a_draft_that_wins_at_concurrency_1_loses_at_16_and_adaptive_speculation
     # Adaptive: the chain at one request (its verifies accept > 1 token) ...
     assert at1["adaptive"].tok_s / at1["plain"].tok_s > 1.15
     assert all(m["spec_verify_ct"] > 0 and m["spec_accept_length"] > 2.0 for m in at1["adaptive"].metas)
-    # ... and at 16 the tier of 9+ turns speculation off: a plain decode's speed, one token a verify.
-    assert 0.85 < at16["adaptive"].tok_s / at16["plain"].tok_s < 1.15
+    # ... and at 16 the tier of 9+ turns drafting off, one token a verify; the speculative pipeline
+    # still runs (a verify of one token, the draft's extend), slower than a plain server's decode,
+    # as on SGLang 0.5.14 (0.66x a plain server at concurrency 8 on the H200, BENCHMARKS P32).
+    assert 0.5 < at16["adaptive"].tok_s / at16["plain"].tok_s < 0.95
     assert sum(m["spec_accept_length"] for m in at16["adaptive"].metas) / 48 < 1.3
     log = adapt.log_text()
     assert "Switch adaptive runtime state: steps 3 -> 0, draft_tokens 4 -> 1" in log
@@ -249,7 +251,7 @@ def test_a_slot_moves_by_its_ema_after_warmup_every_interval(tmp_path: Path, cap
     assert slot.update([5]) == 0 and slot.current == 1  # at 0, the next interval probes upward
 
 
-def test_a_switch_costs_its_step_and_steps_0_is_a_plain_decode(tmp_path: Path) -> None:
+def test_a_switch_costs_its_step_and_steps_0_is_a_verify_of_one_token(tmp_path: Path) -> None:
     from tasks.standins.sim import SimulatedBackend, StepTimes
     from tasks.standins.sim_spec import Speculation
 
@@ -260,4 +262,6 @@ def test_a_switch_costs_its_step_and_steps_0_is_a_plain_decode(tmp_path: Path) -
     backend._running = [SimpleNamespace(factor=1.0)] * 16  # type: ignore[list-item]  # a batch of 16, for its cost
     _, switched, steps = backend._step_seconds([])
     _, after, _ = backend._step_seconds([])
-    assert steps == 0 and after == pytest.approx(0.002 + 0.0002 * 16) and switched == pytest.approx(after + 0.05)
+    # Steps 0: one draft forward (the extend) and a verify of one token a request, not a plain decode.
+    assert steps == 0 and after == pytest.approx(0.0003 + 0.0025 + 0.0002 * 16) and switched == pytest.approx(after + 0.05)
+    assert after > 0.002 + 0.0002 * 16

@@ -42,6 +42,10 @@ from tests.gate_support import commit_holdout, encode, write_draft
 # ms keep the emulator's timing well above a loaded box's scheduling noise.
 LOADED = {"prefill_s": 0.002, "baseline_step_s": 0.006, "verify_step_s": 0.006, "draft_step_s": 0.0006,
           "batch_token_s": 0.0015, "draft_batch_token_s": 0.0003, "accept_probs": [0.9, 0.85, 0.8]}  # fmt: skip
+# A lighter batch cost: the 3-step chain ~2.2x at 1, ~1.9x at 2 and ~1.07x at 16, where the 1-step
+# chain (a verify of 2 tokens a request) is ~1.1x: speculation pays at every level, by the most at
+# 3 steps alone and at 1 step (or 3) among 16.
+MILD = {**LOADED, "batch_token_s": 0.0004, "draft_batch_token_s": 0.0001}
 LEVELS = [1, 2, 16]
 
 
@@ -60,54 +64,98 @@ def run(tmp_path: Path) -> RunFolder:
     return folder
 
 
-def sweep(tmp_path: Path, run: RunFolder, cfg: GateConfig) -> tuple[GateRunner, BenchResult, Path]:
+def sweep(tmp_path: Path, run: RunFolder, cfg: GateConfig, sim: dict[str, Any] = LOADED) -> tuple[GateRunner, BenchResult, Path]:
     draft = write_draft(tmp_path / "draft")
     prompts = load_bench_prompts(run, cfg.num_prompts, cfg.prompt_seed, encode)
-    runner = GateRunner(cfg, EmulatedLauncher(cfg.sglang_version, LOADED), "/models/target",
+    runner = GateRunner(cfg, EmulatedLauncher(cfg.sglang_version, sim), "/models/target",
                         plan_configs(cfg, str(draft)), prompts, tmp_path / "logs")  # fmt: skip
     return runner, runner.run(), draft
 
 
 def test_the_gate_measures_every_level_and_ships_a_policy_that_holds(tmp_path: Path, run: RunFolder) -> None:
-    cfg = gate_cfg(registry_url=str(tmp_path / "registry"))
-    runner, result, draft = sweep(tmp_path, run, cfg)
+    """Speculation pays at every level: the adaptive policy speculates everywhere, at the steps
+    that pay most at each level, and holds on its own launch pair."""
+    cfg = gate_cfg(num_steps=[1, 3], registry_url=str(tmp_path / "registry"))
+    runner, result, draft = sweep(tmp_path, run, cfg, MILD)
     decision, policy = decide_server(cfg, runner, result, draft, tmp_path)
     chain = decision.config("eagle3-s3-k1-n4")
     assert chain is not None and set(chain.levels) == {"1", "2", "16"}
-    # Every level's requests: all prompts at 1, at least 3 per slot and 24 in all above.
+    # Every level's requests: all prompts at 1, at least 3 per slot and 24 in all above (2 launches).
     assert [chain.levels[c].n_requests for c in ("1", "2", "16")] == [8, 48, 96]
-    assert chain.levels["1"].wins() and chain.levels["2"].wins() and chain.levels["16"].loses()
-    assert chain.crossover is not None and chain.crossover["pays_up_to"] == 2
-    assert 2 < chain.crossover["crossover"] < 16
+    assert chain.levels["1"].wins() and chain.levels["2"].wins() and not chain.levels["16"].loses()
     base = decision.config("baseline")
     assert base is not None and base.levels["16"].throughput_tok_s > 2.5 * base.levels["1"].throughput_tok_s
-    # The policy speculates at 1 and 2, not from 3 on, and holds on its own launch pair.
     assert policy is not None and policy.kind == ADAPTIVE and policy.holds, decision.reasons
-    assert AdaptiveConfig.parse(policy.adaptive_config).tiers == {1: (3,), 3: (0,)}
+    tiers = AdaptiveConfig.parse(policy.adaptive_config).tiers
+    assert tiers[1] == (3,) and all(steps[0] > 0 for steps in tiers.values())  # never a tier of 0 steps
     assert policy.num_steps == 3 and policy.max_running_requests == 16
-    assert policy.vllm == {"num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": [[1, 2, 3], [3, 16, 0]]}
+    assert policy.vllm is not None and policy.vllm["num_speculative_tokens_per_batch_size"][0][:2] == [1, 2]
     own = decision.config(POLICY_CONFIG)
-    assert own is not None and own.eligible and own.levels["1"].wins() and not own.levels["16"].loses()
-    assert policy.verified is not None and policy.verified["16"]["num_steps"] == 0
+    assert own is not None and own.eligible and all(own.levels[c].wins() for c in ("1", "2"))
+    assert not own.levels["16"].loses() and policy.verified is not None and set(policy.verified) == {"1", "2", "16"}
     assert decision.outcome == "promote" and decision.policy is not None
     assert any(r.startswith("the adaptive policy held on its own launch at every level") for r in decision.reasons)
     # Its launch: the adaptive flags and the running-request cap raised to the highest level.
     policy_launch = next(x for x in result.launches if x.config == POLICY_CONFIG)
     assert policy_launch.max_running_requests == 16
-    log = Path(policy_launch.log_path).read_text()
-    assert "speculative_adaptive=True" in log and "Switch adaptive runtime state: steps 3 -> 0" in log
+    assert "speculative_adaptive=True" in Path(policy_launch.log_path).read_text()
     # What a reader sees, and what ships.
     write_policy(run, decision)
     report = write_gate_report(run, decision, result, cfg)
     assert "gate/plots/load.png" in report["plots"]
     md = run.read_bytes(REPORT_MD).decode()
-    assert "## At load" in md and "| eagle3-s3-k1-n4 | " in md and "stops paying at ~" in md
-    assert "## Serving policy" in md and "Kind: **adaptive**; holds." in md
+    assert "## At load" in md and "| eagle3-s3-k1-n4 | " in md and "## Serving policy" in md
+    assert "Kind: **adaptive**; holds." in md
     assert run.read_json("gate/sglang-adaptive.json") == policy.adaptive_config
-    run.write_json_atomic(LOAD_KEY, load_record(result, decision.configs, {3: 3.2}, 24.0, cfg.deploy_level))
+    run.write_json_atomic(LOAD_KEY, load_record(result, decision.configs, {1: 1.8, 3: 3.2}, 16.0, cfg.deploy_level))
     assert set(run.read_json(LOAD_KEY)["prediction"]) == {"1", "2", "16"}
     summary = promote(run, decision, str(draft), cfg.registry_url)
     assert summary["promoted"] and summary["serving_policy"]["kind"] == ADAPTIVE
+
+
+def test_a_draft_that_loses_at_16_ships_behind_a_router_split(tmp_path: Path, run: RunFolder) -> None:
+    """Wins at 1 and 2, slower beyond the spread at 16: one speculative server cannot hold at 16
+    (a tier of 0 steps still runs the speculative pipeline, slower than a plain server), so the
+    policy is speculative servers up to 2 and plain servers above, from the sweep's figures."""
+    cfg = gate_cfg()
+    runner, result, draft = sweep(tmp_path, run, cfg)
+    decision, policy = decide_server(cfg, runner, result, draft, tmp_path)
+    chain = decision.config("eagle3-s3-k1-n4")
+    assert chain is not None and chain.levels["1"].wins() and chain.levels["2"].wins() and chain.levels["16"].loses()
+    assert chain.crossover is not None and chain.crossover["pays_up_to"] == 2 and 2 < chain.crossover["crossover"] < 16
+    assert policy is not None and policy.kind == ROUTER and policy.on_up_to == 2 and policy.holds
+    assert not any(x.config == POLICY_CONFIG for x in result.launches)  # nothing for one server to verify
+    assert "every chain is slower than the baseline beyond the spread at concurrency 16" in policy.reasons[0]
+    assert "speculative servers (eagle3-s3-k1-n4) up to concurrency 2, plain servers from concurrency 16" in decision.reasons[-1]
+    assert decision.outcome == "promote"
+    # Deployed at 16, the router's split leaves nothing to gain: rejected.
+    at16 = gate_cfg(deploy_concurrency=16)
+    decision16 = decide(result, at16)
+    judge(decision16, at16, build_policy(decision16, at16))
+    assert decision16.outcome == "reject" and decision16.policy is not None
+
+
+def test_a_tier_of_0_steps_fails_its_own_launch(tmp_path: Path, run: RunFolder) -> None:
+    """The policy the issue first drew (speculation off from 3 requests on, one server) measured:
+    its own launch is slower than the baseline beyond the spread at 16, so it does not hold and
+    the draft ships behind the router split instead."""
+    cfg = gate_cfg()
+    runner, result, draft = sweep(tmp_path, run, cfg)
+    decision = decide(result, cfg)
+    policy = build_policy(decision, cfg)
+    assert policy is not None and decision.promote
+    policy.kind, policy.num_steps, policy.adaptive_config = ADAPTIVE, 3, {"1": {"candidate_steps": [3]}, "3": {"candidate_steps": [0]}}
+    runner.run_more(policy_launches(policy, cfg, str(draft), tmp_path), result)
+    decision = decide(result, cfg)
+    own = decision.config(POLICY_CONFIG)
+    assert own is not None and own.levels["16"].loses() and own.levels["1"].wins()
+    log = Path(next(x for x in result.launches if x.config == POLICY_CONFIG).log_path).read_text()
+    assert "Switch adaptive runtime state: steps 3 -> 0" in log
+    judged = judge(decision, cfg, policy)
+    assert judged is not None and judged.kind == ROUTER and judged.on_up_to == 2 and judged.holds
+    assert decision.reasons[-2].startswith("the adaptive policy did not hold on its own launch: ")
+    assert "concurrency 16" in decision.reasons[-2] and "slower than the baseline beyond the spread" in decision.reasons[-2]
+    assert decision.outcome == "promote"
 
 
 def test_eaglescale_serving_policy_prints_the_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -130,32 +178,6 @@ def test_eaglescale_serving_policy_prints_the_flags(tmp_path: Path, capsys: pyte
     assert json.loads(out_file.read_text()) == policy["adaptive_config"]
     assert '"num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 16, 0]]' in out
     assert main(["serving-policy", "--run-root", str(tmp_path / "nowhere")]) == 2
-
-
-def test_speculation_on_at_every_level_fails_its_own_launch(tmp_path: Path, run: RunFolder) -> None:
-    """Without the cut at the crossover (3 steps at every batch size) the policy's own launch is
-    slower than the baseline at 16: it does not hold, and the draft ships behind a router split."""
-    cfg = gate_cfg()
-    runner, result, draft = sweep(tmp_path, run, cfg)
-    decision = decide(result, cfg)
-    policy = build_policy(decision, cfg)
-    assert policy is not None and decision.promote
-    policy.adaptive_config = {"1": {"candidate_steps": [3]}}  # no tier turns it off
-    runner.run_more(policy_launches(policy, cfg, str(draft), tmp_path), result)
-    decision = decide(result, cfg)
-    own = decision.config(POLICY_CONFIG)
-    assert own is not None and own.levels["16"].loses()
-    judged = judge(decision, cfg, policy)
-    assert judged is not None and judged.kind == ROUTER and judged.on_up_to == 2 and judged.holds
-    assert decision.reasons[-2].startswith("the adaptive policy did not hold on its own launch: ")
-    assert "concurrency 16 (0 steps): 0." in decision.reasons[-2] and "slower than the baseline beyond the spread" in decision.reasons[-2]
-    assert "speculative servers (eagle3-s3-k1-n4) up to concurrency 2, plain servers from concurrency 16" in decision.reasons[-1]
-    assert decision.outcome == "promote"
-    # Deployed at 16, the router's split leaves nothing to gain: rejected.
-    at16 = gate_cfg(deploy_concurrency=16)
-    decision16 = decide(result, at16)
-    judge(decision16, at16, build_policy(decision16, at16))
-    assert decision16.outcome == "reject" and decision16.policy is not None
 
 
 def test_a_tree_gets_the_plain_policy(tmp_path: Path, run: RunFolder) -> None:

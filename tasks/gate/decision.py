@@ -31,7 +31,14 @@ import numpy as np
 
 from tasks.config.gate_section import GateConfig
 from tasks.gate.breakeven import measure_breakeven
-from tasks.gate.load import LevelSummary, crossover, level_summary, measured_levels, tok_s_matrix
+from tasks.gate.load import (
+    LevelSummary,
+    crossover,
+    level_summary,
+    measured_levels,
+    rate_matrices,
+    tok_s_matrix,
+)
 from tasks.gate.lossless import LosslessTally
 from tasks.gate.plan import (
     BREAKEVEN,
@@ -197,6 +204,43 @@ def bootstrap_speedup(
     return float(np.nanmedian(spec) / np.nanmedian(base)), float(low), float(high)
 
 
+def bootstrap_rate_ratio(
+    base: tuple[np.ndarray, np.ndarray], spec: tuple[np.ndarray, np.ndarray], n: int, level: float, seed: int
+) -> tuple[float, float, float] | None:
+    """(point, low, high) of pooled rate(spec) / pooled rate(base), a pooled rate being the tokens
+    over the latency summed over the requests ([launch, slot] matrices, load.rate_matrices);
+    request slots resampled for both sides, launches for each; None without data on both sides."""
+    (bt, bl), (st, sl) = base, spec
+    if np.all(np.isnan(bl)) or np.all(np.isnan(sl)) or bl.shape[1] != sl.shape[1]:
+        return None
+    rng = np.random.default_rng(seed)
+    slots = bl.shape[1]
+    pi = rng.integers(0, slots, size=(n, slots))
+    bi = rng.integers(0, bl.shape[0], size=(n, bl.shape[0]))
+    si = rng.integers(0, sl.shape[0], size=(n, sl.shape[0]))
+
+    def rate(t: np.ndarray, lat: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        tt, ll = t[rows[:, :, None], pi[:, None, :]].reshape(n, -1), lat[rows[:, :, None], pi[:, None, :]].reshape(n, -1)
+        return np.nansum(tt, axis=1) / np.nansum(ll, axis=1)
+
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = rate(st, sl, si) / rate(bt, bl, bi)
+    ratio = ratio[np.isfinite(ratio)]
+    low, high = np.quantile(ratio, [(1 - level) / 2, 1 - (1 - level) / 2])
+    point = (np.nansum(st) / np.nansum(sl)) / (np.nansum(bt) / np.nansum(bl))
+    return float(point), float(low), float(high)
+
+
+def level_ratio(result: BenchResult, cfg: GateConfig, num: str, den: str, level: int) -> tuple[float, float, float] | None:
+    """`num` over `den` at a load level, with the bootstrap CI: the median per-request tok/s at
+    concurrency 1, the pooled rate above it (tasks/gate/load.py says why)."""
+    n = result.columns(level)
+    a, b = result.records(num, level), result.records(den, level)
+    if level <= 1:
+        return bootstrap_speedup(tok_s_matrix(b, n), tok_s_matrix(a, n), cfg.n_bootstrap, cfg.ci_level, cfg.bootstrap_seed)
+    return bootstrap_rate_ratio(rate_matrices(b, n), rate_matrices(a, n), cfg.n_bootstrap, cfg.ci_level, cfg.bootstrap_seed)
+
+
 def _per_position(records: list[RequestRecord]) -> list[float] | None:
     """P(the draft token at position k is accepted), k = 1.., from correct-drafts histograms."""
     hists = [r.correct_drafts_histogram for r in records if r.correct_drafts_histogram]
@@ -268,11 +312,15 @@ def _eligibility(s: ConfigSummary, cfg: GateConfig) -> list[str]:
     return reasons
 
 
+def _figure(s: ConfigSummary) -> str:
+    """The rate a config is judged on at its headline level, in words."""
+    if s.headline_level > 1:
+        return f"{_rate(s):.1f} tok/s a request pooled at concurrency {s.headline_level}"
+    return f"median {s.median_tok_s:.1f} tok/s"
+
+
 def _fmt(s: ConfigSummary, level: float) -> str:
-    return (
-        f"{s.name}: median {s.median_tok_s:.1f} tok/s, speedup {s.speedup:.3f}x "
-        f"({level:.0%} CI {s.ci_low:.3f}-{s.ci_high:.3f})"
-    )
+    return f"{s.name}: {_figure(s)}, speedup {s.speedup:.3f}x ({level:.0%} CI {s.ci_low:.3f}-{s.ci_high:.3f})"
 
 
 def _speed_verdict(s: ConfigSummary, cfg: GateConfig, versus: str) -> tuple[bool, str]:
@@ -287,20 +335,26 @@ def _speed_verdict(s: ConfigSummary, cfg: GateConfig, versus: str) -> tuple[bool
     return True, f"faster than the baseline beyond the spread: {_fmt(s, cfg.ci_level)} {versus}"
 
 
+def _rate(s: ConfigSummary) -> float:
+    """What configs are ranked by at their headline level: the median per-request tok/s at
+    concurrency 1, the pooled rate above it (the statistic their speedups are taken on)."""
+    lv = s.levels.get(str(s.headline_level))
+    if s.headline_level > 1 and lv is not None and lv.pooled_tok_s is not None:
+        return lv.pooled_tok_s
+    return s.median_tok_s or 0.0
+
+
 def _best_of(summaries: list[ConfigSummary], draft: str) -> ConfigSummary | None:
     """A contender's best config: its eligible one of the highest median with a speedup."""
     eligible = [s for s in summaries if s.draft == draft and not s.baseline and s.role != POLICY and s.eligible
                 and s.speedup is not None]  # fmt: skip
-    return max(eligible, key=lambda s: s.median_tok_s or 0.0) if eligible else None
+    return max(eligible, key=_rate) if eligible else None
 
 
 def _ratio(result: BenchResult, cfg: GateConfig, num: ConfigSummary, den: ConfigSummary) -> tuple[float, float, float] | None:
     """median(num) / median(den) with its bootstrap CI at the headline level, paired by request
     slot as the speedup is."""
-    level = num.headline_level
-    n = result.columns(level)
-    return bootstrap_speedup(tok_s_matrix(result.records(den.name, level), n), tok_s_matrix(result.records(num.name, level), n),
-                             cfg.n_bootstrap, cfg.ci_level, cfg.bootstrap_seed)  # fmt: skip
+    return level_ratio(result, cfg, num.name, den.name, num.headline_level)
 
 
 def _margin(r: tuple[float, float, float], level: float) -> str:
@@ -316,7 +370,7 @@ def _contenders(summaries: list[ConfigSummary], result: BenchResult, cfg: GateCo
     for name in names:
         mine = [s for s in summaries if s.draft == name and not s.baseline and s.role not in (BREAKEVEN, POLICY)]
         measured = [s for s in mine if s.median_tok_s is not None]
-        best = _best_of(summaries, name) or (max(measured, key=lambda s: s.median_tok_s or 0.0) if measured else None)
+        best = _best_of(summaries, name) or (max(measured, key=_rate) if measured else None)
         c = Contender(name, mine[0].role, best.name if best else None)
         if best is None:
             c.reasons = sorted({r for s in mine for r in s.reasons}) or ["not measured"]
@@ -369,7 +423,7 @@ def _challengers_faster(summaries: list[ConfigSummary], result: BenchResult, cfg
     lines = []
     for name in dict.fromkeys(s.draft for s in summaries if s.role == CHALLENGER):
         ch = _best_of(summaries, name)
-        if ch is None or (ch.median_tok_s or 0.0) <= (best.median_tok_s or 0.0) or (r := _ratio(result, cfg, ch, best)) is None:
+        if ch is None or _rate(ch) <= _rate(best) or (r := _ratio(result, cfg, ch, best)) is None:
             continue
         spread = "beyond the spread" if r[1] > 1.0 else "within the spread: the CI includes 1.0"
         lines.append(f"a challenger is faster: {ch.name} median {ch.median_tok_s:.1f} tok/s, {_margin(r, cfg.ci_level)} "
@@ -403,10 +457,7 @@ def level_speedups(result: BenchResult, cfg: GateConfig, s: ConfigSummary, base:
     if base is None:
         return
     for level in s.levels.values():
-        n = result.columns(level.level)
-        ci = bootstrap_speedup(tok_s_matrix(result.records(base.name, level.level), n),
-                               tok_s_matrix(result.records(s.name, level.level), n),
-                               cfg.n_bootstrap, cfg.ci_level, cfg.bootstrap_seed)  # fmt: skip
+        ci = level_ratio(result, cfg, s.name, base.name, level.level)
         if ci is not None:
             level.speedup, level.ci_low, level.ci_high = ci
             if level.level == s.headline_level:
@@ -434,7 +485,7 @@ def _decide(result: BenchResult, cfg: GateConfig, incumbent: Incumbent | None, l
         decision.reasons = ["no valid baseline: " + "; ".join(f"{s.name}: {', '.join(s.reasons)}" for s in summaries if s.baseline)]
         return decision
     # The reference is the fastest non-speculative deployment found, whatever its environment.
-    ref = max(baselines, key=lambda s: s.median_tok_s or 0.0)
+    ref = max(baselines, key=_rate)
     decision.baseline = ref.name
     policy_base = next((s for s in summaries if s.name == POLICY_BASELINE and s.eligible), None)
     for s in summaries:
@@ -443,7 +494,7 @@ def _decide(result: BenchResult, cfg: GateConfig, incumbent: Incumbent | None, l
     decision.contenders = _contenders(summaries, result, cfg)
     # Only the run's own draft can be promoted; the incumbent, challengers and scaling drafts are measured beside it.
     best = _best_of(summaries, NEW_DRAFT)
-    versus = f"vs {ref.name} median {ref.median_tok_s:.1f} tok/s"
+    versus = f"vs {ref.name} {_figure(ref)}"
     if best is None:
         decision.reasons = ["no speculative config is eligible"] + [
             f"{s.name}: {'; '.join(s.reasons)}" for s in summaries if not s.baseline and s.role == CANDIDATE
@@ -452,7 +503,7 @@ def _decide(result: BenchResult, cfg: GateConfig, incumbent: Incumbent | None, l
         # differently when the draft is also slower than the baseline (or faster).
         measured = [s for s in summaries if s.role == CANDIDATE and not s.baseline and s.ci_high is not None]
         if measured:
-            fastest = max(measured, key=lambda s: s.median_tok_s or 0.0)
+            fastest = max(measured, key=_rate)
             decision.reasons.append(f"fastest measured (not eligible): {_speed_verdict(fastest, cfg, versus)[1]}")
         if incumbent is not None:
             _against_incumbent(decision, summaries, cfg, incumbent, None, False)

@@ -131,3 +131,21 @@ class BenchResult:
             "launches": [asdict(x) for x in self.launches],
             "stopped": self.stopped,
         }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BenchResult:
+        """A benchmark as report.json's `bench` holds it, to judge again with the decision as it
+        is now (a prompt comes back with its token count, not its ids: nothing decides on them)."""
+        from tasks.gate.plan import BenchConfig
+        from tasks.gate.prompts import BenchPrompt
+        from tasks.sglang.command import SpecParams
+
+        configs = [BenchConfig(**{**c, "spec": SpecParams(**c["spec"]) if c["spec"] else None, "env": dict(c["env"]),
+                                  "notes": tuple(c["notes"])}) for c in d["configs"]]  # fmt: skip
+        prompts = [BenchPrompt(p["index"], p["prompt_id"], p["domain"], (0,) * p["prompt_tokens"]) for p in d["prompts"]]
+        launches = []
+        for x in d["launches"]:
+            fields = {**x, "requests": [RequestRecord(**r) for r in x["requests"]],
+                      "probes": [RequestRecord(**r) for r in x["probes"]]}  # fmt: skip
+            launches.append(LaunchRecord(**fields))
+        return cls(configs, prompts, d["repetitions"], launches, d.get("stopped"))

@@ -3,21 +3,23 @@ settings that go with it (docs/GATE.md, "The gate at load").
 
 Built from the sweep's figures per concurrency level (tasks/gate/load.py):
 
-- **adaptive** (several levels, chains): at each level the candidate's fastest topk=1 config that
-  beats the baseline there beyond the spread, or speculation off (0 steps) where none does;
-  written as SGLang's `--speculative-adaptive-config` tiers (tasks/sglang/adaptive.py), one
-  candidate per tier so the server never moves by its EMA, with `--max-running-requests` at the
-  highest level (0.5.14 caps a speculative server at 48), and as vLLM's
-  `num_speculative_tokens_per_batch_size` schedule. It is verified on the server: one more launch
-  pair (a baseline and the draft under the policy) measured at every level.
-- **router** (topk > 1, which SGLang's adaptive mode refuses; or a chain whose single-server
-  policy did not hold): speculative servers up to the concurrency X to which the config wins at
-  every level, plain servers above, split by load at the router; its figures are the sweep's.
+- **adaptive** (several levels, chains): at each level the candidate's topk=1 config that beats
+  the baseline there by the most beyond the spread, else its fastest one that is not slower beyond
+  the spread (never 0 steps: build_policy says why); written as SGLang's
+  `--speculative-adaptive-config` tiers (tasks/sglang/adaptive.py), one candidate per tier so the
+  server never moves by its EMA, with `--max-running-requests` at the highest level (0.5.14 caps a
+  speculative server at 48), and as vLLM's `num_speculative_tokens_per_batch_size` schedule. It is
+  verified on the server: one more launch pair (a baseline and the draft under the policy)
+  measured at every level.
+- **router** (topk > 1, which SGLang's adaptive mode refuses; a level where every chain is slower
+  beyond the spread; or a chain whose single-server policy did not hold): speculative servers up
+  to the concurrency X to which the config wins at every level, plain servers above, split by load
+  at the router; its figures are the sweep's.
 - **static** (one level measured): the config itself.
 
-It holds when it is faster beyond the spread wherever it speculates, never slower beyond the
-spread at any level, and speculates at gate.deploy_concurrency with the speedup there at least
-gate.min_speedup. A gate promotes only a draft whose policy holds.
+It holds when it is faster beyond the spread wherever the sweep's config it runs was, never slower
+beyond the spread at any level, and speculates at gate.deploy_concurrency with the speedup there at
+least gate.min_speedup. A gate promotes only a draft whose policy holds.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class LevelChoice:
     config: str | None = None  # the sweep's config it runs there
     speedup: float | None = None  # that config's over the baseline at this level (the sweep's)
     ci: list[float] | None = None
+    wins: bool = False  # it beat the baseline there beyond the spread (else: it was not slower)
 
 
 @dataclass
@@ -106,7 +109,8 @@ def _choice(s: ConfigSummary | None, level: int, steps: int) -> LevelChoice:
     lv = s.levels.get(str(level)) if s else None
     if s is None or lv is None:
         return LevelChoice(level, 0)
-    return LevelChoice(level, steps, s.name, lv.speedup, [lv.ci_low, lv.ci_high] if lv.ci_low is not None else None)
+    return LevelChoice(level, steps, s.name, lv.speedup, [lv.ci_low, lv.ci_high] if lv.ci_low is not None else None,
+                       lv.wins())  # fmt: skip
 
 
 def _spec_numbers(s: ConfigSummary) -> tuple[int, int, int]:
@@ -130,20 +134,43 @@ def router_policy(s: ConfigSummary, cfg: GateConfig) -> ServingPolicy | None:
                          max_running_requests=cfg.server.max_running_requests)  # fmt: skip
 
 
+def _usable(s: ConfigSummary, level: int) -> bool:
+    """Not slower than the baseline beyond the spread at `level` (measured there)."""
+    lv = s.levels.get(str(level))
+    return lv is not None and lv.speedup is not None and not lv.loses()
+
+
+def _speedup_at(level: int) -> Any:
+    return lambda s: s.levels[str(level)].speedup or 0.0
+
+
 def build_policy(decision: GateDecision, cfg: GateConfig) -> ServingPolicy | None:
-    """The policy the sweep supports (None: no config of the new draft wins at any level)."""
+    """The policy the sweep supports (None: no config of the new draft wins at any level).
+
+    At each level the adaptive policy runs the chain that wins there by the most, else the
+    fastest chain that is at least not slower beyond the spread. It never writes a tier of 0
+    steps: on SGLang 0.5.14 a speculative server's "speculation off" still runs the speculative
+    pipeline, at 0.66x a plain server at concurrency 8 and 0.35x at 64 (H200, BENCHMARKS P32). A
+    level where every chain is slower beyond the spread therefore needs plain servers: the
+    policy is then the router split of the deploy level's best chain."""
     ours = [s for s in decision.configs if s.role == "candidate" and not s.baseline and s.eligible and s.spec]
     chains = [s for s in ours if s.is_candidate_chain()]
-    picks: dict[int, ConfigSummary | None] = {}
-    for level in cfg.concurrency:
-        winners = [s for s in chains if _wins(s, level, cfg)]
-        picks[level] = max(winners, key=lambda s: s.levels[str(level)].median_tok_s or 0.0) if winners else None
     routers = [p for s in ours if (p := router_policy(s, cfg)) is not None]
-    if not any(picks.values()):
+    winners = {c: [s for s in chains if _wins(s, c, cfg)] for c in cfg.concurrency}
+    if not any(winners.values()):
         # No chain wins anywhere: a tree that wins at the lowest levels still serves behind a router.
-        best = max(routers, key=lambda p: (p.on_up_to or 0, p.levels[0].speedup or 0.0), default=None)
-        return best
-    steps_by_level = {c: _spec_numbers(s)[0] if s else 0 for c, s in picks.items()}
+        return max(routers, key=lambda p: (p.on_up_to or 0, p.levels[0].speedup or 0.0), default=None)
+    picks = {c: max(winners[c] or [s for s in chains if _usable(s, c)], key=_speedup_at(c), default=None)
+             for c in cfg.concurrency}  # fmt: skip
+    if None in picks.values():
+        best = decision.config(decision.best)
+        policy = router_policy(best, cfg) if best is not None else None
+        if policy is not None:
+            lost = [c for c, s in picks.items() if s is None]
+            policy.reasons.append(f"every chain is slower than the baseline beyond the spread at concurrency "
+                                  f"{', '.join(map(str, lost))}: one speculative server cannot hold there")  # fmt: skip
+        return policy
+    steps_by_level = {c: _spec_numbers(s)[0] for c, s in picks.items() if s is not None}
     levels = [_choice(picks[c], c, steps_by_level[c]) for c in cfg.concurrency]
     if len(cfg.concurrency) == 1:
         s = picks[cfg.concurrency[0]]
@@ -185,8 +212,8 @@ def _fmt(speedup: float | None, ci: list[float] | None) -> str:
 
 def judge_adaptive(policy: ServingPolicy, decision: GateDecision, cfg: GateConfig) -> None:
     """The adaptive policy's own launch against its baseline, level by level: faster beyond the
-    spread where it speculates, never slower beyond the spread, the deploy level at min_speedup;
-    beside each level the figure the sweep predicted for it."""
+    spread where the sweep's config was, never slower beyond the spread, the deploy level at
+    min_speedup; beside each level the figure the sweep predicted for it."""
     run = decision.config(POLICY_CONFIG)
     policy.verified, problems = {}, []
     if run is None or not run.eligible:
@@ -208,8 +235,8 @@ def judge_adaptive(policy: ServingPolicy, decision: GateDecision, cfg: GateConfi
             "max_running_requests": lv.max_running_requests,
         }  # fmt: skip
         where = f"concurrency {choice.level} ({choice.num_steps} steps): {_fmt(lv.speedup, ci)}"
-        if choice.num_steps > 0 and not lv.wins():
-            problems.append(f"{where}: speculating, not faster beyond the spread")
+        if choice.wins and not lv.wins():
+            problems.append(f"{where}: not faster beyond the spread where the sweep's config was")
         elif lv.loses():
             problems.append(f"{where}: slower than the baseline beyond the spread")
     deploy = run.levels.get(str(cfg.deploy_level))

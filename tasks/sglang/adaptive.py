@@ -21,6 +21,9 @@ Facts, read from 0.5.14's `speculative/adaptive_spec_params.py`, `adaptive_runti
   for every candidate step (at the graph batch sizes whose tier can reach it).
 - Only EAGLE/EAGLE3 with topk 1, without dp-attention, multi-layer EAGLE, two-batch overlap or
   PD-multiplexing: otherwise the server logs "speculative_adaptive disabled: ..." and runs static.
+- Drafting off (a tier at 0 steps) is not a plain server: the speculative pipeline still runs, a
+  verify of one token a request and the draft's extend. Measured on the H200 (BENCHMARKS P32,
+  random weights of Qwen2.5-1.5B's shape): 0.66x a plain server at concurrency 8, 0.36x at 64.
 - Every speculative server of 0.5.14 caps running requests at 48 unless `--max-running-requests`
   is given ("Max running requests is reset to 48 for speculative decoding"); a plain server's cap
   comes from its KV pool.

@@ -13,7 +13,9 @@ verify_step_s + (verify_token_s + batch_token_s) * n * B, plus its draft steps (
 draft_batch_token_s * B each): speculation that pays alone stops paying in a big batch, as on a
 real GPU once the step is compute-bound. With an `AdaptiveRuntime` (sim_adaptive.py) the draft
 steps of each verify follow the batch size as SGLang's adaptive speculation picks them; at steps 0
-the step is a plain decode, counted as a verify that accepted nothing. The speculative behaviour
+the step is still a cycle of the speculative pipeline (a verify of one token per request and the
+draft's extend over it, counted as a verify that accepted nothing), slower than a plain server's
+decode, as SGLang 0.5.14's was (0.66x a plain server at concurrency 8, BENCHMARKS P32). The speculative behaviour
 and SGLang's scheduler log lines live in sim_spec.py.
 
 Outputs are deterministic: the completion's length, its end (stop or length) and its ids depend
@@ -155,7 +157,7 @@ class _Running:
 class SimulatedBackend:
     """Continuous batching over `StepTimes`, plain or (with a `Speculation`) speculative; with an
     `AdaptiveRuntime` the step count of each verify follows the batch size (SGLang's adaptive
-    speculation), steps 0 being a plain decode."""
+    speculation), steps 0 being the pipeline's cycle without draft steps."""
 
     kind = "simulated"
 
@@ -284,9 +286,9 @@ class SimulatedBackend:
             steps = spec.num_steps if self._adaptive is None or not batch else self._adaptive.activate(batch)
         if not batch:
             decode = 0.0
-        elif spec is not None and steps > 0:
+        elif spec is not None:  # an adaptive tier at steps 0 still runs the speculative pipeline
             decode = spec.cycle_s(batch, steps, self._times.batch_token_s)
-        else:  # plain, or an adaptive tier at steps 0: the target decodes one token per request
+        else:
             decode = self._times.plain_decode_s(batch)
         if self._adaptive is not None:
             decode += self._adaptive.take_switch_s()

@@ -74,7 +74,9 @@ class Speculation:
         """One verify cycle of `batch` requests at `steps` draft steps. `batch_token_s` is the
         target's cost per token it processes: at a large batch the verify of steps + 1 tokens
         per request is compute-bound, which is why speculation stops paying under load."""
-        draft = steps * (self.draft_step_s + self.draft_batch_token_s * batch)
+        # At steps 0 (an adaptive tier with speculation off) the draft still extends over the
+        # verified token: one draft forward, as SGLang 0.5.14's worker runs it.
+        draft = max(steps, 1) * (self.draft_step_s + self.draft_batch_token_s * batch)
         verified = self.draft_tokens(steps) * batch
         return draft + self.verify_step_s + (self.verify_token_s + batch_token_s) * verified
 

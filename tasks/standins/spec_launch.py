@@ -27,7 +27,7 @@ metrics mixin and EAGLE worker):
 - adaptive speculation (0.5.14, 0.5.23; 0.5.4 refuses the flags): --speculative-adaptive and
   --speculative-adaptive-config as SGLang starts and runs them (sim_adaptive.py): the config's
   checks and SGLang's messages, the fall-back to static for a tree, per-batch-size step counts
-  moved by SGLang's EMA rule, their log lines, steps 0 as a plain decode, `adaptive_switch_s` per
+  moved by SGLang's EMA rule, their log lines, steps 0 as the speculative pipeline's cycle without drafts (slower than a plain decode, as on 0.5.14), `adaptive_switch_s` per
   switch; server info echoes speculative_adaptive (in effect) and speculative_adaptive_config.
 Failure switches: `stuck_acceptance` (every draft rejected: the EAGLE-vs-EAGLE3 symptom),
 `disagree_from`, `never_healthy` (hangs in CUDA-graph capture; /health_generate never passes),
