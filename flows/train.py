@@ -7,7 +7,9 @@ One process by default; with `train.nproc > 1` the same training runs under torc
 the run folder holds the checkpoints, train/best.json and train/result.json, and the best
 checkpoint is exported to train/final (SGLang's EAGLE3 format) and train/final-speculators
 (vLLM's speculators format). With `train.scaling_fractions` the same training then runs on those
-fractions of the data (train/scaling/, for the gate's curve).
+fractions of the data (train/scaling/, for the gate's curve). When train.time_budget_s stops
+training at a checkpoint, nothing is exported and the flow fails with a TrainError that says so:
+the next run resumes it.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from flows.common import StageRun, slack_on_failure, stage_run
 from flows.concurrency import gpu_slots, gpus_needed
 from tasks.config import EagleScaleConfig
 from tasks.draft.scaling_drafts import scaling_drafts
-from tasks.draft.trainer import TrainCallbacks
+from tasks.draft.trainer import TrainCallbacks, TrainError
 from tasks.runfolder.layout import TRAIN_PLOT, TRAIN_RESULT
 from tasks.train.stage import run_train_stage
 
@@ -83,6 +85,12 @@ def _train(config: EagleScaleConfig, span: StageRun) -> dict[str, Any]:
             key="train-accuracy",
             description="Held-out per-position accuracy over training",
         )
+    stopped = outcome.summary.get("stopped_for_budget")
+    if stopped:  # not done: nothing exported, so the gate has no draft to measure yet
+        where = outcome.summary["last_checkpoint"] if stopped == "train" else stopped
+        raise TrainError(f"{run.url}/{where}: training stopped there for train.time_budget_s "
+                         f"({config.train.time_budget_s} s), before its last step; nothing is exported "
+                         "until it finishes: run again to resume it")  # fmt: skip
     # A resume that found training at its last step and every scaling draft exported trained
     # nothing: the stage keeps the clock of the run that did.
     prior = before[0] or {}

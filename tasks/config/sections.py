@@ -322,6 +322,14 @@ class TrainConfig(Strict):
         "them again): slower, same figures. The held-out split grows with the data (extract.eval_fraction).",
     )
     save_every: int = Field(50, ge=1)
+    time_budget_s: float | None = Field(
+        None,
+        gt=0,
+        description="Seconds the train stage may train (the run's draft, then its scaling drafts): at each "
+        "checkpoint, when the next one (every save_every steps, or the last step) would come past it at "
+        "the pace measured so far, training stops there, exports nothing and the stage says so; the next "
+        "run resumes that checkpoint exactly. The first checkpoint is always reached. null: no limit.",
+    )
     min_target_agreement: float | None = Field(
         0.85,
         ge=0.0,

@@ -6,7 +6,9 @@ best.json, result.json: the train stage's layout, one level down, so none resume
 crash resumes each exactly like the main draft), on the first <samples> training sequences with
 the full draft's vocabulary map, and is exported to `train/scaling/frac-<samples>/final` in
 SGLang's format. `train/scaling/index.json`
-lists the finished ones; the gate reads only that.
+lists the finished ones; the gate reads only that. A draft that train.time_budget_s stops is
+not exported, the fractions after it wait for the next run, and the index names it
+(`stopped_for_budget`).
 """
 
 from __future__ import annotations
@@ -53,8 +55,9 @@ def train_scaling_drafts(
     checkpoint; write and return the index (one entry per fraction)."""
     from tasks.draft import checkpoint as ckpt
     from tasks.draft.data import DATA_META_KEY, training_data_metadata
+    from tasks.draft.distributed import Dist
     from tasks.draft.export import export_to_run
-    from tasks.draft.trainer import Dist, train_draft
+    from tasks.draft.trainer import TrainResult, train_draft
     from tasks.draft.vocab import VocabMap
 
     rank = Dist.current()  # under torchrun every rank trains; rank 0 exports and writes the index
@@ -65,7 +68,7 @@ def train_scaling_drafts(
     # Every fraction drafts over the full draft's vocabulary: the drafts differ in their training
     # data only (and no fraction re-counts the whole training split for a map of its own).
     vocab = VocabMap.load(run) if run.exists(TRAIN_VOCAB_MAP) else None
-    entries = []
+    entries, stopped = [], None
     for fraction, samples in fraction_samples(n_train, cfg.scaling_fractions):
         prefix = f"{SCALING_TRAIN_ROOT}/frac-{samples}"
         view = TrainElsewhere(run, prefix)
@@ -75,22 +78,28 @@ def train_scaling_drafts(
             "warmup_steps": max(1, round(cfg.warmup_steps * fraction)) if cfg.warmup_steps else 0,
             "max_steps": max(1, round(cfg.max_steps * fraction)) if cfg.max_steps else None,
         })  # fmt: skip
+        final = f"{prefix}/final"
+
+        def ship(result: TrainResult, view: RunFolder = view, final: str = final, samples: int = samples) -> None:
+            """The best checkpoint (the last without an evaluation) exported to `final`."""
+            best = result.best or {}
+            chosen = ckpt.checkpoint_key(best["step"]) if best.get("step") is not None else result.last_checkpoint
+            if chosen is None:
+                raise RuntimeError(f"{run.url}/{view.prefix}: training at {samples} samples left no checkpoint")
+            export_to_run(ckpt.load_run_checkpoint_model(view, chosen), run, final)
+
         # The curve's points are replayed on the full draft's held-out split: each trains without it.
         result = train_draft(view, scaled, target_model_path, vocab_map=vocab, max_train_sequences=samples,
                              split_of=(full.get("holdout"), f"{run.url}/{DATA_META_KEY}: the full draft"),
-                             **train_kwargs)  # fmt: skip
-        best = result.best or {}
-        chosen = ckpt.checkpoint_key(best["step"]) if best.get("step") is not None else result.last_checkpoint
-        if chosen is None:
-            raise RuntimeError(f"{run.url}/{prefix}: training at {samples} samples left no checkpoint")
-        final = f"{prefix}/final"
-        if rank.rank == 0:
-            export_to_run(ckpt.load_run_checkpoint_model(view, chosen), run, final)
-        rank.barrier()
+                             export=ship, **train_kwargs)  # fmt: skip
+        if result.stopped_for_budget:  # its checkpoint is resumed by the next run, and the rest trained then
+            stopped = prefix
+            break
         entries.append({"fraction": fraction, "samples": samples, "steps": result.steps,
-                        "best": best or None, "final": final})  # fmt: skip
+                        "best": result.best or None, "final": final})  # fmt: skip
     if rank.rank == 0:
-        run.write_json_atomic(SCALING_INDEX, {"train_sequences": n_train, "drafts": entries})
+        index = {"train_sequences": n_train, "drafts": entries}
+        run.write_json_atomic(SCALING_INDEX, {**index, "stopped_for_budget": stopped} if stopped else index)
     return entries
 
 
@@ -98,3 +107,9 @@ def scaling_drafts(run: RunFolder) -> list[dict[str, Any]]:
     """The finished scaling drafts the train stage listed (none when it trained none)."""
     index = run.read_json(SCALING_INDEX)
     return list(index["drafts"]) if index else []
+
+
+def scaling_stopped_for_budget(run: RunFolder) -> str | None:
+    """The scaling draft (its train/ prefix) train.time_budget_s stopped in the last run that
+    trained them, None when that run finished them all."""
+    return (run.read_json(SCALING_INDEX) or {}).get("stopped_for_budget")

@@ -5,7 +5,9 @@ plain entry points (benchmarks/h200/node_steps.py).
 Every draft it trains (the run's draft, then the data-scaling drafts of train.scaling_fractions)
 trains on the run's own store (run_root with its storage_options) and, when train.hidden_states
 is online, with the target that makes the states as it goes. Then the best checkpoint is
-exported to train/final (SGLang's EAGLE3 format) and train/final-speculators (vLLM's).
+exported to train/final (SGLang's EAGLE3 format) and train/final-speculators (vLLM's), unless
+train.time_budget_s stopped a draft at a checkpoint: then nothing is exported, the outcome names
+the draft stopped, and the next run resumes it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 from tasks.draft.export import export_run_draft
 from tasks.draft.online import OnlineTarget
-from tasks.draft.scaling_drafts import scaling_drafts, train_scaling_drafts
+from tasks.draft.scaling_drafts import (
+    scaling_drafts,
+    scaling_stopped_for_budget,
+    train_scaling_drafts,
+)
+from tasks.draft.time_budget import TimeBudget
 from tasks.draft.trainer import TrainCallbacks, TrainResult, train_draft
 from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import TRAIN_RESULT
@@ -29,7 +36,7 @@ if TYPE_CHECKING:
 @dataclass
 class TrainOutcome:
     result: dict[str, Any]  # train/result.json: the draft's steps, evals and best
-    exported: dict[str, Any]  # export_run_draft's: the best checkpoint and where it was exported
+    exported: dict[str, Any]  # export_run_draft's: the best checkpoint and where it was exported ({}: none)
     summary: dict[str, Any]  # the stage's key numbers (its completion message)
 
 
@@ -38,22 +45,35 @@ def _run_and_target(config: EagleScaleConfig) -> tuple[RunFolder, OnlineTarget |
 
 
 def train_scaling(config: EagleScaleConfig, fractions: Sequence[float] | None = None,
-                  callbacks: TrainCallbacks | None = None) -> list[dict[str, Any]]:  # fmt: skip
+                  callbacks: TrainCallbacks | None = None, budget: TimeBudget | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """The data-scaling drafts alone: those of `fractions` (default train.scaling_fractions).
-    The index it writes lists only these; the stage, run after, writes the whole one."""
+    The index it writes lists only these; the stage, run after, writes the whole one. `budget`:
+    the train stage's time budget, shared with the run's draft (default: train.time_budget_s)."""
     run, online = _run_and_target(config)
     train = config.train if fractions is None else config.train.model_copy(update={"scaling_fractions": list(fractions)})
-    return train_scaling_drafts(run, train, config.target.model_path, callbacks=callbacks, online=online)
+    return train_scaling_drafts(run, train, config.target.model_path, callbacks=callbacks, online=online,
+                                budget=budget)  # fmt: skip
 
 
 def train_drafts(config: EagleScaleConfig, callbacks: TrainCallbacks | None = None) -> TrainResult:
     """Train (or resume) the run's draft, then its data-scaling drafts when train.scaling_fractions
-    names any. Under torchrun every rank calls this; rank 0 writes what they share."""
+    names any, within one train.time_budget_s counted from here (a draft it stops leaves those
+    after it to the next run). Under torchrun every rank calls this; rank 0 writes what they share."""
     run, online = _run_and_target(config)
-    result = train_draft(run, config.train, config.target.model_path, callbacks=callbacks, online=online)
-    if config.train.scaling_fractions:  # the data-scaling drafts the gate measures
-        train_scaling(config, callbacks=callbacks)
+    budget = TimeBudget(config.train.time_budget_s)
+    result = train_draft(run, config.train, config.target.model_path, callbacks=callbacks, online=online,
+                         budget=budget)  # fmt: skip
+    if config.train.scaling_fractions and not result.stopped_for_budget:  # the data-scaling drafts the gate measures
+        train_scaling(config, callbacks=callbacks, budget=budget)
     return result
+
+
+def stopped_for_budget(run: RunFolder, config: EagleScaleConfig) -> str | None:
+    """The draft (its train/ prefix) train.time_budget_s stopped in the last training, read from
+    the run folder (a torchrun launch's ranks wrote it); None when every draft finished."""
+    if (run.read_json(TRAIN_RESULT) or {}).get("stopped_for_budget"):
+        return "train"
+    return scaling_stopped_for_budget(run) if config.train.scaling_fractions else None
 
 
 def run_train_stage(
@@ -64,17 +84,23 @@ def run_train_stage(
     hold: AbstractContextManager[Any] | None = None,
 ) -> TrainOutcome:
     """The whole stage: the drafts trained while `hold` is held (the flow's GPU slots; export
-    needs none), then the best checkpoint exported. `train` trains them elsewhere (the flow's
-    torchrun launch, whose every rank runs train_drafts); by default train_drafts runs here,
-    with `callbacks`."""
+    needs none), then the best checkpoint exported, unless the time budget stopped a draft (the
+    summary's `stopped_for_budget` names it). `train` trains them elsewhere (the flow's torchrun
+    launch, whose every rank runs train_drafts); by default train_drafts runs here, with
+    `callbacks`."""
     with hold or nullcontext():
         if train is None:
             train_drafts(config, callbacks)
         else:
             train(config)
     run = RunFolder(config.run_root, config.storage_options)
-    exported = export_run_draft(run, config.target.model_path)
     result = run.read_json(TRAIN_RESULT) or {}
+    stopped = stopped_for_budget(run, config)
+    if stopped is not None:
+        summary = {"steps": result.get("steps"), "last_checkpoint": result.get("last_checkpoint"),
+                   "stopped_for_budget": stopped}  # fmt: skip
+        return TrainOutcome(result, {}, summary)
+    exported = export_run_draft(run, config.target.model_path)
     best = exported["best"]
     summary = {
         "steps": result.get("steps"),

@@ -1,0 +1,265 @@
+"""The trainer's output pinned bit for bit: per-step losses and gradient norms, held-out figures,
+the checkpoints kept and the sha256 of their weights and optimizer state, and of the exported
+drafts' weights, for three short runs on the tiny target (the default recipe across an epoch
+boundary and a resume, a recipe of every setting, online hidden states).
+
+Recorded from the trainer before issue 49's restructuring (train_draft as one function) and kept
+since: a refactor of the trainer must leave training exactly as it was. The figures are of this
+platform's CPU kernels (x86-64, one torch thread) and of the tiny target and its extracted data as
+their code builds them today: `test_the_inputs_are_the_pinned_ones` says when those moved, and
+then the other figures say nothing about the trainer (re-record them with
+`PIN_RECORD=1 pytest -s tests/test_trainer_pinned.py`, which prints the figures instead of
+checking them)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load as st_load
+
+from tasks.draft import checkpoint as ckpt
+from tasks.draft.export import export_run_draft
+from tasks.draft.online import OnlineTarget
+from tasks.draft.trainer import TrainCallbacks, train_draft
+from tasks.runfolder import RunFolder
+from tasks.runfolder.layout import TRAIN_BEST, TRAIN_FINAL, TRAIN_FINAL_SPECULATORS, TRAIN_VOCAB_MAP
+
+RECORD = os.environ.get("PIN_RECORD") == "1"
+
+# 30 training batches an epoch at batch_tokens 1024: 34 steps cross into the second epoch.
+DEFAULT = {"max_steps": 34, "eval_every": 8, "save_every": 10}
+RECIPE = {"compute_dtype": "bfloat16", "aux_state_noise": 0.05, "init_lm_head_from_target": True,
+          "freeze_lm_head": True, "init_norm_from_target": True, "loss_normalization": "token",
+          "adam_betas": [0.9, 0.95], "weight_decay": 0.01, "max_train_sequences": 40, "max_steps": 14,
+          "eval_every": 5, "save_every": 7, "warmup_steps": 3}  # fmt: skip
+ONLINE = {"hidden_states": "online", "max_steps": 10, "eval_every": 5, "save_every": 4}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread, as every trainer test: the pinned floats are of one thread's sums."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _tensors_sha(blob: bytes) -> str:
+    """The sha256 of a safetensors file's tensors (names, dtypes, shapes, bytes), not its header
+    layout or metadata."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(st_load(blob).items()):
+        digest.update(f"{name}:{tensor.dtype}:{list(tensor.shape)}".encode())
+        digest.update(tensor.contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def figures(run: RunFolder, result: Any, target: str) -> dict[str, Any]:
+    """What the run trained, as exact floats and digests (nothing the machine's speed sets), its
+    best checkpoint exported as the train stage exports it."""
+    export_run_draft(run, target)
+    kept = [ckpt.checkpoint_key(s) for s in ckpt.complete_steps(run)]
+    return {
+        "steps": result.steps,
+        "losses": [h["loss"] for h in result.history],
+        "grad_norms": [h["grad_norm"] for h in result.history],
+        "lrs": [h["lr"] for h in result.history],
+        "evals": [(e["step"], e["loss"], e["sim_accept"], e.get("pooled_accept_len_3"), e.get("target_agreement"))
+                  for e in result.evals],  # fmt: skip
+        "best": run.read_json(TRAIN_BEST),
+        "last_checkpoint": result.last_checkpoint,
+        "checkpoints": {key: {name: (_tensors_sha if name == "model.safetensors" else _sha)(run.read_bytes(f"{key}/{name}"))
+                              for name in ("model.safetensors", "optimizer.pt")} for key in kept},  # fmt: skip
+        "vocab_map": _tensors_sha(run.read_bytes(TRAIN_VOCAB_MAP)),
+        "final": _tensors_sha(run.read_bytes(f"{TRAIN_FINAL}/model.safetensors")),
+        "final_speculators": _tensors_sha(run.read_bytes(f"{TRAIN_FINAL_SPECULATORS}/model.safetensors")),
+        "trainer_state_keys": sorted(ckpt.read_trainer_state(run, result.last_checkpoint)),
+    }
+
+
+def _check(name: str, got: dict[str, Any]) -> None:
+    if RECORD:
+        print(f"\n{name} = {got!r}")
+        return
+    assert got == PINNED[name]
+
+
+def _input_digest(run: RunFolder, target_dir: Path) -> str:
+    digest = hashlib.sha256(_tensors_sha((target_dir / "model.safetensors").read_bytes()).encode())
+    for name in sorted(run.listdir("extract/data")):  # shard id first: the order is the data's
+        if name.endswith(".safetensors"):
+            digest.update(name.split(".")[0].encode())
+            digest.update(_tensors_sha(run.read_bytes(f"extract/data/{name}")).encode())
+    return digest.hexdigest()
+
+
+def test_the_inputs_are_the_pinned_ones(make_run, tiny_target_dir):
+    """The tiny target's weights and the extracted states the figures below were recorded on:
+    when these differ, the inputs moved (tasks/target, tasks/extract), not the trainer."""
+    _, run = make_run("inputs")
+    got = _input_digest(run, tiny_target_dir)
+    if RECORD:
+        print(f"\nINPUTS = {got!r}")
+        return
+    assert got == INPUTS, "the tiny target or its extracted states changed: re-record the pinned figures"
+
+
+def test_the_default_recipe_across_an_epoch_and_its_resume(make_run):
+    cfg, run = make_run("default", **DEFAULT)
+    straight = train_draft(run, cfg.train, cfg.target.model_path)
+    _check("DEFAULT_FIGURES", figures(run, straight, cfg.target.model_path))
+
+    # Stopped at its step-20 checkpoint, then resumed: the same figures, bit for bit.
+    cfg2, run2 = make_run("default-resumed", **DEFAULT)
+
+    class Stop(Exception):
+        pass
+
+    def stop(key: str) -> None:
+        if key == ckpt.checkpoint_key(20):
+            raise Stop(key)
+
+    with pytest.raises(Stop):
+        train_draft(run2, cfg2.train, cfg2.target.model_path, callbacks=TrainCallbacks(on_checkpoint=stop))
+    resumed = train_draft(run2, cfg2.train, cfg2.target.model_path)
+    assert resumed.resumed_from == ckpt.checkpoint_key(20)
+    if not RECORD:
+        assert figures(run2, resumed, cfg2.target.model_path) == PINNED["DEFAULT_FIGURES"]
+
+
+def test_every_recipe_setting(make_run):
+    cfg, run = make_run("recipe", **RECIPE)
+    result = train_draft(run, cfg.train, cfg.target.model_path, eval_max_batches=3, keep_checkpoints=1,
+                         compile_kernels=False)  # fmt: skip
+    _check("RECIPE_FIGURES", figures(run, result, cfg.target.model_path))
+
+
+def test_online_hidden_states(make_run):
+    cfg, run = make_run("online", **ONLINE)
+    run.remove("extract", recursive=True)
+    result = train_draft(run, cfg.train, cfg.target.model_path, online=OnlineTarget.from_config(cfg))
+    _check("ONLINE_FIGURES", figures(run, result, cfg.target.model_path))
+
+
+# -- recorded by PIN_RECORD=1 from the trainer before issue 49's restructuring ---------------------
+
+INPUTS = '0cf76b7f523a365ef3bf43fc69b983d4198267407c872e43a3979f141328f9c6'
+PINNED: dict[str, Any] = {
+    'DEFAULT_FIGURES': {'steps': 34,
+     'losses': [16.945207884652277, 16.93226700179431, 16.871912287100038, 16.9013661578361,
+                16.840274517059328, 16.625697781909317, 16.61971115645109, 16.551990406513216,
+                16.378825046260182, 16.17162730578901, 16.183497130158663, 16.21549014521911,
+                15.692032651572394, 16.09509116360561, 15.870317236019087, 16.093774545119587,
+                15.735223412513733, 16.213688433579726, 15.84693156640451, 16.034982151089586,
+                15.83525708988088, 16.107247367132278, 15.608306826182776, 16.097268184094816,
+                15.621288189254441, 16.1597240449915, 16.168081135869027, 15.721408120791118,
+                15.914465562583116, 16.138852672868104, 16.02432953458437, 15.687130565643312,
+                15.723437152490384, 15.505008884748847],
+     'grad_norms': [0.5686689615249634, 0.961912214756012, 0.844951868057251, 0.8818464279174805,
+                    0.7656214237213135, 0.9946266412734985, 0.7626450061798096, 1.2973928451538086,
+                    1.3267652988433838, 0.771804690361023, 0.6631243824958801, 0.930444061756134,
+                    1.0259243249893188, 0.7695612907409668, 0.7766768932342529, 0.571582019329071,
+                    2.5526278018951416, 0.7866489291191101, 1.1890732049942017, 0.5346846580505371,
+                    0.5254083871841431, 1.2877501249313354, 1.0410228967666626, 0.5457572340965271,
+                    0.7601403594017029, 0.705700159072876, 0.7818332314491272, 1.9718232154846191,
+                    0.9048553705215454, 0.6455219388008118, 0.7428454756736755, 1.1545615196228027,
+                    1.2334704399108887, 0.8326713442802429],
+     'lrs': [0.0006000000000000001, 0.0012000000000000001, 0.0018, 0.0024000000000000002, 0.003, 0.003,
+             0.0029912069357315393, 0.00296493083356513, 0.002921479756774204, 0.0028613631295064355,
+             0.0027852857642513837, 0.0026941395985584657, 0.0025889932378846963, 0.0024710794271727418,
+             0.0023417805980435738, 0.002202612661049685, 0.0020552072330098717, 0.0019012925077938317,
+             0.0017426729948291475, 0.0015812083628781264, 0.001418791637121874, 0.001257327005170853,
+             0.001098707492206169, 0.0009447927669901284, 0.000797387338950315, 0.0006582194019564266,
+             0.0005289205728272586, 0.0004110067621153041, 0.0003058604014415344,
+             0.00021471423574861642, 0.00013863687049356466, 7.852024322579648e-05,
+             3.5069166434870015e-05, 8.793064268460605e-06],
+     'evals': [(0, 16.953448502799223, 0.0005617977527095426, 1.000577700751011, 0.9842784952274003),
+               (8, 16.303516350456466, 0.02923517446770403, 1.0230360307147077, 0.9842784952274003),
+               (16, 15.925135855377558, 0.018243950117736264, 1.0081490104772992, 0.9842784952274003),
+               (24, 15.914644234500397, 0.01596345635301923, 1.005807200929152, 0.9842784952274003),
+               (32, 15.905467499631769, 0.012563955292372735, 1.005807200929152, 0.9842784952274003),
+               (34, 15.90524858710339, 0.012563838462964435, 1.005807200929152, 0.9842784952274003)],
+     'best': {'checkpoint': 'train/checkpoints/step-8',
+              'sim_accept': 0.02923517446770403,
+              'sim_accept_len': 1.029235174467704,
+              'step': 8},
+     'last_checkpoint': 'train/checkpoints/step-34',
+     'checkpoints': {'train/checkpoints/step-8': {'model.safetensors': 'ebce9c09650306bb2104b74c143eedf3bc27e74c997c0ff39f00ccd6cc827d54',
+                                                  'optimizer.pt': 'fd7af8a292aab5688043b6464bacfec95c9a6b6e9f2e06d862bb4424f1ee9111'},
+                     'train/checkpoints/step-30': {'model.safetensors': '1c33ce3ec803a98206600e927523d91c953d5c9bc46d0266a6c528c81edf9eb4',
+                                                   'optimizer.pt': '5d355ca865b252f6aee7362e6ccce66e2edcd6a3db33ee8abfb52ce555f9ae4d'},
+                     'train/checkpoints/step-34': {'model.safetensors': '67f78cdeca035dd3afde45a43f331c0329b3382239b384e744c78da64f3985d8',
+                                                   'optimizer.pt': '40650fad51b7d73b89fa42a42e0a85f3b6e0170cb7f65d6cc4cac72851454c2b'}},
+     'vocab_map': 'e9f54f29329638efbaaeced4c01bad34128cf5680ae10b7a777eed5fe77732ce',
+     'final': 'ebce9c09650306bb2104b74c143eedf3bc27e74c997c0ff39f00ccd6cc827d54',
+     'final_speculators': '27455b3c6c66916a13d459bac0d60e1c1a569cda90ffd5940f7a51e842a09dc9',
+     'trainer_state_keys': ['batch_in_epoch', 'best', 'epoch', 'evals', 'hidden_states', 'history',
+                            'holdout', 'recipe', 'step', 'steps_per_epoch', 'total_steps',
+                            'train_sequences']},
+    'RECIPE_FIGURES': {'steps': 14,
+     'losses': [28.009100295081357, 27.829311542510986, 26.44488720855328, 25.063374888159494,
+                24.86185199942326, 24.509931699117026, 21.561356237256852, 21.747558488210046,
+                19.859758631989763, 20.748920019072326, 20.49193558259444, 17.978204102516177,
+                18.61082150175765, 20.100734933724432],
+     'grad_norms': [10.9728422164917, 0.4986991584300995, 3.7007052898406982, 10.554239273071289,
+                    4.6936469078063965, 0.5009068846702576, 3.000993251800537, 0.33179205656051636,
+                    2.1009175777435303, 3.1675455570220947, 1.783564567565918, 0.14121411740779877,
+                    2.5854249000549316, 2.023240566253662],
+     'lrs': [0.001, 0.002, 0.003, 0.003, 0.0029392394604217465, 0.002761880299246772,
+             0.002482291100917928, 0.00212312251950283, 0.001713472257409928, 0.0012865277425900725,
+             0.0008768774804971706, 0.0005177088990820725, 0.00023811970075322803,
+             6.0760539578254115e-05],
+     'evals': [(0, 28.445067410744915, 0.0027548209366391185, 1.0, 0.9586776859504132),
+               (5, 23.929596087978563, 0.0027700408263087164, 1.0, 0.9586776859504132),
+               (10, 21.063375197428975, 0.0055705214319566295, 1.0057142857142858, 0.9586776859504132),
+               (14, 20.63649584210609, 0.00835603302523719, 1.008595988538682, 0.9586776859504132)],
+     'best': {'checkpoint': 'train/checkpoints/step-14',
+              'sim_accept': 0.00835603302523719,
+              'sim_accept_len': 1.0083560330252372,
+              'step': 14},
+     'last_checkpoint': 'train/checkpoints/step-14',
+     'checkpoints': {'train/checkpoints/step-14': {'model.safetensors': '201d5467f29e63e275a8b3492243cd86b2ce4dc10f4da6789c293d4730624bcd',
+                                                   'optimizer.pt': '9f22a0c88e4c17a2e9e21a3e9cb150568a67ba0d38ffd2cd6ff64cedc56a6f58'}},
+     'vocab_map': '77486ded479abea7e34ad9caa0052bd58836db43ff1a64e405c19c0e560bddb3',
+     'final': '201d5467f29e63e275a8b3492243cd86b2ce4dc10f4da6789c293d4730624bcd',
+     'final_speculators': '05a466e7439116c9a9297f7f0c964bdb142780eec8186f99238f2f131996ee7c',
+     'trainer_state_keys': ['batch_in_epoch', 'best', 'epoch', 'evals', 'hidden_states', 'history',
+                            'holdout', 'recipe', 'step', 'steps_per_epoch', 'total_steps',
+                            'train_sequences']},
+    'ONLINE_FIGURES': {'steps': 10,
+     'losses': [16.945207876122517, 16.932266999069526, 16.87191221763839, 16.901366161387017,
+                16.840274468440633, 16.625697734746904, 16.619711123945567, 16.564106271796756,
+                16.427463939480667, 16.286582561239314],
+     'grad_norms': [0.5686689615249634, 0.961912214756012, 0.8449519872665405, 0.8818464875221252,
+                    0.7656214833259583, 0.9946267604827881, 0.7626450657844543, 1.2977100610733032,
+                    1.3270922899246216, 0.792488694190979],
+     'lrs': [0.0006000000000000001, 0.0012000000000000001, 0.0018, 0.0024000000000000002, 0.003, 0.003,
+             0.002713525491562421, 0.0019635254915624212, 0.001036474508437579, 0.000286474508437579],
+     'evals': [(0, 16.95344850468408, 0.0005617977527095426, 1.000577700751011, 0.9842784952274003),
+               (5, 16.726766532595946, 0.02043033460781054, 1.0176263219741482, 0.9842784952274003),
+               (10, 16.30099131455119, 0.028120173889436523, 1.0218289085545722, 0.9842784952274003)],
+     'best': {'checkpoint': 'train/checkpoints/step-10',
+              'sim_accept': 0.028120173889436523,
+              'sim_accept_len': 1.0281201738894366,
+              'step': 10},
+     'last_checkpoint': 'train/checkpoints/step-10',
+     'checkpoints': {'train/checkpoints/step-8': {'model.safetensors': '53dbbc11349593faa6e765c4b9d11eca503c7c5100d8f3948cf530418573888b',
+                                                  'optimizer.pt': '08916bdf2db8240a37fe3d349184d17759e65d908183ae80522e8a5721364965'},
+                     'train/checkpoints/step-10': {'model.safetensors': 'a87cd021ffe68789d06c23473d0db12d3ab4e88b51d6e5e3ee4d1cd718557448',
+                                                   'optimizer.pt': 'a1e2b6edc6a8dc20810c2f70e070e503596ed239de9d0dd53e33da73e008b415'}},
+     'vocab_map': 'e9f54f29329638efbaaeced4c01bad34128cf5680ae10b7a777eed5fe77732ce',
+     'final': 'a87cd021ffe68789d06c23473d0db12d3ab4e88b51d6e5e3ee4d1cd718557448',
+     'final_speculators': '58ddbd10fea618345ff0c653509b66f229876c41d92504d394bfc97acd77eda6',
+     'trainer_state_keys': ['batch_in_epoch', 'best', 'epoch', 'evals', 'hidden_states', 'history',
+                            'holdout', 'recipe', 'step', 'steps_per_epoch', 'total_steps',
+                            'train_sequences']},
+}  # fmt: skip
