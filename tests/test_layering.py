@@ -5,6 +5,7 @@ is an arrow too), so a new upward import fails here rather than in a circular-im
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,6 +116,25 @@ def test_the_target_imports_nothing_above_it() -> None:
     # Importing any target module runs tasks/target/__init__.py first: it imports nothing, so the
     # configuration's path helpers (path_kinds, packages) do not bring transformers or torch.
     assert GRAPH["tasks.target"] == set()
+
+
+def test_the_target_families_are_data_reached_through_the_registry() -> None:
+    # What eaglescale knows about each target family is one module in tasks/target/families/
+    # (docs/TARGETS.md). The registry is read by model_dir.py, which the configuration reaches:
+    # the package imports nothing outside itself and errors.py, and no third party (torch,
+    # transformers) at all.
+    package = {m for m in GRAPH if m.startswith("tasks.target.families")}
+    assert {"tasks.target.families.registry", "tasks.target.families.base", "tasks.target.families.qwen3"} <= package
+    assert _outside("tasks.target.families", ("tasks.target.errors",)) == {}
+    third_party = {m: sorted(n for n in IMPORTS[m] if n.split(".")[0] not in sys.stdlib_module_names
+                             and n.split(".")[0] != "tasks") for m in package}  # fmt: skip
+    assert {m: names for m, names in third_party.items() if names} == {}
+    # A family module imports only the interface, and nothing imports a family module: the
+    # registry's list reaches them, so adding a family edits no other module.
+    interface = {"tasks.target.families", "tasks.target.families.base", "tasks.target.families.registry"}
+    families = package - interface
+    assert {m: sorted(GRAPH[m] - {"tasks.target.families.base"}) for m in families if GRAPH[m] - {"tasks.target.families.base"}} == {}
+    assert {m: sorted(d & families) for m, d in GRAPH.items() if d & families} == {}
 
 
 def test_no_circles_between_modules_or_folders() -> None:

@@ -4,38 +4,23 @@ The draft shares the target's embedding and its teacher needs the target's lm_he
 else of a terabyte-sized target is read (safe_open reads the named tensors only). Sharded
 checkpoints are found through their `*.safetensors.index.json`; a target with tied
 embeddings uses its embedding as the head. The final norm's weight is read the same way when
-the draft's norm starts from it (train.init_norm_from_target).
+the draft's norm starts from it (train.init_norm_from_target). Which tensor names to look for,
+and whether the norm means what the draft's does, the target's family module says
+(tasks/target/families/).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
 
+from tasks.target.families.base import TargetFamily
+from tasks.target.families.registry import config_model_type, family_for
 from tasks.target.model_dir import read_model_config, resolve_model_dir, text_config
-
-# Known names first, most common first; multimodal targets prefix their language model.
-EMBED_KEYS = (
-    "model.embed_tokens.weight",
-    "language_model.model.embed_tokens.weight",
-    "model.language_model.embed_tokens.weight",
-    "transformer.wte.weight",
-)
-HEAD_KEYS = (
-    "lm_head.weight",
-    "language_model.lm_head.weight",
-    "model.language_model.lm_head.weight",
-)
-NORM_KEYS = (
-    "model.norm.weight",
-    "language_model.model.norm.weight",
-    "model.language_model.norm.weight",
-)
-# Norms that scale by (1 + weight): their stored weight is not the draft's RMSNorm weight.
-OFFSET_NORM_TYPES = ("gemma",)
 
 
 class TargetHeadsError(ValueError):
@@ -63,6 +48,10 @@ def _weight_map(model_dir: Path) -> dict[str, Path]:
     return out
 
 
+def _family(config: dict[str, Any]) -> TargetFamily:
+    return family_for(config_model_type(config), "the target's embedding, head and norm")
+
+
 def _pick(weight_map: dict[str, Path], known: tuple[str, ...], suffix: str) -> str | None:
     for key in known:
         if key in weight_map:
@@ -81,16 +70,17 @@ def _read(weight_map: dict[str, Path], key: str) -> torch.Tensor:
 def load_target_heads(model_path: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(embed_weight [vocab, H], lm_head_weight [vocab, H]) in the checkpoint's dtype."""
     model_dir = resolve_model_dir(model_path)
-    config = text_config(read_model_config(model_dir))
+    raw = read_model_config(model_dir)
+    family, config = _family(raw), text_config(raw)
     weight_map = _weight_map(model_dir)
-    embed_key = _pick(weight_map, EMBED_KEYS, "embed_tokens.weight")
+    embed_key = _pick(weight_map, family.embed_keys, "embed_tokens.weight")
     if embed_key is None:
         raise TargetHeadsError(f"{model_path}: no token embedding among its tensors")
     embed = _read(weight_map, embed_key)
-    head_key = _pick(weight_map, HEAD_KEYS, "lm_head.weight")
+    head_key = _pick(weight_map, family.head_keys, "lm_head.weight")
     if head_key is not None:
         head = _read(weight_map, head_key)
-    elif config.get("tie_word_embeddings") or read_model_config(model_dir).get("tie_word_embeddings"):
+    elif config.get("tie_word_embeddings") or raw.get("tie_word_embeddings"):
         head = embed
     else:
         raise TargetHeadsError(
@@ -112,15 +102,15 @@ def load_target_heads(model_path: str) -> tuple[torch.Tensor, torch.Tensor]:
 def load_target_norm(model_path: str) -> torch.Tensor:
     """The target's final norm weight [hidden] (applied before its lm_head), checkpoint dtype."""
     model_dir = resolve_model_dir(model_path)
-    config = text_config(read_model_config(model_dir))
-    model_type = str(config.get("model_type", ""))
-    if model_type.startswith(OFFSET_NORM_TYPES):
+    raw = read_model_config(model_dir)
+    family, config = _family(raw), text_config(raw)
+    if family.norm_plus_one:  # its stored weight is not the draft's RMSNorm weight
         raise TargetHeadsError(
-            f"{model_path}: a {model_type} target's norm scales by 1 + weight, the draft's RMSNorm by "
+            f"{model_path}: a {config_model_type(raw)} target's norm scales by 1 + weight, the draft's RMSNorm by "
             "its weight; train.init_norm_from_target does not convert it"
         )
     weight_map = _weight_map(model_dir)
-    key = _pick(weight_map, NORM_KEYS, "model.norm.weight")
+    key = _pick(weight_map, family.norm_keys, "model.norm.weight")
     if key is None:
         raise TargetHeadsError(f"{model_path}: no final norm weight (model.norm.weight) among its tensors")
     norm = _read(weight_map, key)

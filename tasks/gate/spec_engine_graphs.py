@@ -1,8 +1,9 @@
 """Fixed-shape forwards for speculative decoding: static KV caches, no host syncs, CUDA graphs.
 
-`StaticTarget` runs a Llama-style transformers causal LM (Llama; Qwen2, whose q/k/v biases are
-the projections' own) layer by layer through its own modules (projections, norms, MLP, rotary
-embedding) with a preallocated KV cache; `StaticDraft`
+`StaticTarget` runs a Llama-style transformers causal LM layer by layer through its own modules
+(projections, norms, MLP, rotary embedding) with a preallocated KV cache; how a family's
+attention makes q, k and v (biases are the projections' own; a per-head norm is the family's) is
+its family module's `StaticForward` (tasks/target/families/); `StaticDraft`
 does the same for an Eagle3Draft's midlayer. Cache slot p holds the key/value of rope position
 p, and a query at position q sees exactly the slots <= q. That makes rollback free: entries
 past the accepted length are either masked (beyond the query) or rewritten by the next forward
@@ -24,6 +25,8 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from tasks.draft.model import Eagle3Draft
 from tasks.extract.local_capture import decoder_stack
+from tasks.target.families.base import StaticForward
+from tasks.target.families.registry import HOW_TO_ADD, family_for
 
 # SDPA's memory-efficient kernel wants the mask's last dimension aligned; caches are rounded up.
 _SLOT_ALIGN = 16
@@ -57,6 +60,29 @@ def _aligned(n: int) -> int:
     return -(-n // _SLOT_ALIGN) * _SLOT_ALIGN
 
 
+def _static_forward(model: PreTrainedModel, attn: torch.nn.Module) -> StaticForward:
+    """The target family's StaticForward, checked against the model's own attention modules."""
+    model_type = model.config.model_type
+    static = family_for(model_type, "the local engine's static forward").static
+    if static is None:
+        raise ValueError(
+            f"{model_type}: the local engine's static forward does not run this family (its family "
+            f"module has no StaticForward; {HOW_TO_ADD})"
+        )
+    missing = [name for name in static.modules if not hasattr(attn, name)]
+    # A per-head q/k norm the family does not declare would be skipped: refused, not guessed.
+    undeclared = [name for name in ("q_norm", "k_norm") if hasattr(attn, name) and name not in static.modules]
+    if missing:
+        raise ValueError(f"{model_type}: {type(attn).__name__} has no {missing}: not the attention its "
+                         "family module's StaticForward describes")  # fmt: skip
+    if undeclared:
+        raise ValueError(f"{model_type}: {type(attn).__name__} has {undeclared}, which its family "
+                         "module's StaticForward does not apply")  # fmt: skip
+    if getattr(model.config, "sliding_window", None):
+        raise ValueError(f"{model_type}: sliding-window attention is not implemented by the static forward")
+    return static
+
+
 class StaticTarget:
     """The target's forward over S new tokens at given positions, with a static KV cache."""
 
@@ -66,15 +92,8 @@ class StaticTarget:
         bad = [i for i in aux_layer_ids if not 0 <= i < len(self.layers)]
         if bad:
             raise ValueError(f"aux layer ids {bad} outside the target's {len(self.layers)} layers")
+        self.static = _static_forward(model, self.layers[0].self_attn)
         attn = self.layers[0].self_attn
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            if not hasattr(attn, name):
-                raise ValueError(f"{type(attn).__name__} has no {name}: not a Llama-style attention")
-        if hasattr(attn, "q_norm") or getattr(model.config, "sliding_window", None):
-            raise ValueError(
-                f"{model.config.model_type}: per-head q/k norms or sliding-window attention are "
-                "not implemented by the static forward (Llama-style targets only)"
-            )
         cfg = model.config
         self.aux_layer_ids = list(aux_layer_ids)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
@@ -108,9 +127,7 @@ class StaticTarget:
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             x = layer.input_layernorm(h)
-            q = attn.q_proj(x).view(1, s, self.heads, self.head_dim).transpose(1, 2)
-            k = attn.k_proj(x).view(1, s, self.kv_heads, self.head_dim).transpose(1, 2)
-            v = attn.v_proj(x).view(1, s, self.kv_heads, self.head_dim).transpose(1, 2)
+            q, k, v = self.static.project_qkv(attn, x, self.heads, self.kv_heads, self.head_dim)
             q, k = apply_rotary_pos_emb(q, k, cos, sin)
             self.keys[i].index_copy_(2, positions, k)
             self.values[i].index_copy_(2, positions, v)

@@ -11,11 +11,12 @@ The conversion is ours, not transformers' GGUF loader, so its bytes do not depen
 transformers version of the machine it runs on (the orchestrator and the GPU node must produce
 the same folder, or a resume across them would be refused by the fingerprint): dequantization
 is gguf-py's (numpy, deterministic; K-quants included), the q/k rotary permutation llama.cpp
-applies to Llama on export is undone (it applies none to Qwen2), and the tokenizer files are
+applies on export is undone where the family says so (Llama), and the tokenizer files are
 written from the GGUF's own vocabulary and merges.
 
-Architectures: `llama` (LlamaForCausalLM) and `qwen2` (Qwen2ForCausalLM: q/k/v biases, its own
-pre-tokenizer). Anything else is refused naming the architecture.
+Architectures: those whose family module (tasks/target/families/) has a GGUF spec: its
+transformers class, its config keys, its layer tensors and biases, its pre-tokenizers. Anything
+else is refused naming the architecture and the known ones.
 
 The cache key is the GGUF file's sha256 and the converter version; the folder appears complete
 or not at all (built beside it, then renamed), so a crash or a truncated input never leaves a
@@ -30,11 +31,18 @@ import os
 import shutil
 import threading
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from tasks.target.families.base import GGUFShape, GGUFSpec, PreTokenizer, TargetFamily
+from tasks.target.families.registry import (
+    HOW_TO_ADD,
+    gguf_architectures,
+    gguf_family,
+    gguf_pre_tokenizers,
+)
 
 # Bump when the output of the conversion changes: old cache folders are then left alone.
 CONVERTER_VERSION = 1
@@ -42,54 +50,8 @@ SOURCE_FILE = "eaglescale_source.json"
 CACHE_ENV = "EAGLESCALE_CACHE"
 
 
-@dataclass(frozen=True)
-class _Arch:
-    """What differs between the GGUF architectures we convert."""
-
-    hf_architecture: str
-    model_type: str
-    biases: tuple[str, ...]  # GGUF layer tensors that carry a .bias as well
-    permute_qk: bool  # llama.cpp's exporter permuted q/k rows for GGML's rope
-
-
-_ARCHITECTURES = {
-    "llama": _Arch("LlamaForCausalLM", "llama", (), permute_qk=True),
-    # convert_hf_to_gguf.py's Qwen2Model permutes nothing (its LlamaModel alone does).
-    "qwen2": _Arch("Qwen2ForCausalLM", "qwen2", ("attn_q", "attn_k", "attn_v"), permute_qk=False),
-}
-SUPPORTED_ARCHITECTURES = tuple(_ARCHITECTURES)
-
-
-@dataclass(frozen=True)
-class _PreTokenizer:
-    """An HF tokenizers pipeline before BPE: normalizer, pre-tokenizers, then the byte-level
-    mapping (with GPT-2's own split when `byte_level_regex`)."""
-
-    pre: tuple[dict[str, Any], ...] = ()
-    normalizer: dict[str, Any] | None = None
-    byte_level_regex: bool = True
-
-
-# Qwen2's split (transformers' Qwen2Tokenizer and the model's own tokenizer.json; llama.cpp's
-# "qwen2" pre-tokenizer spells the contractions case by case, the same pattern).
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-# llama.cpp's names of the pre-tokenizers we can express as HF tokenizers pipelines.
-_PRE_TOKENIZERS = {
-    # SmolLM's: every digit its own pre-token, then GPT-2's byte-level split.
-    "smollm": _PreTokenizer(({"type": "Digits", "individual_digits": True},)),
-    "gpt2": _PreTokenizer(),
-    "default": _PreTokenizer(),
-    # Qwen2's: NFC (its tokenizer.json normalizes; llama.cpp does not, so text that is not NFC
-    # may tokenize differently there), its split, then bytes without GPT-2's split.
-    "qwen2": _PreTokenizer(
-        ({"type": "Split", "pattern": {"Regex": _QWEN2_SPLIT}, "behavior": "Isolated", "invert": False},),
-        normalizer={"type": "NFC"},
-        byte_level_regex=False,
-    ),
-}
+# llama.cpp's generic pre-tokenizer names (GPT-2's byte-level split); the families bring theirs.
+_GENERIC_PRE_TOKENIZERS = {"gpt2": PreTokenizer(), "default": PreTokenizer()}
 _CONTROL_TOKEN = 3  # gguf TokenType.CONTROL
 _USER_DEFINED_TOKEN = 4
 
@@ -213,18 +175,20 @@ def _open(path: Path, source: str) -> Any:
 
 
 class _Metadata:
-    """The GGUF key/value metadata a Llama or Qwen2 HF folder needs."""
+    """The GGUF key/value metadata an HF folder of the GGUF's family needs."""
 
     def __init__(self, reader: Any, source: str) -> None:
         self.fields = reader.fields
         self.source = source
         self.architecture = str(self.get("general.architecture"))
-        if self.architecture not in SUPPORTED_ARCHITECTURES:
+        family = gguf_family(self.architecture)
+        if family is None or family.gguf is None:
             raise GGUFTargetError(
                 f"{source}: unsupported GGUF architecture {self.architecture!r} "
-                f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+                f"(supported: {', '.join(gguf_architectures())}; {HOW_TO_ADD} says how to add one)"
             )
-        self.spec = _ARCHITECTURES[self.architecture]
+        self.family: TargetFamily = family
+        self.spec: GGUFSpec = family.gguf
 
     def get(self, key: str, default: Any = ...) -> Any:
         field = self.fields.get(key)
@@ -237,10 +201,9 @@ class _Metadata:
     def arch(self, key: str, default: Any = ...) -> Any:
         return self.get(f"{self.architecture}.{key}", default)
 
-    def hf_config(self) -> dict[str, Any]:
+    def shape(self) -> GGUFShape:
         hidden = int(self.arch("embedding_length"))
         heads = int(self.arch("attention.head_count"))
-        kv_heads = int(self.arch("attention.head_count_kv", heads))
         head_dim = int(self.arch("attention.key_length", hidden // heads))
         rope_dim = int(self.arch("rope.dimension_count", head_dim))
         if rope_dim != head_dim:
@@ -248,26 +211,29 @@ class _Metadata:
                 f"{self.source}: partial rotary embeddings (rope dims {rope_dim} of head dim "
                 f"{head_dim}) are not supported"
             )
+        kv_heads = int(self.arch("attention.head_count_kv", heads))
+        return GGUFShape(hidden, heads, kv_heads, head_dim, int(self.arch("block_count")))
+
+    def hf_config(self) -> dict[str, Any]:
+        """The keys every family shares, then the family's own (its GGUF spec's `config`)."""
+        shape = self.shape()
         theta = _f32(self.arch("rope.freq_base", 10000.0))
-        tokens = self.get("tokenizer.ggml.tokens")
-        vocab = int(self.arch("vocab_size", len(tokens)))
         ids = self.token_ids()
-        layers = int(self.arch("block_count"))
         config: dict[str, Any] = {
-            "architectures": [self.spec.hf_architecture],
-            "model_type": self.spec.model_type,
+            "architectures": [self.family.architectures[0]],
+            "model_type": self.family.model_type,
             "attention_dropout": 0.0,
             "bos_token_id": ids["bos"],
             "eos_token_id": ids["eos"],
             "pad_token_id": ids["pad"],
             "hidden_act": "silu",
-            "hidden_size": hidden,
+            "hidden_size": shape.hidden,
             "initializer_range": 0.02,
             "intermediate_size": int(self.arch("feed_forward_length")),
             "max_position_embeddings": int(self.arch("context_length")),
-            "num_attention_heads": heads,
-            "num_hidden_layers": layers,
-            "num_key_value_heads": kv_heads,
+            "num_attention_heads": shape.heads,
+            "num_hidden_layers": shape.layers,
+            "num_key_value_heads": shape.kv_heads,
             "rms_norm_eps": _f32(self.arch("attention.layer_norm_rms_epsilon")),
             # Both spellings: transformers 5 reads rope_parameters, older readers rope_theta.
             "rope_theta": theta,
@@ -276,19 +242,12 @@ class _Metadata:
             "tie_word_embeddings": True,  # corrected by _hf_tensors when output.weight exists
             "dtype": "bfloat16",
             "use_cache": True,
-            "vocab_size": vocab,
+            "vocab_size": int(self.arch("vocab_size", len(self.get("tokenizer.ggml.tokens")))),
         }
-        if self.spec.model_type == "llama":
-            config.update(attention_bias=False, mlp_bias=False, head_dim=head_dim)
-        else:
-            # Qwen2's attention has no head_dim setting: hidden // heads it is.
-            if head_dim != hidden // heads:
-                raise GGUFTargetError(
-                    f"{self.source}: head dim {head_dim} != hidden {hidden} / heads {heads}, "
-                    "which Qwen2ForCausalLM cannot express"
-                )
-            # Full attention in every layer, as llama.cpp runs it (the GGUF has no window).
-            config.update(use_sliding_window=False, sliding_window=None, max_window_layers=layers)
+        try:
+            config.update(self.spec.config(shape))
+        except ValueError as e:  # a shape the family's transformers class cannot express
+            raise GGUFTargetError(f"{self.source}: {e}") from None
         return config
 
     def token_ids(self) -> dict[str, int]:
@@ -314,10 +273,11 @@ class _Metadata:
     def tokenizer_files(self) -> tuple[dict[str, Any], dict[str, Any]]:
         model = self.get("tokenizer.ggml.model")
         pre_name = str(self.get("tokenizer.ggml.pre", "default"))
-        if model != "gpt2" or pre_name not in _PRE_TOKENIZERS:
+        pre_tokenizers = {**_GENERIC_PRE_TOKENIZERS, **gguf_pre_tokenizers()}
+        if model != "gpt2" or pre_name not in pre_tokenizers:
             raise GGUFTargetError(
                 f"{self.source}: unsupported GGUF tokenizer (model {model!r}, pre-tokenizer {pre_name!r}; "
-                f"supported: gpt2 byte-level BPE with pre-tokenizer {sorted(_PRE_TOKENIZERS)})"
+                f"supported: gpt2 byte-level BPE with pre-tokenizer {sorted(pre_tokenizers)})"
             )
         template = self.get("tokenizer.chat_template", None)
         if not template:
@@ -331,7 +291,7 @@ class _Metadata:
             for i, (tok, kind) in enumerate(zip(tokens, types, strict=True))
             if kind in (_CONTROL_TOKEN, _USER_DEFINED_TOKEN)
         ]  # fmt: skip
-        pre = _PRE_TOKENIZERS[pre_name]
+        pre = pre_tokenizers[pre_name]
         byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
                       "use_regex": pre.byte_level_regex}  # fmt: skip
         tokenizer_json = {
@@ -366,29 +326,18 @@ def _f32(value: Any) -> float:
     return float(np.format_float_positional(np.float32(value), unique=True, trim="-"))
 
 
-_LAYER_NAMES = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 
 
-def _hf_name(gguf_name: str, spec: _Arch) -> str | None:
+def _hf_name(gguf_name: str, spec: GGUFSpec) -> str | None:
     base, _, suffix = gguf_name.rpartition(".")
     if suffix == "weight" and base in _TOP_NAMES:
         return f"{_TOP_NAMES[base]}.weight"
     parts = base.split(".")
-    if len(parts) != 3 or parts[0] != "blk" or not parts[1].isdigit() or parts[2] not in _LAYER_NAMES:
+    if len(parts) != 3 or parts[0] != "blk" or not parts[1].isdigit() or parts[2] not in spec.layer_tensors:
         return None
     if suffix == "weight" or (suffix == "bias" and parts[2] in spec.biases):
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{suffix}"
+        return f"model.layers.{parts[1]}.{spec.layer_tensors[parts[2]]}.{suffix}"
     return None
 
 
@@ -404,7 +353,7 @@ def unpermute_rotary(weight: np.ndarray, n_heads: int) -> np.ndarray:
     )
 
 
-def _hf_tensors(reader: Any, config: dict[str, Any], spec: _Arch, source: str) -> dict[str, Any]:
+def _hf_tensors(reader: Any, config: dict[str, Any], spec: GGUFSpec, source: str) -> dict[str, Any]:
     import torch
     from gguf.quants import dequantize
 
@@ -415,7 +364,7 @@ def _hf_tensors(reader: Any, config: dict[str, Any], spec: _Arch, source: str) -
         if name is None:
             if t.name.startswith("rope_freqs"):  # recomputed from rope_theta by every loader
                 continue
-            raise GGUFTargetError(f"{source}: tensor {t.name!r} has no {spec.hf_architecture} counterpart")
+            raise GGUFTargetError(f"{source}: tensor {t.name!r} has no {config['architectures'][0]} counterpart")
         data = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32)  # a writable copy
         if spec.permute_qk and name.endswith("q_proj.weight"):
             data = unpermute_rotary(data, heads)
@@ -426,8 +375,8 @@ def _hf_tensors(reader: Any, config: dict[str, Any], spec: _Arch, source: str) -
         config["tie_word_embeddings"] = False
     layers = config["num_hidden_layers"]
     expected = {"model.embed_tokens.weight", "model.norm.weight"} | {
-        f"model.layers.{i}.{hf}.weight" for i in range(layers) for hf in _LAYER_NAMES.values()
-    } | {f"model.layers.{i}.{_LAYER_NAMES[b]}.bias" for i in range(layers) for b in spec.biases}
+        f"model.layers.{i}.{hf}.weight" for i in range(layers) for hf in spec.layer_tensors.values()
+    } | {f"model.layers.{i}.{spec.layer_tensors[b]}.bias" for i in range(layers) for b in spec.biases}
     missing = sorted(expected - set(out))
     if missing:
         raise GGUFTargetError(f"{source}: missing tensors {missing[:4]}{' ...' if len(missing) > 4 else ''}")

@@ -11,17 +11,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tasks.target.errors import TargetError  # imported from here by callers
+from tasks.target.families.registry import language_config, nested_config_keys
 from tasks.target.gguf_convert import GGUFTargetError, converted_dir
 from tasks.target.multipart import MultipartError, assembled_file, is_multipart_path
 from tasks.target.packages import PackagePathError, is_package_path, resolve_package_path
 from tasks.target.path_kinds import looks_like_hub_id
-
-# Nested configs of multimodal targets (Kimi-K2.5 keeps its text model under text_config).
-_NESTED_CONFIGS = ("text_config", "language_config", "llm_config")
-
-
-class TargetError(ValueError):
-    """The target model folder, its tokenizer or a prompt cannot be used; says which and why."""
 
 
 def resolve_model_dir(model_path: str, revision: str | None = None) -> Path:
@@ -79,17 +74,14 @@ def read_model_config(model_dir: Path) -> dict[str, Any]:
 
 
 def text_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The language model's config: nested for multimodal targets, else the config itself."""
-    for key in _NESTED_CONFIGS:
-        nested = config.get(key)
-        if isinstance(nested, dict) and ("num_hidden_layers" in nested or "hidden_size" in nested):
-            return nested
-    return config
+    """The language model's config: nested for multimodal targets (where the family's module
+    says, tasks/target/families/), else the config itself."""
+    return language_config(config)
 
 
 def context_length_of(config: dict[str, Any]) -> int | None:
     """max_position_embeddings of the model, looking into a multimodal model's text config."""
-    for node in (config, *(config.get(k) for k in _NESTED_CONFIGS)):
+    for node in (config, *(config.get(k) for k in nested_config_keys(config.get("model_type")))):
         if isinstance(node, dict) and isinstance(node.get("max_position_embeddings"), int):
             return node["max_position_embeddings"]
     return None

@@ -15,6 +15,7 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from tasks.target.families.registry import find_family
 from tasks.target.model_dir import TargetError, resolve_model_dir
 from tasks.target.path_kinds import is_template_text
 
@@ -65,22 +66,21 @@ def load_tokenizer(
         return copy.deepcopy(_cached_tokenizer(key, model_path, model_dir, chat_template, trust_remote_code))
 
 
-# Model types whose tokenizers shipped a broken pre-tokenizer regex, as transformers lists them.
-_MISTRAL_TYPES = {"mistral", "mistral3", "voxtral", "ministral", "pixtral"}
-
-
-def _not_mistral(model_dir: Path) -> dict[str, Any]:
-    """transformers 5 warns that a tokenizer of over 100k tokens from a folder whose config.json
+def _family_kwargs(model_dir: Path) -> dict[str, Any]:
+    """What the target's family module says AutoTokenizer needs (its `tokenizer_kwargs`):
+    transformers 5 warns that a tokenizer of over 100k tokens from a folder whose config.json
     names no `transformers_version` (a GGUF conversion writes none, so its bytes do not depend on
     the version) may carry Mistral's broken regex, and that "this will lead to incorrect
-    tokenization". For another model type that is false (Qwen2.5-Coder's converted tokenizer
-    gives transformers' own GGUF tokenizer's ids, benchmarks/qwen_target_check.py), so the
-    fix is declined for those, and the false warning with it."""
+    tokenization". For the families eaglescale knows that is false (Qwen2.5-Coder's converted
+    tokenizer gives transformers' own GGUF tokenizer's ids, benchmarks/qwen_target_check.py), so
+    they decline the fix, and the false warning with it. A model_type no family knows loads as
+    transformers loads it: the tokenizer serves generation of any target."""
     try:
         model_type = json.loads((model_dir / "config.json").read_text()).get("model_type")
     except (OSError, ValueError, AttributeError):
         return {}
-    return {} if model_type is None or model_type in _MISTRAL_TYPES else {"fix_mistral_regex": False}
+    family = find_family(model_type) if isinstance(model_type, str) else None
+    return dict(family.tokenizer_kwargs) if family else {}
 
 
 def _cached_tokenizer(
@@ -90,7 +90,7 @@ def _cached_tokenizer(
         try:
             tokenizer = AutoTokenizer.from_pretrained(
                 str(model_dir), local_files_only=True, trust_remote_code=trust_remote_code,
-                **_not_mistral(model_dir),
+                **_family_kwargs(model_dir),
             )
         except (OSError, ValueError) as e:
             raise TargetError(f"cannot load the tokenizer of {model_path}: {e}") from e

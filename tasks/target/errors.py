@@ -1,0 +1,9 @@
+"""The target's error type, alone in a module that imports nothing: the family registry
+(tasks/target/families/registry.py) raises a TargetError too, and model_dir.py, which asks the
+registry, re-exports it, so `tasks.target.model_dir.TargetError` stays what callers catch."""
+
+from __future__ import annotations
+
+
+class TargetError(ValueError):
+    """The target model folder, its tokenizer or a prompt cannot be used; says which and why."""
