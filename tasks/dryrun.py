@@ -82,7 +82,27 @@ def plan_run(cfg: EagleScaleConfig) -> dict[str, Any]:
         plan["servers"] = {"generation": [f"in-process transformers on {e.device}"]}
     plan["servers"]["gate"] = cfg.gate.engine
     plan["disk"] = _disk(cfg, run, prompts)
+    plan["gate"] = _gate(cfg)
     return plan
+
+
+def _gate(cfg: EagleScaleConfig) -> dict[str, Any]:
+    """The gate's launches and a forecast of their device time (tasks/gate/plan.py); the
+    incumbent, challengers and data-scaling drafts are counted only when their number is known
+    from the config (challengers, train.scaling_fractions)."""
+    from tasks.gate.plan import CHALLENGER, SCALING, ExtraDraft, forecast_launches
+
+    gate = cfg.gate
+    if gate.engine == "local":
+        return {"summary": f"the local engine: {len(gate.num_steps) + 1} configs x {gate.repetitions} passes, no launches"}
+    extra = [ExtraDraft(c.name, c.path, c.num_steps, c.topk, c.num_draft_tokens, CHALLENGER) for c in gate.challengers]
+    extra += [ExtraDraft(f"scaling-{f}", "DRAFT", gate.scaling_num_steps, role=SCALING) for f in cfg.train.scaling_fractions or []]
+    f = forecast_launches(gate, extra=extra)
+    roles = ", ".join(f"{n} {role}" for role, n in f.launches.items())
+    summary = (f"{f.total} launches ({roles}), {f.requests:,} measured requests at concurrency "
+               f"{', '.join(map(str, gate.concurrency))}; ~{f.device_s / 60:.0f} device-minutes at "
+               f"{gate.forecast_launch_s:g} s a start-up and {gate.forecast_tok_s:g} tok/s a request (an incumbent adds its own)")
+    return {"launches": f.launches, "total": f.total, "requests": f.requests, "device_s": f.device_s, "summary": summary}
 
 
 def _disk(cfg: EagleScaleConfig, run: RunFolder | None, prompts: int | None) -> dict[str, Any]:
@@ -127,5 +147,6 @@ def render_plan(plan: dict[str, Any]) -> str:
            if "kind" in plan["servers"] else "")
         + f"; gate engine {plan['servers']['gate']}",
         f"  disk:    extraction {plan['disk']['summary']}",
+        f"  gate:    {plan['gate']['summary']}",
     ]  # fmt: skip
     return "\n".join(lines)

@@ -110,4 +110,14 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path, tiny_target_dir):
     assert "servers: generation in-process transformers on cpu; gate engine local" in out
     # 120 sequences of at most 512 tokens (extract.max_length) x (8 x 64 + 5) bytes (bf16, hidden 64).
     assert f"disk:    extraction at most 31.8 MB ({120 * 512:,} tokens × 517 B/token, bf16, hidden size 64)" in out
+    assert "gate:    the local engine: 4 configs x 3 passes, no launches" in out
     assert not run_root.exists()
+    # A server gate's launches and their device time, from the gate's own plan (tasks/gate/plan.py).
+    done, _ = _run(
+        ["--params", str(SMOKE), "--run-root", str(run_root), "--dry-run", "--set", f"target.model_path={tiny_target_dir}",
+         "--set", "gate.engine=emulated", "--set", "gate.concurrency=[1, 8]", "--set", "gate.topk_points=[]"],
+        tmp_path, tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    # 3 repetitions of the baseline and 3 chains, and the serving policy's pair; 12 prompts at 1, 24 at 8.
+    assert "gate:    14 launches (3 baseline, 9 candidate, 2 policy), 504 measured requests at concurrency 1, 8" in done.stdout

@@ -17,7 +17,7 @@ from tasks.config.gate_section import GateConfig, SpecPoint
 from tasks.gate.benchmark import GateRunner
 from tasks.gate.decision import decide
 from tasks.gate.load import load_record
-from tasks.gate.plan import POLICY_CONFIG, plan_configs
+from tasks.gate.plan import POLICY_CONFIG, forecast_launches, plan_configs
 from tasks.gate.promote import promote
 from tasks.gate.prompts import load_bench_prompts
 from tasks.gate.records import BenchResult
@@ -95,6 +95,8 @@ def test_the_gate_measures_every_level_and_ships_a_policy_that_holds(tmp_path: P
     assert not own.levels["16"].loses() and policy.verified is not None and set(policy.verified) == {"1", "2", "16"}
     assert decision.outcome == "promote" and decision.policy is not None
     assert any(r.startswith("the adaptive policy held on its own launch at every level") for r in decision.reasons)
+    # Every launch the gate's own forecast said (the dry run prints it), the policy's pair included.
+    assert forecast_launches(cfg).total == len(result.launches) == 8
     # Its launch: the adaptive flags and the running-request cap raised to the highest level.
     policy_launch = next(x for x in result.launches if x.config == POLICY_CONFIG)
     assert policy_launch.max_running_requests == 16

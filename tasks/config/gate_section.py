@@ -109,6 +109,15 @@ class GateConfig(Strict):
     scaling_num_steps: int = Field(
         3, ge=1, description="num_steps (topk 1) at which the train stage's data-scaling drafts are measured."
     )
+    forecast_launch_s: float = Field(
+        75.0, gt=0, description="The dry run's forecast of the gate's device time: seconds from a launch to "
+        "serving (75: Qwen2.5-Coder-1.5B on one H100 with SGLang 0.5.14, warm kernels, BENCHMARKS P31; a cold "
+        "first launch takes ~90 s more).",
+    )  # fmt: skip
+    forecast_tok_s: float = Field(
+        450.0, gt=0, description="The dry run's forecast: the baseline's output tok/s per request in flight "
+        "(450: the same target's ~430-480 at concurrency 1, BENCHMARKS P28/P32).",
+    )  # fmt: skip
     concurrency: list[int] = Field(
         default_factory=lambda: [1],
         description="Load levels (requests in flight together) every launch measures in turn, over the same "

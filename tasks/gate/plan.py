@@ -179,3 +179,44 @@ def launch_order(configs: list[BenchConfig], repetitions: int) -> list[tuple[int
             seq = [c for c in group if c.is_baseline] + specs[k:] + specs[:k]
             order += [(rep, c) for c in (seq if rep % 2 == 0 else seq[::-1])]
     return order + [(0, c) for c in configs if c.role == BREAKEVEN]
+
+
+@dataclass(frozen=True)
+class LaunchForecast:
+    """What a gate will launch, before it runs: the launches by role (repetitions counted; the
+    serving policy's pair with several load levels, a draft the sweep would promote), the
+    measured requests and output tokens, and the device seconds at gate.forecast_launch_s a
+    start-up and gate.forecast_tok_s a request in flight (the probes and replay not counted)."""
+
+    launches: dict[str, int]
+    requests: int
+    output_tokens: int
+    device_s: float
+
+    @property
+    def total(self) -> int:
+        return sum(self.launches.values())
+
+
+def forecast_launches(cfg: GateConfig, draft_dir: str = "DRAFT", extra: list[ExtraDraft] | None = None) -> LaunchForecast:
+    """The launches plan_configs and launch_order make of `cfg` (and of `extra`: the incumbent,
+    challengers and data-scaling drafts), and a forecast of their device time."""
+    configs = plan_configs(cfg, draft_dir, extra)
+    order = launch_order(configs, cfg.repetitions)
+    by_role: dict[str, int] = {}
+    for _, config in order:
+        role = "baseline" if config.is_baseline else config.role
+        by_role[role] = by_role.get(role, 0) + 1
+    if len(cfg.concurrency) > 1:
+        by_role[POLICY] = 2
+    n_prompts = cfg.num_prompts
+    requests = tokens = 0
+    seconds = cfg.forecast_launch_s * sum(by_role.values())
+    for _, config in [*order, *[(0, configs[0])] * by_role.get(POLICY, 0)]:
+        prompts = min(cfg.breakeven_prompts, n_prompts) if config.role == BREAKEVEN else n_prompts
+        for level in load_levels(cfg, config):
+            n = level_requests(level, prompts)
+            requests += n
+            tokens += n * cfg.max_new_tokens
+            seconds += n * cfg.max_new_tokens / (cfg.forecast_tok_s * level)
+    return LaunchForecast(by_role, requests, tokens, seconds)
