@@ -375,6 +375,12 @@ class TrainConfig(Strict):
         "default was (0.9, 0.95); (0.9, 0.999) accepted 1.1% more at 3 steps on the same data and "
         "steps (held-out replay, paired CI +0.3%..+1.8%, BENCHMARKS P11).",
     )
+    objective: str = Field(
+        "soft_ce",
+        description="The loss each counted row is trained on, by name (tasks/draft/objectives.py OBJECTIVES; "
+        "docs/TRAINING.md says how to add one): soft_ce, cross-entropy against the target's distribution over "
+        "the draft vocabulary (EAGLE-3's). An unknown name is refused before any data is read.",
+    )
     loss_normalization: Literal["batch", "token"] = Field(
         "batch",
         description="batch: unroll step k's loss is decay**k times the mean over that batch's counted "

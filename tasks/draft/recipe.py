@@ -24,7 +24,7 @@ from tasks.draft.ttt import Batch
 RECIPE_KEYS = (
     "adam_betas", "loss_normalization", "init_lm_head_from_target", "freeze_lm_head",
     "init_norm_from_target", "aux_state_noise", "learning_rate", "weight_decay", "warmup_steps",
-    "max_grad_norm", "ttt_steps", "ttt_decay", "batch_tokens", "seed",
+    "max_grad_norm", "ttt_steps", "ttt_decay", "batch_tokens", "seed", "objective",
 )  # fmt: skip
 # What checkpoints written before the record trained with: these were fixed in the code then
 # (the rest was configurable and not recorded, so it is not checked for them).
@@ -35,7 +35,7 @@ BEFORE_RECORDING = {
 
 
 # Recorded since a later key: what a checkpoint without it trained with (train.init_from: none).
-RECORDED_LATER = {"init_from_sha256": None}
+RECORDED_LATER = {"init_from_sha256": None, "objective": "soft_ce"}
 _NAMES = {"total_steps": "train.epochs / train.max_steps (total steps)",
           "init_from_sha256": "train.init_from (its weights' sha256)"}  # fmt: skip
 

@@ -30,6 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tasks.config import TrainConfig
 from tasks.draft import checkpoint as ckpt
+from tasks.draft import objectives
 from tasks.draft.architecture import DraftConfig
 from tasks.draft.data import (
     SequenceReader,
@@ -203,6 +204,10 @@ class Trainer:
     def __init__(self, run: RunFolder, cfg: TrainConfig, target_model_path: str,
                  options: TrainOptions | None = None) -> None:  # fmt: skip
         self.run, self.cfg, self.target_model_path = run, cfg, target_model_path
+        try:  # before any data is read: an unknown objective is a config error
+            objectives.objective(cfg.objective)
+        except ValueError as e:
+            raise TrainError(str(e)) from None
         self.options = options or TrainOptions()
         self.callbacks = self.options.callbacks or TrainCallbacks()
         self.budget = self.options.budget or TimeBudget(cfg.time_budget_s)
@@ -264,7 +269,8 @@ class Trainer:
         compile_kernels = self.options.compile_kernels
         if compile_kernels is None:
             compile_kernels = device.type == "cuda"
-        self.model = TTTModel(self.draft, lm_head.to(head_dtype), vocab.draft_ids, compile_kernels).to(device)
+        self.model = TTTModel(self.draft, lm_head.to(head_dtype), vocab.draft_ids, compile_kernels,
+                              self.cfg.objective).to(device)  # fmt: skip
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer, self.scheduler = build_optimizer(self.params, cfg, self.data.total_steps, device)
         self.stepper = DistributedDataParallel(self.model, broadcast_buffers=False) if self.rank.world > 1 else self.model

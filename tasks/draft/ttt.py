@@ -35,7 +35,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from tasks.draft import objectives
 from tasks.draft.model import Eagle3Draft
+from tasks.draft.objectives import soft_ce_rows
 from tasks.draft.ttt_attention import TTTAttention
 
 
@@ -116,18 +118,6 @@ def counted_rows(loss_mask: torch.Tensor, steps: int, device: torch.device) -> l
         flat = shift_left(mask, 2 + k, False).flatten().nonzero().flatten()
         out.append((to_device(flat, device), to_device(flat + 1 + k, device), flat.numel()))
     return out
-
-
-def soft_ce_rows(
-    logits: torch.Tensor, probs: torch.Tensor, index: torch.Tensor, weight: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row i's teacher is probs[index[i]] and its loss weight weight[i]: (per-row
-    logsumexp(z) - p.z in fp32, (softmax(z) - p) * weight in the logits' dtype).
-    Compiled, the gather and every pass fuse into two kernels."""
-    z = logits.float()
-    p = probs.index_select(0, index).float()
-    rows = torch.logsumexp(z, dim=-1) - (p * z).sum(-1)
-    return rows, ((torch.softmax(z, dim=-1) - p) * weight[:, None]).to(logits.dtype)
 
 
 class SoftCrossEntropy(torch.autograd.Function):
@@ -304,19 +294,21 @@ class TTTModel(nn.Module):
         lm_head: torch.Tensor,
         draft_ids: torch.Tensor,
         compile_kernels: bool = False,
+        objective: str = "soft_ce",
     ) -> None:
         super().__init__()
         self.draft = draft
         self.register_buffer("target_lm_head", lm_head.detach(), persistent=False)
         self.register_buffer("draft_ids", draft_ids.to(torch.int64), persistent=False)
-        self.ce_rows = soft_ce_rows
+        rows = objectives.objective(objective).rows
+        self.ce_rows = rows
         self.compile_kernels = compile_kernels
         if compile_kernels:
             # In place, so parameter names stay SGLang's: norms, RoPE, SwiGLU, residuals
             # and the loss rows fuse; attention and the big matmuls keep their kernels.
             draft.midlayer.compile_parts()
             draft.norm.compile(dynamic=True)
-            self.ce_rows = torch.compile(soft_ce_rows, dynamic=True)
+            self.ce_rows = torch.compile(rows, dynamic=True)
 
     def forward(
         self,
