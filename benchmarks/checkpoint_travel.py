@@ -7,7 +7,7 @@ session's fresh node), and how long each step of its way takes on this box:
 A real checkpoint of the draft's shape (run 18's: 1536 wide, 8960 MLP, 12/2 heads, 151,936
 target tokens, 32,000 draft tokens), written by the trainer's own save_checkpoint after one AdamW
 step (so the optimizer holds both moments), then: packed as the node packs it
-(node_pipeline.Pipeline.pack_run_checkpoint: travel.checkpoint_members, travel.pack_parts), brought
+(gpunode/packing.py's pack_run_checkpoint: travel.checkpoint_members, travel.pack_parts), brought
 back as `node checkpoint K` brings it (travel.node_packed), joined and checked against its
 sha256, unpacked as `prepare --checkpoint-from` unpacks it (travel.unpack_checkpoint: every file
 against its meta.json), and loaded as the resume loads it (load_training_state). The device
@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from benchmarks.h200 import node_env, payload, travel  # noqa: E402
+from gpunode import node_env, payload, travel  # noqa: E402
 from tasks.config.sections import TrainConfig  # noqa: E402
 from tasks.draft.architecture import DraftConfig  # noqa: E402
 from tasks.draft.checkpoint import load_training_state, save_checkpoint  # noqa: E402

@@ -15,7 +15,7 @@ after 69 s. Measured here, before and after, side by side in one process:
     PYTHONPATH=.eaglescale/h200/target-site .venv/bin/python benchmarks/online_index_pass.py \\
         --run /tmp/grown/run --profile deployments/params/qwen25-coder.yaml
 
-(.eaglescale/h200/target-site is Qwen2.5-Coder's package parts installed by `benchmarks/h200_run.py
+(.eaglescale/h200/target-site is Qwen2.5-Coder's package parts installed by `python -m gpunode
 prepare`; the tokenizer is read from them, no weights are loaded.)
 """
 

@@ -33,7 +33,14 @@ from tasks.generate.plan import cut_shards, planned_requests, shard_prompt_ids
 from tasks.generate.rows import DEAD_SCHEMA, ROW_SCHEMA, to_table
 from tasks.generate.shard import replay_outcomes
 from tasks.generate.stage import GenerateStage
-from tasks.runfolder import JournalWriter, RunFolder, ShardStore, content_hash, read_journal
+from tasks.runfolder import (
+    JournalWriter,
+    RunFolder,
+    ShardCommit,
+    ShardStore,
+    content_hash,
+    read_journal,
+)
 
 N_PROMPTS, SHARD_SIZE, COMMITTED_SHARDS = 83_288, 1_000, 80
 
@@ -76,8 +83,8 @@ def build_synthetic_run(root: Path) -> tuple[EagleScaleConfig, str]:
                 journal.append(rec)
             journal.close()
             continue
-        store.commit(shard.shard_id, to_table(records, ROW_SCHEMA), to_table([], DEAD_SCHEMA),
-                     [p.request_id for p in planned], "a", fp_hash)
+        store.commit(to_table(records, ROW_SCHEMA), ShardCommit(shard.shard_id, "a", fp_hash,
+                                                                  [p.request_id for p in planned], to_table([], DEAD_SCHEMA)))
     return cfg, fp_hash
 
 

@@ -1,11 +1,11 @@
-"""Issue 28's figures from the sessions of its run on Qwen2.5-Coder-1.5B-Instruct (benchmarks/
-h200_run.py's qwen plans), each session's results folder as `node wait` left it:
+"""Issue 28's figures from the sessions of its run on Qwen2.5-Coder-1.5B-Instruct (gpunode's
+qwen plans), each session's results folder as `node wait` left it:
 
     .venv/bin/python benchmarks/qwen_run_report.py RESULTS_DIR [RESULTS_DIR ...]
 
 The plan of each folder is read from its options.json (the node's, inside results.tar.gz).
 Reported: regeneration against one plain batched request on the same server (qwen-generate);
-where the draft was trained and how fast (train-fit.json: the pace `node train-watched`
+where the draft was trained and how fast (train-fit.json: the pace the node
 measured), and what the session packed to travel (a draft, or a stopped draft's checkpoint);
 every gate's decision with each config's speedup and CI, accept length per domain and
 lossless counts; the accept length at 3 steps per domain (the goal: >= 2.5 on held-out HumanEval
@@ -40,7 +40,6 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.h200.travel import PACKED, calls_for  # noqa: E402
 from benchmarks.real_run_report import (  # noqa: E402
     CONFIG_NAME,
     Results,
@@ -50,6 +49,7 @@ from benchmarks.real_run_report import (  # noqa: E402
     prediction_rows,
     replay_accept_length,
 )
+from gpunode.travel import PACKED, calls_for  # noqa: E402
 from tasks.gate.report import figure_png  # noqa: E402
 from tasks.gate.scaling import (  # noqa: E402
     MEASURED,
@@ -88,7 +88,7 @@ def session(folder: Path, reference: set[str] | None = None) -> dict[str, Any]:
         "state": status.get("state"), "carried": results.json("carried.json"),
         "steps_s": {k: v.get("seconds") for k, v in (status.get("steps") or {}).items()},
         "versions": measure.get("versions"), "target_resolve_s": measure.get("target_resolve_s"),
-        "host": measure.get("host"),  # the machine (node_pipeline.host_facts): runs 17 and 18 differ in cycle cost
+        "host": measure.get("host"),  # the machine (gpunode.setup.host_facts): runs 17 and 18 differ in cycle cost
     }  # fmt: skip
     progress = results.json("run/generate/progress.json")
     if progress and not (out["carried"] or {}).get("generation"):

@@ -1,6 +1,10 @@
-"""benchmarks/results/real-run.json (and its plots) from what the H200 pipeline left in $OUT.
+"""benchmarks/results/real-run.json (and its plots) from what gpunode's "full" plan left in $OUT:
 
-`benchmarks/h200_run.py collect DIR` calls write_real_run(DIR, benchmarks/results). DIR holds
+    .venv/bin/python benchmarks/real_run_report.py DIR [--earlier DIR2 ...]
+
+writes them with write_real_run(DIR, benchmarks/results) and prints each run's gain per e-fold
+of data (scaling_slopes), newest first; earlier runs' results sit beside the newest under
+earlier_runs (newest first). DIR holds
 status.json, measurements.json and results.tar.gz (the run folder's reports: run.json, the
 discovery report, generation progress and markers, the train and scaling results, the gate's
 report, replay, costs, prediction and scaling curve, the plots, SpecForge's training record).
@@ -9,7 +13,6 @@ Whatever a partial run lacks is null in the JSON; the goals say which could be j
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import statistics
@@ -542,15 +545,24 @@ def scaling_slopes(data: dict[str, Any], latest: str) -> list[str]:
     return lines
 
 
-def markdown_table(data: dict[str, Any]) -> str:
-    """The configs as the README shows them."""
-    lines = ["| config | accept length | median tok/s | speedup (95% CI) | exact match |", "|---|---|---|---|---|"]
-    for c in (data.get("gate") or {}).get("configs", []):
-        ci = f"{c['speedup']:.3f}x ({c['ci_low']:.3f}-{c['ci_high']:.3f})" if c.get("speedup") else "-"
-        acc = f"{c['accept_length']:.2f}" if c.get("accept_length") else "-"
-        tok = f"{c['median_tok_s']:.1f}" if c.get("median_tok_s") else "-"
-        exact = f"{c['exact_match_fraction']:.0%}" if c.get("exact_match_fraction") is not None else "-"
-        lines.append(f"| {c['name']} | {acc} | {tok} | {ci} | {exact} |")
-    buf = io.StringIO()
-    buf.write("\n".join(lines) + "\n")
-    return buf.getvalue()
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("results", help="folder holding what `node wait` left in $OUT")
+    parser.add_argument("--earlier", action="append", default=[],
+                        help="an earlier run's results folder, kept beside it under earlier_runs (repeatable, newest first)")
+    parser.add_argument("--dest", default=str(Path(__file__).resolve().parent / "results"), help="where real-run.json goes")
+    args = parser.parse_args(argv)
+    path = write_real_run(Path(args.results), Path(args.dest), [Path(e) for e in args.earlier])
+    print(path)
+    for line in scaling_slopes(json.loads(path.read_text()), Path(args.results).name):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scaling_slopes reads tasks/
+    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""Issue 27's table from a real run of `benchmarks/h200_run.py node start --plan recipe`: each
+"""Issue 27's table from a real run of `python3 -m gpunode node start --plan recipe`: each
 recipe variant of ours and SpecForge 0.2.0's draft, trained on the same regenerated sequences and
 token budget, measured by one gate on real SGLang (num_steps 3) and by the held-out replay.
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,15 +40,38 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.h200.plans import RECIPE_VARIANTS, contender_name  # noqa: E402 - after the path set-up
-from benchmarks.online_incumbent_report import train_phases  # noqa: E402
-from benchmarks.real_run_report import Results  # noqa: E402
+from benchmarks.real_run_report import Results  # noqa: E402 - after the path set-up
+from gpunode.plans import RECIPE_VARIANTS, contender_name  # noqa: E402
 
 ANCHOR = "specforge"
 DEFAULT = "default"  # the variant with today's recipe
 GOAL_ACCEPT_RATIO = 1.05
 GOAL_STEP_RATIO = 1.2
 NUM_STEPS = "3"
+# A stage log's Prefect lines: the train stage's start and each evaluation.
+_LOG_LINE = re.compile(r"^(\d\d):(\d\d):(\d\d\.\d+) \| INFO .*?(train started|eval: \{'step': (\d+))")
+
+
+def train_phases(log: str) -> dict[str, float] | None:
+    """The train stage's set-up (its start to the step-0 evaluation: indexing, the vocabulary,
+    the model; online also the target) and its steps (step-0 evaluation to the last one), in
+    seconds, from a stage log's Prefect lines."""
+    started, evals = None, []
+    for line in log.splitlines():
+        m = _LOG_LINE.match(line)
+        if not m:
+            continue
+        t = int(m[1]) * 3600 + int(m[2]) * 60 + float(m[3])
+        if m[4] == "train started":
+            started = t
+        else:
+            evals.append((int(m[5]), t))
+    if started is None or len(evals) < 2:
+        return None
+    (first_step, first_t), (last_step, last_t) = evals[0], evals[-1]
+    assert first_step == 0
+    return {"setup_s": first_t - started, "steps_s": last_t - first_t, "steps": last_step,
+            "s_per_step": (last_t - first_t) / last_step}  # fmt: skip
 
 
 def gate_units(report: dict[str, Any], config: str) -> tuple[np.ndarray, np.ndarray]:

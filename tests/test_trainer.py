@@ -40,7 +40,7 @@ def test_learning_is_real_and_more_data_beats_less(make_run):
     untrained, trained = full.evals[0], full.evals[-1]
     assert (untrained["step"], trained["step"], full.steps) == (0, LEARN_STEPS, LEARN_STEPS)
     assert [e["step"] for e in evals_seen] == [0, 100, 200, 300]
-    # Ready once, after the untrained evaluation and before the first step (node train-watched
+    # Ready once, after the untrained evaluation and before the first step (a caller
     # times the set-up by it).
     assert events == ["ready", *range(1, LEARN_STEPS + 1)]
     # An untrained draft is at chance; predicting the most frequent token would give ~0.03.

@@ -155,7 +155,7 @@ class GateConfig(Strict):
         0.625, gt=0,
         description="How far below the baseline's best logprob at a divergence both tokens may lie for it to count as "
         "a near-tie a bf16 verify may flip: SGLang's verify path moved a token's logprob by up to 0.312 nats from "
-        "its prefill's on SmolLM2 (run 12, BENCHMARKS P13), so a gap by up to ~0.62; a frequency penalty's real "
+        "its prefill's on SmolLM2 (BENCHMARKS P13), so a gap by up to ~0.62; a frequency penalty's real "
         "changes of output lay at 0.75 and beyond. Measure a new target with the node's verify-probe plan.",
     )  # fmt: skip
     top_logprobs_num: int = Field(

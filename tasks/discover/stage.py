@@ -22,7 +22,7 @@ def discover_config_hash(cfg: EagleScaleConfig, pinned: PinnedHoldout | None) ->
     # it elsewhere) and mean the same prompts, or be rediscovered in place and mean others.
     # Unset, the key stays out, so runs committed before it existed keep their hash.
     discover.pop("holdout_from")
-    if not discover["max_prompt_tokens_by_domain"]:  # likewise: unset, out (runs 15 and 21 keep theirs)
+    if not discover["max_prompt_tokens_by_domain"]:  # likewise: unset, out (runs of before keep theirs)
         discover.pop("max_prompt_tokens_by_domain")
     if pinned is not None:
         discover["holdout_from_ids"] = pinned.ids_hash()

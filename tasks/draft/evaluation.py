@@ -36,8 +36,8 @@ class HeldOut:
     """The held-out batches, read once (online: captured once) and kept on the host between
     evaluations, in compute_dtype (what each evaluation casts them to anyway: the same values at
     half float32's bytes) and page-locked on a GPU, so that an evaluation only copies them. Kept
-    in float32 and pinned anew by every evaluation, run 21's 793 held-out sequences were 15 GiB
-    (~12 s an evaluation with its save, against ~6 s for run 15's 205). Past `cache_gib` none
+    in float32 and pinned anew by every evaluation, 793 held-out sequences of Qwen2.5-Coder were 15
+    GiB (~12 s an evaluation with its save, against ~6 s for 205: BENCHMARKS P25, P26). Past `cache_gib` none
     are kept and each evaluation reads them again: the held-out split grows with the data."""
 
     def __init__(self, batches: list[list[SeqRef]], make_reader: Callable[[], SequenceReader],

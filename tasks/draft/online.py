@@ -173,8 +173,8 @@ class OnlineReader:
     `states_dtype` None: the states as a ShardReader returns them, host float32. Else they stay
     on the target's device, cast to that dtype (the trainer's compute dtype: what its step casts
     them to anyway, so the values are the same): a GPU trainer then never copies a batch's
-    states to the host and back (run 18: a 0.24 s step at a 0.45 s pace, the rest the batch
-    thread's copies, padding and pinning of ~400 MB of float32 a batch)."""
+    states to the host and back (a 0.24 s step ran at a 0.45 s pace, the rest the batch
+    thread's copies, padding and pinning of ~400 MB of float32 a batch: BENCHMARKS P26)."""
 
     def __init__(self, data: OnlineData, index: DataIndex, states_dtype: torch.dtype | None = None) -> None:
         self.data, self.index, self.states_dtype = data, index, states_dtype

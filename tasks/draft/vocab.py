@@ -57,7 +57,7 @@ def count_tokens(seqs: Iterable[tuple[torch.Tensor, torch.Tensor]], vocab_size: 
 
 
 # Tokens counted by one bincount: one a sequence allocated and added a vocabulary-sized array
-# each time (151,936 for Qwen2.5: 6.2 s over run 21's 38,873 sequences, 0.6 s so, P25); one
+# each time (151,936 for Qwen2.5: 6.2 s over 38,873 sequences, 0.6 s so: BENCHMARKS P25); one
 # over everything would hold every token at once (8 bytes each: GBs at a million sequences).
 COUNT_CHUNK_TOKENS = 1 << 24
 

@@ -33,7 +33,7 @@ share a prefix; vLLM's check_logprobs_close does the same), with a the reference
 speculative one, the divergence is a near-tie when both a and b lie within `gate.near_tie_nats` of
 the baseline's best logprob at d: each could have been the argmax of a path that misplaces logits
 by bf16 rounding. In the common case that is "a and b are the baseline's top two and their gap is
-within the threshold"; but on the H200 (SmolLM2, run 9) three tokens sometimes lay within 0.125
+within the threshold"; but on the H200 (SmolLM2, BENCHMARKS P9) three tokens sometimes lay within 0.125
 nats of each other (bf16 logits equal to the last bit), and the re-score, a third kernel path,
 ranked decode's own token second or third there: a "top two" rule refused 6 of 48 requests of a
 lossless config for it. Anything else is not lossless: a gap beyond the threshold, either token
@@ -48,21 +48,21 @@ The threshold (gate.near_tie_nats, default 0.625 nats), measured rather than der
 gap between two tokens is their logit difference (the softmax normaliser is common). A flip
 between decode and verify means the verify path moved the gap across zero. So the gap the
 prefill re-score sees is at most how far verify can move a gap from prefill: the sum of the two
-tokens' moves. Run 12 (BENCHMARKS P13) measured the verify path against the same server's prefill
+tokens' moves. BENCHMARKS P13 measured the verify path against the same server's prefill
 on SmolLM2 at 4,291 positions. A token's logprob moved by up to 0.312 nats, so a gap moves by up
 to ~0.62, and 0.625 (five bf16 ulps of logits of magnitude 16-32) covers it.
 
 Why not the bound first derived here. It gave 0.5: each of the decode, verify and re-score paths
 misplaces each logit by one ulp, as SGLang's own decode-against-prefill test tolerates. It left
 out the KV cache, which verify wrote and decode did not, and whose rounding reaches every later
-position. Run 11 (P12) found that out. One draft's outputs left the baseline's on one prompt, in both
-launches, 117 tokens in, at a gap of 0.5625, and 0.5 refused it. Every other first divergence of
-runs 9 and 11 lay within 0.25.
+position. BENCHMARKS P12 found that out. One draft's outputs left the baseline's on one prompt, in
+both launches, 117 tokens in, at a gap of 0.5625, and 0.5 refused it. Every other first divergence
+measured there and in P9 lay within 0.25.
 
 What the threshold must still catch. A frequency penalty, which SGLang applies relaxed under
 speculation, changed outputs at gaps of 0.75, 0.75, 1.0 and 2.0 (P9), all beyond 0.625. Logits of
 a larger magnitude have a larger ulp, so measure each new target with `node start --plan
-verify-probe` (benchmarks/h200_run.py) and set the threshold from its largest move. The
+verify-probe` (gpunode/README.md) and set the threshold from its largest move. The
 baseline-vs-baseline pair the gate launches cannot show this spread (two decode launches agree
 bit for bit). The gate's verify view (verify_view, gate.verify_logprobs) records it at every
 refused divergence. A refusal names its gap, so a reader can tell 0.7 from 2.0.

@@ -9,11 +9,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tasks.config.gate_section import GateConfig
+from tasks.errors import ExpectedFailure
 from tasks.sglang.command import SpecParams, resolve_spec
 from tasks.sglang.simulated_acceptance import SIMULATE_ACC_LEN
 
 
-class GateStopped(RuntimeError):
+class GateStopped(RuntimeError, ExpectedFailure):
     """The benchmark cannot give valid evidence; the message is the diagnosis."""
 
 

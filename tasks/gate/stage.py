@@ -137,7 +137,7 @@ def replay_draft(
 ) -> ReplayResult:
     """One exported draft over the first gate.replay_sequences held-out sequences, on
     gate.device (on a GPU node the draft's unroll takes seconds there and minutes on the CPU:
-    the third real run's gate spent them before its first launch)."""
+    a gate once spent them before its first launch: BENCHMARKS P8)."""
     from tasks.draft.data import training_data_metadata
     from tasks.draft.online import OnlineTarget, online_sequences
 
@@ -342,8 +342,7 @@ def scaling_replays(
     run: RunFolder, config: EagleScaleConfig, embed: torch.Tensor, scaling_dirs: dict[int, Path]
 ) -> dict[int, ReplayResult]:
     """Each data-scaling draft replayed at gate.scaling_num_steps, before the first launch (a
-    gate cut short keeps the curve's replayed half: the fourth real run's was cut at its 13th
-    launch), recorded at once in gate/scaling/replay.json."""
+    gate cut short keeps the curve's replayed half: BENCHMARKS P8), recorded at once in gate/scaling/replay.json."""
     from tasks.gate.scaling import SCALING_ROOT
 
     out = {samples: replay_draft(run, config, embed, local, [config.gate.scaling_num_steps])

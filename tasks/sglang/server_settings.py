@@ -54,7 +54,7 @@ class ServerSettings(BaseModel):
         description="--disable-radix-cache: no prefix cache; each request's KV freed when it ends. For a "
         "generation server whose prompts share little: with the cache, finished requests fill the KV pool, "
         "then every admission evicts first, and SGLang 0.5.14's eviction heaps every cached leaf each call "
-        "(run 15 slowed to ~0.58x from there: BENCHMARKS.md P16).",
+        "(generation slowed to ~0.58x from there: BENCHMARKS.md P16).",
     )
     max_total_tokens: int | None = Field(None, ge=1, description="--max-total-tokens (KV pool size).")
     max_running_requests: int | None = Field(None, ge=1, description="--max-running-requests.")

@@ -6,6 +6,6 @@ stage.py  the one composition every runner calls (`run_train_stage`): the draft,
 main.py   the stage's training as its own process, one per rank under torchrun
           (`python -m tasks.train.main`)
 
-flows/train.py runs the stage under Prefect, benchmarks/h200/node_steps.py without it; nothing in
-tasks/ imports this package.
+flows/train.py runs the stage under Prefect (`eaglescale run`, also what gpunode runs on its GPU
+node); nothing in tasks/ imports this package.
 """

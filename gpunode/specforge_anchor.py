@@ -11,8 +11,8 @@ learning rate, schedule, clip and number of steps. SpecForge's offline conventio
 input ids and the teacher's hidden state shifted left by one (its TargetHead.preprocess), the
 last token of each sequence out of the loss (its normalize_offline_sample).
 
-    PYTHONPATH=SPECFORGE_SITE python benchmarks/specforge_anchor.py --params P.yaml --out DIR
-    python benchmarks/specforge_anchor.py --params P.yaml --out DIR --max-steps 3  # smoke
+    PYTHONPATH=SPECFORGE_SITE python3 -m gpunode.specforge_anchor --params P.yaml --out DIR
+    python3 -m gpunode.specforge_anchor --params P.yaml --out DIR --max-steps 3  # smoke
 
 Writes DIR/draft (SGLang EAGLE3 folder, from SpecForge's exporter) and DIR/specforge_train.json
 (steps, tokens, seconds, tok/s, losses, per-position accuracy of the last step).
@@ -28,9 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import torch  # noqa: E402
+import torch
 
 
 def _specforge() -> dict[str, Any]:
@@ -91,14 +89,68 @@ def specforge_inputs(batch: Any, padding: Any, device: torch.device) -> dict[str
     }
 
 
+def _build(cfg: Any, sf: dict[str, Any], vocab: Any, draft_cfg: dict[str, Any], backend: str, total: int,
+           device: torch.device) -> tuple[Any, Any, Any, torch.Tensor]:  # fmt: skip
+    """SpecForge's draft (the target's embedding, eaglescale's vocabulary map), its TTT model and
+    optimizer, and the target's lm_head on the device."""
+    from transformers import LlamaConfig
+
+    from tasks.draft.target_heads import load_target_heads
+
+    train = cfg.train
+    torch.manual_seed(train.seed)
+    config = LlamaConfig(**{k: v for k, v in draft_cfg.items() if k not in ("architectures", "eagle_config")})
+    config.draft_vocab_size = vocab.draft_vocab_size
+    draft = sf["draft"](config, attention_backend=backend).to(device, torch.bfloat16)
+    embed, lm_head = load_target_heads(cfg.target.model_path)
+    with torch.no_grad():
+        draft.embed_tokens.weight.copy_(embed.to(device, torch.bfloat16))
+        draft.t2d.copy_(vocab.t2d.to(device))
+        draft.d2t.copy_(vocab.d2t.to(device))
+    draft.embed_tokens.weight.requires_grad_(False)
+    model = sf["model"](draft, length=train.ttt_steps, attention_backend=backend)
+    optimizer = sf["optimizer"](draft, lr=train.learning_rate, weight_decay=train.weight_decay,
+                                max_grad_norm=train.max_grad_norm, total_steps=total,
+                                warmup_ratio=train.warmup_steps / total)  # fmt: skip
+    return draft, model, optimizer, lm_head.to(device, torch.bfloat16)
+
+
+def _loop(train: Any, run: Any, index: Any, sf: dict[str, Any], parts: tuple[Any, Any, torch.Tensor], total: int,
+          device: torch.device, stop_file: Path | None) -> dict[str, Any]:  # fmt: skip
+    """The steps over eaglescale's epoch plans, to `total` or until `stop_file` exists."""
+    from tasks.draft.data import ShardReader, iter_batches, plan_epoch
+
+    model, optimizer, head = parts
+    reader = ShardReader(run, index)
+    step, tokens, losses, last_acc = 0, 0, [], []
+    epoch, stopped = 0, False
+    while step < total and not stopped:
+        batches = plan_epoch(index, "train", epoch, train.seed, train.batch_tokens)
+        for batch in iter_batches(reader, batches, pin=device.type == "cuda"):
+            inputs = specforge_inputs(batch, sf["padding"], device)
+            plosses, _, acces, *_ = model(target=None, target_head_weight=head, **inputs)
+            loss = sum(train.ttt_decay**i * p for i, p in enumerate(plosses))
+            loss.backward()
+            optimizer.step()
+            step += 1
+            tokens += batch.tokens
+            stopped = step < total and stop_file is not None and stop_file.exists()
+            if step % 50 == 0 or step == total or stopped:
+                losses.append({"step": step, "loss": loss.item()})
+                last_acc = [float(a) for a in acces]
+            if step >= total or stopped:
+                break
+        epoch += 1
+    return {"steps": step, "stopped_early": stopped, "train_tokens": tokens, "losses": losses, "last_step_acc": last_acc}
+
+
 def train_specforge(
     params: str, out: Path, backend: str, max_steps: int | None, device_name: str, stop_file: Path | None = None
 ) -> dict[str, Any]:
     """Train for the train config's steps (or `max_steps`); once `stop_file` exists, stop at the
     step reached and export that (the result says so: `stopped_early`)."""
     from tasks.config import load_config
-    from tasks.draft.data import ShardReader, build_index, iter_batches, plan_epoch
-    from tasks.draft.target_heads import load_target_heads
+    from tasks.draft.data import build_index, plan_epoch
     from tasks.draft.vocab import VocabMap
     from tasks.extract.storage import extract_metadata
     from tasks.runfolder import RunFolder
@@ -115,51 +167,11 @@ def train_specforge(
     total = max_steps or train.max_steps or train.epochs * steps_per_epoch
     target = text_config(read_model_config(resolve_model_dir(cfg.target.model_path)))
     draft_cfg = draft_config_dict(target, train, extract_metadata(run)["aux_layer_ids"], vocab.draft_vocab_size)
-
-    from transformers import LlamaConfig
-
-    torch.manual_seed(train.seed)
-    config = LlamaConfig(**{k: v for k, v in draft_cfg.items() if k not in ("architectures", "eagle_config")})
-    config.draft_vocab_size = vocab.draft_vocab_size
-    draft = sf["draft"](config, attention_backend=backend).to(device, torch.bfloat16)
-    embed, lm_head = load_target_heads(cfg.target.model_path)
-    with torch.no_grad():
-        draft.embed_tokens.weight.copy_(embed.to(device, torch.bfloat16))
-        draft.t2d.copy_(vocab.t2d.to(device))
-        draft.d2t.copy_(vocab.d2t.to(device))
-    draft.embed_tokens.weight.requires_grad_(False)
-    model = sf["model"](draft, length=train.ttt_steps, attention_backend=backend)
-    optimizer = sf["optimizer"](draft, lr=train.learning_rate, weight_decay=train.weight_decay,
-                                max_grad_norm=train.max_grad_norm, total_steps=total,
-                                warmup_ratio=train.warmup_steps / total)  # fmt: skip
-    head = lm_head.to(device, torch.bfloat16)
-    reader = ShardReader(run, index)
-    step, tokens, losses, last_acc = 0, 0, [], []
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    draft, model, optimizer, head = _build(cfg, sf, vocab, draft_cfg, backend, total, device)
     began = time.perf_counter()
-    epoch, stopped = 0, False
-    while step < total and not stopped:
-        batches = plan_epoch(index, "train", epoch, train.seed, train.batch_tokens)
-        for batch in iter_batches(reader, batches, pin=device.type == "cuda"):
-            inputs = specforge_inputs(batch, sf["padding"], device)
-            plosses, _, acces, *_ = model(target=None, target_head_weight=head, **inputs)
-            loss = sum(train.ttt_decay**i * p for i, p in enumerate(plosses))
-            loss.backward()
-            optimizer.step()
-            step += 1
-            tokens += batch.tokens
-            if step % 50 == 0 or step == total:
-                losses.append({"step": step, "loss": loss.item()})
-                last_acc = [float(a) for a in acces]
-            if step >= total:
-                break
-            if stop_file is not None and stop_file.exists():
-                losses.append({"step": step, "loss": loss.item()})
-                last_acc = [float(a) for a in acces]
-                stopped = True
-                break
-        epoch += 1
-    sync()
+    trained = _loop(train, run, index, sf, (model, optimizer, head), total, device, stop_file)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - began
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:  # SpecForge's own exporter, from its state file
@@ -169,10 +181,10 @@ def train_specforge(
         config_path.write_text(json.dumps(draft_cfg))
         sf["export"](str(state), str(config_path), str(out / "draft"))
     result = {"trainer": "specforge 0.2.0 (draft model, TTT objective, optimizer, exporter)", "backend": backend,
-              "steps": step, "planned_steps": total, "stopped_early": stopped, "train_tokens": tokens,
-              "seconds": seconds, "tok_per_s": tokens / seconds,
+              "steps": trained["steps"], "planned_steps": total, "stopped_early": trained["stopped_early"],
+              "train_tokens": trained["train_tokens"], "seconds": seconds, "tok_per_s": trained["train_tokens"] / seconds,
               "learning_rate": train.learning_rate, "batch_tokens": train.batch_tokens,
-              "ttt_steps": train.ttt_steps, "losses": losses, "last_step_acc": last_acc,
+              "ttt_steps": train.ttt_steps, "losses": trained["losses"], "last_step_acc": trained["last_step_acc"],
               # beside eaglescale's trainers on one GPU, what it needs of it
               "cuda_peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
               "draft": str(out / "draft")}  # fmt: skip

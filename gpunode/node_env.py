@@ -14,10 +14,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-# The entry point: the node's helper processes are `python3 RUNNER node ...` (the Pipeline's and
-# `node start`'s), so the command line that starts them is the operator's own.
-RUNNER = REPO / "benchmarks/h200_run.py"
+REPO = Path(__file__).resolve().parents[1]
+# The entry point: the node's helper processes are `python3 -m gpunode node ...` (the Pipeline's
+# and `node start`'s), run in REPO, so the command line that starts them is the operator's own.
+RUNNER = ("-m", "gpunode")
 PROFILE = REPO / "deployments/params/smollm2-sharegpt.yaml"  # `prepare --profile`'s default
 LOCAL = REPO / ".eaglescale/h200"  # git-ignored
 PAYLOAD = LOCAL / "payload"
@@ -30,12 +30,14 @@ NODE = Path(os.environ.get("H200_NODE", "/tmp/h200"))
 REHEARSAL = os.environ.get("H200_REHEARSAL") == "1"
 REHEARSAL_RUN = os.environ.get("H200_REHEARSAL_RUN", LOCAL / "src" / "run")
 EXTRA_SETS: list[str] = json.loads(os.environ.get("H200_SETS", "[]"))
-# H200_PLAIN=1: every stage straight through its plain entry points (what a node without a
-# working Prefect falls back to; a rehearsal runs that path on purpose).
-PLAIN_ONLY = os.environ.get("H200_PLAIN") == "1"
 # The online-incumbent plan's small run, in training sequences (a rehearsal's few prompts need fewer).
 SMALL_RUN_SEQUENCES = int(os.environ.get("H200_SMALL_RUN", "1004"))
 PORT = 30000  # the generation server's
+
+
+def node_step(*args: str) -> list[str]:
+    """The arguments after `python3` that run `node ARGS...` of this runner (a helper process)."""
+    return [*RUNNER, "node", *args]
 
 
 def out_dir() -> Path:

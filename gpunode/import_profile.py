@@ -1,7 +1,7 @@
 """How long SGLang takes to import on the node, and where it goes.
 
 Run 24's gate launches were ready after 61-81 s, and ~50 s of each passed before the scheduler
-process wrote its first line (benchmarks/launch_startup.py, BENCHMARKS P31): the server's two
+process wrote its first line (the server logs, BENCHMARKS P31): the server's two
 processes importing SGLang, not the model loading. Setup measures that import in the background
 (`python -X importtime`), twice, so that the session's results say which modules cost the time
 and whether a second import (Python's bytecode cache written by the first) is faster:

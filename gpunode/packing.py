@@ -1,0 +1,88 @@
+"""What a session packs to travel to the next (travel.pack_parts: parts of what one call brings
+back): the run's trained draft in bf16 (`node drafts K`), a stopped draft's newest checkpoint
+whole (`node checkpoint K`) and the data-scaling drafts in bf16 (`node scaling-drafts K`)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+from gpunode import node_env
+from gpunode.node_env import read_json
+from gpunode.travel import (
+    SCALING_INDEX,
+    SCALING_ROOT,
+    checkpoint_members,
+    newest_checkpoint,
+    pack_parts,
+    scaling_checkpoint,
+)
+
+
+def _export_bf16(py: Callable[..., Any], checkpoint: str, out: str, log: str) -> None:
+    """`eaglescale export` of `checkpoint` in bf16 (SGLang's EAGLE3 format), through the pipeline's `py`."""
+    py(["-m", "flows.cli", "export", checkpoint, out, "--format", "sglang", "--dtype", "bfloat16"], log)
+
+
+class Packing:
+    def pack_run_draft(self) -> None:
+        """The run's draft for a later session's payload (`prepare --draft-from`, its parts
+        brought back by `node drafts K`): the best checkpoint exported in bf16, the dtype SGLang
+        serves it in (half the fp32 export's bytes: 212 MB for the Qwen draft), as
+        run/train/final, beside what the gate and the scaling drafts read (data.json, the
+        vocabulary map) and the training's record (result, best, its plot). Not its checkpoints
+        (1.27 GB each with the optimizer's state: a draft that did not finish travels so
+        instead, pack_run_checkpoint), nor the vLLM export: a later session gates this draft."""
+        best = read_json(self.run_root / "train/best.json")
+        if not best:
+            raise RuntimeError(f"{self.run_root}/train/best.json is missing: no trained draft to pack")
+        out = node_env.NODE / "draft-bf16"
+        shutil.rmtree(out, ignore_errors=True)
+        _export_bf16(self.py, str(self.run_root / best["checkpoint"]), str(out), "draft-export")
+        train = self.run_root / "train"
+        members = {"run/train/final": out}
+        for rel in ("data.json", "vocab_map.safetensors", "result.json", "best.json", "plots/accuracy.png"):
+            if (train / rel).is_file():
+                members[f"run/train/{rel}"] = train / rel
+        index = pack_parts(members, {"drafts": {"run": str(train / "final")}, "dtype": "bfloat16",
+                                     "checkpoint": best["checkpoint"]})  # fmt: skip
+        self.save_measure("drafts", index)
+
+    def pack_run_checkpoint(self) -> None:
+        """The draft's newest checkpoint, stopped before the end of its schedule, for the next
+        session's fresh node (`prepare --checkpoint-from`, its parts brought back by `node
+        checkpoint K`): whole, optimizer and RNG state with it, so that the resume there is the
+        resume here (checkpoint_members). 1.27 GB for the Qwen draft: 22 calls back, 33 payload
+        parts forward (BENCHMARKS P20)."""
+        newest = newest_checkpoint(self.run_root)
+        if newest is None:
+            raise RuntimeError(f"{self.run_root}/train/checkpoints holds no complete checkpoint: nothing to pack")
+        members = checkpoint_members(self.run_root)
+        state = read_json(newest / "trainer_state.json") or {}
+        index = pack_parts(members, {"checkpoint": f"train/checkpoints/{newest.name}", "step": state.get("step"),
+                                     "total_steps": state.get("total_steps")}, name="checkpoint")  # fmt: skip
+        self.save_measure("checkpoint", index)
+
+    def pack_scaling_drafts(self) -> None:
+        """The data-scaling drafts for a later session's payload (`prepare --scaling-from`, their
+        parts brought back by `node scaling-drafts K`): each one's checkpoint exported in bf16 as
+        its final, with its record (result.json, best.json) and the index the gate reads. Not
+        their checkpoints: the next session gates them and trains none."""
+        scaling = self.run_root / SCALING_ROOT
+        index = read_json(scaling / "index.json")
+        if not index or not index.get("drafts"):
+            raise RuntimeError(f"{scaling}/index.json lists no finished scaling drafts to pack")
+        members = {f"run/{SCALING_INDEX}": scaling / "index.json"}
+        for entry in index["drafts"]:
+            folder = (self.run_root / entry["final"]).parent  # train/scaling/frac-N
+            out = node_env.NODE / "scaling-bf16" / folder.name
+            shutil.rmtree(out, ignore_errors=True)
+            _export_bf16(self.py, str(scaling_checkpoint(folder)), str(out), f"scaling-export-{folder.name}")
+            members[f"run/{entry['final']}"] = out
+            for rel in ("result.json", "best.json"):
+                if (folder / rel).is_file():
+                    members[f"run/{SCALING_ROOT}/{folder.name}/{rel}"] = folder / rel
+        packed = pack_parts(members, {"scaling-drafts": [d["samples"] for d in index["drafts"]], "dtype": "bfloat16"},
+                            name="scaling-drafts")  # fmt: skip
+        self.save_measure("scaling-drafts", packed)
