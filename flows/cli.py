@@ -3,69 +3,23 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import logging
 import os
 import sys
 import traceback
 from typing import Any
 
+from tasks.errors import ExpectedFailure  # imports nothing: the CLI starts as fast
+
 EXIT_FAILED, EXIT_CONFIG = 1, 2
 
 
-@functools.cache
-def _expected_failures() -> tuple[type[BaseException], ...]:
-    """Failures whose message names the problem and the fix: the CLI prints the message and
-    exits non-zero, without a traceback (which would bury the message). Anything else is a bug
-    or an unforeseen condition, and keeps its traceback."""
-    from flows.concurrency import GpuLimitError, RunRootBusy
-    from tasks.config import ConfigError
-    from tasks.draft.target_heads import TargetHeadsError
-    from tasks.draft.trainer import TrainError
-    from tasks.engines.base import EngineUnavailable, ServersUnreachable, WrongModel
-    from tasks.extract.capture import LayerIdError
-    from tasks.extract.forecast import DiskForecastError
-    from tasks.extract.sequences import ChatTemplateMismatch
-    from tasks.gate.plan import GateStopped
-    from tasks.gate.preflight import PreflightError
-    from tasks.gate.promote import PromotionError
-    from tasks.generate.failures import ShardFailed
-    from tasks.runfolder import CorruptShard, FingerprintMismatch, RunRootUnwritable
-    from tasks.sglang.server_process import ServerStartError
-    from tasks.sglang.versions import LaunchError
-    from tasks.target.model_dir import TargetError
-    from tasks.target.packages import PackagePathError
-
-    return (
-        ConfigError,  # also discovery's source and mixture errors
-        FingerprintMismatch,
-        CorruptShard,  # damaged run-folder files: named, with the fix
-        TargetError,
-        PackagePathError,
-        RunRootBusy,
-        GpuLimitError,
-        ShardFailed,
-        EngineUnavailable,
-        WrongModel,
-        ServersUnreachable,
-        RunRootUnwritable,
-        DiskForecastError,
-        ChatTemplateMismatch,
-        LayerIdError,
-        TrainError,
-        TargetHeadsError,
-        PreflightError,
-        LaunchError,
-        ServerStartError,
-        GateStopped,
-        PromotionError,
-    )
-
-
 def is_expected(exc: BaseException) -> bool:
-    """Whether `exc` is a failure the user fixes from its message (see _expected_failures).
-    Generation's summary of failed shards is, when every shard failed that way; so is a write
-    the run root refuses (read-only, full: the message names it)."""
+    """Whether `exc` is a failure the user fixes from its message: an `ExpectedFailure`
+    (tasks/errors.py), or a stop signal. Anything else is a bug or an unforeseen condition,
+    and keeps its traceback. Generation's summary of failed shards is expected when every
+    shard failed that way; so is a write the run root refuses (read-only, full: the message
+    names it), whatever OSError carries it."""
     from flows.stopping import is_stop
     from tasks.generate.failures import GenerateFailed
     from tasks.runfolder import unwritable
@@ -75,7 +29,7 @@ def is_expected(exc: BaseException) -> bool:
     if isinstance(exc, GenerateFailed):
         causes = list(exc.causes.values())
         return bool(causes) and all(isinstance(c, BaseException) and is_expected(c) for c in causes)
-    return isinstance(exc, _expected_failures()) or unwritable(exc)
+    return isinstance(exc, ExpectedFailure) or unwritable(exc)
 
 
 class _NoTracebackWhenExpected(logging.Filter):
@@ -97,7 +51,7 @@ def _quiet_expected_tracebacks() -> None:
             logger.addFilter(quiet)
 
 
-def _run(argv: list[str]) -> int:
+def _run_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eaglescale run", description="Run the data-scaling DAG.")
     parser.add_argument("--params", required=True, help="params YAML (deployments/params/*.yaml)")
     parser.add_argument("--run-root", help="override run_root (local path or s3://bucket/prefix)")
@@ -107,7 +61,11 @@ def _run(argv: list[str]) -> int:
         "--dry-run", action="store_true",
         help="print the plan (stages, shards, servers, disk forecast) and start nothing",
     )  # fmt: skip
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _run(argv: list[str]) -> int:
+    args = _run_parser().parse_args(argv)
 
     from tasks.config import ConfigError, check_input_paths, load_config
     from tasks.runfolder import RunRootUnwritable, check_writable
@@ -133,16 +91,21 @@ def _run(argv: list[str]) -> int:
     except RunRootUnwritable as e:
         print(f"eaglescale: RunRootUnwritable: {e}", file=sys.stderr)
         return EXIT_FAILED
-    from flows import stopping
     from tasks.runlog import quiet_terminal
 
     quiet_terminal()  # before transformers is imported: no weight-loading progress bars
-
-    # From here a signal stops the run cleanly: within seconds, leases released, children gone,
-    # one line naming the resume command (flows/stopping.py).
-    previous_handlers = stopping.install()
     resume = ["eaglescale", "run", "--params", args.params, "--run-root", config.run_root]
     resume += (["--stages", args.stages] if args.stages else []) + [f"--set={o}" for o in args.overrides]
+    return _run_stoppable(config, resume)
+
+
+def _run_stoppable(config: Any, resume: list[str]) -> int:
+    """Run the flow (on a temporary Prefect API unless PREFECT_API_URL names one). From here a
+    signal stops the run cleanly: within seconds, leases released, children gone, one line
+    naming the `resume` command (flows/stopping.py)."""
+    from flows import stopping
+
+    previous_handlers = stopping.install()
     api, temporary_url = None, None
     try:
         if not os.environ.get("PREFECT_API_URL"):

@@ -19,6 +19,7 @@ from prefect.concurrency.sync import concurrency
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
 from tasks.config import EagleScaleConfig
+from tasks.errors import ExpectedFailure
 
 # A holder that dies without releasing (kill -9) keeps its slot until the lease lapses; the
 # live holder renews it every 0.75 x this.
@@ -28,11 +29,11 @@ LEASE_S = 60.0
 RUN_ROOT_WAIT_S = 2 * LEASE_S
 
 
-class RunRootBusy(RuntimeError):
+class RunRootBusy(RuntimeError, ExpectedFailure):
     """Another run holds this stage of this run root."""
 
 
-class GpuLimitError(RuntimeError):
+class GpuLimitError(RuntimeError, ExpectedFailure):
     """The configured GPU limit is missing or smaller than one request."""
 
 

@@ -6,6 +6,8 @@ against a real Prefect server and SGLang-compatible servers on 127.0.0.1, as a u
 from __future__ import annotations
 
 import ctypes
+import importlib
+import logging
 import os
 import pickle
 import socket
@@ -15,13 +17,15 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import fsspec
 import pytest
 
-from flows.cli import EXIT_CONFIG, EXIT_FAILED, is_expected
+from flows.cli import EXIT_CONFIG, EXIT_FAILED, _quiet_expected_tracebacks, _run_flow, is_expected
 from flows.concurrency import RunRootBusy
 from tasks.engines.base import EngineUnavailable
+from tasks.errors import ExpectedFailure
 from tasks.gate.preflight import PreflightError, draft_tensor_shapes
 from tasks.generate.failures import GenerateFailed, ShardFailed, generate_failed
 from tasks.runfolder import RunFolder, ShardStore, read_journal
@@ -237,3 +241,80 @@ def test_which_failures_are_expected(tmp_path: Path) -> None:
     assert not is_expected(generate_failed({"s1": shard, "s2": KeyError("x")}, 3, 0.05))
     assert not is_expected(GenerateFailed("no causes"))
     assert not is_expected(KeyError("x")) and not is_expected(RuntimeError("x"))
+
+
+# Every failure the CLI reports as a message alone, with the built-in base its callers catch.
+# Once a tuple in flows/cli.py: a class dropped from this list, or from the base, is a test
+# change, not a silent traceback.
+EXPECTED_FAILURES = [
+    ("flows.concurrency", "RunRootBusy", RuntimeError),
+    ("flows.concurrency", "GpuLimitError", RuntimeError),
+    ("tasks.config", "ConfigError", ValueError),  # also discovery's source and mixture errors
+    ("tasks.draft.target_heads", "TargetHeadsError", ValueError),
+    ("tasks.draft.trainer", "TrainError", RuntimeError),
+    ("tasks.engines.base", "EngineUnavailable", RuntimeError),
+    ("tasks.engines.base", "WrongModel", RuntimeError),
+    ("tasks.engines.base", "ServersUnreachable", RuntimeError),
+    ("tasks.extract.capture", "LayerIdError", ValueError),
+    ("tasks.extract.forecast", "DiskForecastError", RuntimeError),
+    ("tasks.extract.sequences", "ChatTemplateMismatch", RuntimeError),
+    ("tasks.gate.plan", "GateStopped", RuntimeError),
+    ("tasks.gate.preflight", "PreflightError", ValueError),
+    ("tasks.gate.promote", "PromotionError", RuntimeError),
+    ("tasks.generate.failures", "ShardFailed", RuntimeError),
+    ("tasks.runfolder", "CorruptShard", RuntimeError),  # through CommitError, kept
+    ("tasks.runfolder", "FingerprintMismatch", RuntimeError),
+    ("tasks.runfolder", "RunRootUnwritable", RuntimeError),
+    ("tasks.sglang.server_process", "ServerStartError", RuntimeError),
+    ("tasks.sglang.versions", "LaunchError", ValueError),
+    ("tasks.target.model_dir", "TargetError", ValueError),
+    ("tasks.target.packages", "PackagePathError", ValueError),
+]
+
+
+@pytest.mark.parametrize(("module", "name", "builtin"), EXPECTED_FAILURES, ids=[n for _, n, _ in EXPECTED_FAILURES])
+def test_each_expected_failure_derives_from_the_base_and_keeps_its_own(module: str, name: str, builtin: type) -> None:
+    cls = getattr(importlib.import_module(module), name)
+    assert issubclass(cls, ExpectedFailure), f"{module}.{name} no longer derives from tasks.errors.ExpectedFailure"
+    assert issubclass(cls, builtin)  # every `except ValueError` / `except RuntimeError` still catches it
+    assert is_expected(cls.__new__(cls))
+
+
+def test_an_expected_failure_from_deep_inside_a_stage_prints_without_a_traceback(tmp_path, monkeypatch, capsys):
+    """The CLI names no class any more: one it never heard of, raised three calls down a stage,
+    is reported by the base alone, in one line; Prefect's log of the failed task drops its
+    traceback. An unforeseen failure keeps its traceback."""
+    import flows.data_scaling
+
+    class StageRefused(RuntimeError, ExpectedFailure):
+        pass
+
+    def shard(failure: Exception) -> None:
+        raise failure
+
+    def stage(failure: Exception) -> None:
+        shard(failure)
+
+    config = SimpleNamespace(run_root=str(tmp_path / "run"))
+    refused = StageRefused("shard s1: refused; fix: the fix")
+    monkeypatch.setattr(flows.data_scaling, "data_scaling", lambda _: stage(refused))
+    assert _run_flow(config) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert err.startswith("eaglescale: StageRefused: shard s1: refused; fix: the fix\n(log: "), err
+    assert "Traceback" not in err
+
+    _quiet_expected_tracebacks()  # as _run_flow left it: Prefect's task-run logger filters
+    task_runs = logging.getLogger("prefect.task_runs")
+
+    def logged(exc: BaseException) -> logging.LogRecord:
+        info = (type(exc), exc, None)
+        record = task_runs.makeRecord(task_runs.name, logging.ERROR, __file__, 0, "Task run failed", (), info)
+        assert task_runs.filter(record)  # the line itself is kept
+        return record
+
+    assert logged(refused).exc_info is None and logged(KeyError("x")).exc_info is not None
+
+    monkeypatch.setattr(flows.data_scaling, "data_scaling", lambda _: stage(KeyError("x")))
+    assert _run_flow(config) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "eaglescale: run failed: KeyError: 'x'" in err

@@ -24,7 +24,7 @@ from tasks.draft.export import (
 from tasks.draft.export_checks import ExportError
 from tasks.draft.model import Eagle3Draft
 from tasks.draft.vocab import build_vocab_map
-from tasks.runfolder import RunFolder, ShardStore
+from tasks.runfolder import RunFolder, ShardCommit, ShardStore
 
 H, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB, DRAFT_VOCAB = 64, 256, 4, 2, 16, 2048, 256
 AUX = [1, 3, 4]  # [1, L//2 - 1, L - 4] for the tiny target's 8 layers
@@ -350,9 +350,8 @@ def commit_extract_shard(run: RunFolder, aux_layer_ids: list[int]) -> None:
         writer.add(seq, CapturedStates(aux=torch.randn(4, 3 * H), last=torch.randn(4, H)))
     dead = pa.Table.from_pylist([], schema=pa.schema([("request_id", pa.string())]))
     extra = {"aux_layer_ids": aux_layer_ids, "hidden_size": H, "storage_dtype": "bf16", "splits": {"train": 1, "eval": 1}}
-    ShardStore(run, "extract").commit_payload(
-        "s000", writer.to_bytes(), "safetensors", ["req0", "req1"], dead, ["req0", "req1"], "a1", "fp", extra=extra,
-    )
+    shard = ShardCommit("s000", "a1", "fp", ["req0", "req1"], dead, extra=extra)
+    ShardStore(run, "extract").commit_payload(writer.to_bytes(), "safetensors", ["req0", "req1"], shard)
 
 
 def test_export_to_run_checks_extraction_layer_ids(draft: Eagle3Draft, embed: torch.Tensor, tmp_path: Path) -> None:

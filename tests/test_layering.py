@@ -44,7 +44,13 @@ def _closure(start: str) -> set[str]:
     return seen
 
 
+# The base of the failures the CLI reports without a traceback: below every layer, so any
+# module may derive from it, and it imports nothing (checked below).
+ERRORS_BASE = "tasks.errors"
+
+
 def _outside(prefix: str, allowed: tuple[str, ...] = ()) -> dict[str, list[str]]:
+    allowed = (*allowed, ERRORS_BASE)
     return {
         m: sorted(i for i in deps if not i.startswith((prefix, *allowed)))
         for m, deps in GRAPH.items()
@@ -59,6 +65,13 @@ def test_the_graph_is_read() -> None:
     assert any(d.startswith("tasks.runfolder") for d in GRAPH["tasks.generate.stage"])
     assert "rich.table" in IMPORTS["tasks.status.render"]
     assert "tasks.target.path_kinds" in GRAPH["tasks.config.paths"]
+
+
+def test_the_errors_base_imports_nothing_and_sits_below_every_layer() -> None:
+    # The run folder, SGLang's knowledge and the target derive from it: one import of its own
+    # would be an arrow out of the bottom layers, or a circle.
+    assert IMPORTS[ERRORS_BASE] <= {"__future__"}
+    assert ERRORS_BASE in GRAPH["tasks.runfolder.folder"] and ERRORS_BASE in GRAPH["tasks.target.errors"]
 
 
 def test_tasks_never_import_flows() -> None:
@@ -110,7 +123,7 @@ def test_the_configuration_sits_on_sglang_knowledge_and_the_target_alone() -> No
 
 def test_the_target_imports_nothing_above_it() -> None:
     # `tasks` itself: the tiny target reads its sample prompts from the package's data folder.
-    above = {m: sorted(d for d in deps if d != "tasks" and not d.startswith("tasks.target"))
+    above = {m: sorted(d for d in deps if d not in ("tasks", ERRORS_BASE) and not d.startswith("tasks.target"))
              for m, deps in GRAPH.items() if m.startswith("tasks.target")}  # fmt: skip
     assert {m: d for m, d in above.items() if d} == {}
     # Importing any target module runs tasks/target/__init__.py first: it imports nothing, so the
@@ -180,3 +193,16 @@ def test_sglang_s_processes_stand_alone_in_tasks_sglang() -> None:
     assert {"tasks.sglang.command", "tasks.sglang.server_process"} <= GRAPH.keys()
     assert "tasks.sglang.server_process" in GRAPH["tasks.gate.benchmark"]
     assert _outside("tasks.sglang.") == {}
+
+
+def test_the_product_imports_none_of_the_harness_or_the_benchmarks() -> None:
+    # gpunode/ (the GPU node's harness) and benchmarks/ sit above the product: they run its stages
+    # and read its records; tasks/ and flows/ never reach up into them.
+    upward = {m: sorted(n for n in names if n.split(".")[0] in ("gpunode", "benchmarks")) for m, names in IMPORTS.items()}
+    assert {m: names for m, names in upward.items() if names} == {}
+    assert (ROOT / "gpunode/pipeline.py").is_file() and "tasks.gate.plan" in IMPORTS["tasks.dryrun"]
+    # The harness runs no benchmark: benchmarks/ reads what the harness brought back, not the reverse.
+    harness = {path.name: sorted(n.module for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ImportFrom)
+                                 and n.module and n.module.split(".")[0] == "benchmarks")
+               for path in (ROOT / "gpunode").glob("*.py")}  # fmt: skip
+    assert len(harness) > 10 and {name: names for name, names in harness.items() if names} == {}

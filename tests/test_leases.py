@@ -14,7 +14,7 @@ import time
 import pyarrow as pa
 import pytest
 
-from tasks.runfolder import LeaseLost, LeaseTable, RunFolder, ShardStore
+from tasks.runfolder import LeaseLost, LeaseTable, RunFolder, ShardCommit, ShardStore
 from tasks.runfolder.folder import TMP_PREFIX, json_bytes
 from tests.prefect_support import prefect_server
 from tests.run_support import ROOT, assert_exactly_once, cli_env, start_cli, write_params
@@ -166,7 +166,7 @@ def test_cleanup_spares_parts_of_shards_with_a_live_lease(run):
     assert run.listdir("extract/data") == ["s1.t1.p0000.bin", "s1.t1.p0001.bin"]
     # The live attempt still commits (cleanup would have broken it with a CommitConflict).
     dead = pa.Table.from_pylist([], schema=pa.schema([("request_id", pa.string())]))
-    result = store.commit_parts(live, ["r1", "r2"], dead, ["r1", "r2"], "fp")
+    result = store.commit_parts(live, ["r1", "r2"], ShardCommit(live.shard_id, live.attempt, "fp", ["r1", "r2"], dead))
     assert result.won and len(result.marker["parts"]) == 2
     leases.close()
     assert store.cleanup(protected=leases.live_shards) == []

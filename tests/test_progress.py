@@ -12,6 +12,7 @@ from tasks.engines.base import ServerHealth
 from tasks.generate.progress import (
     ProgressTracker,
     RateWindow,
+    ShardDone,
     eta_seconds,
     lifetime_rate,
     mean_completion_tokens,
@@ -94,7 +95,7 @@ def test_restart_committed_shards_count_as_done_not_in_rate(tmp_path: Path) -> N
     clock = Clock(1000.0)
     tracker = _tracker(tmp_path, clock)
     # found at start: s0 committed earlier (10 requests, 1 dead, 900 completion tokens)
-    tracker.mark_committed("s0", requests=10, prompt_tokens=500, completion_tokens=900, dead=1)
+    tracker.mark_committed("s0", ShardDone(requests=10, prompt_tokens=500, completion_tokens=900, dead=1))
     tracker.shard_state("s1", "running", attempt="a1")
     clock.t = 1010.0
     tracker.record("s1", requests=2, prompt_tokens=100, completion_tokens=200, sent=3)  # a retry
@@ -160,10 +161,10 @@ def test_reused_requests_are_done_but_never_sent_nor_in_the_rate(tmp_path: Path)
     not as sent, and requests sent per request is over the others (1.0: none sent twice)."""
     clock = Clock(0.0)
     tracker = _tracker(tmp_path, clock, reused_from="s3://runs/first-user")
-    tracker.mark_committed("s0", requests=10, prompt_tokens=100, completion_tokens=500, sent=4, reused=6)
+    tracker.mark_committed("s0", ShardDone(requests=10, prompt_tokens=100, completion_tokens=500, sent=4, reused=6))
     clock.t = 10.0
     # s1's journal holds 5 reused outcomes (no send) and 1 generated after 2 sends
-    tracker.mark_resumed("s1", requests=6, prompt_tokens=60, completion_tokens=300, sent=2, reused=5)
+    tracker.mark_resumed("s1", ShardDone(requests=6, prompt_tokens=60, completion_tokens=300, sent=2, reused=5))
     tracker.record("s1", requests=2, prompt_tokens=20, completion_tokens=100)
     snap = tracker.snapshot()
     assert snap["reused"] == {"requests": 11, "from": "s3://runs/first-user"}
@@ -179,7 +180,7 @@ def test_mark_resumed_replaces_shard_counts(tmp_path: Path) -> None:
     clock.t = 10.0
     tracker.record("s2", requests=4, prompt_tokens=40, completion_tokens=400)
     # the attempt fails; its retry replays the journal, which holds those 4 plus 2 earlier ones
-    tracker.mark_resumed("s2", requests=6, prompt_tokens=60, completion_tokens=600, sent=9)
+    tracker.mark_resumed("s2", ShardDone(requests=6, prompt_tokens=60, completion_tokens=600, sent=9))
     snap = tracker.snapshot()
     assert snap["shards"]["s2"]["done"] == 6
     assert (snap["requests"]["sent"], snap["requests"]["sent_per_request"]) == (9, 1.5)

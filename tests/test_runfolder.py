@@ -18,6 +18,7 @@ from tasks.runfolder import (
     FingerprintMismatch,
     JournalWriter,
     RunFolder,
+    ShardCommit,
     ShardStore,
     ensure_fingerprint,
     read_journal,
@@ -89,13 +90,13 @@ def test_commit_verifies_keys_and_marker_sha(tmp_path):
     store = ShardStore(run, "generate")
     planned = {"a", "b", "c"}
     with pytest.raises(CommitError, match="1 planned keys missing"):
-        store.commit("s0", _rows(["a", "b"]), _dead([]), planned, "t1", "fp")
+        store.commit(_rows(["a", "b"]), ShardCommit("s0", "t1", "fp", planned, _dead([])))
     with pytest.raises(CommitError, match="duplicate keys"):
-        store.commit("s0", _rows(["a", "a", "b", "c"]), _dead([]), planned, "t1", "fp")
+        store.commit(_rows(["a", "a", "b", "c"]), ShardCommit("s0", "t1", "fp", planned, _dead([])))
     with pytest.raises(CommitError, match="both committed and dead"):
-        store.commit("s0", _rows(["a", "b", "c"]), _dead(["c"]), planned, "t1", "fp")
+        store.commit(_rows(["a", "b", "c"]), ShardCommit("s0", "t1", "fp", planned, _dead(["c"])))
     assert store.committed() == {}
-    result = store.commit("s0", _rows(["a", "b"]), _dead(["c"]), planned, "t1", "fp")
+    result = store.commit(_rows(["a", "b"]), ShardCommit("s0", "t1", "fp", planned, _dead(["c"])))
     assert result.won
     marker = store.committed()["s0"]
     assert (marker["rows"], marker["dead"]) == (2, 1)
@@ -109,7 +110,7 @@ def test_commit_verifies_keys_and_marker_sha(tmp_path):
 def test_cleanup_removes_temp_and_unmarked_objects(tmp_path):
     run = RunFolder(str(tmp_path))
     store = ShardStore(run, "generate")
-    store.commit("s0", _rows(["a"]), _dead([]), {"a"}, "t1", "fp")
+    store.commit(_rows(["a"]), ShardCommit("s0", "t1", "fp", {"a"}, _dead([])))
     run.write_bytes_atomic("generate/data/s1.t9.parquet", b"unmarked")
     run.write_bytes_atomic("generate/data/.tmp-abc-s2.parquet", b"temp")
     run.write_bytes_atomic("generate/_SUCCESS/.tmp-abc-s3.json", b"{")
@@ -132,7 +133,7 @@ def test_racing_writers_commit_exactly_once(tmp_path):
     def writer(n: int) -> None:
         store = ShardStore(RunFolder(str(tmp_path)), "generate")
         barrier.wait()
-        results.append(store.commit("s0", _rows(keys), _dead([]), set(keys), f"attempt{n}", "fp"))
+        results.append(store.commit(_rows(keys), ShardCommit("s0", f"attempt{n}", "fp", set(keys), _dead([]))))
 
     threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
     for t in threads:
@@ -150,8 +151,8 @@ def test_racing_writers_commit_exactly_once(tmp_path):
 def test_replace_recommits_and_drops_old_files(tmp_path):
     run = RunFolder(str(tmp_path))
     store = ShardStore(run, "generate")
-    store.commit("s0", _rows(["a"]), _dead(["b"]), {"a", "b"}, "t1", "fp")
-    store.commit("s0", _rows(["a", "b"]), _dead([]), {"a", "b"}, "t2", "fp", replace=True)
+    store.commit(_rows(["a"]), ShardCommit("s0", "t1", "fp", {"a", "b"}, _dead(["b"])))
+    store.commit(_rows(["a", "b"]), ShardCommit("s0", "t2", "fp", {"a", "b"}, _dead([]), replace=True))
     marker = store.committed()["s0"]
     assert (marker["rows"], marker["dead"], marker["attempt"]) == (2, 0, "t2")
     assert run.listdir("generate/data") == ["s0.t2.parquet"]
@@ -168,6 +169,11 @@ def _write_parts(store: ShardStore, shard_id: str, attempt: str, chunks: list[li
     return parts
 
 
+def _of(parts, planned: set[str], dead: pa.Table, **options) -> ShardCommit:
+    """The commit of a multi-part attempt, under its own shard and attempt."""
+    return ShardCommit(parts.shard_id, parts.attempt, "fp", planned, dead, **options)
+
+
 def _keys_of(store: ShardStore, marker: dict) -> list[str]:
     return [k for data in store.iter_parts(marker) for k in data.decode().split(",")]
 
@@ -177,7 +183,7 @@ def test_parts_commit_under_one_marker_and_read_back_verified(tmp_path):
     store = ShardStore(run, "extract")
     chunks = [["a", "b"], ["c"], ["d", "e"]]
     parts = _write_parts(store, "s0", "t1", chunks)
-    result = store.commit_parts(parts, ["a", "b", "c", "d", "e"], _dead(["f"]), set("abcdef"), "fp")
+    result = store.commit_parts(parts, ["a", "b", "c", "d", "e"], _of(parts, set("abcdef"), _dead(["f"])))
     assert result.won
     marker = store.committed()["s0"]
     assert "data" not in marker and "sha256" not in marker
@@ -196,7 +202,7 @@ def test_parts_commit_under_one_marker_and_read_back_verified(tmp_path):
     with pytest.raises(CommitError, match="3 data parts; read them with read_part"):
         store.read_payload(marker)
     # A single-object shard reads as one part.
-    store.commit_payload("s1", b"x", "bin", ["x"], _dead([]), {"x"}, "t1", "fp")
+    store.commit_payload(b"x", "bin", ["x"], ShardCommit("s1", "t1", "fp", {"x"}, _dead([])))
     assert list(store.iter_parts(store.committed()["s1"])) == [b"x"]
     # A corrupted part is refused by its reader; the others still read.
     (tmp_path / marker["parts"][2]["path"]).write_bytes(b"d,X")
@@ -210,12 +216,17 @@ def test_parts_that_fail_verification_are_removed(tmp_path):
     store = ShardStore(run, "extract")
     parts = _write_parts(store, "s0", "t1", [["a"], ["b"]])
     with pytest.raises(CommitError, match="1 planned keys missing"):
-        store.commit_parts(parts, ["a", "b"], _dead([]), {"a", "b", "c"}, "fp")
+        store.commit_parts(parts, ["a", "b"], _of(parts, {"a", "b", "c"}, _dead([])))
     assert run.listdir("extract/data") == [] and store.committed() == {}
     parts = _write_parts(store, "s0", "t2", [["a"], ["b"]])
     with pytest.raises(CommitError, match="its 2 parts hold 2 rows but 3 keys were given"):
-        store.commit_parts(parts, ["a", "b", "c"], _dead([]), {"a", "b", "c"}, "fp")
+        store.commit_parts(parts, ["a", "b", "c"], _of(parts, {"a", "b", "c"}, _dead([])))
     assert run.listdir("extract/data") == []
+    # The commit names the parts' own shard and attempt: another's is a caller's mistake.
+    parts = _write_parts(store, "s0", "t3", [["a"]])
+    with pytest.raises(ValueError, match="parts of shard s0 attempt t3 committed as shard s0 attempt t9"):
+        store.commit_parts(parts, ["a"], ShardCommit("s0", "t9", "fp", {"a"}, _dead([])))
+    assert store.committed() == {}
 
 
 def test_a_part_gone_before_the_marker_is_a_conflict_not_a_commit(tmp_path):
@@ -224,25 +235,26 @@ def test_a_part_gone_before_the_marker_is_a_conflict_not_a_commit(tmp_path):
     parts = _write_parts(store, "s0", "t1", [["a"], ["b"]])
     run.remove(parts.parts[1]["path"])  # a concurrent cleanup took it
     with pytest.raises(CommitConflict, match="shard s0: data vanished"):
-        store.commit_parts(parts, ["a", "b"], _dead([]), {"a", "b"}, "fp")
+        store.commit_parts(parts, ["a", "b"], _of(parts, {"a", "b"}, _dead([])))
     assert store.committed() == {}
     # A part of the wrong size is caught the same way (size check, no re-read).
     parts = _write_parts(store, "s0", "t2", [["a"], ["b"]])
     run.write_bytes_atomic(parts.parts[0]["path"], b"aa")
     with pytest.raises(CommitConflict):
-        store.commit_parts(parts, ["a", "b"], _dead([]), {"a", "b"}, "fp")
+        store.commit_parts(parts, ["a", "b"], _of(parts, {"a", "b"}, _dead([])))
 
 
 def test_cleanup_and_replace_handle_parts(tmp_path):
     run = RunFolder(str(tmp_path))
     store = ShardStore(run, "extract")
-    store.commit_parts(_write_parts(store, "s0", "t1", [["a"], ["b"]]), ["a", "b"], _dead([]), {"a", "b"}, "fp")
+    parts = _write_parts(store, "s0", "t1", [["a"], ["b"]])
+    store.commit_parts(parts, ["a", "b"], _of(parts, {"a", "b"}, _dead([])))
     _write_parts(store, "s1", "t7", [["c"], ["d"]])  # an attempt killed before its marker
     assert sorted(store.cleanup()) == ["extract/data/s1.t7.p0000.bin", "extract/data/s1.t7.p0001.bin"]
     assert run.listdir("extract/data") == ["s0.t1.p0000.bin", "s0.t1.p0001.bin"]
     # retry-dead: the new attempt's parts replace every part of the previous one.
     parts = _write_parts(store, "s0", "t2", [["a", "b"], ["c"], ["d"]])
-    store.commit_parts(parts, ["a", "b", "c", "d"], _dead([]), {"a", "b", "c", "d"}, "fp", replace=True)
+    store.commit_parts(parts, ["a", "b", "c", "d"], _of(parts, {"a", "b", "c", "d"}, _dead([]), replace=True))
     assert run.listdir("extract/data") == ["s0.t2.p0000.bin", "s0.t2.p0001.bin", "s0.t2.p0002.bin"]
     assert run.listdir("extract/dead") == ["s0.t2.parquet"]
     assert _keys_of(store, store.committed()["s0"]) == ["a", "b", "c", "d"]
@@ -258,7 +270,7 @@ def test_racing_part_writers_one_winner_losers_parts_gone(tmp_path):
         store = ShardStore(RunFolder(str(tmp_path)), "extract")
         parts = _write_parts(store, "s0", f"attempt{n}", [keys[:10], keys[10:20], keys[20:]])
         barrier.wait()
-        results.append(store.commit_parts(parts, keys, _dead([]), set(keys), "fp"))
+        results.append(store.commit_parts(parts, keys, _of(parts, set(keys), _dead([]))))
 
     threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
     for t in threads:
@@ -279,8 +291,8 @@ def test_racing_part_writers_one_winner_losers_parts_gone(tmp_path):
 def test_committed_reads_each_marker_once_until_it_is_rewritten(tmp_path):
     run = RunFolder(str(tmp_path / "run"))
     store = ShardStore(run, "generate")
-    store.commit("s0", _rows(["a"]), _dead(["b"]), {"a", "b"}, "t1", "fp")
-    store.commit("s1", _rows(["c"]), _dead([]), {"c"}, "t1", "fp")
+    store.commit(_rows(["a"]), ShardCommit("s0", "t1", "fp", {"a", "b"}, _dead(["b"])))
+    store.commit(_rows(["c"]), ShardCommit("s1", "t1", "fp", {"c"}, _dead([])))
     reads: list[str] = []
     read_json = run.read_json
     run.read_json = lambda rel: reads.append(rel) or read_json(rel)  # counts the store's GETs
@@ -288,7 +300,7 @@ def test_committed_reads_each_marker_once_until_it_is_rewritten(tmp_path):
     assert store.committed()["s0"]["attempt"] == "t1" and len(reads) == 2  # served from the cache
     # Another writer (a second store on the same run) replaces s0: the next scan sees it.
     ShardStore(RunFolder(str(tmp_path / "run")), "generate").commit(
-        "s0", _rows(["a", "b"]), _dead([]), {"a", "b"}, "t2", "fp", replace=True
+        _rows(["a", "b"]), ShardCommit("s0", "t2", "fp", {"a", "b"}, _dead([]), replace=True)
     )
     assert store.committed()["s0"]["attempt"] == "t2"
     assert reads[2:] == ["generate/_SUCCESS/s0.json"]
@@ -301,8 +313,9 @@ def test_damaged_shards_are_found_by_size_and_sha_and_a_torn_marker_is_named(tmp
     run = RunFolder(str(tmp_path))
     gen, ext = ShardStore(run, "generate"), ShardStore(run, "extract")
     for shard in ("s0", "s1", "s2", "s3"):
-        gen.commit(shard, _rows(["a", "b"]), _dead(["c"]), {"a", "b", "c"}, "t1", "fp")
-    ext.commit_parts(_write_parts(ext, "s0", "t1", [["a"], ["b"]]), ["a", "b"], _dead([]), {"a", "b"}, "fp")
+        gen.commit(_rows(["a", "b"]), ShardCommit(shard, "t1", "fp", {"a", "b", "c"}, _dead(["c"])))
+    parts = _write_parts(ext, "s0", "t1", [["a"], ["b"]])
+    ext.commit_parts(parts, ["a", "b"], _of(parts, {"a", "b"}, _dead([])))
     assert gen.damaged(gen.committed(), hash_data=True) == {} and ext.damaged(ext.committed()) == {}
     markers = gen.committed()
     data = tmp_path / markers["s1"]["data"]

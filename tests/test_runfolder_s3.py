@@ -7,7 +7,14 @@ import threading
 import pyarrow as pa
 import pytest
 
-from tasks.runfolder import JournalWriter, RunFolder, ShardStore, ensure_fingerprint, read_journal
+from tasks.runfolder import (
+    JournalWriter,
+    RunFolder,
+    ShardCommit,
+    ShardStore,
+    ensure_fingerprint,
+    read_journal,
+)
 from tests.s3_support import moto_s3
 
 SCHEMA = pa.schema([("request_id", pa.string())])
@@ -40,8 +47,8 @@ def test_s3_journal_chunks_commit_and_cleanup(s3_run):
 
     store = ShardStore(run, "generate")
     keys = [f"r{i}" for i in range(4)]
-    assert store.commit("s0", _rows(keys), _rows([]), set(keys), "t1", "fp").won
-    assert not store.commit("s0", _rows(keys), _rows([]), set(keys), "t2", "fp").won
+    assert store.commit(_rows(keys), ShardCommit("s0", "t1", "fp", set(keys), _rows([]))).won
+    assert not store.commit(_rows(keys), ShardCommit("s0", "t2", "fp", set(keys), _rows([]))).won
     run.write_bytes_atomic("generate/data/s9.t5.parquet", b"unmarked")
     assert store.cleanup() == ["generate/data/s9.t5.parquet"]
     marker = store.committed()["s0"]
@@ -58,7 +65,7 @@ def test_s3_racing_markers_exactly_one_winner(s3_run):
     def writer(n):
         store = ShardStore(RunFolder(s3_run.url, {"client_kwargs": s3_run.fs.client_kwargs}), "generate")
         barrier.wait()
-        results.append(store.commit("s0", _rows(keys), _rows([]), set(keys), f"a{n}", "fp"))
+        results.append(store.commit(_rows(keys), ShardCommit("s0", f"a{n}", "fp", set(keys), _rows([]))))
 
     threads = [threading.Thread(target=writer, args=(n,)) for n in range(3)]
     for t in threads:
@@ -108,10 +115,10 @@ def test_s3_multi_part_extract_shard_commits_once_and_reads_back(s3_run):
     planned = {s.sequence_id for s in seqs}
     store, parts, keys = _extract_parts(s3_run, "t1", seqs, states)
     assert len(parts.parts) == 4 and keys == [s.sequence_id for s in seqs]
-    assert store.commit_parts(parts, keys, dead, planned, "fp").won
+    assert store.commit_parts(parts, keys, ShardCommit(parts.shard_id, parts.attempt, "fp", planned, dead)).won
     # A second writer of the same shard loses on S3 too, and its parts are deleted.
     _, late, late_keys = _extract_parts(s3_run, "t2", seqs, states)
-    assert not store.commit_parts(late, late_keys, dead, planned, "fp").won
+    assert not store.commit_parts(late, late_keys, ShardCommit(late.shard_id, late.attempt, "fp", planned, dead)).won
     _extract_parts(s3_run, "t3", seqs, states)  # killed before its marker
     assert len(store.cleanup()) == 4
     marker = store.committed()["s0"]

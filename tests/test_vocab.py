@@ -142,7 +142,7 @@ def test_the_trainer_counts_the_training_split_only(tmp_path) -> None:
     from tasks.extract.local_capture import CapturedStates
     from tasks.extract.sequences import TrainingSequence
     from tasks.extract.storage import ShardWriter
-    from tasks.runfolder import ShardStore
+    from tasks.runfolder import ShardCommit, ShardStore
 
     run = RunFolder(str(tmp_path / "run"))
     hidden, vocab = 8, 40
@@ -157,7 +157,8 @@ def test_the_trainer_counts_the_training_split_only(tmp_path) -> None:
         writer.add(seq, CapturedStates(aux=torch.zeros(len(ids), 3 * hidden), last=torch.zeros(len(ids), hidden)))
     dead = pa.Table.from_pylist([], schema=pa.schema([("request_id", pa.string())]))
     keys = [r[0] for r in rows]
-    ShardStore(run, "extract").commit_payload("s0", writer.to_bytes(), "safetensors", keys, dead, keys, "a", "fp")
+    shard = ShardCommit("s0", "a", "fp", keys, dead)
+    ShardStore(run, "extract").commit_payload(writer.to_bytes(), "safetensors", keys, shard)
     vmap, index = vocab_and_index(run, vocab, 3, Dist.current())
     assert run.exists(TRAIN_VOCAB_MAP) and index is not None
     # train masked tokens: 7,7,7,9 and 2,9,5 -> counts 7:3, 9:2, 2:1, 5:1 (tie 2 < 5); 30 is eval only.

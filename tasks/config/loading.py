@@ -13,9 +13,10 @@ from pydantic import ValidationError
 
 from tasks.config.paths import PATHS_RESOLVED, resolve_paths
 from tasks.config.sections import EagleScaleConfig
+from tasks.errors import ExpectedFailure
 
 
-class ConfigError(ValueError):
+class ConfigError(ValueError, ExpectedFailure):
     """A params file or override that does not fit the model; the message names key and file."""
 
 

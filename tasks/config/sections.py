@@ -371,8 +371,8 @@ class TrainConfig(Strict):
     # adam_betas. A checkpoint records them and is not resumed with others (tasks/draft/recipe.py).
     adam_betas: tuple[float, float] = Field(
         (0.9, 0.999),
-        description="AdamW's (beta1, beta2): torch's default, as SpecForge trains. Until run 10 the "
-        "default was (0.9, 0.95); (0.9, 0.999) accepted 1.1% more at 3 steps on the same data and "
+        description="AdamW's (beta1, beta2): torch's default, as SpecForge trains. The default was once "
+        "(0.9, 0.95); (0.9, 0.999) accepted 1.1% more at 3 steps on the same data and "
         "steps (held-out replay, paired CI +0.3%..+1.8%, BENCHMARKS P11).",
     )
     objective: str = Field(

@@ -18,12 +18,13 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from tasks.errors import ExpectedFailure
 from tasks.target.families.base import TargetFamily
 from tasks.target.families.registry import config_model_type, family_for
 from tasks.target.model_dir import read_model_config, resolve_model_dir, text_config
 
 
-class TargetHeadsError(ValueError):
+class TargetHeadsError(ValueError, ExpectedFailure):
     """The target's embedding or lm_head cannot be found or does not fit its config."""
 
 

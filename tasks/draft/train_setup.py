@@ -26,12 +26,13 @@ from tasks.draft.distributed import Dist
 from tasks.draft.online import OnlineData, OnlineTarget
 from tasks.draft.starting_draft import StartingDraft, read_starting_draft
 from tasks.draft.vocab import VocabMap, build_vocab_map, count_tokens
+from tasks.errors import ExpectedFailure
 from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import TRAIN_VOCAB_MAP
 from tasks.target.model_dir import read_model_config, resolve_model_dir
 
 
-class TrainError(RuntimeError):
+class TrainError(RuntimeError, ExpectedFailure):
     """Training cannot start: the extracted data does not fit the target or the config."""
 
 

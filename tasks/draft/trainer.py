@@ -304,9 +304,9 @@ class Trainer:
         elif self.held_out and self.step < self.data.total_steps:
             # A resumed draft reads (online: captures) its held-out batches now, as a fresh one does in
             # its untrained evaluation, so that its first evaluation costs what every later one does
-            # and the set-up before its first step says what it takes: run 23's first evaluation
-            # after its resume took 58.6 s with its save, the capture of 793 sequences included,
-            # against 9.7 s, and the node's watch counted that for every evaluation left.
+            # and the set-up before its first step says what it takes (a first evaluation after a
+            # resume once took 58.6 s with its save, the capture of 793 sequences included, against
+            # 9.7 s: BENCHMARKS P27), and the pace the time budget measures is the steps' own.
             self.held_out.read()
 
     # -- the loop --------------------------------------------------------------------------------

@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tasks.errors import ExpectedFailure
+
 if TYPE_CHECKING:
     from tasks.engines.served import TargetNeeds
 
@@ -117,15 +119,15 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
-class EngineUnavailable(RuntimeError):
+class EngineUnavailable(RuntimeError, ExpectedFailure):
     """No server (or device) can take requests: the shard fails and is retried later."""
 
 
-class WrongModel(RuntimeError):
+class WrongModel(RuntimeError, ExpectedFailure):
     """A server serves another model than the run's target (another vocabulary, or a context
     too short for the run): retrying cannot help, so the run stops, naming the server."""
 
 
-class ServersUnreachable(RuntimeError):
+class ServersUnreachable(RuntimeError, ExpectedFailure):
     """No generation server answered when the stage started: the run stops at once instead of
     waiting out the rotation's timeouts and Prefect's retries."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from tasks.errors import ExpectedFailure
 from tasks.extract.local_capture import CapturedStates
 from tasks.target.families.base import SGLangCapture
 from tasks.target.families.registry import HOW_TO_ADD, family_for
@@ -38,7 +39,7 @@ __all__ = [
 AUX_LAYER_COUNT = 3
 
 
-class LayerIdError(ValueError):
+class LayerIdError(ValueError, ExpectedFailure):
     """Aux layer ids that SGLang would not capture, or a target without a default."""
 
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tasks.errors import ExpectedFailure
 from tasks.extract.sizes import bytes_per_token, free_bytes_at, human_bytes
 from tasks.extract.storage import STAGE
 from tasks.runfolder import RunFolder, ShardStore
 from tasks.runfolder.layout import SHARD_PLAN
 
 
-class DiskForecastError(RuntimeError):
+class DiskForecastError(RuntimeError, ExpectedFailure):
     """The extracted data would not fit its destination; the message gives both sizes."""
 
 

@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from tasks.discover.commit import read_prompts_table
 from tasks.discover.formats import prompt_id_of
+from tasks.errors import ExpectedFailure
 from tasks.runfolder import RunFolder
 from tasks.target.identity import chat_template_hash
 from tasks.target.model_dir import TargetError
@@ -41,7 +42,7 @@ _REPLY_SENTINEL = "EAGLESCALE-REPLY-SENTINEL"
 SPLITS = ("train", "eval")
 
 
-class ChatTemplateMismatch(RuntimeError):
+class ChatTemplateMismatch(RuntimeError, ExpectedFailure):
     """The tokenizer's chat template is not the one the generation stage rendered with."""
 
 

@@ -32,14 +32,16 @@ from tasks.config import EagleScaleConfig
 from tasks.extract.backends import build_capture_backend, target_layout
 from tasks.extract.capture import CaptureBackend, aux_capture_layers
 from tasks.extract.forecast import check_forecast, forecast_extract
-from tasks.extract.sequences import SequenceBuilder, holdout_changed
+from tasks.extract.sequences import SequenceBuilder, ShardSequences, holdout_changed
 from tasks.extract.storage import STAGE, ExtractFormatError, ShardWriter, verify_shard
 from tasks.runfolder import (
     FingerprintMismatch,
     Lease,
     LeaseTable,
     LeaseView,
+    PartWriter,
     RunFolder,
+    ShardCommit,
     ShardStore,
     content_hash,
     new_attempt_id,
@@ -243,6 +245,44 @@ class ExtractStage:
         rows = self.gen.read_rows(source)
         built = self.builder.build(rows)
         parts = self.store.part_writer(shard_id, new_attempt_id(), "safetensors")
+        keys, writer = self._capture(shard_id, built, parts, lease)
+        dead = pa.Table.from_pylist(built.dead, schema=DEAD_SCHEMA)
+        shard = ShardCommit(
+            shard_id,
+            parts.attempt,
+            self.settings_hash,
+            rows.column("request_id").to_pylist(),
+            dead,
+            extra=self._marker_fields(source, built, parts, writer),
+            replace=existing is not None,
+        )
+        result = self.store.commit_parts(parts, keys, shard)
+        log.info(
+            "extract shard %s: %d sequences in %d parts, %d dead, %d tokens (%d truncated)",
+            shard_id,
+            len(keys),
+            len(parts.parts),
+            dead.num_rows,
+            built.stats["tokens"],
+            built.stats["truncated"],
+        )
+        return ExtractShardOutcome(
+            shard_id,
+            "committed" if result.won else "lost_race",
+            len(keys),
+            dead.num_rows,
+            built.stats["tokens"],
+            built.stats["truncated"],
+            result.marker,
+        )
+
+    def _capture(
+        self, shard_id: str, built: ShardSequences, parts: PartWriter, lease: Lease
+    ) -> tuple[list[str], ShardWriter]:
+        """Capture the built sequences' states chunk by chunk into parts, each decoded back
+        before it is written; returns the keys decoded from every part, in order, and the
+        writer (its reconstruction error goes in the marker). The lease is checked after each
+        chunk and verified at the end; an attempt that will not commit removes its parts."""
         keys: list[str] = []
 
         def write_part(data: bytearray) -> None:
@@ -273,8 +313,14 @@ class ExtractStage:
         except BaseException:
             parts.abort()  # an attempt that will not commit leaves no parts behind
             raise
-        dead = pa.Table.from_pylist(built.dead, schema=DEAD_SCHEMA)
-        extra = {
+        return keys, writer
+
+    def _marker_fields(
+        self, source: dict[str, Any], built: ShardSequences, parts: PartWriter, writer: ShardWriter
+    ) -> dict[str, Any]:
+        """Extraction's own fields of the shard's marker: its settings, the generation shard
+        it read, and what it holds."""
+        return {
             **self.settings,
             "holdout_unit": self.builder.holdout_unit,
             "holdout": self.builder.holdout,
@@ -288,33 +334,6 @@ class ExtractStage:
             "dead_classes": built.stats["dead_classes"],
             "reconstruction_error": writer.error_report(),
         }
-        result = self.store.commit_parts(
-            parts,
-            keys,
-            dead,
-            rows.column("request_id").to_pylist(),
-            self.settings_hash,
-            extra=extra,
-            replace=existing is not None,
-        )
-        log.info(
-            "extract shard %s: %d sequences in %d parts, %d dead, %d tokens (%d truncated)",
-            shard_id,
-            len(keys),
-            len(parts.parts),
-            dead.num_rows,
-            built.stats["tokens"],
-            built.stats["truncated"],
-        )
-        return ExtractShardOutcome(
-            shard_id,
-            "committed" if result.won else "lost_race",
-            len(keys),
-            dead.num_rows,
-            built.stats["tokens"],
-            built.stats["truncated"],
-            result.marker,
-        )
 
     def summary(self) -> dict[str, Any]:
         """Key numbers over every committed extract shard (not just this process's)."""

@@ -14,6 +14,7 @@ from typing import Any
 
 import fsspec
 
+from tasks.errors import ExpectedFailure
 from tasks.extract.capture import aux_capture_layers
 from tasks.sglang.command import SpecParams
 from tasks.target.model_dir import text_config
@@ -24,7 +25,7 @@ INDEX = "model.safetensors.index.json"
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 
-class PreflightError(ValueError):
+class PreflightError(ValueError, ExpectedFailure):
     """One or more guards failed; the message lists each problem."""
 
     def __init__(self, where: str, problems: list[str]) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 import fsspec
 
+from tasks.errors import ExpectedFailure
 from tasks.gate.decision import GateDecision
 from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import PROMOTED
@@ -30,7 +31,7 @@ POINTER = PROMOTED
 CHUNK = 8 * 1024 * 1024
 
 
-class PromotionError(RuntimeError):
+class PromotionError(RuntimeError, ExpectedFailure):
     """The draft could not be published intact; the registry pointer was not changed."""
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 from tasks.engines.base import ServersUnreachable, WrongModel
+from tasks.errors import ExpectedFailure
 from tasks.runfolder import RunRootUnwritable, unwritable, unwritable_error
 
 RETRY_DEAD = "--set generate.retry_dead=true"
@@ -79,7 +80,7 @@ class ShardStopped(RuntimeError):
     and it is not retried."""
 
 
-class ShardFailed(RuntimeError):
+class ShardFailed(RuntimeError, ExpectedFailure):
     """A shard whose dead letters exceed the configured fraction: loud, not committed. Keeps
     the dead letters' count per error class and one example message of each."""
 

@@ -130,6 +130,41 @@ class Counts:
         self.reused += other.reused
 
 
+@dataclass(frozen=True)
+class ShardDone:
+    """What one shard has finished that this process did not generate, as its marker or its
+    journals record it: done, but never part of this process's rate. The generate stage builds
+    one (`from_marker`, or from a journal replay) and hands it to `mark_committed`,
+    `note_committed_elsewhere` or `mark_resumed`."""
+
+    requests: int  # finished requests, dead letters included
+    prompt_tokens: int
+    completion_tokens: int
+    dead: int = 0  # of `requests`, the dead letters
+    # Requests sent to the engine for them, retries included; None: one each (markers from
+    # before sends were counted).
+    sent: int | None = None
+    reused: int = 0  # of `requests`, copied from an earlier run (generate.reuse_from): none sent
+
+    @classmethod
+    def from_marker(cls, marker: Mapping[str, Any]) -> ShardDone:
+        """A committed generation shard's counts, as its marker records them."""
+        return cls(
+            marker["rows"] + marker["dead"],
+            marker.get("prompt_tokens", 0),
+            marker.get("completion_tokens", 0),
+            dead=marker["dead"],
+            sent=marker.get("requests_sent"),
+            reused=marker.get("reused", 0),
+        )
+
+    def counts(self) -> Counts:
+        sent = _sent(self.sent, self.requests)
+        return Counts(
+            self.requests, self.dead, self.prompt_tokens, self.completion_tokens, sent, self.reused
+        )
+
+
 def per_request(sent: int, done: int) -> float | None:
     """Requests sent per finished request (1.0: nothing sent twice); None before any finished.
     `done` leaves reused requests out: nothing was sent for them."""
@@ -201,73 +236,38 @@ class ProgressTracker:
                 f"shard {shard_id!r} is not in the plan this tracker was given"
             ) from None
 
-    def mark_committed(
-        self,
-        shard_id: str,
-        requests: int,
-        prompt_tokens: int,
-        completion_tokens: int,
-        dead: int = 0,
-        sent: int | None = None,
-        reused: int = 0,
-    ) -> None:
-        """A shard committed before this process started: done, but not part of the rate.
-        `sent` defaults to one send per request (markers from before sends were counted);
-        `reused` of the `requests` came from an earlier run."""
+    def mark_committed(self, shard_id: str, done: ShardDone) -> None:
+        """A shard committed before this process started: done, but not part of the rate."""
         with self._lock:
             shard = self._shard(shard_id)
-            shard.before = Counts(
-                requests, dead, prompt_tokens, completion_tokens, _sent(sent, requests), reused
-            )
+            shard.before = done.counts()
             shard.now = None
             shard.state = "committed"
 
-    def note_committed_elsewhere(
-        self,
-        shard_id: str,
-        requests: int,
-        prompt_tokens: int,
-        completion_tokens: int,
-        dead: int = 0,
-        sent: int | None = None,
-        reused: int = 0,
-    ) -> bool:
+    def note_committed_elsewhere(self, shard_id: str, done: ShardDone) -> bool:
         """A shard another worker committed while this process ran: done, not part of this
         process's rate, but activity for the stall check. False when already committed."""
         with self._lock:
             shard = self._shard(shard_id)
             if shard.state == "committed":
                 return False
-            shard.before = Counts(
-                requests, dead, prompt_tokens, completion_tokens, _sent(sent, requests), reused
-            )
+            shard.before = done.counts()
             shard.now = None
             shard.state = "committed"
             shard.info = None
             self._last_progress_at = self.clock()
             return True
 
-    def mark_resumed(
-        self,
-        shard_id: str,
-        requests: int,
-        prompt_tokens: int,
-        completion_tokens: int,
-        dead: int = 0,
-        sent: int | None = None,
-        reused: int = 0,
-    ) -> None:
-        """Requests a shard attempt recovered from its journal (`reused` of them journaled from
-        an earlier run): done, not part of the rate.
+    def mark_resumed(self, shard_id: str, done: ShardDone) -> None:
+        """Requests a shard attempt recovered from its journal (some perhaps journaled from an
+        earlier run, generate.reuse_from): done, not part of the rate.
 
         Replaces what was counted for the shard so far, so a retried attempt that replays
         results recorded earlier by this process does not count them twice.
         """
         with self._lock:
             shard = self._shard(shard_id)
-            shard.before = Counts(
-                requests, dead, prompt_tokens, completion_tokens, _sent(sent, requests), reused
-            )
+            shard.before = done.counts()
             shard.now = None
 
     def shard_state(self, shard_id: str, state: str, **info: Any) -> None:

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+
 from tasks.engines.base import (
     Engine,
     GenerationRequest,
@@ -28,6 +30,7 @@ from tasks.runfolder import (
     CorruptShard,
     JournalWriter,
     Lease,
+    ShardCommit,
     ShardStore,
     new_attempt_id,
     read_journal,
@@ -94,107 +97,166 @@ def replay_outcomes(
     return r.ok, r.dead, r.torn
 
 
-def _check_rebuildable(
-    store: ShardStore, shard_id: str, planned: list[PlannedRequest], damage: str
-) -> None:
-    full = replay_journal(store, shard_id, retry_dead=False)
+@dataclass(frozen=True)
+class ShardJob:
+    """One generation shard to run: where it commits, what it plans, and what a committed copy
+    lacks. The generate stage builds one per shard attempt."""
+
+    store: ShardStore  # the generate stage's shards: markers, journals, commits
+    shard_id: str
+    planned: list[PlannedRequest]  # every request of the shard, in plan order
+    fp_hash: str  # the run's fingerprint hash, recorded in the marker
+    # What is wrong with the committed shard's files (ShardStore.damaged): rebuilds a marked
+    # shard from its journals and commits it again; None for a shard to run as marked.
+    damage: str | None = None
+
+
+@dataclass(frozen=True)
+class Sender:
+    """How a shard's pending requests go to the engine and how its answers are read."""
+
+    render_ids: Callable[[list[str]], list[list[int]]]  # prompt ids -> their token ids, in order
+    engine: Engine
+    sampling: SamplingParams
+    # The text of a result that came back as ids only (an SGLang server started with
+    # --skip-tokenizer-init), so rows and quality flags read the real text; None: no decoding.
+    detokenize: Callable[[list[int]], str] | None = None
+
+
+@dataclass(frozen=True)
+class ShardRules:
+    """The generate section's rules for one shard attempt (generate.* of the config)."""
+
+    max_dead_fraction: float  # more dead letters than this fraction of the plan: ShardFailed
+    journal_flush_s: float = 1.0  # the journal's flush interval
+    retry_dead: bool = False  # a marked shard with dead letters runs them again
+
+
+@dataclass(frozen=True)
+class ShardHooks:
+    """What the caller (the stage's progress) hears of an attempt as it runs."""
+
+    on_outcome: Callable[[Outcome], None] | None = None  # each outcome, once journaled
+    # The outcomes known before anything is sent (ok, dead, requests sent for them): from the
+    # journals, plus the committed rows a retry-dead attempt keeps.
+    on_replay: Callable[[dict[str, dict], dict[str, dict], int], None] | None = None
+
+
+def _check_rebuildable(job: ShardJob) -> None:
+    shard_id, planned, damage = job.shard_id, job.planned, job.damage
+    full = replay_journal(job.store, shard_id, retry_dead=False)
     missing = [p for p in planned if p.request_id not in full.ok and p.request_id not in full.dead]
     if missing:
         raise CorruptShard(
             f"shard {shard_id}: {damage}, and its journal holds {len(planned) - len(missing)} of "
             f"{len(planned)} outcomes, so it cannot be rebuilt without sending {len(missing)} "
             f"requests again; nothing was sent. Fix: restore the file, or "
-            f"{redo_hint(store.marker_key(shard_id))} (those requests are generated again)"
+            f"{redo_hint(job.store.marker_key(shard_id))} (those requests are generated again)"
         )
     log.warning("shard %s: %s; rebuilding it from its journal", shard_id, damage)
 
 
 def run_shard(
-    store: ShardStore,
-    shard_id: str,
-    planned: list[PlannedRequest],
-    render_ids: Callable[[list[str]], list[list[int]]],
-    engine: Engine,
-    sampling: SamplingParams,
-    fp_hash: str,
-    max_dead_fraction: float,
-    journal_flush_s: float = 1.0,
-    retry_dead: bool = False,
-    on_outcome: Callable[[Outcome], None] | None = None,
-    on_replay: Callable[[dict[str, dict], dict[str, dict], int], None] | None = None,
+    job: ShardJob,
+    sender: Sender,
+    rules: ShardRules,
+    hooks: ShardHooks | None = None,
     lease: Lease | None = None,
-    detokenize: Callable[[list[int]], str] | None = None,
-    damage: str | None = None,
 ) -> ShardOutcome:
     """Generate the requests of one shard that no journal or marker already holds.
 
-    `detokenize` gives the text of a result that came back as ids only (an SGLang server
-    started with --skip-tokenizer-init), so rows and quality flags read the real text.
-
-    `damage` (what is wrong with the committed shard's files) rebuilds a marked shard from its
-    journals and commits it again; one whose journals lack outcomes is refused (CorruptShard,
-    naming the fix) before anything is sent, since it was generated once already.
+    A damaged marked shard (`job.damage`) is rebuilt from its journals and committed again;
+    one whose journals lack outcomes is refused (CorruptShard, naming the fix) before anything
+    is sent, since it was generated once already.
 
     With a `lease`, the attempt stops (LeaseLost) as soon as a takeover is seen: at the next
     outcome, and for certain right before the commit."""
-    marker = store.marker(shard_id)
-    committed_rows: dict[str, dict] = {}
-    if marker is not None and damage is not None:
-        _check_rebuildable(store, shard_id, planned, damage)
-    elif marker is not None:
-        if not (retry_dead and marker.get("dead", 0) > 0):
-            sent = marker.get("requests_sent", marker["rows"] + marker["dead"])
-            reused = marker.get("reused", 0)
-            return ShardOutcome(
-                shard_id, "skipped", marker["rows"], marker["dead"], 0, 0, 0, marker, sent, reused
-            )
-        # retry-dead: keep the committed rows, rerun only the dead keys.
-        committed_rows = {r["request_id"]: r for r in store.read_rows(marker).to_pylist()}
-
-    replay = replay_journal(store, shard_id, retry_dead)
-    ok, dead, torn = replay.ok, replay.dead, replay.torn
-    ok.update(committed_rows)
-    if on_replay is not None and (ok or dead):
-        on_replay(ok, dead, replay.sent)
-    by_rid = {p.request_id: p for p in planned}
-    pending = [p for p in planned if p.request_id not in ok and p.request_id not in dead]
+    hooks = hooks or ShardHooks()
+    marker = job.store.marker(job.shard_id)
+    if marker is not None and not _runs_again(job, marker, rules):
+        return _skipped(job.shard_id, marker)
+    known = _known_outcomes(job, marker, rules, hooks)
+    ok, dead = known.ok, known.dead
+    pending = [p for p in job.planned if p.request_id not in ok and p.request_id not in dead]
     attempt = new_attempt_id()
     log.info(
         "shard %s: %d planned, %d replayed ok, %d dead, %d to run (attempt %s)",
-        shard_id,
-        len(planned),
-        len(ok),
-        len(dead),
-        len(pending),
-        attempt,
-    )
-    sent = replay.sent
+        job.shard_id, len(job.planned), len(ok), len(dead), len(pending), attempt,
+    )  # fmt: skip
+    sent = known.sent
     if pending:
         ok_new, dead_new = _generate(
-            store,
-            shard_id,
-            attempt,
-            pending,
-            by_rid,
-            render_ids,
-            engine,
-            sampling,
-            journal_flush_s,
-            on_outcome,
-            lease,
-            detokenize,
+            job, sender, attempt, pending, rules.journal_flush_s, hooks.on_outcome, lease
         )
         ok.update(ok_new)
         dead.update(dead_new)
         sent += sum(sends(r) for r in (*ok_new.values(), *dead_new.values()))
+    rows, dead_table = _tables(job, ok, dead, rules.max_dead_fraction)
+    reused = sum(is_reused(ok[p.request_id]) for p in job.planned if p.request_id in ok)
+    if lease is not None:
+        lease.verify()
+    extra = _marker_fields(rows, dead_table, sent, reused)
+    planned_keys = [p.request_id for p in job.planned]
+    replace = marker is not None  # a rebuild or a retry of dead letters
+    shard = ShardCommit(
+        job.shard_id, attempt, job.fp_hash, planned_keys, dead_table, extra=extra, replace=replace
+    )
+    result = job.store.commit(rows, shard)
+    status = "committed" if result.won else "lost_race"
+    return ShardOutcome(
+        job.shard_id, status, rows.num_rows, dead_table.num_rows, len(pending),
+        len(job.planned) - len(pending), known.torn, result.marker, sent, reused,
+    )  # fmt: skip
+
+
+def _runs_again(job: ShardJob, marker: dict[str, Any], rules: ShardRules) -> bool:
+    """Whether a marked shard runs again: its files are damaged, or its dead letters retried."""
+    return job.damage is not None or (rules.retry_dead and marker.get("dead", 0) > 0)
+
+
+def _skipped(shard_id: str, marker: dict[str, Any]) -> ShardOutcome:
+    """A shard committed already, as its marker records it."""
+    sent = marker.get("requests_sent", marker["rows"] + marker["dead"])
+    reused = marker.get("reused", 0)
+    return ShardOutcome(
+        shard_id, "skipped", marker["rows"], marker["dead"], 0, 0, 0, marker, sent, reused
+    )
+
+
+def _known_outcomes(
+    job: ShardJob, marker: dict[str, Any] | None, rules: ShardRules, hooks: ShardHooks
+) -> Replay:
+    """The outcomes known before anything is sent: every journaled attempt's, plus the
+    committed rows a retry-dead attempt keeps (its dead keys alone run again)."""
+    committed_rows: dict[str, dict] = {}
+    if marker is not None and job.damage is not None:
+        _check_rebuildable(job)
+    elif marker is not None:  # retry-dead: keep the committed rows, rerun only the dead keys.
+        committed_rows = {r["request_id"]: r for r in job.store.read_rows(marker).to_pylist()}
+    replay = replay_journal(job.store, job.shard_id, rules.retry_dead)
+    replay.ok.update(committed_rows)
+    if hooks.on_replay is not None and (replay.ok or replay.dead):
+        hooks.on_replay(replay.ok, replay.dead, replay.sent)
+    return replay
+
+
+def _tables(
+    job: ShardJob, ok: dict[str, dict], dead: dict[str, dict], max_dead_fraction: float
+) -> tuple[pa.Table, pa.Table]:
+    """(rows, dead letters) in plan order; ShardFailed when too many are dead to commit."""
+    planned = job.planned
     rows = to_table([ok[p.request_id] for p in planned if p.request_id in ok], ROW_SCHEMA)
     dead_table = to_table(
         [dead[p.request_id] for p in planned if p.request_id in dead], DEAD_SCHEMA
     )
     if planned and dead_table.num_rows / len(planned) > max_dead_fraction:
-        raise dead_fraction_failure(shard_id, len(planned), dead_table, max_dead_fraction)
-    reused = sum(is_reused(ok[p.request_id]) for p in planned if p.request_id in ok)
-    extra = {
+        raise dead_fraction_failure(job.shard_id, len(planned), dead_table, max_dead_fraction)
+    return rows, dead_table
+
+
+def _marker_fields(rows: pa.Table, dead_table: pa.Table, sent: int, reused: int) -> dict[str, Any]:
+    """Generation's own fields of the shard's marker."""
+    return {
         "prompt_tokens": sum(rows.column("prompt_tokens").to_pylist()),
         "completion_tokens": sum(rows.column("completion_tokens").to_pylist()),
         "quality": quality_flags(rows),
@@ -207,51 +269,23 @@ def run_shard(
         # committed rows per server, so a finished run can say who generated what
         "servers": dict(Counter(rows.column("server").to_pylist())),
     }
-    if lease is not None:
-        lease.verify()
-    result = store.commit(
-        shard_id,
-        rows,
-        dead_table,
-        by_rid,
-        attempt,
-        fp_hash,
-        extra=extra,
-        replace=marker is not None,
-    )
-    status = "committed" if result.won else "lost_race"
-    return ShardOutcome(
-        shard_id,
-        status,
-        rows.num_rows,
-        dead_table.num_rows,
-        len(pending),
-        len(planned) - len(pending),
-        torn,
-        result.marker,
-        sent,
-        reused,
-    )
 
 
 def _generate(
-    store: ShardStore,
-    shard_id: str,
+    job: ShardJob,
+    sender: Sender,
     attempt: str,
     pending: list[PlannedRequest],
-    by_rid: dict[str, PlannedRequest],
-    render_ids: Callable[[list[str]], list[list[int]]],
-    engine: Engine,
-    sampling: SamplingParams,
     journal_flush_s: float,
     on_outcome: Callable[[Outcome], None] | None,
     lease: Lease | None,
-    detokenize: Callable[[list[int]], str] | None = None,
 ) -> tuple[dict[str, dict], dict[str, dict]]:
     ok: dict[str, dict] = {}
     dead: dict[str, dict] = {}
     lock = threading.Lock()
-    journal = JournalWriter(store.run, STAGE, shard_id, attempt, flush_s=journal_flush_s)
+    by_rid = {p.request_id: p for p in job.planned}
+    journal = JournalWriter(job.store.run, STAGE, job.shard_id, attempt, flush_s=journal_flush_s)
+    engine, detokenize = sender.engine, sender.detokenize
 
     def sink(outcome: Outcome) -> None:
         plan = by_rid[outcome.request_id]
@@ -269,9 +303,9 @@ def _generate(
         if lease is not None:
             lease.check()  # journaled first: the taker's replay can still use this result
 
-    rendered = render_ids([p.prompt_id for p in pending])
+    rendered = sender.render_ids([p.prompt_id for p in pending])
     requests = [
-        GenerationRequest(p.request_id, p.prompt_id, p.sample_index, tuple(ids), sampling)
+        GenerationRequest(p.request_id, p.prompt_id, p.sample_index, tuple(ids), sender.sampling)
         for p, ids in zip(pending, rendered, strict=True)
     ]
     try:
@@ -281,6 +315,6 @@ def _generate(
     missing = [p.request_id for p in pending if p.request_id not in ok and p.request_id not in dead]
     if missing:
         raise ShardFailed(
-            f"shard {shard_id}: engine returned without an outcome for {len(missing)} requests"
+            f"shard {job.shard_id}: engine returned without an outcome for {len(missing)} requests"
         )
     return ok, dead

@@ -15,10 +15,18 @@ from tasks.engines.base import Engine, GenerationResult, Outcome, SamplingParams
 from tasks.engines.factory import get_engine
 from tasks.generate.failures import GenerateFailed, ShardStopped, generate_failed
 from tasks.generate.plan import ShardPlan, load_or_plan_shards, planned_requests, shard_prompt_ids
-from tasks.generate.progress import ProgressTracker, first_started_at
+from tasks.generate.progress import ProgressTracker, ShardDone, first_started_at
 from tasks.generate.reuse import EarlierRun, open_earlier_run
 from tasks.generate.rows import is_reused
-from tasks.generate.shard import STAGE, ShardOutcome, run_shard
+from tasks.generate.shard import (
+    STAGE,
+    Sender,
+    ShardHooks,
+    ShardJob,
+    ShardOutcome,
+    ShardRules,
+    run_shard,
+)
 from tasks.redaction import redact_url
 from tasks.runfolder import Lease, LeaseLost, LeaseTable, LeaseView, RunFolder, ShardStore
 from tasks.runfolder.layout import GENERATE_PROGRESS
@@ -138,15 +146,7 @@ class GenerateStage:
                 pending.append(shard.shard_id)
                 self.progress.shard_state(shard.shard_id, "pending")
             else:
-                self.progress.mark_committed(
-                    shard.shard_id,
-                    marker["rows"] + marker["dead"],
-                    marker.get("prompt_tokens", 0),
-                    marker.get("completion_tokens", 0),
-                    dead=marker["dead"],
-                    sent=marker.get("requests_sent"),
-                    reused=marker.get("reused", 0),
-                )
+                self.progress.mark_committed(shard.shard_id, ShardDone.from_marker(marker))
         self.progress.write()
         return pending
 
@@ -229,8 +229,7 @@ class GenerateStage:
                 self.progress.record(shard_id, 1, 0, 0, dead=1, sent=outcome.attempts)
 
         def on_replay(ok: dict[str, dict], dead: dict[str, dict], sent: int) -> None:
-            self.progress.mark_resumed(
-                shard_id,
+            done = ShardDone(
                 len(ok) + len(dead),
                 sum(r.get("prompt_tokens", 0) for r in ok.values()),
                 sum(r.get("completion_tokens", 0) for r in ok.values()),
@@ -238,30 +237,20 @@ class GenerateStage:
                 sent=sent,
                 reused=sum(is_reused(r) for r in ok.values()),
             )
+            self.progress.mark_resumed(shard_id, done)
 
+        g = self.cfg.generate
         try:
             # Under the shard's lease, so its journal has one writer; a marked shard (another
             # worker's commit, a damaged or retry-dead one) is left to run_shard as it is.
             if self._earlier is not None and self.store.marker(shard_id) is None:
-                self._earlier.journal_reused(
-                    self.store, shard_id, planned, self.cfg.generate.journal_flush_s
-                )
+                self._earlier.journal_reused(self.store, shard_id, planned, g.journal_flush_s)
             outcome = run_shard(
-                self.store,
-                shard_id,
-                planned,
-                self._render,
-                self.engine,
-                self._sampling,
-                self.fp_hash,
-                self.cfg.generate.max_dead_fraction,
-                self.cfg.generate.journal_flush_s,
-                self.cfg.generate.retry_dead,
-                on_outcome,
-                on_replay,
+                ShardJob(self.store, shard_id, planned, self.fp_hash, self._damaged.get(shard_id)),
+                Sender(self._render, self.engine, self._sampling, self._detokenize),
+                ShardRules(g.max_dead_fraction, g.journal_flush_s, g.retry_dead),
+                ShardHooks(on_outcome, on_replay),
                 lease,
-                self._detokenize,
-                self._damaged.get(shard_id),
             )
         except LeaseLost:
             raise
@@ -283,15 +272,7 @@ class GenerateStage:
         views = self.leases.scan(s for s in self._by_id if s not in done)
         for shard_id, marker in committed.items():
             if shard_id in self._by_id:
-                self.progress.note_committed_elsewhere(
-                    shard_id,
-                    marker["rows"] + marker["dead"],
-                    marker.get("prompt_tokens", 0),
-                    marker.get("completion_tokens", 0),
-                    dead=marker["dead"],
-                    sent=marker.get("requests_sent"),
-                    reused=marker.get("reused", 0),
-                )
+                self.progress.note_committed_elsewhere(shard_id, ShardDone.from_marker(marker))
         for shard_id, view in views.items():
             if (
                 shard_id in self._by_id

@@ -30,6 +30,7 @@ from tasks.runfolder.shards import (
     CommitError,
     CommitResult,
     CorruptShard,
+    ShardCommit,
     ShardStore,
 )
 
@@ -48,6 +49,7 @@ __all__ = [
     "PartWriter",
     "RunFolder",
     "RunRootUnwritable",
+    "ShardCommit",
     "ShardStore",
     "check_fingerprint",
     "check_writable",

@@ -11,12 +11,13 @@ import json
 import time
 from typing import Any
 
+from tasks.errors import ExpectedFailure
 from tasks.runfolder.folder import RunFolder
 
 RUN_JSON = "run.json"
 
 
-class FingerprintMismatch(RuntimeError):
+class FingerprintMismatch(RuntimeError, ExpectedFailure):
     """A resume whose inputs differ from the run's; the message names each differing field."""
 
 

@@ -18,6 +18,8 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from tasks.errors import ExpectedFailure
+
 TMP_PREFIX = ".tmp-"
 # A temp file untouched this long belongs to no live write: a writer rewrites its temp's mtime
 # with every chunk and renames it right after one fsync, which a minute covers on a slow disk.
@@ -35,7 +37,7 @@ _UNWRITABLE = {
 }
 
 
-class RunRootUnwritable(RuntimeError):
+class RunRootUnwritable(RuntimeError, ExpectedFailure):
     """The run root refuses writes (read-only, full, not permitted): no retry heals that."""
 
 

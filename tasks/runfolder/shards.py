@@ -15,13 +15,14 @@ import hashlib
 import io
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tasks.errors import ExpectedFailure
 from tasks.runfolder.failpoint import failpoint
 from tasks.runfolder.fingerprint import canonical_json
 from tasks.runfolder.folder import TMP_PREFIX, RunFolder
@@ -34,7 +35,7 @@ class CommitError(RuntimeError):
     """A shard failed verification before commit; nothing of it is left written."""
 
 
-class CorruptShard(CommitError):
+class CorruptShard(CommitError, ExpectedFailure):
     """Committed bytes differ from what their marker records (size or sha256), a file it names
     is gone, or a marker is not valid JSON. The message names the file and the fix."""
 
@@ -48,6 +49,31 @@ def redo_hint(marker_key: str) -> str:
 
 class CommitConflict(RuntimeError):
     """The shard's data vanished under its fresh marker (a concurrent cleanup): commit again."""
+
+
+@dataclass(frozen=True)
+class ShardCommit:
+    """One attempt's commit of one shard, all but its data: what the marker records beside the
+    data's own fields, and what the data's keys are verified against. The stage that commits
+    builds one and hands it whole to `commit`, `commit_payload` or `commit_parts`."""
+
+    shard_id: str
+    # Names the attempt's files (`<shard>.<attempt>.*`, so racing writers never overwrite
+    # each other's) and is recorded in the marker.
+    attempt: str
+    fingerprint_hash: str  # the fingerprint the shard was made under, recorded in the marker
+    # Every key the plan holds (any iterable; kept as a frozenset): each must be a row or a
+    # dead letter, exactly once.
+    planned_keys: frozenset[str]
+    dead: pa.Table  # the dead letters (a `key` column), written beside the data
+    key: str = "request_id"  # the key column of `dead`, and of parquet rows
+    extra: dict[str, Any] | None = None  # the stage's own marker fields (counts, settings)
+    # Re-commit a marked shard (retry-dead, a rebuild): the marker is overwritten, not
+    # created exclusively, and the files of the attempt it named are removed.
+    replace: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "planned_keys", frozenset(self.planned_keys))
 
 
 @dataclass(frozen=True)
@@ -66,7 +92,9 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _verify_keys(shard_id: str, row_keys: list[str], dead_keys: list[str], planned: set[str]) -> None:
+def _verify_keys(
+    shard_id: str, row_keys: list[str], dead_keys: list[str], planned: frozenset[str]
+) -> None:
     problems = []
     if len(set(row_keys)) != len(row_keys):
         problems.append(f"{len(row_keys) - len(set(row_keys))} duplicate keys in rows")
@@ -133,109 +161,69 @@ class ShardStore:
                     self._markers[name] = (entry.get("size"), stamp, marker)
         return out
 
-    def commit(
-        self,
-        shard_id: str,
-        rows: pa.Table,
-        dead: pa.Table,
-        planned_keys: Iterable[str],
-        attempt: str,
-        fingerprint_hash: str,
-        key: str = "request_id",
-        extra: dict[str, Any] | None = None,
-        replace: bool = False,
-    ) -> CommitResult:
+    def commit(self, rows: pa.Table, shard: ShardCommit) -> CommitResult:
         """Commit parquet rows: serialize, read back, then `commit_payload`."""
         data = table_bytes(rows)
         # Read the serialized bytes back before they go anywhere: a schema or encoding fault
         # fails here, with nothing written.
         back = pq.read_table(io.BytesIO(data))
         if back.num_rows != rows.num_rows or back.schema != rows.schema:
-            raise CommitError(f"shard {shard_id}: parquet round-trip changed rows or schema")
-        return self.commit_payload(
-            shard_id, data, "parquet", back.column(key).to_pylist(), dead, planned_keys,
-            attempt, fingerprint_hash, key, extra, replace,
-        )
+            raise CommitError(f"shard {shard.shard_id}: parquet round-trip changed rows or schema")
+        return self.commit_payload(data, "parquet", back.column(shard.key).to_pylist(), shard)
 
     def commit_payload(
-        self,
-        shard_id: str,
-        data: bytes,
-        suffix: str,
-        row_keys: list[str],
-        dead: pa.Table,
-        planned_keys: Iterable[str],
-        attempt: str,
-        fingerprint_hash: str,
-        key: str = "request_id",
-        extra: dict[str, Any] | None = None,
-        replace: bool = False,
+        self, data: bytes, suffix: str, row_keys: list[str], shard: ShardCommit
     ) -> CommitResult:
         """temp -> verify -> atomic write -> marker, for any payload format in one object.
 
         `row_keys` must be the keys decoded back from `data` by the caller (the stage knows
         its format); they are checked against the plan and the dead letters here.
-        `replace` re-commits a marked shard (retry-dead).
         """
-        _verify_keys(shard_id, row_keys, dead.column(key).to_pylist(), set(planned_keys))
-        data_key = f"{self.stage}/data/{shard_id}.{attempt}.{suffix}"
+        dead_keys = shard.dead.column(shard.key).to_pylist()
+        _verify_keys(shard.shard_id, row_keys, dead_keys, shard.planned_keys)
+        data_key = f"{self.stage}/data/{shard.shard_id}.{shard.attempt}.{suffix}"
         self.run.write_bytes_atomic(data_key, data)
         failpoint("commit.after_data")
         fields = {"data": data_key, "sha256": sha256_hex(data), "bytes": len(data)}
-        return self._mark(
-            shard_id, fields, len(row_keys), dead, attempt, fingerprint_hash, extra, replace
-        )
+        return self._mark(shard, fields, len(row_keys))
 
     def part_writer(self, shard_id: str, attempt: str, suffix: str) -> PartWriter:
         """Start a multi-part attempt: write its parts as they fill, then `commit_parts`."""
         return PartWriter(self.run, self.stage, shard_id, attempt, suffix)
 
     def commit_parts(
-        self,
-        parts: PartWriter,
-        row_keys: list[str],
-        dead: pa.Table,
-        planned_keys: Iterable[str],
-        fingerprint_hash: str,
-        key: str = "request_id",
-        extra: dict[str, Any] | None = None,
-        replace: bool = False,
+        self, parts: PartWriter, row_keys: list[str], shard: ShardCommit
     ) -> CommitResult:
         """verify -> dead letters -> marker listing the parts already written, in order.
 
         `row_keys` are the keys decoded back from every part, in part order. A shard that
         fails verification removes its parts (CommitError); so does a losing writer.
+        `shard` names the parts' own shard and attempt.
         """
         shard_id = parts.shard_id
+        if (shard.shard_id, shard.attempt) != (shard_id, parts.attempt):
+            raise ValueError(
+                f"parts of shard {shard_id} attempt {parts.attempt} committed as shard "
+                f"{shard.shard_id} attempt {shard.attempt}"
+            )
         try:
             if parts.rows != len(row_keys):
                 raise CommitError(
                     f"shard {shard_id}: its {len(parts.parts)} parts hold {parts.rows} rows "
                     f"but {len(row_keys)} keys were given"
                 )
-            _verify_keys(shard_id, row_keys, dead.column(key).to_pylist(), set(planned_keys))
+            dead_keys = shard.dead.column(shard.key).to_pylist()
+            _verify_keys(shard_id, row_keys, dead_keys, shard.planned_keys)
         except CommitError:
             parts.abort()
             raise
         if not parts.parts:  # every row dead: the same crash point as after a data write
             failpoint("commit.after_data")
-        fields = {"parts": list(parts.parts)}
-        return self._mark(
-            shard_id, fields, len(row_keys), dead, parts.attempt, fingerprint_hash, extra, replace
-        )
+        return self._mark(shard, {"parts": list(parts.parts)}, len(row_keys))
 
-    def _mark(
-        self,
-        shard_id: str,
-        data_fields: dict[str, Any],
-        rows: int,
-        dead: pa.Table,
-        attempt: str,
-        fingerprint_hash: str,
-        extra: dict[str, Any] | None,
-        replace: bool,
-    ) -> CommitResult:
+    def _mark(self, shard: ShardCommit, data_fields: dict[str, Any], rows: int) -> CommitResult:
         """Write the dead letters, then create the marker (exclusively unless `replace`)."""
+        shard_id, attempt, dead = shard.shard_id, shard.attempt, shard.dead
         dead_key = f"{self.stage}/dead/{shard_id}.{attempt}.parquet"
         dead_data = table_bytes(dead)
         self.run.write_bytes_atomic(dead_key, dead_data)
@@ -249,13 +237,13 @@ class ShardStore:
             "dead_sha256": sha256_hex(dead_data),
             "dead_bytes": len(dead_data),
             "dead": dead.num_rows,
-            "fingerprint": fingerprint_hash,
+            "fingerprint": shard.fingerprint_hash,
             "attempt": attempt,
             "committed_at": time.time(),
-            **(extra or {}),
+            **(shard.extra or {}),
         }
         body = canonical_json(marker).encode()
-        if replace:
+        if shard.replace:
             previous = self.marker(shard_id)
             self.run.write_bytes_atomic(self.marker_key(shard_id), body)
             if previous and previous.get("attempt") != attempt:

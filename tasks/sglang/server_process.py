@@ -23,13 +23,14 @@ from typing import Any, Protocol
 
 import httpx
 
+from tasks.errors import ExpectedFailure
 from tasks.sglang.command import LaunchSpec, build_launch_command, build_server_args
 from tasks.sglang.versions import GRPC_PORT_OFFSET, flag_set
 
 LOG_TAIL_LINES = 40
 
 
-class ServerStartError(RuntimeError):
+class ServerStartError(RuntimeError, ExpectedFailure):
     """The server exited or never became healthy; the message ends with its log tail."""
 
 
@@ -148,8 +149,8 @@ class PortPool:
 
     Left to itself SGLang takes its NCCL port from a port-0 bind that it releases and binds again
     later, so servers starting together (or any other process) can be handed the same port in
-    between: on the sixth real run one of ten SGLang 0.5.14 servers starting at once died with
-    EADDRINUSE on it before serving. Neither port-0 binds nor outgoing connections are handed a
+    between: one of ten SGLang 0.5.14 servers starting at once died with EADDRINUSE on it before
+    serving (BENCHMARKS P8). Neither port-0 binds nor outgoing connections are handed a
     port below the ephemeral range."""
 
     def __init__(self, host: str = "127.0.0.1", low: int = 20000, ephemeral: tuple[int, int] | None = None) -> None:
@@ -310,8 +311,8 @@ _STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\]")
 # A launch's start-up as SGLang 0.5.14's log tells it, each the time of its first line (its last
 # for the loads and captures, which come once for the target and again for a draft): the server
 # process's arguments, the scheduler process's first line, the weights loaded, the CUDA graphs
-# captured, ready. Run 24's launches were ready after 61-81 s, ~50 s of them before the
-# scheduler's first line: the two processes starting, not the model.
+# captured, ready. Launches of Qwen2.5-Coder-1.5B were ready after 61-81 s, ~50 s of them before
+# the scheduler's first line: the two processes starting, not the model (BENCHMARKS P31).
 _STARTUP = (
     ("server_args", re.compile(r"server_args=ServerArgs\("), "first"),
     ("scheduler", re.compile(r"Init torch distributed begin"), "first"),

@@ -21,10 +21,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from tasks.errors import ExpectedFailure
 from tasks.sglang.recorded_flags import RecordedFlags, recorded_flags
 
 
-class LaunchError(ValueError):
+class LaunchError(ValueError, ExpectedFailure):
     """A launch that SGLang would refuse or silently change; the message names the flag."""
 
 

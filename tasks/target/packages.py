@@ -13,6 +13,8 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
+from tasks.errors import ExpectedFailure
+
 SCHEME = "package://"
 
 
@@ -37,7 +39,7 @@ KNOWN_PACKAGES: dict[str, PackageHint] = {
 }
 
 
-class PackagePathError(ValueError):
+class PackagePathError(ValueError, ExpectedFailure):
     """A package:// path that does not resolve; the message names the package and the fix."""
 
 

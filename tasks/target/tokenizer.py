@@ -72,7 +72,7 @@ def _family_kwargs(model_dir: Path) -> dict[str, Any]:
     names no `transformers_version` (a GGUF conversion writes none, so its bytes do not depend on
     the version) may carry Mistral's broken regex, and that "this will lead to incorrect
     tokenization". For the families eaglescale knows that is false (Qwen2.5-Coder's converted
-    tokenizer gives transformers' own GGUF tokenizer's ids, benchmarks/qwen_target_check.py), so
+    tokenizer gives transformers' own GGUF tokenizer's ids, BENCHMARKS P10), so
     they decline the fix, and the false warning with it. A model_type no family knows loads as
     transformers loads it: the tokenizer serves generation of any target."""
     try:
