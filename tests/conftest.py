@@ -1,7 +1,9 @@
-"""Shared fixtures: the tiny local target, built once per test session."""
+"""Shared fixtures: the tiny local target, built once per test session; and the order the test
+files run in."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -15,6 +17,22 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # core is busy spins instead of computing (a tiny-target generation test took 51 s with two
 # threads, 10 s with one). Set before anything imports torch, which reads it once.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+# Seconds each slow test file took in a whole run (`make test-durations` measures them again). The
+# two workers take whole files (`--dist loadfile`) in collection order, so the longest go first:
+# in file-name order the longest came last and one worker ran the tail alone for ~15 minutes
+# while the other sat idle (27 min on a quiet 2-core box).
+DURATIONS = Path(__file__).with_name("durations.json")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The test files longest first (tests/durations.json), each file's tests in their order."""
+    seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    first = {}
+    for i, item in enumerate(items):
+        first.setdefault(item.nodeid.split("::")[0], i)
+    items.sort(key=lambda item: (-seconds.get(item.nodeid.split("::")[0], 0), first[item.nodeid.split("::")[0]]))
 
 
 @pytest.fixture(scope="session")
