@@ -35,6 +35,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: (-seconds.get(item.nodeid.split("::")[0], 0), first[item.nodeid.split("::")[0]]))
 
 
+@pytest.fixture
+def one_torch_thread():
+    """One intra-op torch thread for the test (a file's `pytestmark` asks for it): tiny models on
+    two shared cores, and the trainer's pinned floats are of one thread's sums."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_target_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A freshly built tiny target model folder (seed 0, the shipped sample prompts)."""

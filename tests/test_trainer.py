@@ -20,14 +20,7 @@ from tasks.target.tiny import build_tiny_target
 LEARN_STEPS = 300
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: these models are tiny, and two spinning OpenMP threads slow to a
-    crawl when anything else shares the 2 cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_learning_is_real_and_more_data_beats_less(make_run):

@@ -23,12 +23,7 @@ from tasks.train.stage import run_train_stage
 STEPS = {"max_steps": 24, "eval_every": 8, "save_every": 10}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture

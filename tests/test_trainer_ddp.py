@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from tasks.draft import checkpoint as ckpt
 from tasks.draft.data import build_index, plan_epoch
@@ -22,14 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = 16
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: these models are tiny, and two spinning OpenMP threads slow to a
-    crawl when anything else shares the 2 cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_torchrun_two_processes_gloo(tmp_path_factory: pytest.TempPathFactory,

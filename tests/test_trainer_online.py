@@ -39,14 +39,7 @@ STEPS = 12
 SHORT = {"max_steps": STEPS, "eval_every": 6, "save_every": 4}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread (as test_trainer): tiny models, 2 shared cores, and the kill -9
-    test's child process runs with one thread too, so its floats match this process's."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _run(tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path, dest: Path, online: bool):

@@ -40,13 +40,7 @@ RECIPE = {"compute_dtype": "bfloat16", "aux_state_noise": 0.05, "init_lm_head_fr
 ONLINE = {"hidden_states": "online", "max_steps": 10, "eval_every": 5, "save_every": 4}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread, as every trainer test: the pinned floats are of one thread's sums."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _sha(data: bytes) -> str:

@@ -40,13 +40,7 @@ from tasks.runfolder.layout import TRAIN_RESULT
 H, VOCAB, DRAFT_VOCAB = 16, 64, 24
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread (as test_trainer): tiny models on 2 shared cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny_draft(seed: int = 0) -> Eagle3Draft:

@@ -185,19 +185,30 @@ class GateDecision:
         }
 
 
+def _resamplers(
+    base: tuple[int, ...], spec: tuple[int, ...], n: int, seed: int
+) -> tuple[Any, Any]:
+    """The paired bootstrap's draws, for [launch, slot] matrices of these shapes: each of the n
+    resamples draws the slots with replacement (the same for both sides: the comparison is paired
+    by request) and each side's launches with replacement; each function maps a matrix of its
+    side to its n resamples, [n, launches x slots]."""
+    rng = np.random.default_rng(seed)
+    slots = base[1]
+    pi = rng.integers(0, slots, size=(n, slots))
+    bi = rng.integers(0, base[0], size=(n, base[0]))
+    si = rng.integers(0, spec[0], size=(n, spec[0]))
+    return (lambda m: m[bi[:, :, None], pi[:, None, :]].reshape(n, -1),
+            lambda m: m[si[:, :, None], pi[:, None, :]].reshape(n, -1))  # fmt: skip
+
+
 def bootstrap_speedup(
     base: np.ndarray, spec: np.ndarray, n: int, level: float, seed: int
 ) -> tuple[float, float, float] | None:
     """(point, low, high) of median(spec) / median(base); None without data on both sides."""
     if np.all(np.isnan(base)) or np.all(np.isnan(spec)) or base.shape[1] != spec.shape[1]:
         return None
-    rng = np.random.default_rng(seed)
-    n_prompts = base.shape[1]
-    pi = rng.integers(0, n_prompts, size=(n, n_prompts))
-    bi = rng.integers(0, base.shape[0], size=(n, base.shape[0]))
-    si = rng.integers(0, spec.shape[0], size=(n, spec.shape[0]))
-    b = base[bi[:, :, None], pi[:, None, :]].reshape(n, -1)
-    s = spec[si[:, :, None], pi[:, None, :]].reshape(n, -1)
+    pick_base, pick_spec = _resamplers(base.shape, spec.shape, n, seed)
+    b, s = pick_base(base), pick_spec(spec)
     keep = ~(np.all(np.isnan(b), axis=1) | np.all(np.isnan(s), axis=1))
     ratio = np.nanmedian(s[keep], axis=1) / np.nanmedian(b[keep], axis=1)
     low, high = np.quantile(ratio, [(1 - level) / 2, 1 - (1 - level) / 2])
@@ -213,18 +224,10 @@ def bootstrap_rate_ratio(
     (bt, bl), (st, sl) = base, spec
     if np.all(np.isnan(bl)) or np.all(np.isnan(sl)) or bl.shape[1] != sl.shape[1]:
         return None
-    rng = np.random.default_rng(seed)
-    slots = bl.shape[1]
-    pi = rng.integers(0, slots, size=(n, slots))
-    bi = rng.integers(0, bl.shape[0], size=(n, bl.shape[0]))
-    si = rng.integers(0, sl.shape[0], size=(n, sl.shape[0]))
-
-    def rate(t: np.ndarray, lat: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        tt, ll = t[rows[:, :, None], pi[:, None, :]].reshape(n, -1), lat[rows[:, :, None], pi[:, None, :]].reshape(n, -1)
-        return np.nansum(tt, axis=1) / np.nansum(ll, axis=1)
-
+    pick_base, pick_spec = _resamplers(bl.shape, sl.shape, n, seed)
     with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = rate(st, sl, si) / rate(bt, bl, bi)
+        ratio = (np.nansum(pick_spec(st), axis=1) / np.nansum(pick_spec(sl), axis=1)) / (
+            np.nansum(pick_base(bt), axis=1) / np.nansum(pick_base(bl), axis=1))  # fmt: skip
     ratio = ratio[np.isfinite(ratio)]
     low, high = np.quantile(ratio, [(1 - level) / 2, 1 - (1 - level) / 2])
     point = (np.nansum(st) / np.nansum(sl)) / (np.nansum(bt) / np.nansum(bl))
