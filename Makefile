@@ -21,7 +21,9 @@ UNUSED_CUDA_BUILDS := torchvision torchaudio
 # server stay one per file). Much of the suite waits on servers and child processes, so two
 # workers on a 2-core box took it from 33 min to 19 (BENCHMARKS.md, "make test"). PYTEST_WORKERS=
 # (empty) runs it in one process.
-PYTEST_WORKERS ?= -n 2 --dist loadfile
+# --no-loadscope-reorder keeps the collection order (tests/conftest.py puts the longest files
+# first; xdist would otherwise order them by their number of tests).
+PYTEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 venv: $(STAMP)
 
