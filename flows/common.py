@@ -14,6 +14,7 @@ from typing import Any
 from prefect import get_run_logger
 from prefect.exceptions import MissingContextError
 
+import tasks.story as story
 from tasks.config import EagleScaleConfig, SlackConfig
 from tasks.notify import Notifier
 from tasks.redaction import redact_text, redact_url
@@ -35,9 +36,10 @@ def notifier_for(config: EagleScaleConfig) -> Notifier:
 
 def _config_from_run(flow_run: Any) -> tuple[SlackConfig, str]:
     params = flow_run.parameters.get("config") or {}
+    run_root = flow_run.parameters.get("run_root")  # data-scaling's own run folder, when given
     if isinstance(params, EagleScaleConfig):
-        return params.slack, params.run_root
-    return SlackConfig.model_validate(params.get("slack") or {}), str(params.get("run_root", "?"))
+        return params.slack, run_root or params.run_root
+    return SlackConfig.model_validate(params.get("slack") or {}), str(run_root or params.get("run_root", "?"))
 
 
 def slack_on_failure(flow: Any, flow_run: Any, state: Any) -> None:
@@ -76,7 +78,8 @@ class StageRun:
         return time.time() - self.began
 
     def started(self, fields: dict[str, Any]) -> None:
-        self.notifier.stage_started(self.name, fields)
+        headline, readable = story.started(self.name, fields)
+        self.notifier.stage_started(self.name, readable, headline)
 
     def clock(self, state: str, prior: dict[str, Any] | None, error: str | None = None) -> None:
         """stages/<name>.json: this attempt's start (and end), the first attempt's start, and
@@ -145,4 +148,5 @@ def stage_run(config: EagleScaleConfig, name: str) -> Iterator[StageRun]:
             return
         stage.clock("completed", prior)
         if stage.summary is not None:
-            stage.notifier.stage_completed(name, stage.summary, stage.elapsed_s)
+            headline, readable = story.completed(name, stage.summary)
+            stage.notifier.stage_completed(name, readable, stage.elapsed_s, headline)

@@ -18,9 +18,11 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
+from functools import partial
 from typing import Any
 
 from prefect import flow
+from prefect.context import FlowRunContext
 from prefect.deployments import run_deployment
 from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -31,6 +33,7 @@ from flows.extract import extract_flow, generation_over, skip_online
 from flows.gate import gate_flow
 from flows.generate import generate_flow
 from flows.train import train_flow
+from flows.views import RunSummary
 from tasks.config import EagleScaleConfig
 from tasks.extract.follow import generation_started_since
 from tasks.fingerprint_fields import run_fingerprint
@@ -41,22 +44,13 @@ from tasks.target.identity import target_identity
 from tasks.target.tokenizer import load_tokenizer
 
 
-def _outcome(result: Any) -> Any:
-    """A stage's result in a word or two, for the run's last log line."""
-    if not isinstance(result, dict):
-        return result
-    if result.get("skipped"):
-        return "skipped"
-    keys = ("shards_committed", "rows", "sequences", "steps", "outcome", "speedup", "state")
-    return {k: result[k] for k in keys if k in result} or "done"
-
-
-def run_stage(config: EagleScaleConfig, stage: str, subflow: Any, **params: Any) -> Any:
+def run_stage(config: EagleScaleConfig, stage: str, subflow: Any, after: Any = None, **params: Any) -> Any:
     """The stage as a subflow, or as its deployment when the config names one; a child run
-    that does not complete fails the parent with its state."""
+    that does not complete fails the parent with its state. `after`: the result of the stage
+    before it, which the run graph draws as its edge (a subflow waits for it)."""
     deployment = config.orchestration.stage_deployments.get(stage)  # type: ignore[call-overload]
     if deployment is None:
-        return subflow(config, **params)
+        return edge_only(subflow(config, wait_for=[after] if after is not None else None, **params))
     child = run_deployment(
         deployment, parameters={"config": config.model_dump(mode="json"), **params}, timeout=None
     )
@@ -68,7 +62,7 @@ def run_stage(config: EagleScaleConfig, stage: str, subflow: Any, **params: Any)
 
 
 def generate_and_extract(
-    config: EagleScaleConfig, run: RunFolder, tokenizer: Any, generate: Callable[[], Any]
+    config: EagleScaleConfig, run: RunFolder, tokenizer: Any, generate: Callable[[], Any], extract: Callable[..., Any]
 ) -> tuple[Any, Any]:
     """`generate()` here while extraction follows it in a second thread (a subflow of this flow
     run, or its deployment). A generation failure is raised once extraction has stopped (it
@@ -84,7 +78,7 @@ def generate_and_extract(
         # while generation's first shards run.
         while not (over.is_set() or generation_started_since(run, since)):
             time.sleep(0.1)
-        return run_stage(config, "extract", extract_flow, follow_since=since)
+        return extract(follow_since=since)
 
     context = contextvars.copy_context()  # the parent's flow run: extract shows as its subflow
     with ThreadPoolExecutor(1, thread_name_prefix="extract") as pool:
@@ -96,8 +90,43 @@ def generate_and_extract(
         return generated, extracting.result()
 
 
+def edge_only(result: Any) -> Any:
+    """The stage's result, drawn in the run graph as a whole only. Prefect links a subflow's
+    result and each of its values to the subflow, and a later stage's `config` holding an equal
+    object (the same storage_dtype string, say) drew an edge from an unrelated stage (extract ->
+    gate, generate -> gate); `wait_for` draws the real one."""
+    context = FlowRunContext.get()
+    if context is not None and isinstance(result, dict):
+        for value in result.values():
+            context.run_results.pop(id(value), None)
+    return result
+
+
+def with_run_root(config: EagleScaleConfig, run_root: str) -> EagleScaleConfig:
+    """The config on another run folder; a relative one resolves against the working
+    directory (a deployment's: the checkout its pull step moved to)."""
+    return EagleScaleConfig.model_validate({**config.model_dump(mode="json"), "run_root": run_root})
+
+
 @flow(name="data-scaling", on_failure=[slack_on_failure], on_crashed=[slack_on_failure])
-def data_scaling(config: EagleScaleConfig) -> dict[str, Any]:
+def data_scaling(config: EagleScaleConfig, run_root: str | None = None) -> dict[str, Any]:
+    """`run_root`: another run folder than the config's, for a fresh run of the same profile
+    (`prefect deployment run 'data-scaling/local-smoke' --param run_root=...`)."""
+    if run_root is not None:
+        config = with_run_root(config, run_root)
+    summary = RunSummary(config)  # the parent run's first screen (flows/views.py)
+    try:
+        results = run_stages(config, summary)
+    except BaseException as e:
+        summary.failed(e)
+        raise
+    run_logger().info(summary.finish())
+    return results
+
+
+def run_stages(config: EagleScaleConfig, summary: RunSummary) -> dict[str, Any]:
+    """The configured stages in order, each shown in the summary as it starts and ends and
+    drawn in the run graph after the stage before it."""
     log = run_logger()
     run = RunFolder(config.run_root, config.storage_options)
     tokenizer = load_tokenizer(config.target.model_path, config.target.chat_template)
@@ -107,8 +136,15 @@ def data_scaling(config: EagleScaleConfig) -> dict[str, Any]:
         run, run_fingerprint(config, identity, None), config.allow_fingerprint_change, partial=True
     )
     results: dict[str, Any] = {"run_root": config.run_root}
+
+    def stage(name: str, subflow: Any, after: Any = None, **params: Any) -> Any:
+        summary.stage(name, running=True)
+        result = run_stage(config, name, subflow, after, **params)
+        summary.stage(name, running=False)
+        return result
+
     if "discover" in config.stages:
-        results["discover"] = discover_flow(config)
+        results["discover"] = stage("discover", discover_flow)
     online = config.train.hidden_states == "online"
     overlap = config.orchestration.overlap and not online and {"generate", "extract"} <= set(config.stages)
     if "generate" in config.stages:
@@ -118,10 +154,11 @@ def data_scaling(config: EagleScaleConfig) -> dict[str, Any]:
 
         def generate() -> Any:
             with run_root_lock(config, "generate", slots=slots) if slots else nullcontext():
-                return run_stage(config, "generate", subflow)
+                return stage("generate", subflow, results.get("discover"))
 
         if overlap:
-            results["generate"], results["extract"] = generate_and_extract(config, run, tokenizer, generate)
+            extract = partial(stage, "extract", extract_flow, results.get("discover"))
+            results["generate"], results["extract"] = generate_and_extract(config, run, tokenizer, generate, extract)
         else:
             results["generate"] = generate()
     if "extract" in config.stages and online:
@@ -129,10 +166,9 @@ def data_scaling(config: EagleScaleConfig) -> dict[str, Any]:
         results["extract"] = skip_online(config, run)
         log.info("extract: skipped, %s", brief(results["extract"]["forecast"]))
     elif "extract" in config.stages and not overlap:
-        results["extract"] = run_stage(config, "extract", extract_flow)
+        results["extract"] = stage("extract", extract_flow, results.get("generate"))
     if "train" in config.stages:
-        results["train"] = run_stage(config, "train", train_flow)
+        results["train"] = stage("train", train_flow, results.get("generate" if online else "extract"))
     if "gate" in config.stages:
-        results["gate"] = run_stage(config, "gate", gate_flow)
-    log.info("data-scaling finished: %s", brief({k: _outcome(v) for k, v in results.items()}))
+        results["gate"] = stage("gate", gate_flow, results.get("train"))
     return results

@@ -20,6 +20,7 @@ from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.events import emit_event
 
+import tasks.humanize as humanize
 from flows.common import slack_on_failure, stage_run
 from flows.concurrency import gpu_slots, gpus_needed
 from tasks.config import EagleScaleConfig
@@ -57,7 +58,7 @@ def extract_shard(config: EagleScaleConfig, shard_id: str) -> dict[str, Any]:
 
 def _forecast_markdown(forecast: dict[str, Any]) -> str:
     lines = ["# Extraction disk forecast", "", "| field | value |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in forecast.items()]
+    lines += [f"| {k} | {v} |" for k, v in humanize.fields(forecast).items()]
     return "\n".join(lines)
 
 

@@ -13,20 +13,18 @@ from dataclasses import asdict
 from typing import Any
 
 from prefect import flow, task
-from prefect.artifacts import (
-    create_markdown_artifact,
-    create_progress_artifact,
-    create_table_artifact,
-    update_progress_artifact,
-)
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.events import emit_event
 
+import tasks.story as story
 from flows.common import notifier_for, run_logger, slack_on_failure, stage_run
+from flows.views import ProgressView
 from tasks.config import EagleScaleConfig
 from tasks.generate.failures import ShardFailed, ShardStopped, cannot_heal, lasting_failure
 from tasks.generate.stage import GenerateStage, open_generate_stage
 from tasks.runfolder import CorruptShard
 from tasks.runfolder.schedule import ShardScheduler, drive_shards
+from tasks.status.figures import progress_figures
 
 # Shard tasks run in this process's thread pool and share one stage (engine, progress).
 _active: dict[str, GenerateStage] = {}
@@ -65,7 +63,7 @@ def _worth_retrying(_task: Any, _run: Any, state: Any) -> bool:
 
 
 def _run_shards(
-    stage: GenerateStage, pending: list[str], config: EagleScaleConfig, artifact_id: Any
+    stage: GenerateStage, pending: list[str], config: EagleScaleConfig, view: ProgressView
 ) -> dict[str, BaseException | str]:
     """Run shards as Prefect tasks until each is committed (here or by another worker) or failed
     here, keeping progress.json, the artifact and stall alerts fresh (tasks/runfolder/schedule.py
@@ -90,12 +88,11 @@ def _run_shards(
     def on_poll() -> None:
         nonlocal stalled_alerted
         if stage.tick():  # progress.json rewritten (every progress_interval_s): mirror it
-            update_progress_artifact(artifact_id, float(stage.progress.snapshot().get("percent") or 0.0))
+            view.update(stage.progress.snapshot())
         idle = stage.progress.stalled_for()  # None while results keep arriving
         if idle is not None and not stalled_alerted:
             stalled_alerted = True
-            left = len(scheduler.todo) - len(scheduler.failed)
-            notifier.stalled("generate", idle, {"shards_left": left})
+            notifier.stalled("generate", idle, dict(progress_figures(stage.progress.snapshot(), time.time())))
             emit_event("eaglescale.generate.stalled", resource=_resource(config), payload={"idle_s": idle})
         elif idle is None:
             stalled_alerted = False
@@ -129,21 +126,17 @@ def generate_flow(config: EagleScaleConfig) -> dict[str, Any]:
         _active[config.run_root] = stage
         try:
             pending = stage.prepare()
+            span.started({"shards": len(stage.shards), "to_run": len(pending), "engine": config.engine.kind})
             if pending:  # before any shard: the servers serve the target, or the run stops here
                 for note in stage.check_servers():
                     span.log.info("generate: %s", note)
-            span.started({"shards": len(stage.shards), "to_run": len(pending), "engine": config.engine.kind})
             span.log.info("generate: %d shards planned, %d to run", len(stage.shards), len(pending))
             # Opens the server-side stall automation's window before the first shard commits.
             emit_event("eaglescale.generate.started", resource=_resource(config), payload={"to_run": len(pending)})
-            artifact_id = create_progress_artifact(
-                float(stage.progress.snapshot().get("percent") or 0.0),
-                key="generate-progress",
-                description=f"Generation progress of {config.run_root}",
-            )
-            failures = _run_shards(stage, pending, config, artifact_id)
+            view = ProgressView(config, stage.progress.snapshot())  # the bar and the live figures
+            failures = _run_shards(stage, pending, config, view)
             summary = stage.finish()
-            update_progress_artifact(artifact_id, float(stage.progress.snapshot().get("percent") or 0.0))
+            view.update(stage.progress.snapshot())
             _publish(stage, summary)
         finally:
             stage.close()
@@ -183,5 +176,5 @@ def _publish(stage: GenerateStage, summary: dict[str, Any]) -> None:
         )
     create_table_artifact(rows, key="generate-shards", description="Generation shards")
     lines = ["# Generation summary", "", "| metric | value |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in summary.items()]
+    lines += [f"| {k} | {v} |" for k, v in story.completed("generate", summary)[1].items()]
     create_markdown_artifact("\n".join(lines), key="generate-summary", description="Generation summary")

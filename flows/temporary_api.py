@@ -90,6 +90,9 @@ def start(timeout_s: float, attempts: int = 3) -> TemporaryApi:
         "PREFECT_UI_ENABLED": "0",
         "PREFECT__SERVER_EPHEMERAL": "1",
         "PREFECT__SERVER_FINAL": "1",
+        # A throw-away server has nothing to report, and offline its report is an ERROR line
+        # that opens every run ("Failed to send telemetry"); a user's explicit setting stands.
+        "PREFECT_SERVER_ANALYTICS_ENABLED": os.environ.get("PREFECT_SERVER_ANALYTICS_ENABLED", "false"),
     }
     env.pop("PREFECT_API_URL", None)
     last = ""

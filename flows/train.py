@@ -25,6 +25,7 @@ import yaml
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+import tasks.humanize as humanize
 from flows.common import StageRun, slack_on_failure, stage_run
 from flows.concurrency import gpu_slots, gpus_needed
 from tasks.config import EagleScaleConfig
@@ -58,7 +59,9 @@ def _torchrun(config: EagleScaleConfig) -> None:
 
 
 def _eval_table(evals: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{k: e[k] for k in EVAL_COLUMNS if k in e} for e in evals]
+    """The evals as people read them (4 significant digits, step times in ms); train/result.json
+    keeps every digit."""
+    return [{k: humanize.value(e[k], k) for k in EVAL_COLUMNS if k in e} for e in evals]
 
 
 @flow(name="train", on_failure=[slack_on_failure], on_crashed=[slack_on_failure])
@@ -72,7 +75,8 @@ def _train(config: EagleScaleConfig, span: StageRun) -> dict[str, Any]:
     before = (run.read_json(TRAIN_RESULT), [d["samples"] for d in scaling_drafts(run)])
     span.started({"nproc": config.train.nproc, "device": config.train.device,
                   "hidden_states": config.train.hidden_states})
-    callbacks = TrainCallbacks(on_eval=lambda e: log.info("eval: %s", {k: e.get(k) for k in EVAL_COLUMNS}))
+    callbacks = TrainCallbacks(on_eval=lambda e: log.info("eval: %s", ", ".join(
+        f"{k} {humanize.value(e[k], k)}" for k in EVAL_COLUMNS if e.get(k) is not None)))  # fmt: skip
     outcome = run_train_stage(config, callbacks, train=_torchrun if config.train.nproc > 1 else None,
                               hold=gpu_slots(config, gpus_needed(config, "train")))  # fmt: skip
     evals = outcome.result.get("evals", [])

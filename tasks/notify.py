@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -16,6 +17,7 @@ from typing import Any, Literal, Protocol
 from slack_sdk import WebClient
 from slack_sdk.webhook import WebhookClient
 
+import tasks.humanize as humanize
 from tasks.config import SlackConfig
 from tasks.redaction import REDACTED, redact_text, register_secret
 from tasks.runlog import brief
@@ -23,7 +25,11 @@ from tasks.runlog import brief
 log = logging.getLogger(__name__)
 
 SEND_TIMEOUT_S = 5
-SECTION_LIMIT = 2900  # Slack rejects a section text over 3000 characters
+# The Secret block a run reads when neither its environment nor slack.secret_block names Slack.
+DEFAULT_SECRET_BLOCK = "eaglescale-slack"
+FIELD_LIMIT = 1900  # Slack rejects a section field over 2000 characters
+FIELDS_PER_SECTION = 10  # and a section of more than ten fields
+HEADLINE_CHARS = 200  # a headline longer than this is cut; the whole text goes in a field
 
 Level = Literal["info", "success", "warning", "error"]
 LEVEL_ICON: dict[str, str] = {
@@ -85,7 +91,8 @@ def credentials_from_value(value: str, channel: str | None, source: str) -> Slac
 
 
 def resolve_credentials(cfg: SlackConfig) -> SlackCredentials | None:
-    """Bot token + channel from the env, else a webhook URL from the env, else the Secret block."""
+    """Bot token + channel from the env, else a webhook URL from the env, else the Secret block
+    slack.secret_block names, else (in a flow run) the Secret block `eaglescale-slack`."""
     token = os.environ.get(cfg.token_env, "").strip()
     if token:
         register_secret(token)
@@ -108,28 +115,34 @@ def resolve_credentials(cfg: SlackConfig) -> SlackCredentials | None:
             return None
         register_secret(value.strip())
         return credentials_from_value(value, cfg.channel, f"secret block {cfg.secret_block!r}")
-    return None
+    return _default_block(cfg.channel)
 
 
-def format_value(value: Any) -> str:
-    if isinstance(value, bool) or value is None:
-        return str(value)
-    if isinstance(value, int):
-        return f"{value:,}"
-    if isinstance(value, float):
-        return f"{value:,.2f}" if abs(value) >= 100 else f"{value:.4g}"
-    return str(value)
+def _default_block(channel: str | None) -> SlackCredentials | None:
+    """The Secret block `make server` saves from $SLACK_WEBHOOK_URL (infra/prefect/automations.py
+    --slack-webhook-from-env), so that deployment runs reach Slack although the worker's
+    environment has no Slack variable. Read only inside a flow run (its Prefect API is up: a
+    unit's process never starts or waits for one), and quietly when there is none."""
+    if "prefect" not in sys.modules:
+        return None
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    if FlowRunContext.get() is None and TaskRunContext.get() is None:
+        return None
+    try:
+        value = _load_secret_block(DEFAULT_SECRET_BLOCK)
+    except Exception:  # no such block: Slack is simply not configured
+        return None
+    register_secret(value.strip())
+    return credentials_from_value(value, channel, f"secret block {DEFAULT_SECRET_BLOCK!r}")
 
 
-def format_duration(seconds: float) -> str:
-    seconds = max(0, int(round(seconds)))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h {minutes:02d}m {secs:02d}s"
-    if minutes:
-        return f"{minutes}m {secs:02d}s"
-    return f"{secs}s"
+def format_value(value: Any, key: str = "") -> str:
+    """A field's value as a person reads it (tasks/humanize.py: no repr, 4 significant digits)."""
+    return humanize.value(value, key)
+
+
+format_duration = humanize.duration  # the name this module's callers and tests know
 
 
 def _escape(text: str) -> str:
@@ -137,21 +150,32 @@ def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
 def build_message(
-    run_label: str, title: str, fields: Mapping[str, Any], level: Level = "info"
+    run_label: str, title: str, fields: Mapping[str, Any], level: Level = "info", headline: str = ""
 ) -> tuple[str, list[dict[str, Any]]]:
-    """(text fallback, blocks): the fallback alone must carry the numbers (notifications, logs)."""
-    pairs = [(str(k), format_value(v)) for k, v in fields.items()]
+    """(text fallback, Block Kit blocks). The fallback alone carries the numbers (phone
+    notifications, logs). The blocks: a one-line headline (icon, title, the key figures), the
+    fields as a two-column section (ten per section, Slack's limit), the run as context. Field
+    values go through tasks/humanize.py by their key; None is left out."""
+    pairs = [(humanize.label(k), format_value(v, str(k))) for k, v in fields.items() if v is not None]
+    title, headline = _one_line(title), _one_line(headline)
     summary = ", ".join(f"{k}: {v}" for k, v in pairs)
-    text = f"[{run_label}] {title}" + (f" — {summary}" if summary else "")
-    header = f"{LEVEL_ICON.get(level, '')} *{_escape(title)}*\nrun `{_escape(run_label)}`".strip()
-    blocks: list[dict[str, Any]] = [{"type": "section", "text": {"type": "mrkdwn", "text": header}}]
-    if pairs:
-        body = "\n".join(f"*{_escape(k)}:* {_escape(v)}" for k, v in pairs)
-        if len(body) > SECTION_LIMIT:
-            body = body[: SECTION_LIMIT - 1] + "…"
-        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": body}})
+    text = f"[{run_label}] {title}" + (f": {headline}" if headline else "") + (f" — {summary}" if summary else "")
+    top = f"{LEVEL_ICON.get(level, '')} *{_escape(title)}*" + (f" — {_escape(headline)}" if headline else "")
+    blocks: list[dict[str, Any]] = [{"type": "section", "text": {"type": "mrkdwn", "text": top.strip()}}]
+    cells = [{"type": "mrkdwn", "text": _clip(f"*{_escape(k)}*\n{_escape(v)}", FIELD_LIMIT)} for k, v in pairs]
+    for start in range(0, len(cells), FIELDS_PER_SECTION):
+        blocks.append({"type": "section", "fields": cells[start : start + FIELDS_PER_SECTION]})
+    blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": f"run `{_escape(run_label)}`"}]})
     return text, blocks
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class Notifier:
@@ -197,10 +221,10 @@ class Notifier:
         return self.credentials is not None
 
     def send(
-        self, text: str, fields: Mapping[str, Any] | None = None, level: Level = "info"
+        self, text: str, fields: Mapping[str, Any] | None = None, level: Level = "info", headline: str = ""
     ) -> bool:
         """Post one message; True when Slack accepted it. Unconfigured: log it at INFO."""
-        fallback, blocks = build_message(self.run_label, text, fields or {}, level)
+        fallback, blocks = build_message(self.run_label, text, fields or {}, level, headline)
         if self.credentials is None:
             # One line, not a page: a stage's key numbers can run to kilobytes.
             self.logger.info("notify: %s", brief(fallback))
@@ -229,25 +253,34 @@ class Notifier:
         if resp.status_code != 200:
             raise RuntimeError(f"webhook answered HTTP {resp.status_code}: {resp.body[:200]}")
 
-    def stage_started(self, stage: str, details: Mapping[str, Any] | None = None) -> bool:
-        return self.send(f"{stage} started", {"stage": stage, **(details or {})}, "info")
+    def stage_started(self, stage: str, details: Mapping[str, Any] | None = None, headline: str = "") -> bool:
+        return self.send(f"{stage} started", details, "info", headline)
 
     def stage_completed(
         self,
         stage: str,
         key_numbers: Mapping[str, Any] | None = None,
         duration_s: float | None = None,
+        headline: str = "",
     ) -> bool:
-        fields: dict[str, Any] = {"stage": stage, **(key_numbers or {})}
+        """`headline`: the stage's key figures in one line; the duration leads it."""
+        fields: dict[str, Any] = dict(key_numbers or {})
+        took = ""
         if duration_s is not None:
-            fields["duration"] = format_duration(duration_s)
-        return self.send(f"{stage} completed", fields, "success")
+            fields["duration"] = took = format_duration(duration_s)
+        line = "; ".join(p for p in (f"in {took}" if took else "", headline) if p)
+        return self.send(f"{stage} completed", fields, "success", line)
 
     def stage_failed(self, stage: str, error: str) -> bool:
-        return self.send(f"{stage} FAILED", {"stage": stage, "error": error[:1500]}, "error")
+        line = _one_line(error)
+        if len(line) <= HEADLINE_CHARS:  # the whole error is the headline
+            return self.send(f"{stage} FAILED", {}, "error", line)
+        return self.send(f"{stage} FAILED", {"error": error[:1500]}, "error", line[: HEADLINE_CHARS - 1] + "…")
 
     def stalled(
         self, stage: str, heartbeat_age_s: float, details: Mapping[str, Any] | None = None
     ) -> bool:
-        fields = {"stage": stage, "no heartbeat for": format_duration(heartbeat_age_s)}
-        return self.send(f"{stage} looks stalled", {**fields, **(details or {})}, "warning")
+        """`details`: the figures a watcher checks first (tasks/status/figures.py)."""
+        idle = format_duration(heartbeat_age_s)
+        fields = {"no result for": idle, **(details or {})}
+        return self.send(f"{stage} looks stalled", fields, "warning", f"no result for {idle}")

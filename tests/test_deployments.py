@@ -37,7 +37,8 @@ def test_deployments_are_the_expected_set_on_the_expected_pools():
     for (entrypoint, _), d in deps.items():
         path, _, func = entrypoint.partition(":")
         assert (ROOT / path).is_file() and f"def {func}(" in (ROOT / path).read_text()
-        assert list(d["parameters"]) == ["config"]
+        # local-smoke names its own run folder: not the one `make demo` completed.
+        assert list(d["parameters"]) == (["run_root", "config"] if d["name"] == "local-smoke" else ["config"])
         assert "eaglescale" in d["tags"]  # the run-states automation matches on this tag
 
 
@@ -77,6 +78,7 @@ def test_smoke_copy_paths_are_relative_to_the_checkout_root():
     config = dep["parameters"]["config"]
     assert config["target"]["model_path"] == ".eaglescale/tiny-target"
     assert config["run_root"] == ".eaglescale/runs/smoke"
+    assert dep["parameters"]["run_root"] == ".eaglescale/runs/local-smoke"  # what the run uses
     for source in config["discover"]["sources"]:
         assert (ROOT / source["path"]).is_file(), source["path"]
 
@@ -235,7 +237,13 @@ def test_local_server_script_arguments(tmp_path):
     assert "deploy --prefect-file deployments/prefect.yaml --all" in out
     assert "automations.py --skip-notifications" in out
     assert "prefect deployment run 'data-scaling/local-smoke' --watch" in out
+    assert "eaglescale status .eaglescale/runs/local-smoke --follow" in out
     assert not Path(state).exists()  # a dry run starts and writes nothing
+    # A webhook in the environment: saved as blocks on the server, never printed.
+    hook = "https://hooks.slack.com/services/T0/B0/DRYRUNSECRET"
+    slack = _local_server("--dry-run", EAGLESCALE_PREFECT_STATE=state, SLACK_WEBHOOK_URL=hook)
+    assert "automations.py --slack-webhook-from-env" in slack.stdout and "--skip-notifications" not in slack.stdout
+    assert "DRYRUNSECRET" not in slack.stdout + slack.stderr
 
 
 def test_profile_copies_are_rendered_from_the_params_files(tmp_path: Path) -> None:

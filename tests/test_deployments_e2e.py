@@ -2,9 +2,10 @@
 deployment in deployments/prefect.yaml, apply the automations, start a process worker, and run
 `prefect deployment run 'data-scaling/local-smoke' --watch` as an operator would.
 
-Slack is a local receiver: the flows' state hooks post through SLACK_WEBHOOK_URL (the worker's
-environment), and the run-states automation posts through a notification block the server
-itself calls, so both alert paths are exercised.
+Slack is a local receiver: the flows post through the Secret block `eaglescale-slack` that
+`infra/prefect/automations.py --slack-webhook-from-env` saved (the worker has no Slack variable,
+as `make server`'s has none unless its shell had one), and the run-states automation posts
+through a notification block the server itself calls, so both alert paths are exercised.
 """
 
 from __future__ import annotations
@@ -64,8 +65,11 @@ class Stack:
     def texts(self, path_prefix: str) -> list[str]:
         return [json.dumps(r["json"]) for r in self.slack.requests if r["path"].startswith(path_prefix)]
 
-    def run_smoke(self, config: dict[str, Any]) -> subprocess.CompletedProcess:
-        args = ["deployment", "run", "data-scaling/local-smoke", "--params", json.dumps({"config": config})]
+    def run_smoke(self, config: dict[str, Any], run_root: Path | None = None) -> subprocess.CompletedProcess:
+        """The deployment with this config, on `run_root` (default: the config's). local-smoke's
+        own `run_root` parameter (.eaglescale/runs/local-smoke, in the checkout) is always replaced."""
+        params = {"config": config, "run_root": str(run_root or config["run_root"])}
+        args = ["deployment", "run", "data-scaling/local-smoke", "--params", json.dumps(params)]
         return _prefect([*args, "--watch", "--watch-interval", "1", "--watch-timeout", "400"], self.env, 450)
 
 
@@ -107,17 +111,25 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             PREFECT_WORKER_QUERY_SECONDS="1",
             EAGLESCALE_ROOT=str(ROOT),
             HF_HUB_OFFLINE="1",
-            SLACK_WEBHOOK_URL=f"{slack.url}/services/T000/B000/{SECRET}",
-        )
+        )  # no Slack variable: the worker's flow runs read the Secret block saved below
         _ok(_prefect(["work-pool", "create", "eaglescale-process", "--type", "process"], env))
         template = str(ROOT / "infra/k8s/gpu-base-job-template.json")
         _ok(_prefect(["work-pool", "create", "eaglescale-gpu", "--type", "kubernetes", "--base-job-template", template], env))
         # Deployed without EAGLESCALE_ROOT: the worker's environment names the checkout at run time.
         deploy_env = {k: v for k, v in env.items() if k != "EAGLESCALE_ROOT"}
         _ok(_prefect(["--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", "--all"], deploy_env))
+        # Without a webhook, `make server`'s automations step says what it skipped and how to turn it on.
+        script = [sys.executable, "infra/prefect/automations.py"]
+        skipped = _ok(subprocess.run([*script, "--skip-notifications"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120))
+        assert "skipped eaglescale-run-states, eaglescale-stalled-generation" in skipped, skipped
+        assert "SLACK_WEBHOOK_URL=https://hooks.slack.com/services/... " in skipped and "--slack-webhook-from-env" in skipped
+        # With one (the command it names): the flows' Secret block; the automations post through
+        # the test's block (a SlackWebhook block would post to hooks.slack.com itself).
         _create_notification_block(url, slack.url)
-        apply = [sys.executable, "infra/prefect/automations.py", "--slack-block", "custom-webhook/eaglescale-test"]
-        _ok(subprocess.run(apply, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120))
+        hook = {**env, "SLACK_WEBHOOK_URL": f"{slack.url}/services/T000/B000/{SECRET}"}
+        apply = [*script, "--slack-webhook-from-env", "--slack-block", "custom-webhook/eaglescale-test"]
+        applied = _ok(subprocess.run(apply, cwd=ROOT, env=hook, capture_output=True, text=True, timeout=120))
+        assert "Secret block 'eaglescale-slack'" in applied and SECRET not in applied
 
         worker_log = open(home.parent / "worker.log", "wb")  # noqa: SIM115 - closed below
         worker = subprocess.Popen(
@@ -182,7 +194,8 @@ def test_deploy_all_registers_every_deployment_and_automation(stack):
 
 def test_watched_smoke_run_completes_with_committed_shards(stack, tmp_path, tiny_target_dir):
     run_root = tmp_path / "run"
-    result = stack.run_smoke(_smoke_config(run_root, tiny_target_dir))
+    # The flow's `run_root` parameter picks the run folder (the README's fresh run), over the config's.
+    result = stack.run_smoke(_smoke_config(tmp_path / "not-this-one", tiny_target_dir), run_root)
     out = _ok(result)
     assert "Completed" in out
     store = ShardStore(RunFolder(str(run_root)), "generate")
@@ -192,6 +205,7 @@ def test_watched_smoke_run_completes_with_committed_shards(stack, tmp_path, tiny
     # The relative source paths resolved against the checkout (the pull step), not the
     # worker's temporary folder.
     assert RunFolder(str(run_root)).exists("prompts/_SUCCESS.json")
+    assert not (tmp_path / "not-this-one").exists()
     hooks = stack.texts("/services/")
     assert any("generate completed" in t for t in hooks), hooks
     # The server-side automation reports the parent run's final state through the block.

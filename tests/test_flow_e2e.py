@@ -6,6 +6,7 @@ Slack goes to a local receiver through the incoming-webhook path, as in producti
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import yaml
@@ -13,7 +14,7 @@ import yaml
 from tasks.runfolder import RunFolder, ShardStore
 from tasks.status.read import read_status
 from tests.run_support import assert_exactly_once, cli_env, start_cli, write_params
-from tests.slack_support import Receiver
+from tests.slack_support import Receiver, message_texts, title, unreadable
 
 # The smoke profile's stages, in order.
 STAGES = yaml.safe_load((Path(__file__).resolve().parents[1] / "deployments/params/smoke.yaml").read_text())["stages"]
@@ -44,9 +45,7 @@ def test_smoke_run_resume_and_refused_fingerprint(tmp_path, tiny_target_dir, cap
         assert store.is_complete()
         before = {s: m["attempt"] for s, m in store.committed().items()}
         texts = _texts(slack)
-        for stage in ("discover", "generate"):
-            assert any(f"{stage} started" in t for t in texts), texts
-            assert any(f"{stage} completed" in t for t in texts), texts
+        _stage_by_stage([r["json"] for r in slack.requests])
         assert any("rows" in t and "276" in t for t in texts)
         # Each stage's clock, as `eaglescale status --json` shows it: one after another.
         clocks = read_status(run)["stages"]
@@ -61,10 +60,10 @@ def test_smoke_run_resume_and_refused_fingerprint(tmp_path, tiny_target_dir, cap
         # none announces a completion.
         assert read_status(run)["stages"] == clocks
         assert not any("completed" in t for t in _texts(slack)[len(texts):])
-        # Generation's own start message says it has nothing to run (extraction's "shards_to_run: 0"
+        # Generation's own start message says it has nothing to run (extraction's "shards to run: 0"
         # must not pass for it).
         resumed = [t for t in _texts(slack) if "generate started" in t]
-        assert len(resumed) == 2 and "to_run: 0" in resumed[-1] and "to_run: 0" not in resumed[0], resumed
+        assert len(resumed) == 2 and "to run: 0" in resumed[-1] and "to run: 0" not in resumed[0], resumed
 
         # A changed sampling parameter is refused, naming the field.
         args = ["run", "--params", str(params), "--set", "sampling.max_new_tokens=8"]
@@ -84,6 +83,19 @@ def test_smoke_run_resume_and_refused_fingerprint(tmp_path, tiny_target_dir, cap
     assert not any("XXXSECRET" in f.read_text() for f in files)
 
     _exported_and_verified(tmp_path, run_dir, capsys)
+
+
+def _stage_by_stage(posts: list[dict]) -> None:
+    """One readable message per stage event, in the pipeline's order: each stage started, then
+    completed; the gate's completion is its decision. None holds a repr or a float of more than
+    6 significant digits."""
+    titles = [title(m) for m in posts]
+    expected = [f"{stage} {event}" for stage in STAGES for event in ("started", "completed")]
+    assert titles[:-1] == expected[:-1] and re.fullmatch(r"gate: (PROMOTE|REJECT|STOPPED)", titles[-1]), titles
+    assert [p for m in posts for p in unreadable(m)] == []
+    generated = next(m for m in posts if title(m) == "generate completed")
+    # Its headline says it in one line; the fields hold the rest.
+    assert re.search(r"in \d+(m \d\ds|s); 276 rows in 7 / 7 shards, [\d,]+ tokens, 0 dead letters", message_texts(generated)[1])
 
 
 def _exported_and_verified(tmp_path: Path, run_dir: Path, capsys) -> None:
@@ -142,6 +154,11 @@ def test_failed_stage_exits_nonzero_and_reaches_slack(tmp_path, tiny_target_dir)
         assert _run(["run", "--params", str(params)], env, log) == 1
         texts = _texts(slack)
         assert any("generate FAILED" in t and "Cannot connect" in t for t in texts), texts
+        # The failing stage had said it started; the parent's failure comes last.
+        posts = [r["json"] for r in slack.requests]
+        assert [title(m) for m in posts] == ["discover started", "discover completed", "generate started",
+                                             "generate FAILED", "data-scaling FAILED"]  # fmt: skip
+        assert [p for m in posts for p in unreadable(m)] == []
     # Nothing half-written counts: no shard is marked, the prompts stay committed.
     run = RunFolder(str(run_dir))
     assert ShardStore(run, "generate").committed() == {}
@@ -179,6 +196,10 @@ def test_stalled_generation_alerts_slack_then_recovers(tmp_path, tiny_target_dir
             assert _run(["run", "--params", str(params)], env, log) == 0, log.read_text()[-3000:]
             texts = _texts(slack)
         assert any("generate looks stalled" in t for t in texts), texts
+        # The alert carries the figures a watcher checks first (tasks/status/figures.py).
+        stalled = next(r["json"] for r in slack.requests if title(r["json"]) == "generate looks stalled")
+        assert all(f"*{label}*" in " ".join(message_texts(stalled)) for label in ("requests", "rate", "servers"))
+        assert unreadable(stalled) == []
         assert any("generate completed" in t for t in texts), texts
         rows, dead = assert_exactly_once(RunFolder(str(run_dir)))
         assert (rows, dead) == (24, 0)

@@ -360,3 +360,21 @@ def test_near_ties_keep_a_faster_config_promotable_and_baseline_noise_is_reporte
     md = render_markdown(d, noisy, CFG)
     assert "| baseline (vs its first launch) | 12 | 0 | 0 | 12 | 0 |" in md
     assert "**Baseline-vs-baseline is not lossless (baseline): the threshold or the server is off.**" in md
+
+
+def test_the_verdict_column_cannot_be_read_against_the_decision() -> None:
+    """report.md's verdict: the best config of a REJECT is 'best, not promoted', never a bare
+    'eligible' beside the REJECT; the promoted one says so."""
+    from tasks.gate.report import render_markdown
+
+    spec = spec_config(3)
+    for medians, outcome, says in (([101, 99, 104], "reject", "best, not promoted (reject)"), ([180, 177, 183], "promote", "promoted")):
+        result = result_with(BASE, spec)
+        add_launches(result, BASE, [100, 103, 97])
+        add_launches(result, spec, medians)
+        d = decide(result, CFG)
+        assert (d.outcome, d.best, d.config(spec.name).eligible) == (outcome, spec.name, True)
+        md = render_markdown(d, result, CFG)
+        row = next(line for line in md.splitlines() if line.startswith(f"| {spec.name} |"))
+        assert row.endswith(f"| {says} |") and "eligible" not in row, row
+        assert next(line for line in md.splitlines() if line.startswith("| baseline |")).endswith("| reference |")

@@ -74,6 +74,13 @@ def test_the_errors_base_imports_nothing_and_sits_below_every_layer() -> None:
     assert ERRORS_BASE in GRAPH["tasks.runfolder.folder"] and ERRORS_BASE in GRAPH["tasks.target.errors"]
 
 
+def test_the_number_formatter_imports_nothing_of_ours_and_the_stories_only_it() -> None:
+    # One formatter for every figure a person reads (tasks/humanize.py): any layer may import
+    # it, so it may import none of them; the stage stories word the stages' summaries with it.
+    assert "tasks.humanize" in GRAPH["tasks.notify"] and "tasks.humanize" in GRAPH["tasks.status.figures"]
+    assert GRAPH["tasks.humanize"] == set() and GRAPH["tasks.story"] == {"tasks.humanize"}
+
+
 def test_tasks_never_import_flows() -> None:
     assert {m: d for m, d in GRAPH.items() if m.startswith("tasks") and any(i.startswith("flows") for i in d)} == {}
 
@@ -105,7 +112,7 @@ def test_loading_a_config_imports_no_stage_code() -> None:
 def test_the_status_view_reads_the_run_folder_alone_and_its_reading_draws_nothing() -> None:
     # `eaglescale status` works with no Prefect server and on a crashed run: it reads the run
     # folder through the run folder's own code, with the stage names and a duration format.
-    assert _outside("tasks.status", ("tasks.runfolder", "tasks.notify", "tasks.config")) == {}
+    assert _outside("tasks.status", ("tasks.runfolder", "tasks.humanize", "tasks.config")) == {}
     # A view of the run, not a step of it: no stage imports it.
     assert {m: d for m, d in GRAPH.items() if m.startswith("tasks") and not m.startswith("tasks.status")
             and any(i.startswith("tasks.status") for i in d)} == {}  # fmt: skip

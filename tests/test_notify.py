@@ -53,7 +53,7 @@ def test_bot_token_posts_chat_message_with_stage_and_numbers(
     notifier = Notifier.from_config(cfg, "s3://bucket/runs/r1")
     assert notifier.configured
 
-    assert notifier.stage_completed("generate", {"rows": 83000, "dead": 12}, duration_s=3725)
+    assert notifier.stage_completed("generate", {"rows": 83000, "dead": 12}, duration_s=3725, headline="83,000 rows")
 
     assert len(receiver.requests) == 1
     req = receiver.requests[0]
@@ -62,18 +62,15 @@ def test_bot_token_posts_chat_message_with_stage_and_numbers(
     body = req["json"]
     assert body["channel"] == "#eagle"
     assert body["text"] == (
-        "[s3://bucket/runs/r1] generate completed — stage: generate, rows: 83,000, dead: 12, "
+        "[s3://bucket/runs/r1] generate completed: in 1h 02m 05s; 83,000 rows — rows: 83,000, dead: 12, "
         "duration: 1h 02m 05s"
     )
     blocks = body["blocks"] if isinstance(body["blocks"], list) else json.loads(body["blocks"])
-    assert [b["type"] for b in blocks] == ["section", "section"]
-    assert "run `s3://bucket/runs/r1`" in blocks[0]["text"]["text"]
-    assert blocks[1]["text"]["text"].splitlines() == [
-        "*stage:* generate",
-        "*rows:* 83,000",
-        "*dead:* 12",
-        "*duration:* 1h 02m 05s",
-    ]
+    # Block Kit: a one-line headline, the fields in two columns, the run as context.
+    assert [b["type"] for b in blocks] == ["section", "section", "context"]
+    assert blocks[0]["text"]["text"] == ":white_check_mark: *generate completed* — in 1h 02m 05s; 83,000 rows"
+    assert [f["text"] for f in blocks[1]["fields"]] == ["*rows*\n83,000", "*dead*\n12", "*duration*\n1h 02m 05s"]
+    assert blocks[2]["elements"] == [{"type": "mrkdwn", "text": "run `s3://bucket/runs/r1`"}]
 
 
 def test_webhook_path_sends_text_and_blocks(
@@ -88,14 +85,15 @@ def test_webhook_path_sends_text_and_blocks(
 
     assert [r["path"] for r in receiver.requests] == ["/services/T0/B0/hooksecret"] * 2
     failed, stalled = (r["json"] for r in receiver.requests)
-    assert failed["text"] == (
-        "[runs/r2] discover FAILED — stage: discover, error: source 'chat' unreadable: /data/x.parquet"
-    )
+    # A short error is the headline itself; a long one is cut there and whole in a field.
+    assert failed["text"] == "[runs/r2] discover FAILED: source 'chat' unreadable: /data/x.parquet"
     assert stalled["text"] == (
-        "[runs/r2] generate looks stalled — stage: generate, no heartbeat for: 31m 40s, "
-        "shards running: 2"
+        "[runs/r2] generate looks stalled: no result for 31m 40s — no result for: 31m 40s, shards running: 2"
     )
-    assert stalled["blocks"][0]["text"]["text"].startswith(":warning: *generate looks stalled*")
+    assert stalled["blocks"][0]["text"]["text"] == ":warning: *generate looks stalled* — no result for 31m 40s"
+    assert Notifier("r").stage_failed("train", "x" * 300) is False  # unconfigured: logged, not sent
+    _, blocks = build_message("r", "train FAILED", {"error": "x" * 300}, "error", "x" * 199 + "…")
+    assert blocks[1]["fields"][0]["text"] == "*error*\n" + "x" * 300
 
 
 def test_http_500_and_invalid_auth_and_refused_never_raise(
@@ -123,7 +121,7 @@ def test_http_500_and_invalid_auth_and_refused_never_raise(
     assert all(w.startswith("Slack notification failed") for w in warnings)
     assert "HTTP 500" in warnings[0]
     assert "invalid_auth" in warnings[2]
-    assert "message was: [r] generate started — stage: generate, shards: 3" in warnings[1]
+    assert "message was: [r] generate started — shards: 3" in warnings[1]
     # The bot token's failure paths (HTTP 500, invalid_auth) logged at DEBUG and WARNING: no token.
     assert TOKEN not in caplog.text and "SECRETTOKENVALUE" not in caplog.text
     assert "WEBHOOKPATHSECRET" not in caplog.text  # nor the webhook's secret path
@@ -165,7 +163,7 @@ def test_no_config_logs_at_info(caplog: pytest.LogCaptureFixture) -> None:
     assert [(r.levelno, r.getMessage()) for r in records] == [
         (
             logging.INFO,
-            "notify: [runs/local] discover completed — stage: discover, prompts: 300, duration: 4s",
+            "notify: [runs/local] discover completed: in 4s — prompts: 300, duration: 4s",
         )
     ]
 
@@ -234,14 +232,21 @@ def test_secret_values_pick_token_or_webhook() -> None:
 
 
 def test_message_formatting_escapes_and_limits() -> None:
-    text, blocks = build_message("r<1>", "gate & promote", {"note": "a<b>", "rate": 12.3456})
-    assert text == "[r<1>] gate & promote — note: a<b>, rate: 12.35"
-    assert (
-        blocks[0]["text"]["text"] == ":information_source: *gate &amp; promote*\nrun `r&lt;1&gt;`"
-    )
-    assert blocks[1]["text"]["text"] == "*note:* a&lt;b&gt;\n*rate:* 12.35"
+    text, blocks = build_message("r<1>", "gate & promote", {"note": "a<b>", "rate": 12.3456, "gone": None})
+    assert text == "[r<1>] gate & promote — note: a<b>, rate: 12.35"  # None is left out, not printed
+    assert blocks[0]["text"]["text"] == ":information_source: *gate &amp; promote*"
+    assert [f["text"] for f in blocks[1]["fields"]] == ["*note*\na&lt;b&gt;", "*rate*\n12.35"]
+    assert blocks[2]["elements"][0]["text"] == "run `r&lt;1&gt;`"
     _, long_blocks = build_message("r", "t", {"error": "x" * 5000})
-    assert len(long_blocks[1]["text"]["text"]) == 2900
+    assert len(long_blocks[1]["fields"][0]["text"]) == 1900  # Slack refuses a field over 2,000
+    _, many = build_message("r", "t", {f"k{i}": i for i in range(23)})
+    assert [len(b["fields"]) for b in many if "fields" in b] == [10, 10, 3]  # ten per section at most
+    # Values as people read them: no repr, 4 significant digits, CIs, sizes, shares.
+    text, _ = build_message("r", "t", {"dead_classes": {}, "ci": [0.6851852549722078, 1.3755248221309815],
+                                       "speedup": 0.8389377069980071, "total_bytes": 2889476,
+                                       "finish_length_rate": 0.8667, "splits": {"train": 54, "eval": 6}})  # fmt: skip
+    assert text == ("[r] t — dead classes: none, ci: [0.685, 1.38], speedup: 0.8389, total bytes: 2.89 MB, "
+                    "finish length rate: 86.7%, splits: train 54, eval 6")  # fmt: skip
     assert format_duration(59.6) == "1m 00s"
     assert format_duration(7322) == "2h 02m 02s"
 

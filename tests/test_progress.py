@@ -222,6 +222,7 @@ def test_write_heartbeat_interval_and_file(tmp_path: Path) -> None:
         "eta_at",
         "percent",
         "shard_counts",
+        "dead_classes",
         "shards",
         "servers",
     }
@@ -308,3 +309,18 @@ def test_first_start_survives_a_resume(tmp_path: Path) -> None:
     assert first_started_at(old) == 900.0
     assert first_started_at({**old, "requests": {"done_this_run": 0}}) is None
     assert first_started_at(None) is None
+
+
+def test_dead_letters_by_class_from_the_markers(tmp_path: Path) -> None:
+    """By class over the committed shards (their markers count them), this process's own commits
+    included (seen when it reads the markers again); those of a running shard as such."""
+    tracker = _tracker(tmp_path, Clock())
+    marker = {"rows": 8, "dead": 2, "dead_classes": {"context_overflow": 1, "http_400": 1}}
+    tracker.mark_committed("s0", ShardDone.from_marker(marker))
+    tracker.shard_state("s1", "running")
+    tracker.record("s1", requests=2, prompt_tokens=10, completion_tokens=0, dead=2)
+    assert tracker.snapshot()["dead_classes"] == {"context_overflow": 1, "http_400": 1, "in running shards": 2}
+    tracker.shard_state("s1", "committed", rows=8, dead=2)  # committed here: its class comes with its marker
+    committed = {"rows": 8, "dead": 2, "dead_classes": {"context_overflow": 2}}
+    assert tracker.note_committed_elsewhere("s1", ShardDone.from_marker(committed)) is False
+    assert tracker.snapshot()["dead_classes"] == {"context_overflow": 3, "http_400": 1}

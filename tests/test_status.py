@@ -279,7 +279,7 @@ def test_later_stages_show_extraction_training_and_the_gate(tmp_path: Path) -> N
     console.print(render_status(status))
     text = console.export_text()
     assert "extract      running: 1 / 2 shards, 20 sequences" in text
-    assert "PROMOTE: speedup 1.310x (CI 1.120–1.500), accept length 2.40" in text
+    assert "PROMOTE: speedup 1.31x [1.12, 1.50], accept length 2.40" in text
     assert "run-abc123" in text
 
 
@@ -421,3 +421,33 @@ def test_a_stopped_run_reads_as_stopped_with_whole_urls_at_80_columns(tmp_path: 
     text = console.export_text()
     assert all(u in text for u in urls), text
     assert "STOPPED" in text and "generate STOPPED after 23m" in text.replace("\n", " ")
+
+
+def test_follow_shows_the_running_stage_until_the_gate_decides(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`eaglescale status --follow` (not a terminal here: a line per change): the running stage's
+    figures, generation's live ones, until the decision (exit 0); a failed stage ends it (1)."""
+    import threading
+
+    root = make_run(tmp_path / "run")
+    now = time.time()
+    clock = {"state": "running", "started_at": now - 60, "ended_at": None, "heartbeat_at": now, "heartbeat_s": 30}
+    _write(root, "stages/generate.json", {"stage": "generate", **clock})
+
+    def decide() -> None:
+        time.sleep(0.5)
+        _write(root, "stages/generate.json", {"stage": "generate", **clock, "state": "completed", "ended_at": now})
+        summary = {"outcome": "reject", "speedup": 0.8389377069980071, "ci": [0.6851852549722078, 1.3755248221309815]}
+        _write(root, "gate/_SUCCESS.json", {"identity": {}, "summary": summary})
+        _write(root, "stages/gate.json", {"stage": "gate", **clock, "state": "completed", "ended_at": time.time()})
+
+    writer = threading.Thread(target=decide)
+    writer.start()
+    assert status_main([str(root), "--follow", "0.1"]) == EXIT_OK
+    writer.join()
+    lines = capsys.readouterr().out.splitlines()
+    assert "generate running · generate: 47 / 100 (47%), 2.5 tok/s, 0.02 req/s (last 5m 00s), ETA 19m 20s" in lines[0]
+    assert lines[-1].endswith("generate completed · gate completed · gate: REJECT: speedup 0.839x [0.685, 1.38]"), lines
+    assert len(lines) == 2  # a line per change, not per look
+    _write(root, "stages/train.json", {"stage": "train", **clock, "state": "failed", "ended_at": now, "error": "TrainError: x"})
+    assert status_main([str(root), "--follow", "0.1"]) == 1
+    assert "train failed" in capsys.readouterr().out

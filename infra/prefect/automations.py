@@ -62,13 +62,42 @@ async def _block_id(client: Any, ref: str) -> str:
     return str(block.id)
 
 
+def turn_on_command() -> str:
+    """The one command that applies the Slack automations skipped here (and lets the flows of
+    deployment runs reach Slack): what `--skip-notifications` prints."""
+    return (f"SLACK_WEBHOOK_URL=https://hooks.slack.com/services/... {Path(sys.executable).name} "
+            "infra/prefect/automations.py --slack-webhook-from-env")  # fmt: skip
+
+
+def save_webhook_blocks(url: str, notification_block: bool) -> str:
+    """Save the webhook URL as the Secret block the flows read (tasks/notify.py
+    DEFAULT_SECRET_BLOCK: deployment runs reach Slack without Slack in the worker's
+    environment) and, with `notification_block`, as the SlackWebhook block the automations post
+    through. Returns that block's TYPE-SLUG/NAME. The URL is a secret: never printed."""
+    from prefect.blocks.notifications import SlackWebhook
+    from prefect.blocks.system import Secret
+
+    from tasks.notify import DEFAULT_SECRET_BLOCK
+
+    Secret(value=url).save(DEFAULT_SECRET_BLOCK, overwrite=True)
+    print(f"saved the Slack webhook as the Secret block {DEFAULT_SECRET_BLOCK!r}: the flows read it")
+    if notification_block:
+        SlackWebhook(url=url).save(DEFAULT_SECRET_BLOCK, overwrite=True)
+        print(f"saved it as the notification block {DEFAULT_BLOCK!r}: the automations post through it")
+    return DEFAULT_BLOCK
+
+
 async def apply(folder: Path, slack_block: str, skip_notifications: bool = False) -> list[str]:
     from prefect.client.orchestration import get_client
     from prefect.events.schemas.automations import AutomationCore
 
     automations = load_automations(folder)
     if skip_notifications:
+        skipped = [a["name"] for _, a in automations if needs_block(a)]
         automations = [(p, a) for p, a in automations if not needs_block(a)]
+        if skipped:  # said, not silent: these are the alerts that work when a run's process is gone
+            print(f"skipped {', '.join(skipped)}: they post to Slack and no Slack webhook was given. "
+                  f"To turn them on:\n  {turn_on_command()}")  # fmt: skip
     async with get_client() as client:
         block_id = None
         if any(needs_block(a) for _, a in automations):
@@ -99,14 +128,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--slack-block",
-        default=os.environ.get("EAGLESCALE_SLACK_BLOCK", DEFAULT_BLOCK),
+        default=os.environ.get("EAGLESCALE_SLACK_BLOCK") or None,
         help="notification block for Slack actions, TYPE-SLUG/NAME "
         f"(default: $EAGLESCALE_SLACK_BLOCK or {DEFAULT_BLOCK})",
     )
     parser.add_argument(
         "--skip-notifications",
         action="store_true",
-        help="apply only the automations without a Slack action (no block needed)",
+        help="apply only the automations without a Slack action (no block needed); says which it skipped",
+    )
+    parser.add_argument(
+        "--slack-webhook-from-env",
+        action="store_true",
+        help="save $SLACK_WEBHOOK_URL as the Secret block the flows read and (without an explicit "
+        f"--slack-block) as the notification block {DEFAULT_BLOCK}, then apply every automation",
     )
     args = parser.parse_args(argv)
     from prefect.settings import get_current_settings
@@ -115,7 +150,16 @@ def main(argv: list[str] | None = None) -> int:
         # Unset, the client would start a throw-away ephemeral server and apply nothing useful.
         print("automations: PREFECT_API_URL is not set (environment or profile)", file=sys.stderr)
         return 2
-    asyncio.run(apply(args.dir, args.slack_block, args.skip_notifications))
+    block = args.slack_block or DEFAULT_BLOCK
+    if args.slack_webhook_from_env:
+        url = os.environ.get("SLACK_WEBHOOK_URL", "").strip()
+        if not url:
+            print("automations: --slack-webhook-from-env: SLACK_WEBHOOK_URL is not set", file=sys.stderr)
+            return 2
+        # A block named on the command line is the automations' (the flows still get the Secret).
+        saved = save_webhook_blocks(url, notification_block=args.slack_block is None)
+        block = args.slack_block or saved
+    asyncio.run(apply(args.dir, block, args.skip_notifications and not args.slack_webhook_from_env))
     return 0
 
 

@@ -34,8 +34,11 @@ options:
   --database-url URL    PostgreSQL, e.g. postgresql+asyncpg://prefect:PW@127.0.0.1:5432/prefect
                         (env EAGLESCALE_PREFECT_DB_URL; default: SQLite)
   --slack-block T/NAME  notification block for the Slack automations, e.g.
-                        slack-webhook/eaglescale-slack (env EAGLESCALE_SLACK_BLOCK); without
-                        it only the zombie-run automation is applied
+                        slack-webhook/eaglescale-slack (env EAGLESCALE_SLACK_BLOCK). With
+                        SLACK_WEBHOOK_URL in the environment, the webhook is saved as the
+                        Secret block eaglescale-slack (deployment runs read it) and, without
+                        --slack-block, as the notification block slack-webhook/eaglescale-slack;
+                        with neither, only the zombie-run automation is applied (it says so)
   --no-worker           do not start the process worker
   --no-deploy           do not deploy or apply automations
   --dry-run             print the commands instead of running them
@@ -155,18 +158,24 @@ if [ "$DEPLOY" = 1 ]; then
     (cd "$ROOT" && "${deploy[@]}" >"$STATE/deploy.log" 2>&1) \
       || { echo "prefect deploy failed; see $STATE/deploy.log" >&2; exit 1; }
   fi
-  if [ -n "$SLACK_BLOCK" ]; then
-    run env PREFECT_PROFILE="$PROFILE" "$PYTHON" "$ROOT/infra/prefect/automations.py" --slack-block "$SLACK_BLOCK"
-  else
-    run env PREFECT_PROFILE="$PROFILE" "$PYTHON" "$ROOT/infra/prefect/automations.py" --skip-notifications
-  fi
+  # Slack: a webhook in this environment is saved as blocks on the server (the flows of
+  # deployment runs read it there; the automations post through it); without one, the Slack
+  # automations are skipped and automations.py says which, and the command that turns them on.
+  slack_args=()
+  if [ -n "${SLACK_WEBHOOK_URL:-}" ]; then slack_args+=(--slack-webhook-from-env); fi
+  if [ -n "$SLACK_BLOCK" ]; then slack_args+=(--slack-block "$SLACK_BLOCK"); fi
+  if [ "${#slack_args[@]}" = 0 ]; then slack_args=(--skip-notifications); fi
+  run env PREFECT_PROFILE="$PROFILE" "$PYTHON" "$ROOT/infra/prefect/automations.py" "${slack_args[@]}"
 fi
 
 cat <<EOF
 
 Prefect server: $API_URL (UI: http://127.0.0.1:$PORT), profile '$PROFILE'; logs in $STATE.
 In your shell:   export PREFECT_PROFILE=$PROFILE      (or: prefect profile use $PROFILE)
-Run the smoke DAG and watch it:
-  prefect deployment run 'data-scaling/local-smoke' --watch
+Run the smoke DAG (its own run folder, .eaglescale/runs/local-smoke) and watch it:
+  prefect deployment run 'data-scaling/local-smoke' --watch        # the run's state; exits 1 on failure
+  .venv/bin/eaglescale status .eaglescale/runs/local-smoke --follow  # in another terminal: stage by stage
+  UI: http://127.0.0.1:$PORT  (the run's first page: its summary artifact, the stage graph)
+A fresh run: add --param run_root=.eaglescale/runs/local-smoke-2 (an existing run folder resumes).
 Stop everything: make server-stop   (or: infra/prefect/local_server.sh stop)
 EOF

@@ -7,9 +7,11 @@ import json
 import time
 from typing import Any
 
+import tasks.humanize as h
 from tasks.config.gate_section import GateConfig
 from tasks.gate.breakeven import breakeven_markdown
 from tasks.gate.decision import ConfigSummary, GateDecision
+from tasks.gate.plan import CANDIDATE
 from tasks.gate.records import BenchResult
 from tasks.redaction import redact_secret_keys
 from tasks.runfolder import RunFolder
@@ -21,14 +23,25 @@ def _num(x: float | None, fmt: str = ".1f") -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def verdict(decision: GateDecision, name: str | None, role: str, eligible: bool, reasons: list[str]) -> str:
+    """A config's verdict in words that cannot be read against the decision: an eligible
+    config beside a REJECT is the best one not promoted, or one that only passed the checks."""
+    if not eligible:
+        return "; ".join(reasons) or "not eligible"
+    if role != CANDIDATE:  # measured beside the new draft: never promoted by this gate
+        return "passes the checks (not a candidate)"
+    if name == decision.best:
+        return "promoted" if decision.promote else f"best, not promoted ({decision.outcome})"
+    return "passes the checks, not the best"
+
+
 def _ci(s: ConfigSummary) -> str:
-    if s.speedup is None:
-        return "-"
-    return f"{s.speedup:.3f}x [{_num(s.ci_low, '.3f')}, {_num(s.ci_high, '.3f')}]"
+    """`1.76x [0.885, 2.54]`, as every figure people read (tasks/humanize.py); report.json keeps the digits."""
+    return "-" if s.speedup is None else h.speedup(s.speedup, s.ci_low, s.ci_high)
 
 
 def _margin(m: list[float] | None) -> str:
-    return "-" if m is None else f"{m[0]:.3f}x [{m[1]:.3f}, {m[2]:.3f}]"
+    return "-" if m is None else h.speedup(m[0], m[1], m[2])
 
 
 def contenders_markdown(decision: GateDecision, cfg: GateConfig) -> list[str]:
@@ -46,8 +59,8 @@ def contenders_markdown(decision: GateDecision, cfg: GateConfig) -> list[str]:
         if inc.get("not_measured"):
             lines.append(f"It gave no valid measurement ({inc['not_measured']}): the new draft was judged against the baseline alone.")
         elif inc.get("margin") is not None:
-            verdict = "beyond" if inc["beaten"] else "not beyond"
-            lines.append(f"The new draft's margin over it: {_margin([inc['margin'], *inc['ci']])} ({cfg.ci_level:.0%} CI), {verdict} the spread.")
+            beyond = "beyond" if inc["beaten"] else "not beyond"
+            lines.append(f"The new draft's margin over it: {_margin([inc['margin'], *inc['ci']])} ({cfg.ci_level:.0%} CI), {beyond} the spread.")
         lines.append("")
     lines.append(f"| contender | best config | median tok/s | speedup ({cfg.ci_level:.0%} CI) | accept len | acceptance per position | exact match | vs incumbent ({cfg.ci_level:.0%} CI) | verdict |")
     lines.append("|---|---|---|---|---|---|---|---|---|")
@@ -56,11 +69,11 @@ def contenders_markdown(decision: GateDecision, cfg: GateConfig) -> list[str]:
         lines.append(f"| baseline | {base.name} | {_num(base.median_tok_s)} | 1.000x | - | - | - | - | reference |")
     for c in decision.contenders:
         pos = ", ".join(f"{p:.2f}" for p in c.accept_per_position or []) or "-"
-        speed = "-" if c.speedup is None else f"{c.speedup:.3f}x [{_num(c.ci_low, '.3f')}, {_num(c.ci_high, '.3f')}]"
+        speed = "-" if c.speedup is None else h.speedup(c.speedup, c.ci_low, c.ci_high)
         exact = "-" if c.exact_match_fraction is None else f"{c.exact_match_fraction:.0%}"
-        verdict = "eligible" if c.eligible else "; ".join(c.reasons)
+        says = verdict(decision, c.config, c.role, c.eligible, c.reasons)
         lines.append(f"| {c.name} ({c.role}) | {c.config or '-'} | {_num(c.median_tok_s)} | {speed} | "
-                     f"{_num(c.accept_length, '.2f')} | {pos} | {exact} | {_margin(c.vs_incumbent)} | {verdict} |")  # fmt: skip
+                     f"{_num(c.accept_length, '.2f')} | {pos} | {exact} | {_margin(c.vs_incumbent)} | {says} |")  # fmt: skip
     if decision.left_out:
         lines += ["", "Left out (not benchmarked):", ""]
         lines += [f"- {x['name']} ({x['role']}): {x['reason']}" for x in decision.left_out]
@@ -132,8 +145,8 @@ def policy_markdown(policy: dict[str, Any] | None, cfg: GateConfig) -> list[str]
     """The serving policy: what runs at each level, its files and flags, and its own launch."""
     if not policy:
         return []
-    verdict = {True: "holds", False: "does not hold", None: "not judged"}[policy["holds"]]
-    lines = ["", "## Serving policy", "", f"Kind: **{policy['kind']}**; {verdict}.", ""]
+    holds = {True: "holds", False: "does not hold", None: "not judged"}[policy["holds"]]
+    lines = ["", "## Serving policy", "", f"Kind: **{policy['kind']}**; {holds}.", ""]
     lines += [f"- {r}" for r in policy["reasons"]]
     lines += ["", "| concurrency | num_steps | config | sweep speedup | own launch | vs the sweep |", "|---|---|---|---|---|---|"]
     verified = policy.get("verified") or {}
@@ -236,12 +249,12 @@ def render_markdown(decision: GateDecision, result: BenchResult, cfg: GateConfig
     for s in decision.configs:
         reps = ", ".join(f"{m:.1f}" for m in s.rep_medians) or "-"
         exact = "-" if s.exact_match_fraction is None else f"{s.exact_match_fraction:.0%} of {s.n_compared}"
-        verdict = "eligible" if s.eligible else "; ".join(s.reasons)
-        if s.role != "candidate":  # measured beside the candidate, never promoted
-            verdict = f"{s.role}{f' ({s.samples} samples)' if s.samples else ''}: {verdict}"
+        says = "reference" if s.baseline else verdict(decision, s.name, s.role, s.eligible, s.reasons)
+        if s.role != CANDIDATE:  # measured beside the candidate, never promoted
+            says = f"{s.role}{f' ({s.samples} samples)' if s.samples else ''}: {says}"
         lines.append(
             f"| {s.name} | {s.env_name} | {_num(s.median_tok_s)} | {reps} | {_num(s.spread, '.1%')} | "
-            f"{_ci(s)} | {_num(s.accept_length, '.2f')} | {exact} | {verdict} |"
+            f"{_ci(s)} | {_num(s.accept_length, '.2f')} | {exact} | {says} |"
         )
     lines += load_markdown(decision, cfg)
     lines += policy_markdown(decision.policy, cfg)

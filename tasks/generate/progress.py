@@ -24,6 +24,7 @@ from tasks.runfolder.layout import GENERATE_PROGRESS
 log = logging.getLogger(__name__)
 
 RUN_STATES = ("running", "complete", "failed", "stopped")
+RUNNING_DEAD = "in running shards"  # dead letters whose class their shard's marker will count
 
 
 # ---- the arithmetic, as pure functions ------------------------------------------------------
@@ -145,6 +146,9 @@ class ShardDone:
     # before sends were counted).
     sent: int | None = None
     reused: int = 0  # of `requests`, copied from an earlier run (generate.reuse_from): none sent
+    # The dead letters by error class, as the marker counts them; None: not known (a journal
+    # replay, or a marker from before the count).
+    dead_classes: Mapping[str, int] | None = None
 
     @classmethod
     def from_marker(cls, marker: Mapping[str, Any]) -> ShardDone:
@@ -156,6 +160,7 @@ class ShardDone:
             dead=marker["dead"],
             sent=marker.get("requests_sent"),
             reused=marker.get("reused", 0),
+            dead_classes=marker.get("dead_classes"),
         )
 
     def counts(self) -> Counts:
@@ -178,12 +183,26 @@ class _Shard:
     before: Counts | None = None  # done before this process touched the shard
     now: Counts | None = None  # done by this process since the last mark
     info: dict[str, Any] | None = None
+    dead_classes: Mapping[str, int] | None = None  # a committed shard's, from its marker
 
     def done(self) -> Counts:
         total = Counts()
         total.add(self.before or Counts())
         total.add(self.now or Counts())
         return total
+
+
+def _dead_classes(shards: Iterable[_Shard]) -> dict[str, int]:
+    """Dead letters by error class over the committed shards whose markers count them; those of
+    shards not yet committed (a class is counted at commit) as `in running shards`."""
+    out: dict[str, int] = {}
+    for shard in shards:
+        if shard.dead_classes is not None:
+            for name, n in shard.dead_classes.items():
+                out[name] = out.get(name, 0) + int(n)
+        elif shard.done().dead:
+            out[RUNNING_DEAD] = out.get(RUNNING_DEAD, 0) + shard.done().dead
+    return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 class ProgressTracker:
@@ -243,12 +262,15 @@ class ProgressTracker:
             shard.before = done.counts()
             shard.now = None
             shard.state = "committed"
+            shard.dead_classes = done.dead_classes
 
     def note_committed_elsewhere(self, shard_id: str, done: ShardDone) -> bool:
         """A shard another worker committed while this process ran: done, not part of this
         process's rate, but activity for the stall check. False when already committed."""
         with self._lock:
             shard = self._shard(shard_id)
+            # Also this process's own commits: the marker is where their dead letters' classes are.
+            shard.dead_classes = done.dead_classes
             if shard.state == "committed":
                 return False
             shard.before = done.counts()
@@ -386,6 +408,7 @@ class ProgressTracker:
             "eta_at": None if eta is None else now + eta,
             "percent": 100.0 * totals.requests / total_requests if total_requests else 100.0,
             "shard_counts": state_counts,
+            "dead_classes": _dead_classes(self._shards.values()),
             "shards": shards,
             "servers": list(self._servers),
         }

@@ -17,7 +17,7 @@ import fsspec
 import pyarrow.parquet as pq
 
 from tasks.config import STAGES
-from tasks.notify import format_duration
+from tasks.humanize import duration as format_duration
 from tasks.runfolder import LeaseView, RunFolder, ShardStore, holder_label, read_leases
 from tasks.runfolder.fingerprint import flatten
 from tasks.runfolder.layout import (

@@ -12,7 +12,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from tasks.notify import format_duration
+from tasks.humanize import duration as format_duration
+from tasks.status.figures import decision_line, progress_figures, train_figures
 
 SHARD_ROWS_SHOWN = 20
 STATE_STYLE = {"complete": "green", "running": "cyan", "stalled": "bold red", "failed": "bold red",
@@ -65,11 +66,9 @@ def stage_rows(stages: dict[str, Any]) -> list[tuple[str, str]]:
         state = "COMPLETE" if ext["complete"] else "running"
         rows.append(("extract", f"{state}: {ext['shards']} / {ext['of']} shards, {ext['sequences']:,} sequences"))
         rows += [("", f"leased: {d}") for d in ext["leased"]]
-    tr = stages.get("train")
-    if tr is not None:
-        text = (f"{_num(tr['steps'], ',')} steps; best step {_num(tr['best_step'], ',')}, "
-                f"simulated accept length {_num(tr['best_sim_accept_len'], '.3f')}")  # fmt: skip
-        rows.append(("train", text + ("; exported" if tr["exported"] else "; not exported yet")))
+    train = train_figures(stages.get("train"))
+    if train is not None:
+        rows.append(("train", train))
     gate = stages.get("gate")
     progress = (gate or {}).get("progress")
     if progress is not None:  # a gate running now, or the last one's failure
@@ -80,12 +79,10 @@ def stage_rows(stages: dict[str, Any]) -> list[tuple[str, str]]:
         detail = progress.get("current") or (progress.get("message") if progress.get("state") == "failed" else None)
         if detail:
             rows.append(("", str(detail)))
-    if gate is not None and gate["outcome"] is not None:
-        ci = gate["ci"] or [None, None]
-        text = (f"{str(gate['outcome']).upper()}: speedup {_num(gate['speedup'], '.3f')}x "
-                f"(CI {_num(ci[0], '.3f')}–{_num(ci[1], '.3f')}), accept length {_num(gate['accept_length'], '.2f')}")  # fmt: skip
-        rows.append(("gate", text))
-        rows.append(("promoted", gate["promoted_draft"] or "none"))
+    decision = decision_line(gate)
+    if decision is not None:
+        rows.append(("gate", decision))
+        rows.append(("promoted", (gate or {}).get("promoted_draft") or "none"))
     return rows
 
 
@@ -132,24 +129,17 @@ def _sends(sent: int | None, per_request: float | None, reused: int | None = Non
     return f"{line}; {reused:,} reused from an earlier run" if reused else line
 
 
-def _throughput(prog: dict[str, Any], now: float) -> Table:
-    rate = prog.get("rate") or {}
+def _throughput(prog: dict[str, Any], now: float, by_state: dict[str, int]) -> Table:
+    """A running generation's live figures: the same rows as the generate flow's progress
+    artifact and stall alert (tasks/status/figures.py), less the requests and shards rows the
+    overview above already shows, plus how many requests were sent."""
     grid = _grid()
-    grid.add_row(
-        "throughput",
-        f"{_num(rate.get('window_tokens_per_s'))} tok/s over the last "
-        f"{_num(rate.get('window_s'), '.0f')} s, {_num(rate.get('lifetime_tokens_per_s'))} tok/s "
-        f"since start, {_num(rate.get('requests_per_s'), '.2f')} req/s",
-    )
-    eta = prog.get("eta_s")
-    grid.add_row(
-        "ETA", "—" if eta is None else f"{format_duration(eta)} → {_when(prog['eta_at'], now)}"
-    )
+    for label, text in progress_figures(prog, now, by_state):
+        if label not in ("requests", "shards"):
+            grid.add_row(label, text)
     req = prog.get("requests") or {}
     reused = (prog.get("reused") or {}).get("requests")
     grid.add_row("sent", _sends(req.get("sent"), req.get("sent_per_request"), reused))
-    grid.add_row("heartbeat", _when(prog["heartbeat_at"], now))
-    grid.add_row("last result", _when(prog.get("last_progress_at"), now))
     return grid
 
 
@@ -245,7 +235,7 @@ def render_status(status: dict[str, Any]) -> RenderableType:
         elif prog is not None and prog.get("servers"):
             parts.append(_servers(prog["servers"]))
     elif prog is not None:
-        parts.append(_throughput(prog, status["checked_at"]))
+        parts.append(_throughput(prog, status["checked_at"], gen["shards"]["by_state"]))
         if prog.get("servers"):
             parts.append(_servers(prog["servers"]))
     shards = _active_shards(gen["shard_items"])
