@@ -42,14 +42,16 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.real_run_report import Results  # noqa: E402 - after the path set-up
 from gpunode.plans import RECIPE_VARIANTS, contender_name  # noqa: E402
+from tasks.gate.replay import paired_bootstrap  # noqa: E402 - one home: the replay's own statistics
 
 ANCHOR = "specforge"
 DEFAULT = "default"  # the variant with today's recipe
 GOAL_ACCEPT_RATIO = 1.05
 GOAL_STEP_RATIO = 1.2
 NUM_STEPS = "3"
-# A stage log's Prefect lines: the train stage's start and each evaluation.
-_LOG_LINE = re.compile(r"^(\d\d):(\d\d):(\d\d\.\d+) \| INFO .*?(train started|eval: \{'step': (\d+))")
+# A stage log's Prefect lines: the train stage's start and each evaluation (`eval: step N, ...`;
+# logs from before issue 51 wrote the eval as a dict, `eval: {'step': N, ...}`).
+_LOG_LINE = re.compile(r"^(\d\d):(\d\d):(\d\d\.\d+) \| INFO .*?(train started|eval: (?:\{'step': |step )(\d+))")
 
 
 def train_phases(log: str) -> dict[str, float] | None:
@@ -94,30 +96,6 @@ def replay_units(replay: dict[str, Any], order: list[str]) -> tuple[np.ndarray, 
     at = {s: i for i, s in enumerate(seq["sequence_id"])}
     pick = [at[s] for s in order]
     return np.asarray(seq["tokens"], float)[pick], np.asarray(seq["cycles"], float)[pick]
-
-
-def paired_bootstrap(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray] | None, n: int, seed: int,
-                     level: float) -> dict[str, Any]:  # fmt: skip
-    """Pooled accept length (sum tokens / sum cycles) of `a` over its units with its CI; with `b`
-    (the same units), b's too and a / b and a - b with theirs: the units resampled together
-    (seeded)."""
-    rng = np.random.default_rng(seed)
-    pick = rng.integers(0, len(a[0]), size=(n, len(a[0])))
-
-    def pooled(u: tuple[np.ndarray, np.ndarray]) -> tuple[float, np.ndarray]:
-        return float(u[0].sum() / u[1].sum()), u[0][pick].sum(1) / u[1][pick].sum(1)
-
-    q = [(1 - level) / 2, 1 - (1 - level) / 2]
-
-    def ci(x: np.ndarray) -> list[float]:
-        return [float(v) for v in np.quantile(x, q)]
-
-    pa, ba = pooled(a)
-    if b is None:
-        return {"accept_length": pa, "ci": ci(ba)}
-    pb, bb = pooled(b)
-    return {"accept_length": pa, "ci": ci(ba), "anchor_accept_length": pb, "anchor_ci": ci(bb),
-            "ratio": pa / pb, "ratio_ci": ci(ba / bb), "difference": pa - pb, "difference_ci": ci(ba - bb)}  # fmt: skip
 
 
 def training(results: Results, name: str) -> dict[str, Any] | None:

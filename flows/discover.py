@@ -9,7 +9,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from flows.common import slack_on_failure, stage_run
 from tasks.config import EagleScaleConfig
-from tasks.discover.stage import run_discover_stage
+from tasks.synthesize.stage import discover_with_synthesis
 
 
 def _table_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -24,7 +24,8 @@ def _table_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
 def discover_flow(config: EagleScaleConfig) -> dict[str, Any]:
     with stage_run(config, "discover") as span:
         span.started({"sources": len(config.discover.sources)})
-        result = run_discover_stage(config, span.run, span.tokenizer)
+        # A synthesized source's prompts are written first (through generation's shards).
+        result = discover_with_synthesis(config, span.run, span.tokenizer)
         report = result["report"]
         totals = report.get("totals", {})
         if not result["skipped"]:

@@ -24,6 +24,7 @@ from tasks.runfolder.layout import (
     DISCOVERY_MARKER,
     GATE_DONE,
     SHARD_PLAN,
+    SYNTHESIS_STAGE,
     TRAIN_RESULT,
     stage_clock_key,
 )
@@ -83,6 +84,11 @@ def plan_run(cfg: EagleScaleConfig) -> dict[str, Any]:
     plan["servers"]["gate"] = cfg.gate.engine
     plan["disk"] = _disk(cfg, run, prompts)
     plan["gate"] = _gate(cfg)
+    synthesized = cfg.discover.synthesized()
+    if synthesized:  # written by discover, through generation's engine, before it reads the sources
+        plan["synthesis"] = {"requests": sum(int(src.count or 0) for src in synthesized),
+                             "sources": {src.name: src.count for src in synthesized},
+                             "committed_shards": len(ShardStore(run, SYNTHESIS_STAGE).committed()) if run else 0}  # fmt: skip
     return plan
 
 
@@ -114,7 +120,7 @@ def _disk(cfg: EagleScaleConfig, run: RunFolder | None, prompts: int | None) -> 
         return {"extract_bytes": None, "summary": "unknown (the target's hidden size or the prompt count is not known before a load or discovery)"}
     # Every sequence at its longest: the prompt bound plus the response bound, cut at
     # extract.max_length. The forecast at extraction's start uses the real token counts.
-    per_seq = min(max_prompt_tokens(cfg.discover) + cfg.sampling.max_new_tokens + 1, ex.max_length)
+    per_seq = min(max_prompt_tokens(cfg.discover) + cfg.sampling.max_new_tokens_for() + 1, ex.max_length)
     tokens = prompts * cfg.sampling.samples_per_prompt * per_seq
     per_token = bytes_per_token(hidden, ex.storage_dtype)
     total = tokens * per_token
@@ -149,4 +155,9 @@ def render_plan(plan: dict[str, Any]) -> str:
         f"  disk:    extraction {plan['disk']['summary']}",
         f"  gate:    {plan['gate']['summary']}",
     ]  # fmt: skip
+    if "synthesis" in plan:
+        syn = plan["synthesis"]
+        lines.insert(2, f"  synthesis: {syn['requests']} prompts the target writes first ("
+                     + ", ".join(f"{n} {c}" for n, c in syn["sources"].items())
+                     + f"), {syn['committed_shards']} shard(s) committed; then filtered by discovery")
     return "\n".join(lines)

@@ -23,9 +23,14 @@ def run_fingerprint(
     The engine is left out on purpose: the same run may move from the local engine to SGLang
     servers, and every row records which engine produced it.
     """
+    sampling = cfg.sampling.model_dump()
+    # Unset, the key stays out, so runs fingerprinted before it existed resume (and reuse_from
+    # compares them alike).
+    if not sampling["max_new_tokens_by_domain"]:
+        sampling.pop("max_new_tokens_by_domain")
     fp: dict[str, Any] = {
         "target": target_identity,
-        "sampling": cfg.sampling.model_dump(),
+        "sampling": sampling,
         "code_version": code_version(),
     }
     if manifest_hash is not None:

@@ -17,12 +17,12 @@ import yaml
 
 from tasks.config import EagleScaleConfig
 from tasks.discover.commit import read_prompts_table
-from tasks.discover.stage import run_discover_stage
 from tasks.engines.local import LocalEngine
 from tasks.generate.plan import planned_requests
 from tasks.generate.stage import GenerateStage, generation_fingerprint
 from tasks.runfolder import RunFolder, ShardStore
 from tasks.runfolder.parts import marker_paths
+from tasks.synthesize.stage import discover_with_synthesis
 from tasks.target.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -218,7 +218,7 @@ def discover_and_fingerprint(cfg: EagleScaleConfig) -> tuple[RunFolder, Any, str
     """Plain-code start of a run (what the parent flow does): discovery, then run.json."""
     run = RunFolder(cfg.run_root, cfg.storage_options)
     tokenizer = load_tokenizer(cfg.target.model_path)
-    run_discover_stage(cfg, run, tokenizer)
+    discover_with_synthesis(cfg, run, tokenizer)
     return run, tokenizer, generation_fingerprint(cfg, run, tokenizer)
 
 

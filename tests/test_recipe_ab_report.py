@@ -95,8 +95,9 @@ def results(tmp_path: Path) -> Path:
     write("specforge/specforge_train.json", {"steps": 4, "planned_steps": 4, "stopped_early": False, "train_tokens": 4000,
                                              "seconds": 0.4, "tok_per_s": 10_000.0, "losses": [], "last_step_acc": []})  # fmt: skip
     with tarfile.open(tmp_path / "results.tar.gz", "w:gz") as tar:  # the logs travel only in the archive
+        # An older log's eval line (a dict), then today's.
         data = _log([("10:00:00.000", "notify: [run] train started"), ("10:00:05.000", "eval: {'step': 0, 'loss': 12.0}"),
-                     ("10:00:05.250", "eval: {'step': 4, 'loss': 6.0}")])  # fmt: skip
+                     ("10:00:05.250", "eval: step 4, loss 6")])  # fmt: skip
         info = tarfile.TarInfo("logs/stage-train-default.log")
         info.size = len(data)
         tar.addfile(info, io.BytesIO(data))

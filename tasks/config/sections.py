@@ -28,6 +28,15 @@ FileFormat = Literal["auto", "jsonl", "json", "parquet", "hf_disk"]
 PromptTurns = Literal["through_last_user", "first_user", "every_user"]
 SystemTurns = Literal["keep", "drop"]
 DedupeKey = Literal["conversation", "user_turns"]
+SourceKind = Literal["file", "synthesized"]
+# A synthesized source's name is part of its shard ids (file names in the run folder).
+_SHARD_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# The settings of a file source that a synthesized source has no use for, and the reverse: set
+# on the other kind, each is refused rather than silently ignored.
+FILE_ONLY_KEYS = ("path", "file_format", "conversation_format", "split", "max_rows", "prompt_turns",
+                  "user_template")  # fmt: skip
+SYNTHESIS_KEYS = ("count", "seed", "system_prompt", "seed_text", "max_request_tokens", "temperature",
+                  "top_p", "top_k")  # fmt: skip
 # The one placeholder of `SourceConfig.user_template`; any other `{name}` is refused as a typo.
 USER_TEMPLATE_PLACEHOLDER = "{prompt}"
 _TEMPLATE_FIELD = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
@@ -52,9 +61,19 @@ class DomainRule(Strict):
 
 class SourceConfig(Strict):
     name: str = Field(description="Short name, used in the manifest's `source` column.")
-    path: str = Field(
+    kind: SourceKind = Field(
+        "file",
+        description="file: prompts read from `path`. synthesized: prompts the target writes itself "
+        "(the Magpie method): given its chat template up to the start of a user turn (after "
+        "`system_prompt`, if set) and `seed_text`, it writes a user request; `count` of them, each "
+        "seeded by (source, index), through the generation stage's shards before discovery reads "
+        "them back and filters them (docs/PIPELINE.md#prompts-the-target-writes).",
+    )
+    path: str | None = Field(
+        None,
         description="Local path or fsspec URL of a file, a glob, or a datasets folder; or "
-        "`package://<import name>/<path>` for a file inside an installed Python package."
+        "`package://<import name>/<path>` for a file inside an installed Python package. Required "
+        "for kind file; none for kind synthesized.",
     )
     domain: str = Field(
         description="Domain tag, e.g. agentic_coding, reasoning, general_chat; the domain of "
@@ -106,6 +125,66 @@ class SourceConfig(Strict):
         "(exactly once) replaced by the row's prompt, e.g. \"Complete the following Python "
         "function:\\n\\n```python\\n{prompt}```\". None: the prompt as is.",
     )
+
+    # kind synthesized (every one refused on a file source)
+    count: int | None = Field(
+        None, ge=1, description="synthesized: prompts to write (slots 0..count-1, each its own request)."
+    )
+    seed: int = Field(
+        0,
+        description="synthesized: mixed into every slot's sampling seed; a resumed run writes the same "
+        "prompts (another seed, other prompts).",
+    )
+    system_prompt: str | None = Field(
+        None,
+        description="synthesized: a system turn before the user turn the target writes; it steers the "
+        "domain (\"You are an assistant that helps with Python code.\"). Kept in the prompt unless "
+        "system_turns: drop. None: the template's own default, if any.",
+    )
+    seed_text: str | None = Field(
+        None,
+        description="synthesized: the start of the user turn, which the target continues (\"Write a "
+        "Python function\"); the request is this text and the continuation. None: the target writes "
+        "the whole request.",
+    )
+    max_request_tokens: int = Field(
+        256,
+        ge=1,
+        description="synthesized: the most tokens the target may write for one request; a request "
+        "that reaches it is cut, and dropped as truncated.",
+    )
+    temperature: float = Field(
+        1.0, gt=0.0, description="synthesized: sampling temperature of the requests (Magpie: 1.0)."
+    )
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="synthesized: nucleus sampling of the requests.")
+    top_k: int = Field(-1, description="synthesized: top-k sampling of the requests; -1: off.")
+
+    @model_validator(mode="after")
+    def _kind_settings(self) -> SourceConfig:
+        defaults = type(self).model_fields
+        if self.kind == "file":
+            if self.path is None:
+                raise ValueError(f"source {self.name!r}: path is required (kind file)")
+            stray = [k for k in SYNTHESIS_KEYS if getattr(self, k) != defaults[k].get_default()]
+            if stray:
+                raise ValueError(f"source {self.name!r}: {stray} are settings of kind synthesized, "
+                                 "not of a file source; set kind: synthesized, or remove them")
+            return self
+        stray = [k for k in FILE_ONLY_KEYS if getattr(self, k) != defaults[k].get_default()]
+        if stray:
+            raise ValueError(f"source {self.name!r}: {stray} are settings of a file source; a "
+                             "synthesized source reads no file: remove them")
+        if self.count is None:
+            raise ValueError(f"source {self.name!r}: count is required (kind synthesized): how many "
+                             "prompts the target writes")
+        if not _SHARD_SAFE_NAME.match(self.name):
+            raise ValueError(f"source {self.name!r}: a synthesized source's name names its shards in the "
+                             "run folder; use letters, digits, '_', '.' and '-' (at most 64)")
+        return self
+
+    def domains(self) -> list[str]:
+        """The domains its rows can get: its own first, then its rules' in order."""
+        return list(dict.fromkeys([self.domain, *(r.domain for r in self.domain_rules)]))
 
     @field_validator("user_template")
     @classmethod
@@ -174,6 +253,53 @@ class DiscoverConfig(Strict):
         "turn stay distinct; user_turns: the user turns only.",
     )
     seed: int = 0
+    near_duplicate_threshold: float = Field(
+        0.8,
+        gt=0.0,
+        le=1.0,
+        description="Synthesized prompts only: one whose user text shares this Jaccard similarity "
+        "of word 3-grams (MinHash-estimated, then measured) with a prompt kept before it, "
+        "synthesized or real, is filtered as near_duplicate.",
+    )
+    holdout_near_threshold: float = Field(
+        0.5,
+        gt=0.0,
+        le=1.0,
+        description="Synthesized prompts only, strictly: one that shares this share of a held-out "
+        "prompt's word 3-grams, or holds this share of its own in one (the overlap coefficient, "
+        "measured exactly against every held-out prompt), is filtered as near_holdout, so that no "
+        "near-copy of the gate's prompts trains. At most near_duplicate_threshold.",
+    )
+
+    @model_validator(mode="after")
+    def _holdout_stricter(self) -> DiscoverConfig:
+        if self.holdout_near_threshold > self.near_duplicate_threshold:
+            raise ValueError(
+                f"discover.holdout_near_threshold ({self.holdout_near_threshold}) is above "
+                f"discover.near_duplicate_threshold ({self.near_duplicate_threshold}): the held-out "
+                "prompts are guarded at least as strictly as training prompts are deduplicated"
+            )
+        return self
+
+    def declared_domains(self) -> list[str]:
+        """Every domain some row of the config can get, sorted."""
+        return sorted({d for src in self.sources for d in src.domains()})
+
+    def synthesized(self) -> list[SourceConfig]:
+        return [s for s in self.sources if s.kind == "synthesized"]
+
+    def max_prompt_tokens_for(self, domain: str | None = None) -> int:
+        """The longest prompt `domain` keeps (its own cap, else the run's); with no domain, the
+        longest any domain keeps (what a sequence's length is bounded by)."""
+        if domain is None:
+            return max([self.max_prompt_tokens, *self.max_prompt_tokens_by_domain.values()])
+        return self.max_prompt_tokens_by_domain.get(domain, self.max_prompt_tokens)
+
+    def max_prompt_setting(self, domain: str) -> str:
+        """The key and value that cap `domain`'s prompts, as messages name them."""
+        if domain in self.max_prompt_tokens_by_domain:
+            return f"max_prompt_tokens_by_domain.{domain} {self.max_prompt_tokens_by_domain[domain]}"
+        return f"max_prompt_tokens {self.max_prompt_tokens}"
 
 
 class TargetConfig(Strict):
@@ -190,8 +316,29 @@ class SamplingConfig(Strict):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = -1
     max_new_tokens: int = Field(256, ge=1)
+    max_new_tokens_by_domain: dict[str, int] = Field(
+        default_factory=dict,
+        description="A domain's own max_new_tokens, in place of the one above: replies sized to "
+        "what they need (1,024-2,048 for code, where 256 cut 55% of them). Each domain must be one a "
+        "source or rule gives; extract.max_length must then hold each domain's longest prompt and "
+        "reply (checked when the config loads).",
+    )
     samples_per_prompt: int = Field(1, ge=1)
     seed: int = 0
+
+    @field_validator("max_new_tokens_by_domain")
+    @classmethod
+    def _positive_caps(cls, v: dict[str, int]) -> dict[str, int]:
+        bad = {d: n for d, n in v.items() if n < 1}
+        if bad:
+            raise ValueError(f"max_new_tokens_by_domain: caps must be >= 1, got {bad}")
+        return v
+
+    def max_new_tokens_for(self, domain: str | None = None) -> int:
+        """The reply cap of `domain` (its own, else the run's); with no domain, the largest."""
+        if domain is None:
+            return max([self.max_new_tokens, *self.max_new_tokens_by_domain.values()])
+        return self.max_new_tokens_by_domain.get(domain, self.max_new_tokens)
 
 
 class EngineConfig(Strict):
@@ -537,7 +684,7 @@ def contradictions(cfg: EagleScaleConfig) -> list[str]:
     (timeouts, concurrency, tp_size) are left alone, so a profile can switch engines with one
     `--set`. `train.nproc > 1` on the CPU is not here: torchrun with gloo is a supported setup.
     """
-    problems = []
+    problems = _reply_problems(cfg)
     engine = cfg.engine
     if engine.kind == "local" and engine.endpoints:
         problems.append(
@@ -596,4 +743,37 @@ def contradictions(cfg: EagleScaleConfig) -> list[str]:
             "(gate.require_cuda_graphs checks them); remove gate.cuda_graphs, or set "
             "gate.engine: local"
         )
+    return problems
+
+
+# Room for what a chat template writes after a reply that the reply itself does not end with (the
+# turn terminator: 1 or 2 tokens for the templates eaglescale knows), so that it is trained too.
+TERMINATOR_ROOM = 8
+
+
+def _reply_problems(cfg: EagleScaleConfig) -> list[str]:
+    """sampling.max_new_tokens_by_domain asks for replies to their end: refuse a domain no source
+    gives, and an extract.max_length that would cut a domain's longest prompt and reply."""
+    caps = cfg.sampling.max_new_tokens_by_domain
+    if not caps:
+        return []  # runs sized before the key keep their max_length (extraction counts the cuts)
+    domains = cfg.discover.declared_domains()
+    problems = [
+        f"sampling.max_new_tokens_by_domain: domain {d!r} is not the domain of any source or domain "
+        f"rule (domains: {domains})"
+        for d in caps if d not in domains
+    ]
+    for domain in domains:
+        prompt = cfg.discover.max_prompt_tokens_for(domain)
+        reply = cfg.sampling.max_new_tokens_for(domain)
+        need = prompt + reply + TERMINATOR_ROOM
+        if cfg.extract.max_length < need:
+            reply_key = (f"sampling.max_new_tokens_by_domain.{domain}" if domain in caps
+                         else "sampling.max_new_tokens")  # fmt: skip
+            problems.append(
+                f"extract.max_length ({cfg.extract.max_length}) cuts domain {domain!r}'s longest "
+                f"sequence: discover.{cfg.discover.max_prompt_setting(domain)} + {reply_key} {reply} "
+                f"+ {TERMINATOR_ROOM} for the turn terminator = {need} tokens; set extract.max_length "
+                f"to at least {need}, or lower one of the two caps"
+            )
     return problems

@@ -28,26 +28,25 @@ class DomainRules:
         return self.default
 
 
+# The configuration holds these rules (the config's own checks need them); these names are the
+# discover stage's way in.
+
+
 def source_domains(src: SourceConfig) -> list[str]:
     """The domains a source's rows can get: its own first, then its rules' in order."""
-    return list(dict.fromkeys([src.domain, *(r.domain for r in src.domain_rules)]))
+    return src.domains()
 
 
 def declared_domains(cfg: DiscoverConfig) -> list[str]:
     """Every domain some row of the config can get, sorted."""
-    return sorted({d for src in cfg.sources for d in source_domains(src)})
+    return cfg.declared_domains()
 
 
 def max_prompt_tokens(cfg: DiscoverConfig, domain: str | None = None) -> int:
-    """The longest prompt `domain` keeps (its own cap, else the run's); with no domain, the
-    longest any domain keeps (what a sequence's length is bounded by)."""
-    if domain is None:
-        return max([cfg.max_prompt_tokens, *cfg.max_prompt_tokens_by_domain.values()])
-    return cfg.max_prompt_tokens_by_domain.get(domain, cfg.max_prompt_tokens)
+    """The longest prompt `domain` keeps; with no domain, the longest any domain keeps."""
+    return cfg.max_prompt_tokens_for(domain)
 
 
 def max_prompt_setting(cfg: DiscoverConfig, domain: str) -> str:
     """The key and value that cap `domain`'s prompts, as a filtered row's detail names them."""
-    if domain in cfg.max_prompt_tokens_by_domain:
-        return f"max_prompt_tokens_by_domain.{domain} {cfg.max_prompt_tokens_by_domain[domain]}"
-    return f"max_prompt_tokens {cfg.max_prompt_tokens}"
+    return cfg.max_prompt_setting(domain)

@@ -6,25 +6,34 @@ Order of operations (each row lands in one bucket, see report.py):
   1. read every source, normalize each row into its prompts (RowOptions: prompt turns, system
      turns, template); rows that cannot be normalized are quarantined; the domain rules give
      each prompt its domain. With prompt_turns every_user a row gives one prompt per user turn,
-     and each prompt (or the broken turn that ended them) is a row of the funnel;
+     and each prompt (or the broken turn that ended them) is a row of the funnel. A synthesized
+     source's rows are its slots (synthesized.py): a dead letter is quarantined, and an empty,
+     truncated, non-text or refusal-like request is filtered before it is a prompt;
   2. script filter (`min_latin_fraction`), per source;
   3. exact dedupe on the dedupe key (the copy kept is the one with the smallest
-     (domain, source, row), so the result does not depend on input order);
+     (domain, synthesized, source, row): a real prompt before a synthesized copy of it, and the
+     result does not depend on input order);
   4. token-length filter with the caller's `count_tokens`;
   5. group by normalized-text hash of the dedupe key; each group's smallest prompt_id
      represents it;
-  6. hold out `holdout_per_domain` representatives per domain (seeded), or, with
+  6. hold out `holdout_per_domain` representatives per domain (seeded, among real prompts only:
+     the gate measures what users send), or, with
      `holdout_from`, exactly the prompts of an earlier run's holdout table (holdout_from.py): those
      among the candidates here are held out with the domain recorded there, the others as
      recorded there (the report warns);
   7. decontaminate: the other members of a held-out group, and every other prompt of a held-out
      prompt's conversation (every_user), are dropped as "contaminated"; the other members of
-     every remaining group as "duplicates_normalized";
+     every remaining group as "duplicates_normalized" (a real member kept before a synthesized one);
+  7b. synthesized prompts only (near_duplicates.py): one near a held-out prompt is "near_holdout"
+     (strict: exact overlap with every held-out prompt, holdout_from's carried ones included), then
+     one near a remaining real prompt or an earlier synthesized one is "near_duplicate";
   8. the mixture caps each domain (seeded), the rest is "over_quota".
 Every row left out in 2-8 is a record of the filtered table (reason, detail, tokens); the
-report's counts are derived from the records. Decontamination is exact on the normalized text
-only: an n-gram overlap check would also drop every prompt sharing a long system prompt or tool
-boilerplate with a held-out one.
+report's counts are derived from the records. Decontamination of real prompts is exact on the
+normalized text only: an n-gram overlap check would also drop every prompt sharing a long system
+prompt or tool boilerplate with a held-out one. Synthesized prompts, written by the target with
+nothing to stop it from writing a benchmark prompt again, are also checked for near-copies, on
+their user turns alone.
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ from typing import Any
 import pyarrow as pa
 
 from tasks.config import DiscoverConfig, SourceConfig
+from tasks.config.sections import SYNTHESIS_KEYS
 from tasks.discover.domains import (
     DomainRules,
     declared_domains,
@@ -63,6 +73,7 @@ from tasks.discover.mixture import (
     domain_caps,
     seeded_pick,
 )
+from tasks.discover.near_duplicates import HeldOutGuard, NearDuplicates, shingles
 from tasks.discover.report import build_report, funnel_counts, reason_kinds
 from tasks.discover.result import (
     FILTERED_SCHEMA,
@@ -73,6 +84,12 @@ from tasks.discover.result import (
 )
 from tasks.discover.script import latin_fraction
 from tasks.discover.sources import SourceReader
+from tasks.discover.synthesized import (
+    SynthesizedRequest,
+    SynthesizedSet,
+    request_messages,
+    request_problem,
+)
 from tasks.redaction import redact_url
 
 CountTokens = Callable[[Messages], int]
@@ -88,9 +105,11 @@ class _Prompt:
     user_turn: int | None  # with prompt_turns every_user, the user turn the prompt ends at
     messages: Messages
     n_tokens: int | None = None
+    synthesized: bool = False  # written by the target (a synthesized source's slot)
 
-    def rank(self) -> tuple[str, str, int, int]:
-        return (self.domain, self.source, self.row_index, self.user_turn or 0)
+    def rank(self) -> tuple[str, bool, str, int, int]:
+        # A real prompt before a synthesized copy of it: the real one is what users send.
+        return (self.domain, self.synthesized, self.source, self.row_index, self.user_turn or 0)
 
     def conversation(self) -> tuple[str, int]:
         return (self.source, self.row_index)
@@ -244,6 +263,26 @@ class _Discovery:
             # Its domain would vanish from the mixture with nothing but a count of 0 to show.
             raise reader.fail("holds no rows (an empty file?); fill it, or remove the source")
 
+    def read_synthesized(self, src: SourceConfig, requests: list[SynthesizedRequest]) -> None:
+        """A synthesized source's slots, each a row of the funnel: a dead letter is quarantined,
+        a request that cannot be a prompt is filtered with its reason, the rest is taken."""
+        rules = DomainRules(src)
+        for r in requests:
+            self.source_rows[src.name] += 1
+            self.rows_read[src.name] += 1
+            if r.error is not None:
+                raw = _raw_json({"request_id": r.request_id, "error": r.error})
+                self.quarantine_row(src.name, src.domain, r.index, f"synthesis failed: {r.error}", raw)
+                continue
+            messages = request_messages(src, r)
+            p = _Prompt(prompt_id_of(messages), src.name, rules.domain_of(messages), r.index, None, messages,
+                        synthesized=True)  # fmt: skip
+            problem = request_problem(src, r)
+            if problem is None:
+                self.take(src, p)
+            else:
+                self.drop(p, *problem)
+
     def take(self, src: SourceConfig, p: _Prompt) -> None:
         """One prompt read: the script filter, then exact dedupe (the smallest rank stays)."""
         if self.pinned is not None and p.prompt_id in self.pinned.rows:
@@ -322,7 +361,7 @@ class _Discovery:
         held_elsewhere: dict[str, tuple[str, str]] = {}  # normalized hash -> (prompt_id, where)
         if self.pinned is None:
             held = self.seeded_holdout(groups)
-            held_reads = [m[0] for m in groups.values() if m[0].prompt_id in held]
+            held_reads = [p for members in groups.values() for p in members if p.prompt_id in held]
         else:
             held = set(self.pinned.rows)
             # Every read, not only the candidates: a later turn may pass a filter that the
@@ -359,7 +398,7 @@ class _Discovery:
                         self.drop(p, "contaminated", detail, duplicate_of=like[0])
                 continue
             free = []
-            for p in members:
+            for p in sorted(members, key=lambda p: p.synthesized):  # a real member is the one kept
                 sibling = held_in.get(p.conversation())
                 if sibling is None:
                     free.append(p)
@@ -374,10 +413,15 @@ class _Discovery:
         return holdout, carried, remaining
 
     def seeded_holdout(self, groups: dict[str, list[_Prompt]]) -> set[str]:
-        """`holdout_per_domain` group representatives per domain, seeded (prompt ids)."""
+        """`holdout_per_domain` group representatives per domain, seeded (prompt ids). Each group's
+        first real member represents it: a synthesized prompt is never held out (the gate
+        measures the prompts users send), and a group of synthesized prompts alone is no
+        candidate."""
         reps_by_domain: dict[str, list[str]] = {}
         for members in groups.values():
-            reps_by_domain.setdefault(members[0].domain, []).append(members[0].prompt_id)
+            rep = next((p for p in members if not p.synthesized), None)
+            if rep is not None:
+                reps_by_domain.setdefault(rep.domain, []).append(rep.prompt_id)
         k = self.cfg.holdout_per_domain
         held: set[str] = set()
         for domain, ids in sorted(reps_by_domain.items()):
@@ -424,6 +468,38 @@ class _Discovery:
             )
         return carried, held_elsewhere
 
+    def filter_near(
+        self, remaining: list[_Prompt], holdout: list[_Prompt], carried: list[dict[str, Any]]
+    ) -> list[_Prompt]:
+        """Synthesized prompts near a held-out prompt (strictly) or near a prompt kept before them
+        (a remaining real one, or an earlier synthesized one, in rank order) are filtered."""
+        synthesized = sorted((p for p in remaining if p.synthesized), key=_Prompt.rank)
+        if not synthesized:
+            return remaining
+        cfg = self.cfg
+        held = [(p.prompt_id, p.messages) for p in holdout]
+        held += [(row["prompt_id"], json.loads(row["messages"])) for row in carried]
+        guard = HeldOutGuard(held, cfg.holdout_near_threshold)
+        kept = [p for p in remaining if not p.synthesized]
+        order = kept + synthesized  # the real ones are kept whatever comes after them
+        index = NearDuplicates([p.prompt_id for p in order], [shingles(p.messages) for p in order],
+                               cfg.near_duplicate_threshold)  # fmt: skip
+        for i in range(len(kept)):
+            index.keep(i)
+        for i, p in enumerate(synthesized, start=len(kept)):
+            if (hit := guard.match(index.sets[i])) is not None:
+                detail = (f"overlap {hit.similarity:.2f} of word 3-grams with held-out {hit.key}, at or above "
+                          f"holdout_near_threshold {cfg.holdout_near_threshold}")  # fmt: skip
+                self.drop(p, "near_holdout", detail, duplicate_of=hit.key)
+            elif (hit := index.match(i)) is not None:
+                detail = (f"Jaccard {hit.similarity:.2f} of word 3-grams with {hit.key}, at or above "
+                          f"near_duplicate_threshold {cfg.near_duplicate_threshold}")  # fmt: skip
+                self.drop(p, "near_duplicate", detail, duplicate_of=hit.key)
+            else:
+                index.keep(i)
+                kept.append(p)
+        return kept
+
     def mix(self, remaining: list[_Prompt]) -> tuple[list[_Prompt], dict[str, dict[str, Any]]]:
         by_domain: dict[str, list[_Prompt]] = {d: [] for d in declared_domains(self.cfg)}
         for p in remaining:
@@ -463,55 +539,41 @@ def _table(rows: list[dict[str, Any]]) -> pa.Table:
 
 
 def _source_info(src: SourceConfig) -> dict[str, Any]:
-    return {
+    common = {
+        "kind": src.kind,
         "domain": src.domain,
-        "path": redact_url(src.path),
-        "file_format": src.file_format,
-        "conversation_format": src.conversation_format,
-        "prompt_turns": src.prompt_turns,
         "system_turns": src.system_turns,
         "min_latin_fraction": src.min_latin_fraction,
         "domain_rules": [r.model_dump() for r in src.domain_rules],
+    }
+    if src.kind == "synthesized":  # its settings nested: the source's numbers stay its funnel counts
+        return {**common, "synthesis": {k: getattr(src, k) for k in SYNTHESIS_KEYS}}
+    return {
+        **common,
+        "path": redact_url(src.path or ""),
+        "file_format": src.file_format,
+        "conversation_format": src.conversation_format,
+        "prompt_turns": src.prompt_turns,
         "user_template": src.user_template,
     }
 
 
-def discover_prompts(
-    cfg: DiscoverConfig,
-    count_tokens: CountTokens,
-    storage_options: dict[str, Any] | None = None,
-    pinned: PinnedHoldout | None = None,
-) -> DiscoveryResult:
-    """Read, normalize, filter, dedupe, hold out and mix the configured prompt sources.
-
-    `pinned`: the held-out set of `cfg.holdout_from` when the caller has read it already (the
-    stage does, for its config hash); otherwise it is read here, before any source."""
-    check_discover_config(cfg)
-    pinned = pinned or load_pinned_holdout(cfg, storage_options)
-    readers = [SourceReader(src, storage_options) for src in cfg.sources]
-    for reader in readers:
-        reader.plan()
-    run = _Discovery(cfg, count_tokens, pinned)
-    for reader in readers:
-        run.read(reader)
-    holdout, carried, remaining = run.split(run.filter_lengths())
-    kept, mixture = run.mix(remaining)
-    quarantine = sorted(run.quarantine, key=_record_order)
-    filtered = sorted(run.filtered, key=_record_order)
-    outcomes = [
-        *((q["source"], q["domain"], "malformed") for q in quarantine),
-        *((f["source"], f["domain"], f["reason"]) for f in filtered),
-        *((p.source, p.domain, "holdout") for p in holdout),
-        *((p.source, p.domain, "kept") for p in kept),
-    ]
-    counts = funnel_counts(
-        {s.name: source_domains(s) for s in cfg.sources}, run.rows_read, outcomes
-    )
-    for name, by_domain in counts.items():
-        if run.source_rows[name] and not any(c["kept"] for c in by_domain.values()):
-            run.warnings.append(
-                f"source {name!r}: none of its {run.source_rows[name]} rows was kept"
+def _synthesized_requests(cfg: DiscoverConfig, synthesized: SynthesizedSet | None) -> dict[str, list[SynthesizedRequest]]:
+    """Each synthesized source's slots, refused before any source is read when the synthesis did
+    not give them (discovery of such a config runs through tasks/synthesize/, as the flow does)."""
+    given = {} if synthesized is None else synthesized.requests
+    out: dict[str, list[SynthesizedRequest]] = {}
+    for src in cfg.synthesized():
+        if src.name not in given:
+            raise DiscoverConfigError(
+                f"source {src.name!r} is synthesized, but no synthesis was given for it: run "
+                "discovery through tasks.synthesize.stage.discover_with_synthesis (the discover flow does)"
             )
+        out[src.name] = sorted(given[src.name], key=lambda r: r.index)
+    return out
+
+
+def _settings(cfg: DiscoverConfig, run: _Discovery) -> dict[str, Any]:
     settings = {
         "seed": cfg.seed,
         "min_prompt_tokens": cfg.min_prompt_tokens,
@@ -525,27 +587,89 @@ def discover_prompts(
         "dedupe_key": cfg.dedupe_key,
         "mixture_mode": run.mixture_mode(),
     }
+    if cfg.synthesized():
+        settings["near_duplicate_threshold"] = cfg.near_duplicate_threshold
+        settings["holdout_near_threshold"] = cfg.holdout_near_threshold
+    return settings
+
+
+def _synthesis_info(cfg: DiscoverConfig, kept: list[_Prompt], synthesized: SynthesizedSet | None) -> dict[str, Any] | None:
+    """The kept prompts per domain, real beside synthesized, and the synthesis' own summary."""
+    if not cfg.synthesized():
+        return None
+    by_domain = {d: {"real": 0, "synthesized": 0} for d in declared_domains(cfg)}
+    for p in kept:
+        by_domain[p.domain]["synthesized" if p.synthesized else "real"] += 1
+    return {"kept_by_domain": by_domain, "summary": dict(synthesized.summary) if synthesized else {}}
+
+
+def _report(cfg: DiscoverConfig, run: _Discovery, parts: dict[str, Any], synthesized: SynthesizedSet | None) -> dict[str, Any]:
+    """The report of one discovery, from its records (`parts`: the tables' rows and the mixture)."""
+    quarantine, filtered, holdout, kept = parts["quarantine"], parts["filtered"], parts["holdout"], parts["kept"]
+    outcomes = [
+        *((q["source"], q["domain"], "malformed") for q in quarantine),
+        *((f["source"], f["domain"], f["reason"]) for f in filtered),
+        *((p.source, p.domain, "holdout") for p in holdout),
+        *((p.source, p.domain, "kept") for p in kept),
+    ]
+    counts = funnel_counts({s.name: source_domains(s) for s in cfg.sources}, run.rows_read, outcomes)
+    for name, by_domain in counts.items():
+        if run.source_rows[name] and not any(c["kept"] for c in by_domain.values()):
+            run.warnings.append(f"source {name!r}: none of its {run.source_rows[name]} rows was kept")
+    settings = _settings(cfg, run)
     holdout_from = None
-    if pinned is not None:
+    if run.pinned is not None:
         holdout_from = {
             "path": settings["holdout_from"],
-            "table": pinned.table_path,
-            "prompt_ids_hash": pinned.ids_hash(),
-            "carried_per_domain": dict(Counter(row["domain"] for row in carried)),
+            "table": run.pinned.table_path,
+            "prompt_ids_hash": run.pinned.ids_hash(),
+            "carried_per_domain": dict(Counter(row["domain"] for row in parts["carried"])),
         }
-    report = build_report(
+    return build_report(
         {s.name: {**_source_info(s), "source_rows": run.source_rows[s.name]} for s in cfg.sources},
         counts,
-        mixture,
+        parts["mixture"],
         settings,
         run.warnings,
         reason_kinds(q["reason"] for q in quarantine),
         holdout_from,
+        _synthesis_info(cfg, kept, synthesized),
     )
+
+
+def discover_prompts(
+    cfg: DiscoverConfig,
+    count_tokens: CountTokens,
+    storage_options: dict[str, Any] | None = None,
+    pinned: PinnedHoldout | None = None,
+    synthesized: SynthesizedSet | None = None,
+) -> DiscoveryResult:
+    """Read, normalize, filter, dedupe, hold out and mix the configured prompt sources.
+
+    `pinned`: the held-out set of `cfg.holdout_from` when the caller has read it already (the
+    stage does, for its config hash); otherwise it is read here, before any source.
+    `synthesized`: what the synthesis of the config's synthesized sources committed (required
+    when it has any)."""
+    check_discover_config(cfg)
+    pinned = pinned or load_pinned_holdout(cfg, storage_options)
+    readers = {src.name: SourceReader(src, storage_options) for src in cfg.sources if src.kind == "file"}
+    for reader in readers.values():
+        reader.plan()
+    requests = _synthesized_requests(cfg, synthesized)
+    run = _Discovery(cfg, count_tokens, pinned)
+    for src in cfg.sources:
+        if src.kind == "file":
+            run.read(readers[src.name])
+        else:
+            run.read_synthesized(src, requests[src.name])
+    holdout, carried, remaining = run.split(run.filter_lengths())
+    kept, mixture = run.mix(run.filter_near(remaining, holdout, carried))
+    parts = {"quarantine": sorted(run.quarantine, key=_record_order), "filtered": sorted(run.filtered, key=_record_order),
+             "holdout": holdout, "carried": carried, "kept": kept, "mixture": mixture}  # fmt: skip
     return DiscoveryResult(
         manifest=_table([p.record() for p in kept]),
         holdout=_table([p.record() for p in holdout] + carried),
-        quarantine=pa.Table.from_pylist(quarantine, schema=QUARANTINE_SCHEMA),
-        filtered=pa.Table.from_pylist(filtered, schema=FILTERED_SCHEMA),
-        report=report,
+        quarantine=pa.Table.from_pylist(parts["quarantine"], schema=QUARANTINE_SCHEMA),
+        filtered=pa.Table.from_pylist(parts["filtered"], schema=FILTERED_SCHEMA),
+        report=_report(cfg, run, parts, synthesized),
     )

@@ -3,8 +3,10 @@
 Each row read lands in exactly one bucket, in the order the stage applies them, so for every
 source `rows_read` equals the sum of the other counts (with prompt_turns every_user a row gives
 one funnel row per prompt, and the source's `source_rows` says how many rows it had):
-malformed -> non_latin -> duplicates_exact -> too_short / too_long -> holdout -> contaminated
--> duplicates_normalized -> over_quota -> kept.
+malformed -> empty / truncated / non_text / refusal -> non_latin -> duplicates_exact -> too_short /
+too_long -> holdout -> contaminated -> duplicates_normalized -> near_holdout -> near_duplicate ->
+over_quota -> kept. The synthesized-only outcomes (SYNTHESIZED_OUTCOMES) are columns of the
+markdown only when the discovery had a synthesized source.
 The counts are never kept on the side: `funnel_counts` derives them from the row records the
 stage writes (quarantine, filtered, holdout, manifest), so the report cannot disagree with them.
 """
@@ -18,6 +20,10 @@ from typing import Any
 
 OUTCOMES = (
     "malformed",
+    "empty",
+    "truncated",
+    "non_text",
+    "refusal",
     "non_latin",
     "duplicates_exact",
     "too_short",
@@ -25,9 +31,13 @@ OUTCOMES = (
     "holdout",
     "contaminated",
     "duplicates_normalized",
+    "near_holdout",
+    "near_duplicate",
     "over_quota",
     "kept",
 )
+# What only a synthesized source's prompts can meet (tasks/discover/synthesized.py, near_duplicates.py).
+SYNTHESIZED_OUTCOMES = ("empty", "truncated", "non_text", "refusal", "near_holdout", "near_duplicate")
 COUNT_KEYS = ("rows_read", *OUTCOMES)
 # The outcomes recorded in the filtered table (valid prompts left out by a setting).
 FILTERED_OUTCOMES = tuple(o for o in OUTCOMES if o not in ("malformed", "holdout", "kept"))
@@ -42,6 +52,12 @@ _HEADERS = {
     "holdout": "holdout",
     "contaminated": "contaminated",
     "duplicates_normalized": "dup normalized",
+    "empty": "empty",
+    "truncated": "truncated",
+    "non_text": "non-text",
+    "refusal": "refusal",
+    "near_holdout": "near holdout",
+    "near_duplicate": "near dup",
     "over_quota": "over quota",
     "kept": "kept",
 }
@@ -103,10 +119,13 @@ def build_report(
     warnings: list[str],
     quarantine_reasons: dict[str, int],
     holdout_from: Mapping[str, Any] | None,
+    synthesis: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """`sources`: name -> {domain, path, formats, ...}; `counts`: see funnel_counts;
+    """`sources`: name -> {kind, domain, path, formats, ...}; `counts`: see funnel_counts;
     `mixture`: domain -> {available, cap, kept}; `holdout_from`: where a pinned held-out set came
-    from, with `carried_per_domain`, its rows held out as recorded there (no row read here)."""
+    from, with `carried_per_domain`, its rows held out as recorded there (no row read here);
+    `synthesis`: with a synthesized source, the kept prompts per domain real beside synthesized
+    (`kept_by_domain`) and the synthesis' summary."""
     by_domain: dict[str, list[dict[str, int]]] = {}
     for by_dom in counts.values():
         for domain, c in by_dom.items():
@@ -133,6 +152,7 @@ def build_report(
         "mixture": {d: dict(m) for d, m in sorted(mixture.items())},
         "quarantine_reasons": dict(quarantine_reasons),
         "warnings": list(warnings),
+        "synthesis": None if synthesis is None else dict(synthesis),
     }
 
 
@@ -148,12 +168,45 @@ def _table(headers: list[str], rows: list[list[Any]]) -> list[str]:
 
 
 def _counts_table(
-    first: list[str], rows: Mapping[tuple[str, ...], Mapping[str, int]], totals: Mapping[str, int]
+    first: list[str], rows: Mapping[tuple[str, ...], Mapping[str, int]], totals: Mapping[str, int],
+    keys: tuple[str, ...] = COUNT_KEYS,
 ) -> list[str]:
-    headers = first + [_HEADERS[k] for k in COUNT_KEYS]
-    body = [[*names] + [c[k] for k in COUNT_KEYS] for names, c in rows.items()]
-    body.append(["**total**"] + [""] * (len(first) - 1) + [f"**{totals[k]}**" for k in COUNT_KEYS])
+    headers = first + [_HEADERS[k] for k in keys]
+    body = [[*names] + [c.get(k, 0) for k in keys] for names, c in rows.items()]
+    body.append(["**total**"] + [""] * (len(first) - 1) + [f"**{totals.get(k, 0)}**" for k in keys])
     return _table(headers, body)
+
+
+def _count_keys(report: Mapping[str, Any]) -> tuple[str, ...]:
+    """The funnel's columns: the synthesized-only ones only when some source is synthesized."""
+    if report.get("synthesis"):
+        return COUNT_KEYS
+    return tuple(k for k in COUNT_KEYS if k not in SYNTHESIZED_OUTCOMES)
+
+
+def _synthesis_lines(report: Mapping[str, Any]) -> list[str]:
+    """The kept prompts per domain, real beside synthesized, and what the synthesis cost."""
+    synthesis = report.get("synthesis")
+    if not synthesis:
+        return []
+    rows = []
+    for domain, kept in synthesis["kept_by_domain"].items():
+        total = kept["real"] + kept["synthesized"]
+        share = f"{kept['synthesized'] / total:.0%}" if total else "—"
+        rows.append([domain, kept["real"], kept["synthesized"], share])
+    lines = ["", "## Real and synthesized prompts kept, per domain", "",
+             *_table(["domain", "real", "synthesized", "synthesized share"], rows)]  # fmt: skip
+    summary = synthesis.get("summary") or {}
+    if summary:
+        lines += ["", f"Synthesis: {summary.get('requests', 0)} requests over {summary.get('shards_total', 0)} "
+                  f"shard(s), {summary.get('completion_tokens', 0)} tokens written"
+                  f"{_rate(summary)}; engine {summary.get('engine', '—')}."]  # fmt: skip
+    return lines
+
+
+def _rate(summary: Mapping[str, Any]) -> str:
+    rate = summary.get("tokens_per_s")
+    return "" if rate is None else f" at {rate:,.0f} tokens/s (this process's own requests)"
 
 
 def _row(record: Mapping[str, Any]) -> str:
@@ -205,7 +258,8 @@ def render_markdown(
 ) -> str:
     totals = report["totals"]
     settings = report["settings"]
-    filtered = sum(totals[k] for k in FILTERED_OUTCOMES)
+    filtered = sum(totals.get(k, 0) for k in FILTERED_OUTCOMES)
+    keys = _count_keys(report)
     lines = [
         "# Prompt discovery",
         "",
@@ -222,11 +276,11 @@ def render_markdown(
         "",
         "## Per domain",
         "",
-        *_counts_table(["domain"], {(d,): c for d, c in report["domains"].items()}, totals),
+        *_counts_table(["domain"], {(d,): c for d, c in report["domains"].items()}, totals, keys),
         "",
         "## Per source",
         "",
-        *_counts_table(["source"], {(n,): s for n, s in report["sources"].items()}, totals),
+        *_counts_table(["source"], {(n,): s for n, s in report["sources"].items()}, totals, keys),
     ]
     split = {
         (name, domain): c
@@ -235,7 +289,7 @@ def render_markdown(
     }
     if len(split) > len(report["sources"]):  # some source spreads over several domains
         lines += ["", "## Per source and domain", ""]
-        lines += _counts_table(["source", "domain"], split, totals)
+        lines += _counts_table(["source", "domain"], split, totals, keys)
     lines += [
         "",
         "## Mixture",
@@ -244,6 +298,7 @@ def render_markdown(
             ["domain", "available", "cap", "kept"],
             [[d, m["available"], m["cap"], m["kept"]] for d, m in report["mixture"].items()],
         ),
+        *_synthesis_lines(report),
     ]
     if report["warnings"]:
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in report["warnings"]]

@@ -40,6 +40,7 @@ class SeqRef:
     index: int  # position within the part
     length: int
     split: str
+    sequence_id: str = ""  # the generation row's request_id ("" in an index cached before ids were)
 
 
 @dataclass
@@ -52,6 +53,16 @@ class DataIndex:
 
     def tokens(self, split: str) -> int:
         return sum(r.length for r in self.refs if r.split == split)
+
+    def subset(self, split: str, sequence_ids: frozenset[str] | None) -> DataIndex:
+        """Only the sequences of `split` in `sequence_ids` (index order kept); other splits
+        untouched. For drafts trained on a chosen part of the data (by source kind, say), on the
+        same held-out set."""
+        if sequence_ids is None:
+            return self
+        if any(not r.sequence_id for r in self.refs if r.split == split):
+            raise ValueError("the data index holds no sequence ids (cached before it did): index it again")
+        return DataIndex(self.markers, [r for r in self.refs if r.split != split or r.sequence_id in sequence_ids])
 
     def limited(self, split: str, max_sequences: int | None) -> DataIndex:
         """Only the first `max_sequences` of `split` (index order); other splits untouched.
@@ -91,22 +102,24 @@ def build_index(
         if entry is None or entry.get("part_sha256") != part_shas:
             entry = {"part_sha256": part_shas, "parts": []}
             for data in store.iter_parts(marker):
-                lengths, splits = [], []
+                lengths, splits, ids = [], [], []
                 for seq in iter_shard_tokens(data):
                     lengths.append(int(seq.input_ids.numel()))
                     splits.append(seq.split)
+                    ids.append(seq.sequence_id)
                     if visit is not None:
                         visit(seq)
-                entry["parts"].append({"lengths": lengths, "splits": splits})
+                entry["parts"].append({"lengths": lengths, "splits": splits, "ids": ids})
         entries[shard_id] = entry
     if entries != cached:
         run.write_json_atomic(INDEX_KEY, entries)
     refs = [
-        SeqRef(shard_id, part, i, length, split)
+        SeqRef(shard_id, part, i, length, split, seq_id)
         for shard_id, entry in entries.items()
         for part, listing in enumerate(entry["parts"])
-        for i, (length, split) in enumerate(
-            zip(listing["lengths"], listing["splits"], strict=True)
+        for i, (length, split, seq_id) in enumerate(
+            zip(listing["lengths"], listing["splits"], listing.get("ids") or [""] * len(listing["lengths"]),
+                strict=True)
         )
     ]
     return DataIndex(markers, refs)

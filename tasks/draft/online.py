@@ -111,7 +111,7 @@ class OnlineData:
         refs = []
         for shard_id, marker in markers.items():
             for i, seq in enumerate(self.shard_sequences(shard_id, marker)):
-                refs.append(SeqRef(shard_id, 0, i, len(seq.input_ids), seq.split))
+                refs.append(SeqRef(shard_id, 0, i, len(seq.input_ids), seq.split, seq.sequence_id))
                 if visit is not None:
                     visit(SequenceTokens(seq.sequence_id, seq.domain, seq.split, torch.tensor(seq.input_ids),
                                          torch.tensor(seq.loss_mask, dtype=torch.bool)))  # fmt: skip

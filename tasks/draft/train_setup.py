@@ -85,23 +85,29 @@ def starting_draft(cfg: TrainConfig, draft_cfg: DraftConfig,
 def vocab_and_index(
     run: RunFolder, vocab_size: int, draft_vocab_size: int, rank: Dist, vocab_map: VocabMap | None = None,
     indexer: Callable[..., DataIndex] | None = None, max_train_sequences: int | None = None,
+    train_subset: frozenset[str] | None = None,
 ) -> tuple[VocabMap, Any]:
     """The draft vocabulary map and the data index. Rank 0 indexes the data and, when neither
     `vocab_map` nor a saved map exists, counts the training split's loss-masked tokens in the
-    same pass (eval sequences never count; past `max_train_sequences`, neither do the rest: the
-    indexing visits them in index order, the order DataIndex.limited keeps) and saves the map;
-    the other ranks load both. `indexer(visit, use_cache=...)` indexes the data (default: the
-    extract shards')."""
+    same pass (eval sequences never count, nor those outside `train_subset`; past
+    `max_train_sequences`, neither do the rest: the indexing visits them in index order, the order
+    DataIndex.subset and .limited keep) and saves the map; the other ranks load both.
+    `indexer(visit, use_cache=...)` indexes the data (default: the extract shards'). With a subset,
+    an index cached before it held sequence ids is built again."""
     build = indexer or (lambda visit=None, use_cache=True: build_index(run, visit, use_cache))
     if rank.rank == 0:
         have_map = vocab_map is not None or run.exists(TRAIN_VOCAB_MAP)
         counted: list[tuple[torch.Tensor, torch.Tensor]] = []
 
         def visit(seq: Any) -> None:
-            if seq.split == "train" and (max_train_sequences is None or len(counted) < max_train_sequences):
+            if seq.split != "train" or (train_subset is not None and seq.sequence_id not in train_subset):
+                return
+            if max_train_sequences is None or len(counted) < max_train_sequences:
                 counted.append((seq.input_ids, seq.loss_mask))
 
         index = build(None if have_map else visit, use_cache=have_map)
+        if train_subset is not None and any(not r.sequence_id for r in index.refs):
+            index = build(None, use_cache=False)
         if vocab_map is None and not have_map:
             counts = count_tokens(counted, vocab_size)
             build_vocab_map(counts, draft_vocab_size).save(run)
@@ -109,7 +115,7 @@ def vocab_and_index(
             vocab_map.save(run)
     rank.barrier()
     if rank.rank != 0:
-        index = build()
+        index = build()  # rank 0 has written the index with its ids by now
     return VocabMap.load(run), index
 
 

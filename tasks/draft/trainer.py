@@ -111,6 +111,9 @@ class TrainOptions:
     keep_checkpoints: int = 2  # the newest complete ones kept, besides the best
     eval_max_batches: int | None = None  # a cap on the held-out batches (kept up to cfg.eval_cache_gib)
     max_train_sequences: int | None = None  # the first N training sequences only; default cfg's
+    # Only these training sequences (generation request ids), e.g. those of synthesized prompts
+    # alone (benchmarks/synthetic_transfer.py); None: all. Applied before max_train_sequences.
+    train_subset: frozenset[str] | None = None
     compile_kernels: bool | None = None  # torch.compile the layer's elementwise work; default: on CUDA
     online: OnlineTarget | None = None  # OnlineTarget.from_config: required for hidden_states online
     # The held-out split this draft must share (the digest another record holds, None from before
@@ -244,8 +247,9 @@ class Trainer:
             ckpt.remove_incomplete(self.run)
         limit = cfg.max_train_sequences if options.max_train_sequences is None else options.max_train_sequences
         vocab, index = vocab_and_index(self.run, self.draft_cfg.vocab_size, self.draft_cfg.draft_vocab_size,
-                                       self.rank, vocab_map, source.index if source else None, limit)  # fmt: skip
-        index = index.limited("train", limit)
+                                       self.rank, vocab_map, source.index if source else None, limit,
+                                       options.train_subset)  # fmt: skip
+        index = index.subset("train", options.train_subset).limited("train", limit)
         steps_per_epoch, total_steps, eval_batches = plan_data(self.run, cfg, self.draft_cfg, vocab, index,
                                                                self.rank, options.eval_max_batches)  # fmt: skip
         return TrainData(self.run, source, meta, index, vocab, steps_per_epoch, total_steps, eval_batches)

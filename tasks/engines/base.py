@@ -42,10 +42,26 @@ class GenerationRequest:
     sample_index: int
     input_ids: tuple[int, ...]
     sampling: SamplingParams
+    # The seed a server was sent (SGLang's sampling_seed), which then is the request's seed;
+    # None: derived from the request id (what our engines and clients send).
+    fixed_seed: int | None = None
 
     def seed(self) -> int:
-        """Per-request seed: sampled outputs do not depend on batch composition or order."""
+        """Per-request seed: sampled outputs do not depend on batch composition or order, and a
+        request sent again (a resume, another server) draws the same sample."""
+        if self.fixed_seed is not None:
+            return self.fixed_seed & 0x7FFFFFFF
         return (int(self.request_id[:12], 16) ^ self.sampling.seed) & 0x7FFFFFFF
+
+    def sglang_sampling(self) -> dict[str, Any]:
+        """The `sampling_params` of SGLang's /generate for this request: a sampled request carries
+        its seed (`sampling_seed`), so a server that honours it (SGLang with
+        --enable-deterministic-inference) draws what the in-process engine draws. A greedy one
+        needs none and sends none."""
+        params = self.sampling.to_sglang()
+        if self.sampling.temperature > 0:
+            params["sampling_seed"] = self.seed()
+        return params
 
 
 @dataclass

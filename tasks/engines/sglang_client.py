@@ -78,7 +78,7 @@ class _Item:
         self.payload = dumps(
             {
                 "input_ids": list(request.input_ids),
-                "sampling_params": request.sampling.to_sglang(),
+                "sampling_params": request.sglang_sampling(),
                 "rid": request.request_id,
             }
         )

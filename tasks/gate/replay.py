@@ -145,6 +145,30 @@ def pooled_with_ci(
             "tokens": int(tokens.sum()), "sequences": len(tokens)}  # fmt: skip
 
 
+def paired_bootstrap(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray] | None, n: int, seed: int,
+                     level: float) -> dict[str, Any]:  # fmt: skip
+    """Pooled accept length (sum tokens / sum cycles) of `a` over its units with its CI; with `b`
+    (the same units), b's too and a / b and a - b with theirs: the units resampled together
+    (seeded)."""
+    rng = np.random.default_rng(seed)
+    pick = rng.integers(0, len(a[0]), size=(n, len(a[0])))
+
+    def pooled(u: tuple[np.ndarray, np.ndarray]) -> tuple[float, np.ndarray]:
+        return float(u[0].sum() / u[1].sum()), u[0][pick].sum(1) / u[1][pick].sum(1)
+
+    q = [(1 - level) / 2, 1 - (1 - level) / 2]
+
+    def ci(x: np.ndarray) -> list[float]:
+        return [float(v) for v in np.quantile(x, q)]
+
+    pa, ba = pooled(a)
+    if b is None:
+        return {"accept_length": pa, "ci": ci(ba)}
+    pb, bb = pooled(b)
+    return {"accept_length": pa, "ci": ci(ba), "anchor_accept_length": pb, "anchor_ci": ci(bb),
+            "ratio": pa / pb, "ratio_ci": ci(ba / bb), "difference": pa - pb, "difference_ci": ci(ba - bb)}  # fmt: skip
+
+
 def replayed_on(replayed: dict[str, Any], sequence_ids: set[str], k: int) -> dict[str, Any] | None:
     """A replay.json's accept length at num_steps `k` over the sequences in `sequence_ids` alone
     (its per-sequence records; its own bootstrap settings), e.g. another run's held-out set that

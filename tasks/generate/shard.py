@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,7 +73,7 @@ class Replay:
 
 def replay_journal(store: ShardStore, shard_id: str, retry_dead: bool) -> Replay:
     """Outcomes from every journaled attempt; a success anywhere beats a dead letter."""
-    replay = read_journal(store.run, STAGE, shard_id)
+    replay = read_journal(store.run, store.stage, shard_id)  # the store's stage: generation's, or the synthesis'
     ok: dict[str, dict] = {}
     dead: dict[str, dict] = {}
     sent = 0
@@ -109,6 +109,9 @@ class ShardJob:
     # What is wrong with the committed shard's files (ShardStore.damaged): rebuilds a marked
     # shard from its journals and commits it again; None for a shard to run as marked.
     damage: str | None = None
+    # prompt_id -> domain, for the marker's per-domain counts (replies cut at their cap); None:
+    # no per-domain counts.
+    domains: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,9 @@ class Sender:
     # The text of a result that came back as ids only (an SGLang server started with
     # --skip-tokenizer-init), so rows and quality flags read the real text; None: no decoding.
     detokenize: Callable[[list[int]], str] | None = None
+    # A prompt's own sampling (a domain's reply cap, sampling.max_new_tokens_by_domain), by
+    # prompt id; None: `sampling` for every one.
+    sampling_of: Callable[[str], SamplingParams] | None = None
 
 
 @dataclass(frozen=True)
@@ -195,7 +201,7 @@ def run_shard(
     reused = sum(is_reused(ok[p.request_id]) for p in job.planned if p.request_id in ok)
     if lease is not None:
         lease.verify()
-    extra = _marker_fields(rows, dead_table, sent, reused)
+    extra = _marker_fields(rows, dead_table, sent, reused, job.domains)
     planned_keys = [p.request_id for p in job.planned]
     replace = marker is not None  # a rebuild or a retry of dead letters
     shard = ShardCommit(
@@ -254,9 +260,24 @@ def _tables(
     return rows, dead_table
 
 
-def _marker_fields(rows: pa.Table, dead_table: pa.Table, sent: int, reused: int) -> dict[str, Any]:
+def _by_domain(rows: pa.Table, domains: Mapping[str, str]) -> dict[str, dict[str, int]]:
+    """Per domain: rows committed, and how many of them stopped at their reply cap."""
+    out: dict[str, dict[str, int]] = {}
+    for prompt_id, reason in zip(rows.column("prompt_id").to_pylist(), rows.column("finish_reason").to_pylist(),
+                                 strict=True):  # fmt: skip
+        counts = out.setdefault(domains.get(prompt_id, "?"), {"rows": 0, "finish_length": 0})
+        counts["rows"] += 1
+        counts["finish_length"] += reason == "length"
+    return dict(sorted(out.items()))
+
+
+def _marker_fields(
+    rows: pa.Table, dead_table: pa.Table, sent: int, reused: int, domains: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """Generation's own fields of the shard's marker."""
+    by_domain = {} if domains is None else {"by_domain": _by_domain(rows, domains)}
     return {
+        **by_domain,
         "prompt_tokens": sum(rows.column("prompt_tokens").to_pylist()),
         "completion_tokens": sum(rows.column("completion_tokens").to_pylist()),
         "quality": quality_flags(rows),
@@ -284,7 +305,7 @@ def _generate(
     dead: dict[str, dict] = {}
     lock = threading.Lock()
     by_rid = {p.request_id: p for p in job.planned}
-    journal = JournalWriter(job.store.run, STAGE, job.shard_id, attempt, flush_s=journal_flush_s)
+    journal = JournalWriter(job.store.run, job.store.stage, job.shard_id, attempt, flush_s=journal_flush_s)
     engine, detokenize = sender.engine, sender.detokenize
 
     def sink(outcome: Outcome) -> None:
@@ -304,8 +325,9 @@ def _generate(
             lease.check()  # journaled first: the taker's replay can still use this result
 
     rendered = sender.render_ids([p.prompt_id for p in pending])
+    sampling_of = sender.sampling_of or (lambda _prompt_id: sender.sampling)
     requests = [
-        GenerationRequest(p.request_id, p.prompt_id, p.sample_index, tuple(ids), sender.sampling)
+        GenerationRequest(p.request_id, p.prompt_id, p.sample_index, tuple(ids), sampling_of(p.prompt_id))
         for p, ids in zip(pending, rendered, strict=True)
     ]
     try:

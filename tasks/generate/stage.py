@@ -6,6 +6,7 @@ import json
 import logging
 import threading
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +14,7 @@ from tasks.config import EagleScaleConfig
 from tasks.discover.commit import discovery_marker, read_prompts_table
 from tasks.engines.base import Engine, GenerationResult, Outcome, SamplingParams
 from tasks.engines.factory import get_engine
+from tasks.engines.served import TargetNeeds
 from tasks.generate.failures import GenerateFailed, ShardStopped, generate_failed
 from tasks.generate.plan import ShardPlan, load_or_plan_shards, planned_requests, shard_prompt_ids
 from tasks.generate.progress import ProgressTracker, ShardDone, first_started_at
@@ -59,9 +61,26 @@ def generation_fingerprint(cfg: EagleScaleConfig, run: RunFolder, tokenizer: Any
     return ensure_fingerprint(run, fingerprint, cfg.allow_fingerprint_change)
 
 
-def sampling_params(cfg: EagleScaleConfig) -> SamplingParams:
+def target_needs(cfg: EagleScaleConfig, prompt_tokens: tuple[int, ...], max_new_tokens: int) -> TargetNeeds:
+    """What a generation server must serve for these prompts (sorted lengths) and reply cap."""
+    from tasks.target.model_dir import read_model_config, resolve_model_dir, text_config
+
+    t = cfg.target
+    model_config = text_config(read_model_config(resolve_model_dir(t.model_path, t.revision)))
+    return TargetNeeds(
+        model_path=t.model_path,
+        vocab_size=int(model_config["vocab_size"]),
+        max_new_tokens=max_new_tokens,
+        prompt_tokens=prompt_tokens,
+        max_dead_fraction=cfg.generate.max_dead_fraction,
+    )
+
+
+def sampling_params(cfg: EagleScaleConfig, domain: str | None = None) -> SamplingParams:
+    """The requests' sampling; with `domain`, its own reply cap (sampling.max_new_tokens_by_domain)."""
     s = cfg.sampling
-    return SamplingParams(s.temperature, s.top_p, s.top_k, s.max_new_tokens, s.seed)
+    cap = s.max_new_tokens if domain is None else s.max_new_tokens_for(domain)
+    return SamplingParams(s.temperature, s.top_p, s.top_k, cap, s.seed)
 
 
 @dataclass
@@ -89,13 +108,24 @@ class GenerateStage:
             )
         )
         self._sorted_ids = sorted(self._messages)
-        self._prompt_tokens = tuple(sorted(manifest.column("n_tokens").to_pylist()))
+        self._domains = dict(
+            zip(manifest.column("prompt_id").to_pylist(), manifest.column("domain").to_pylist(), strict=True)
+        )
+        # Each prompt's length as the servers' check reads it against the largest reply cap: a
+        # domain with a smaller cap (sampling.max_new_tokens_by_domain) needs that much less room.
+        top = self.cfg.sampling.max_new_tokens_for()
+        self._prompt_tokens = tuple(sorted(
+            n + self.cfg.sampling.max_new_tokens_for(d) - top
+            for n, d in zip(manifest.column("n_tokens").to_pylist(), manifest.column("domain").to_pylist(), strict=True)
+        ))  # fmt: skip
         marker = discovery_marker(self.run) or {}
         self.shards = load_or_plan_shards(
             self.run, marker["manifest_hash"], self._sorted_ids, self.cfg.generate.shard_size
         )
         self._by_id = {s.shard_id: s for s in self.shards}
         self._sampling = sampling_params(self.cfg)
+        # One SamplingParams per domain, built once: every request of a domain shares it.
+        self._by_domain = {d: sampling_params(self.cfg, d) for d in set(self._domains.values())}
         self._render_lock = threading.Lock()
         self.stopping = False
         self._prepared_attempts: dict[str, str | None] = {}
@@ -110,7 +140,7 @@ class GenerateStage:
         self.progress = ProgressTracker(
             self.run,
             {s.shard_id: {"requests": s.n_prompts * k} for s in self.shards},
-            max_new_tokens=self.cfg.sampling.max_new_tokens,
+            max_new_tokens=self.cfg.sampling.max_new_tokens_for(),
             stall_after_s=self.cfg.generate.stall_after_s,
             interval_s=self.cfg.generate.progress_interval_s,
             first_started_at=first_started_at(previous),
@@ -154,19 +184,11 @@ class GenerateStage:
         """Before any shard: every generation server that answers must serve the target (else
         WrongModel, naming it and what differs), and one must answer (else ServersUnreachable);
         from then on every answer's ids must lie in the target's vocabulary. Returns notes."""
-        from tasks.engines.served import TargetNeeds
-        from tasks.target.model_dir import read_model_config, resolve_model_dir, text_config
-
-        t = self.cfg.target
-        model_config = text_config(read_model_config(resolve_model_dir(t.model_path, t.revision)))
-        needs = TargetNeeds(
-            model_path=t.model_path,
-            vocab_size=int(model_config["vocab_size"]),
-            max_new_tokens=self.cfg.sampling.max_new_tokens,
-            prompt_tokens=self._prompt_tokens,
-            max_dead_fraction=self.cfg.generate.max_dead_fraction,
-        )
+        needs = target_needs(self.cfg, self._prompt_tokens, self.cfg.sampling.max_new_tokens_for())
         return self.engine.check_servers(needs)
+
+    def _sampling_of(self, prompt_id: str) -> SamplingParams:
+        return self._by_domain[self._domains[prompt_id]]
 
     def _detokenize(self, output_ids: list[int]) -> str:
         # What SGLang's detokenizer returns by default (skip_special_tokens): the reply's text.
@@ -246,8 +268,8 @@ class GenerateStage:
             if self._earlier is not None and self.store.marker(shard_id) is None:
                 self._earlier.journal_reused(self.store, shard_id, planned, g.journal_flush_s)
             outcome = run_shard(
-                ShardJob(self.store, shard_id, planned, self.fp_hash, self._damaged.get(shard_id)),
-                Sender(self._render, self.engine, self._sampling, self._detokenize),
+                ShardJob(self.store, shard_id, planned, self.fp_hash, self._damaged.get(shard_id), self._domains),
+                Sender(self._render, self.engine, self._sampling, self._detokenize, self._sampling_of),
                 ShardRules(g.max_dead_fraction, g.journal_flush_s, g.retry_dead),
                 ShardHooks(on_outcome, on_replay),
                 lease,
@@ -314,6 +336,8 @@ class GenerateStage:
             "prompt_tokens": sum(m.get("prompt_tokens", 0) for m in committed.values()),
             "completion_tokens": sum(m.get("completion_tokens", 0) for m in committed.values()),
             "finish_length_rate": quality["finish_length"] / rows if rows else 0.0,
+            # per domain: rows, and how many stopped at the domain's reply cap (finish "length")
+            "finish_length_by_domain": capped_by_domain(committed.values(), self.cfg),
             "empty_outputs": quality["empty_output"],
             "unterminated_think": quality["unterminated_think"],
             "dead_classes": dict(dead_classes),
@@ -359,6 +383,21 @@ class GenerateStage:
         self.progress.set_state("complete" if complete else "failed")
         self.progress.write()
         return summary
+
+
+def capped_by_domain(markers: Iterable[dict[str, Any]], cfg: EagleScaleConfig) -> dict[str, dict[str, Any]]:
+    """Per domain, over the markers that count per domain (those committed before they did are
+    left out): rows, replies that hit the cap, their share, and the cap."""
+    total: dict[str, Counter[str]] = {}
+    for m in markers:
+        for domain, counts in (m.get("by_domain") or {}).items():
+            total.setdefault(domain, Counter()).update(counts)
+    return {
+        d: {"rows": c["rows"], "finish_length": c["finish_length"],
+            "rate": round(c["finish_length"] / c["rows"], 4) if c["rows"] else 0.0,
+            "max_new_tokens": cfg.sampling.max_new_tokens_for(d)}
+        for d, c in sorted(total.items())
+    }  # fmt: skip
 
 
 def open_generate_stage(cfg: EagleScaleConfig, run: RunFolder, tokenizer: Any) -> GenerateStage:

@@ -4,6 +4,8 @@ module with no heavy imports so the status command can name them without loading
 DISCOVERY_MARKER = "prompts/_SUCCESS.json"  # discovery's commit: the prompt tables' sha256s and rows
 DISCOVERY_REPORT = "prompts/discovery_report.json"  # discovery's counts, filtered and quarantined rows
 SHARD_PLAN = "prompts/shards.json"  # shard id -> prompt-id range (written once, reused)
+SYNTHESIS_STAGE = "synthesize"  # a synthesized source's shards: journal, data, markers (tasks/synthesize/)
+SYNTHESIS_PLAN = "synthesize/plan.json"  # per synthesized source: its synthesis hash and shard size
 GENERATE_PROGRESS = "generate/progress.json"  # generation's counts, throughput, heartbeat
 TRAIN_VOCAB_MAP = "train/vocab_map.safetensors"  # d2t / t2d of the draft vocabulary
 TRAIN_PLOT = "train/plots/accuracy.png"  # held-out accuracy per draft position over steps

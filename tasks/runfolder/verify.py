@@ -26,6 +26,8 @@ from tasks.runfolder.layout import (
     GATE_DONE,
     SHARD_PLAN,
     STAGE_CLOCKS,
+    SYNTHESIS_PLAN,
+    SYNTHESIS_STAGE,
     TRAIN_BEST,
     TRAIN_CHECKPOINTS,
     TRAIN_DATA,
@@ -36,9 +38,9 @@ from tasks.runfolder.layout import (
 from tasks.runfolder.shards import ShardStore, redo_hint, sha256_hex
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_MISSING = 0, 1, 2
-SHARD_STAGES = ("generate", "extract")
+SHARD_STAGES = (SYNTHESIS_STAGE, "generate", "extract")
 # JSON files a stage writes whole and reads back (a torn one fails the reader).
-RECORDS = ("run.json", SHARD_PLAN, TRAIN_BEST, TRAIN_DATA, TRAIN_RESULT, GATE_DONE)
+RECORDS = ("run.json", SHARD_PLAN, SYNTHESIS_PLAN, TRAIN_BEST, TRAIN_DATA, TRAIN_RESULT, GATE_DONE)
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,7 @@ def _shards(run: RunFolder, stage: str, problems: list[Problem]) -> int:
     for shard_id, what in sorted(store.damaged(markers, hash_data=True).items()):
         key = store.marker_key(shard_id)
         fix = redo_hint(key)
-        if stage == "generate":
+        if stage in ("generate", SYNTHESIS_STAGE):
             fix += " (generation also rebuilds it from its journal on its own at the next resume)"
         problems.append(Problem(key, what.removeprefix(f"{run.url}/"), fix))
     return len(markers)

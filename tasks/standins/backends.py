@@ -34,6 +34,7 @@ class BackendInput:
     ignore_eos: bool = False
     frequency_penalty: float = 0.0
     logprobs: LogprobRequest | None = None
+    sampling_seed: int | None = None  # as sent; SGLang samples with exactly this seed when given
 
 
 @dataclass
@@ -174,7 +175,7 @@ class ModelBackend:
 
     def _to_request(self, item: BackendInput) -> GenerationRequest:
         rid = hex_request_id(item.rid)
-        return GenerationRequest(rid, rid, 0, tuple(item.input_ids), item.sampling)
+        return GenerationRequest(rid, rid, 0, tuple(item.input_ids), item.sampling, item.sampling_seed)
 
     def _to_output(self, output_ids: list[int], text: str, finish: str) -> BackendOutput:
         if finish == "stop":

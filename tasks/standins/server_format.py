@@ -38,8 +38,9 @@ def _is_id_list(v: Any) -> bool:
     return isinstance(v, list) and all(is_int(x) and x >= 0 for x in v)
 
 
-def parse_sampling(raw: Any, where: str) -> tuple[SamplingParams, bool, float]:
-    """SGLang's sampling_params object -> (SamplingParams, ignore_eos, frequency_penalty)."""
+def parse_sampling(raw: Any, where: str) -> tuple[SamplingParams, bool, float, int | None]:
+    """SGLang's sampling_params object -> (SamplingParams, ignore_eos, frequency_penalty,
+    sampling_seed as sent, None when absent)."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -71,7 +72,7 @@ def parse_sampling(raw: Any, where: str) -> tuple[SamplingParams, bool, float]:
     if not isinstance(penalty, int | float) or isinstance(penalty, bool) or not -2 <= penalty <= 2:
         raise RequestError(f"frequency_penalty must be in [-2, 2], got {penalty}.")  # SGLang's check and bounds
     params = SamplingParams(float(temperature), float(top_p), top_k, max_new, seed)
-    return params, ignore_eos, float(penalty)
+    return params, ignore_eos, float(penalty), raw.get("sampling_seed")
 
 
 def _per_item(body: dict[str, Any], key: str, default: Any, n: int, batched: bool) -> list[Any]:
@@ -169,9 +170,9 @@ def parse_generate(body: Any, tokenize: Any, context_length: int) -> tuple[list[
     logprobs = zip(_per_item(body, "return_logprob", False, n, batched), _per_item(body, "logprob_start_len", -1, n, batched),
                    _per_item(body, "top_logprobs_num", 0, n, batched), strict=True)  # fmt: skip
     items = []
-    for ids, r, (sp, ignore_eos, penalty), lp in zip(prompts, rids, sps, logprobs, strict=True):
+    for ids, r, (sp, ignore_eos, penalty, seed), lp in zip(prompts, rids, sps, logprobs, strict=True):
         check_context(len(ids), sp.max_new_tokens, context_length)
-        items.append(BackendInput(r, ids, sp, ignore_eos, penalty, parse_logprobs(*lp, len(ids))))
+        items.append(BackendInput(r, ids, sp, ignore_eos, penalty, parse_logprobs(*lp, len(ids)), seed))
     return items, batched
 
 
