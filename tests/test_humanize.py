@@ -99,6 +99,9 @@ def test_live_progress_figures_say_where_generation_is() -> None:
     }
     # status passes the shard states markers and leases say (a live lease elsewhere).
     assert dict(progress_figures(progress, NOW, {"committed": 2, "leased": 1}))["shards"] == "2 committed · 1 leased (of 3)"
+    # A process younger than its rate window measured the rate over its age, and says so.
+    young = {**progress, "started_at": NOW - 6.2, "updated_at": NOW}
+    assert dict(progress_figures(young, NOW))["rate"] == "310.5 tok/s, 2.08 req/s (last 6s)"
     md = progress_markdown(progress, NOW, "Generation, live", "/runs/r")
     assert "| requests | 120 / 276 (43.5%) |" in md and md.startswith("# Generation, live\n\n**RUNNING**")
     assert decision_line({"outcome": "reject", "speedup": 0.8389377069980071, "ci": [0.6851852549722078, 1.3755],

@@ -50,6 +50,9 @@ def progress_figures(progress: Mapping[str, Any], now: float, by_state: Mapping[
     req, tok, rate = (progress.get(k) or {} for k in ("requests", "tokens", "rate"))
     eta = progress.get("eta_s")
     window = rate.get("window_s")
+    if window and progress.get("started_at") and progress.get("updated_at"):
+        # A process younger than the window measured its rate over its age (window_rate): say so.
+        window = min(window, max(0.0, progress["updated_at"] - progress["started_at"]))
     states = by_state if by_state is not None else (progress.get("shard_counts") or {})
     rows: Rows = [
         ("requests", f"{h.number(req.get('done'))} / {h.number(req.get('total'))} ({h.percent((progress.get('percent') or 0) / 100)})"),
