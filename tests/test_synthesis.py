@@ -144,6 +144,12 @@ def test_the_held_out_guard_is_exact_and_catches_a_copy_inside_a_longer_request(
     half = " ".join(BASE.split()[:10]) + " in Haskell with recursion only"
     assert guard.match(shingles(user(half))).similarity >= 0.5
     assert guard.match(shingles(user("Write a haiku about the sea at night"))) is None
+    # A short request sharing one common phrase with a held-out prompt is no copy of it (one 3-gram
+    # of two shared: overlap 0.5 by the sets alone); a short held-out prompt inside a request is.
+    long_held = HeldOutGuard([("held", user("how to use the python debugger to step through a loop"))], 0.5)
+    assert long_held.match(shingles(user("how to use rsync"))) is None
+    short_held = HeldOutGuard([("held", user("how to use rsync"))], 0.5)
+    assert short_held.match(shingles(user("Tell me how to use rsync over ssh with a key"))).similarity == 1.0
 
 
 # -- discovery of a synthesized source ---------------------------------------------------------
