@@ -266,8 +266,9 @@ class DiscoverConfig(Strict):
         gt=0.0,
         le=1.0,
         description="Synthesized prompts only, strictly: one that shares this share of a held-out "
-        "prompt's word 3-grams, or holds this share of its own in one (the overlap coefficient, "
-        "measured exactly against every held-out prompt), is filtered as near_holdout, so that no "
+        "prompt's word 3-grams, or holds this share of its own in one, sharing at least 3 3-grams "
+        "unless the smaller has fewer (the overlap coefficient, measured exactly against every "
+        "held-out prompt), is filtered as near_holdout, so that no "
         "near-copy of the gate's prompts trains. At most near_duplicate_threshold.",
     )
 
