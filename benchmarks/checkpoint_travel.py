@@ -1,19 +1,13 @@
 """What a training checkpoint of the Qwen2.5-Coder-1.5B draft weighs when it travels from one H200
-session to the next (issue 28: a draft that does not end in its session resumes on the next
-session's fresh node), and how long each step of its way takes on this box:
+session to the next (issue 28), and how long each step of its way takes on this box:
 
     .venv/bin/python benchmarks/checkpoint_travel.py [--work DIR]
 
-A real checkpoint of the draft's shape (run 18's: 1536 wide, 8960 MLP, 12/2 heads, 151,936
-target tokens, 32,000 draft tokens), written by the trainer's own save_checkpoint after one AdamW
-step (so the optimizer holds both moments), then: packed as the node packs it
-(gpunode/packing.py's pack_run_checkpoint: travel.checkpoint_members, travel.pack_parts), brought
-back as `node checkpoint K` brings it (travel.node_packed), joined and checked against its
-sha256, unpacked as `prepare --checkpoint-from` unpacks it (travel.unpack_checkpoint: every file
-against its meta.json), and loaded as the resume loads it (load_training_state). The device
-calls it needs (travel.calls_for) and their device time at travel.SECONDS_PER_CALL are printed
-beside; the payload parts forward are payload.part_bytes() each. The weights are random: sizes
-and times do not depend on them. Prints one JSON object.
+A real checkpoint of run 18's draft shape (QWEN_DRAFT) after one AdamW step, saved by the
+trainer's save_checkpoint, packed as the node packs it, brought back as `node checkpoint K`
+does, joined and checked, unpacked as `prepare --checkpoint-from` does and loaded as the resume
+loads it, with the device calls each way. The weights are random: sizes and times do not depend
+on them. Prints one JSON object (BENCHMARKS.md, P20).
 """
 
 from __future__ import annotations

@@ -1,22 +1,16 @@
 """The online trainer's set-up before its first step, on a real run folder: what grows with the
-data. Run 21's draft on 39,666 sequences was ready after 256 s on the node, run 18's on 10,245
-after 69 s. Measured here, before and after, side by side in one process:
-
-- the prompts' token ids, one tokenizer call per prompt (SequenceBuilder before) against a
-  shard's prompts in one call (render_many_prompt_ids, what it uses now): the same ids;
-- the draft vocabulary's count, one vocabulary-sized bincount per sequence (count_tokens before)
-  against one over all of them (count_tokens now): the same counts;
-- what the held-out batches kept between evaluations weigh, float32 (before) against the
-  compute dtype (now), from their padded lengths (the trainer's eval plan); a GPU pinned the
-  float32 ones anew at every evaluation, the node's ~12 s an evaluation.
+data, before and after, side by side in one process and asserted equal: the prompts' token ids
+(one tokenizer call a prompt, against a shard's prompts in one call), the draft vocabulary's count
+(a bincount a sequence, against one), and what the held-out batches kept between evaluations weigh
+(float32, against the compute dtype). BENCHMARKS.md, P25:
 
     git show 4a45641d7fb9962f30f8dbe5de1b1a8131b4c836:benchmarks/results/real-run-node/run-21/generation.tar > /tmp/grown.tar
     mkdir -p /tmp/grown && tar -xf /tmp/grown.tar -C /tmp/grown
     PYTHONPATH=.eaglescale/h200/target-site .venv/bin/python benchmarks/online_index_pass.py \\
         --run /tmp/grown/run --profile deployments/params/qwen25-coder.yaml
 
-(.eaglescale/h200/target-site is Qwen2.5-Coder's package parts installed by `python -m gpunode
-prepare`; the tokenizer is read from them, no weights are loaded.)
+(the tokenizer is read from Qwen2.5-Coder's package parts `python -m gpunode prepare` installs;
+no weights are loaded.)
 """
 
 from __future__ import annotations

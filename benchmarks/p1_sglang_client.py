@@ -1,18 +1,13 @@
 """P1: how close the `sglang` engine keeps a continuous-batching server to its ideal throughput,
 and how many requests per second the client sustains on its own.
 
-(a) throughput: a simulated server in a subprocess (fixed per-step latency, max batch B) and the
-    client at concurrency B. Every request's completion length is known in advance (it depends
-    only on the rid), so the ideal is computed exactly: B slots, each taking the next request in
-    order the moment it frees (list scheduling), one token per running request per step. That
-    ideal already includes the tail where fewer than B requests remain. Goal: >= 0.97 of it.
-(b) raw overhead: a zero-latency simulated server in a subprocess (1-token outputs); sustained
-    requests/s through generate(), sink included. Goal: >= 2,000 req/s on 2 cores.
-(c) work sent twice under a mild fault mix: three simulated servers, each with a 0.5-1% background
-    fault (503, connection reset, answer after the client's timeout), and every few seconds one
-    server answers 503 to all new requests for a moment (a scheduler restart), long enough to
-    leave the rotation. Every injected fault costs exactly one re-send; HTTP requests sent per
-    request beyond 1 + faults/requests is finished work thrown away. Goal: none.
+(a) throughput against a simulated server (per-step latency, max batch B) at concurrency B; the
+    ideal, tail included, is computed exactly (`ideal_steps`). Goal: >= 0.97 of it.
+(b) raw overhead: sustained requests/s through generate() against a zero-latency server (1-token
+    outputs). Goal: >= 2,000 req/s on 2 cores.
+(c) work sent twice under a mild fault mix (FAULT_MIX and periodic 503 blips, three servers):
+    HTTP requests sent per request beyond 1 + faults/requests is finished work thrown away. Goal:
+    none. Set-up and figures: BENCHMARKS.md, P1.
 
     .venv/bin/python benchmarks/p1_sglang_client.py            # all parts, default parameters
     .venv/bin/python benchmarks/p1_sglang_client.py --part a --step-ms 20 --batch 64 --requests 512

@@ -46,20 +46,13 @@ N_PROMPTS, SHARD_SIZE, COMMITTED_SHARDS = 83_288, 1_000, 80
 
 
 def build_synthetic_run(root: Path) -> tuple[EagleScaleConfig, str]:
-    cfg = EagleScaleConfig.model_validate(
-        {"run_root": str(root), "target": {"model_path": "unused"}, "generate": {"shard_size": SHARD_SIZE}}
-    )
+    cfg = EagleScaleConfig.model_validate({"run_root": str(root), "target": {"model_path": "unused"},
+                                           "generate": {"shard_size": SHARD_SIZE}})  # fmt: skip
     run = RunFolder(cfg.run_root)
     prompt_ids = sorted(content_hash(f"prompt {i}") for i in range(N_PROMPTS))
-    manifest = pa.table(
-        {
-            "prompt_id": prompt_ids,
-            "source": ["synthetic"] * N_PROMPTS,
-            "domain": ["general_chat"] * N_PROMPTS,
-            "messages": [json.dumps([{"role": "user", "content": f"question {i}"}]) for i in range(N_PROMPTS)],
-            "n_tokens": pa.array([12] * N_PROMPTS, pa.int32()),
-        }
-    )
+    manifest = pa.table({"prompt_id": prompt_ids, "source": ["synthetic"] * N_PROMPTS, "domain": ["general_chat"] * N_PROMPTS,
+                         "messages": [json.dumps([{"role": "user", "content": f"question {i}"}]) for i in range(N_PROMPTS)],
+                         "n_tokens": pa.array([12] * N_PROMPTS, pa.int32())})  # fmt: skip
     empty = manifest.slice(0, 0)
     tables = {"manifest": manifest, "holdout": empty, "quarantine": empty, "filtered": empty}
     commit_discovery(run, tables, {}, "", "bench")
@@ -68,15 +61,10 @@ def build_synthetic_run(root: Path) -> tuple[EagleScaleConfig, str]:
     shards = cut_shards(prompt_ids, SHARD_SIZE)
     for shard in shards[: COMMITTED_SHARDS + 1]:
         planned = planned_requests(shard_prompt_ids(shard, prompt_ids), fp_hash, 1)
-        records = [
-            {
-                "request_id": p.request_id, "prompt_id": p.prompt_id, "sample_index": 0,
-                "output_ids": list(range(64)), "text": "x" * 200, "finish_reason": "stop",
-                "prompt_tokens": 12, "completion_tokens": 64, "latency_s": 1.0, "engine": "bench",
-                "server": "", "cached_tokens": 0, "attempt": "a", "status": "ok",
-            }
-            for p in planned
-        ]
+        records = [{"request_id": p.request_id, "prompt_id": p.prompt_id, "sample_index": 0,
+                    "output_ids": list(range(64)), "text": "x" * 200, "finish_reason": "stop",
+                    "prompt_tokens": 12, "completion_tokens": 64, "latency_s": 1.0, "engine": "bench",
+                    "server": "", "cached_tokens": 0, "attempt": "a", "status": "ok"} for p in planned]  # fmt: skip
         if shard is shards[COMMITTED_SHARDS]:  # the shard the crash interrupted: half journaled
             journal = JournalWriter(run, "generate", shard.shard_id, "20260101T000000-1-aaaaaa")
             for rec in records[: len(records) // 2]:

@@ -32,28 +32,11 @@ from tasks.extract.capture import aux_capture_layers
 from tasks.extract.local_capture import LocalCapture
 from tasks.extract.storage import ShardWriter, verify_shard
 
-LLAMA_32_1B = dict(
-    hidden_size=2048,
-    num_hidden_layers=16,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    intermediate_size=8192,
-    vocab_size=128256,
-    head_dim=64,
-    max_position_embeddings=8192,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=True,
-)
-TINY = dict(
-    LLAMA_32_1B,
-    hidden_size=64,
-    num_hidden_layers=8,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=128,
-    vocab_size=2048,
-    head_dim=16,
-)
+LLAMA_32_1B = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                   intermediate_size=8192, vocab_size=128256, head_dim=64, max_position_embeddings=8192,
+                   rms_norm_eps=1e-5, tie_word_embeddings=True)  # fmt: skip
+TINY = dict(LLAMA_32_1B, hidden_size=64, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=128, vocab_size=2048, head_dim=16)  # fmt: skip
 CHUNK_BATCHES = 8  # as tasks.extract.stage.CAPTURE_CHUNK_BATCHES
 
 
@@ -93,17 +76,7 @@ def make_sequences(n: int, lo: int, hi: int, vocab: int) -> list[TrainingSequenc
         length = int(torch.randint(lo, hi + 1, (1,), generator=gen))
         ids = torch.randint(0, vocab, (length,), generator=gen).tolist()
         half = length // 2
-        out.append(
-            TrainingSequence(
-                f"s{i:05d}",
-                f"p{i}",
-                "bench",
-                "train",
-                ids,
-                [0] * half + [1] * (length - half),
-                False,
-            )
-        )
+        out.append(TrainingSequence(f"s{i:05d}", f"p{i}", "bench", "train", ids, [0] * half + [1] * (length - half), False))
     return out
 
 
@@ -138,18 +111,14 @@ def run_forward(cap: LocalCapture, part: list[TrainingSequence]) -> None:
             for row, seq in enumerate(batch):
                 ids[row, : len(seq)] = torch.tensor(seq)
                 mask[row, : len(seq)] = 1
-            cap.base(
-                input_ids=ids.to(cap.device), attention_mask=mask.to(cap.device), use_cache=False
-            )
+            cap.base(input_ids=ids.to(cap.device), attention_mask=mask.to(cap.device), use_cache=False)
 
 
 def run_capture(cap: LocalCapture, part: list[TrainingSequence]) -> None:
     cap.capture([s.input_ids for s in part])
 
 
-def pipeline(
-    storage_dtype: str, result: dict
-) -> Callable[[LocalCapture, list[list[TrainingSequence]]], None]:
+def pipeline(storage_dtype: str, result: dict) -> Callable[[LocalCapture, list[list[TrainingSequence]]], None]:
     def run(cap: LocalCapture, parts: list[list[TrainingSequence]]) -> None:
         writer = ShardWriter(cap.hidden_size, cap.aux_layer_ids, storage_dtype)
         start = time.perf_counter()
@@ -160,15 +129,9 @@ def pipeline(
         serialized = time.perf_counter()
         verify_shard(data)
         done = time.perf_counter()
-        result.update(
-            bytes=len(data),
-            error=writer.error_report(),
-            split_s={
-                "capture+encode+to_host": encoded - start,
-                "serialize": serialized - encoded,
-                "verify": done - serialized,
-            },
-        )
+        result.update(bytes=len(data), error=writer.error_report(),
+                      split_s={"capture+encode+to_host": encoded - start, "serialize": serialized - encoded,
+                               "verify": done - serialized})  # fmt: skip
 
     return run
 
@@ -200,13 +163,9 @@ def main() -> None:
     parts = chunks(seqs, args.batch_size)
     tokens = sum(len(s.input_ids) for s in seqs)
     padded = padded_tokens(parts, args.batch_size)
-    print(
-        f"device {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}; torch {torch.__version__}"
-    )
+    print(f"device {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}; torch {torch.__version__}")
     print(f"model {json.dumps(shape)}; aux layers {ids}; dtype {next(model.parameters()).dtype}")
-    print(
-        f"{len(seqs)} sequences, {tokens:,} tokens ({padded:,} with padding), batch {args.batch_size}"
-    )
+    print(f"{len(seqs)} sequences, {tokens:,} tokens ({padded:,} with padding), batch {args.batch_size}")
 
     results: dict[str, dict] = {name: {} for name in ("bf16", "fp8_e4m3")}
     modes: dict[str, Callable[[], None]] = {
@@ -222,27 +181,16 @@ def main() -> None:
     figures = {}
     for name, fn in modes.items():
         times = [timed(fn, device) for _ in range(args.repeats)]
-        figures[name] = {
-            "seconds": min(times),
-            "all_seconds": times,
-            "tokens_per_s": tokens / min(times),
-        }
+        figures[name] = {"seconds": min(times), "all_seconds": times, "tokens_per_s": tokens / min(times)}
     base = figures["forward"]["tokens_per_s"]
-    print(
-        f"\n{'mode':<14}{'best s':>9}{'tok/s':>13}{'vs forward':>12}{'bytes/token':>13}{'rel RMS aux':>13}"
-    )
+    print(f"\n{'mode':<14}{'best s':>9}{'tok/s':>13}{'vs forward':>12}{'bytes/token':>13}{'rel RMS aux':>13}")
     for name, f in figures.items():
         store = results.get(name.split("+")[-1].replace("fp8", "fp8_e4m3")) if "+" in name else None
         bpt = f"{store['bytes'] / tokens:,.0f}" if store else "-"
         err = f"{store['error']['aux']['rel_rms']:.2e}" if store else "-"
-        f.update(
-            bytes_per_token=store["bytes"] / tokens if store else None,
-            error=store["error"] if store else None,
-            split_s=store["split_s"] if store else None,
-        )
-        print(
-            f"{name:<14}{f['seconds']:>9.2f}{f['tokens_per_s']:>13,.0f}{f['tokens_per_s'] / base:>12.2f}{bpt:>13}{err:>13}"
-        )
+        f.update(bytes_per_token=store["bytes"] / tokens if store else None, error=store["error"] if store else None,
+                 split_s=store["split_s"] if store else None)  # fmt: skip
+        print(f"{name:<14}{f['seconds']:>9.2f}{f['tokens_per_s']:>13,.0f}{f['tokens_per_s'] / base:>12.2f}{bpt:>13}{err:>13}")
     for name in ("capture+bf16", "capture+fp8"):
         parts_s = ", ".join(f"{k} {v:.2f} s" for k, v in figures[name]["split_s"].items())
         print(f"{name} (last run): {parts_s}")
@@ -250,17 +198,8 @@ def main() -> None:
         print(f"\npeak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "tokens": tokens,
-                    "padded_tokens": padded,
-                    "shape": shape,
-                    "aux_layer_ids": ids,
-                    "figures": figures,
-                },
-                f,
-                indent=2,
-            )
+            json.dump({"tokens": tokens, "padded_tokens": padded, "shape": shape, "aux_layer_ids": ids, "figures": figures},
+                      f, indent=2)  # fmt: skip
 
 
 if __name__ == "__main__":

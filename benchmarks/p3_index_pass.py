@@ -1,13 +1,8 @@
 """P3, the index pass: what the trainer's set-up reads from one extract shard to index it and
-count the draft vocabulary — every sequence decoded with its states (`iter_shard`, what
-`build_index` used before) against the tokens alone (`iter_shard_tokens`, what it uses now), side
-by side on the same shard, with the part's sha256 check (which every read of a part does) beside
-them. (The eighth real run's offline training spent 97 s in set-up against online's 23 s, with
-15.7 GB of states to read; this says how much of that decoding and verifying can be.)
-
-The shard is written by the real ShardWriter with SmolLM2-135M's layout (hidden 576, three aux
-layers, bf16: 4,608 bytes a token) from random states; the pass is timed in this process on the
-CPU, the same work the node's training process does on its host.
+count the draft vocabulary: every sequence decoded with its states (`iter_shard`, what
+`build_index` used before) against the tokens alone (`iter_shard_tokens`, now), on the same
+shard, with the part's sha256 check beside them. The shard is written by the real ShardWriter in
+SmolLM2-135M's layout from random states; the pass runs in this process on one CPU thread.
 
     .venv/bin/python benchmarks/p3_index_pass.py               # a ~1 GB shard
     .venv/bin/python benchmarks/p3_index_pass.py --gb 0.25     # quicker

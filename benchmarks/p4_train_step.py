@@ -1,21 +1,10 @@
 """P4: one EAGLE-3 training step, ours vs SpecForge 0.2.0's, on one GPU.
 
-Same random data for both at Llama-3.1-8B draft dims (hidden 4096, intermediate 14336, 32 heads
-/ 8 KV heads, vocab 128256, draft vocab 32000), one sequence of 2048 tokens, TTT 7, bf16.
-Each side runs its full optimizer step: the unroll and loss from the target's last hidden
-state and lm_head, backward, gradient clipping at 0.5, AdamW with fp32 master weights.
-
-- ours: tasks.draft.trainer.train_step (the trainer's own step), eager and with
-  compile_kernels (torch.compile of the layer's elementwise work and the loss rows).
-- specforge: specforge.modeling.draft.llama3_eagle.LlamaForCausalLMEagle3 +
-  specforge.algorithms.eagle3.model.OnlineEagle3Model, bf16 weights with its BF16Optimizer
-  (fp32 masters), teacher from hidden states (its compact teacher: the same inputs as ours)
-  and from precomputed full target logits; attention backends flex_attention and sdpa.
-
-MFU counts the same model FLOPs for both: 7 unroll steps of the draft layer + lm_head
-(forward and backward = 3x forward), causal attention (3x forward), fc (forward + weight
-gradient) and the teacher's draft-vocabulary logits, over the dense bf16 peak of an H200
-(989.4 TFLOP/s, the H100 SXM figure; KINDS.md measured 790 on random 8k matmuls).
+Same seeded random data for every part at Llama-3.1-8B draft dims (DIMS), one sequence, TTT 7,
+bf16; each part a full optimizer step: ours `tasks.draft.trainer.train_step` (eager and compiled),
+SpecForge's `LlamaForCausalLMEagle3` + `OnlineEagle3Model` with its BF16Optimizer (flex_attention
+and sdpa; teacher from hidden states or from full target logits). MFU counts the same model FLOPs
+for both (model_flops) over PEAK_FLOPS. Set-up and figures: BENCHMARKS.md, P4.
 
     python benchmarks/p4_train_step.py --out-dir OUT            # every part, one process each
     python benchmarks/p4_train_step.py --part ours --compile 1  # one part, prints one JSON line
@@ -41,7 +30,7 @@ DIMS = {  # hidden, intermediate, heads, kv heads, head dim, vocab, draft vocab
     "tiny": (64, 128, 4, 2, 16, 512, 128),  # a CPU smoke test of the harness
 }
 H, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB, DRAFT_VOCAB = DIMS["8b"]
-PEAK_FLOPS = 989.4e12
+PEAK_FLOPS = 989.4e12  # dense bf16, the H100 SXM figure (KINDS.md measured 790 on random 8k matmuls)
 PARTS = [  # most important first: a part that runs out of time only loses what follows
     ("check", []),
     ("ours", ["--compile", "1"]),
@@ -53,6 +42,8 @@ PARTS = [  # most important first: a part that runs out of time only loses what 
 
 
 def model_flops(tokens: int, seq: int, ttt: int) -> float:
+    """`ttt` unroll steps of the draft layer + lm_head and causal attention (backward = 2x forward),
+    fc (forward + weight gradient) and the teacher's draft-vocabulary logits."""
     per_step_params = 2 * H * HEADS * HEAD_DIM + 2 * 2 * H * KV_HEADS * HEAD_DIM + H * H \
         + 3 * H * INTER + H * DRAFT_VOCAB
     layer = 3 * 2 * per_step_params * tokens * ttt
@@ -123,12 +114,9 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     cfg = TrainConfig(ttt_steps=args.ttt, ttt_decay=0.8, max_grad_norm=0.5, warmup_steps=0,
                       logits_chunk=args.logits_chunk, device=args.device, compute_dtype=dtype)
     draft_cfg = DraftConfig(
-        hidden_size=H, intermediate_size=INTER, num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM, rms_norm_eps=1e-5, rope_theta=500000.0,
-        rope_scaling=None, max_position_embeddings=131072, vocab_size=VOCAB,
-        draft_vocab_size=DRAFT_VOCAB, aux_layer_ids=[1, 15, 28], target_hidden_size=H,
-        target_num_layers=32,
-    )
+        hidden_size=H, intermediate_size=INTER, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+        rms_norm_eps=1e-5, rope_theta=500000.0, rope_scaling=None, max_position_embeddings=131072, vocab_size=VOCAB,
+        draft_vocab_size=DRAFT_VOCAB, aux_layer_ids=[1, 15, 28], target_hidden_size=H, target_num_layers=32)  # fmt: skip
     torch.manual_seed(0)
     with device:
         draft = Eagle3Draft(draft_cfg, data["embed"])
@@ -156,32 +144,24 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _import_specforge() -> tuple[Any, Any, Any, Any]:
+def run_specforge(args: argparse.Namespace) -> dict[str, Any]:
     from specforge.algorithms.eagle3.model import OnlineEagle3Model
     from specforge.modeling.draft.llama3_eagle import LlamaForCausalLMEagle3
     from specforge.optimizer import BF16Optimizer
     from specforge.utils import padding
-
-    return LlamaForCausalLMEagle3, OnlineEagle3Model, BF16Optimizer, padding
-
-
-def run_specforge(args: argparse.Namespace) -> dict[str, Any]:
     from transformers import LlamaConfig
 
-    draft_cls, online_cls, optimizer_cls, padding = _import_specforge()
     data = random_inputs(args.seq, args.device)
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     config = LlamaConfig(
-        hidden_size=H, intermediate_size=INTER, num_attention_heads=HEADS,
-        num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM, rms_norm_eps=1e-5, rope_theta=500000.0,
-        max_position_embeddings=131072, vocab_size=VOCAB, hidden_act="silu", num_hidden_layers=1,
-        tie_word_embeddings=False, pretraining_tp=1,
-    )
+        hidden_size=H, intermediate_size=INTER, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+        rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=131072, vocab_size=VOCAB, hidden_act="silu",
+        num_hidden_layers=1, tie_word_embeddings=False, pretraining_tp=1)  # fmt: skip
     config.draft_vocab_size = DRAFT_VOCAB
     torch.manual_seed(0)
     with dev:
-        draft = draft_cls(config, attention_backend=args.backend).to(dev, dtype)
+        draft = LlamaForCausalLMEagle3(config, attention_backend=args.backend).to(dev, dtype)
     with torch.no_grad():
         draft.embed_tokens.weight.copy_(data["embed"])
         ids = data["draft_ids"].to(dev)
@@ -189,8 +169,8 @@ def run_specforge(args: argparse.Namespace) -> dict[str, Any]:
         draft.t2d[ids] = True
         draft.d2t.copy_(ids - torch.arange(DRAFT_VOCAB, device=dev))
     draft.embed_tokens.weight.requires_grad_(False)
-    model = online_cls(draft, length=args.ttt, attention_backend=args.backend)
-    optimizer = optimizer_cls(draft, lr=1e-4, max_grad_norm=0.5)
+    model = OnlineEagle3Model(draft, length=args.ttt, attention_backend=args.backend)
+    optimizer = BF16Optimizer(draft, lr=1e-4, max_grad_norm=0.5)
     lm_head = data["lm_head"].to(dev, dtype)
     input_ids = padding(data["input_ids"].to(dev), left=False)
     last = padding(data["last"].to(dev, dtype), left=False)

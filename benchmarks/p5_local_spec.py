@@ -3,19 +3,11 @@
     python3 benchmarks/p5_local_spec.py --json $OUT/p5.json          # H200: 1B-shaped target
     .venv/bin/python benchmarks/p5_local_spec.py --tiny              # CPU smoke of the same code
 
-1. Target: random-weight Llama built so its greedy replies are learnable (p5_target: a
-   successor map in an untied lm_head, o_proj/down_proj scaled by alpha). With --alpha auto,
-   a sweep measures how often greedy replies follow the successor map per alpha and picks
-   the one closest to --target-agreement; lm_head is then sharpened to --teacher-top1.
-2. Its own greedy outputs on random-token prompts (batched, tasks.engines.local_decode),
-   hidden states captured with tasks.extract.local_capture (output-of-layer aux ids).
-3. A draft trained briefly with the project's training-time-test code (tasks.draft.ttt), then
-   exported in SGLang's format and loaded back (tasks.draft.export). With --lr auto, short
-   probe runs pick the learning rate from --lr-grid.
-4. Held-out prompts: baseline greedy with the engine; offline replay on those sequences
-   (states from a full forward, as extraction stores them) gives accept lengths per num_steps.
-5. For graphs on and off: per-step costs, baseline and speculative decode over the prompts,
-   the cost model's prediction (overhead calibrated on the baseline run) against the measurement.
+run_target's steps: the learnable random target (p5_target; --alpha auto picks alpha by a sweep),
+its greedy replies captured, a draft trained with the project's TTT code (--lr auto: short probes)
+and loaded back from its SGLang export, then per mode (graphs on and off) the cost model's
+prediction, calibrated on the baseline, against the measured decode. Set-up and figures:
+BENCHMARKS.md, P5.
 """
 
 from __future__ import annotations
@@ -31,7 +23,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from p5_measure import compare, print_table
 from p5_target import SHAPES, SuccessorTarget, build_target, successor_agreement
 
 from tasks.draft.architecture import DraftConfig
@@ -242,6 +233,35 @@ def run_target(args, device, dtype, steps, entry, save, deadline) -> None:
         }  # fmt: skip
         log(f"{mode}: " + json.dumps(results[mode]["compare"], default=str) + f" cycles equal {cycles_equal}")
         save()
+
+
+def compare(pred: dict[str, Any], bench: dict[str, Any], steps: list[int]) -> list[dict[str, Any]]:
+    rows = [{"config": "baseline", "predicted_tok_s": pred["baseline_tok_s"],
+             "measured_tok_s": bench["baseline"]["tok_s"]}]  # fmt: skip
+    for k in steps:
+        m = bench[f"spec_k{k}"]
+        p = pred["per_steps"][str(k)]
+        rows.append({"config": f"spec_k{k}", "predicted_tok_s": p["tok_s"], "measured_tok_s": m["tok_s"],
+                     "replay_accept": p["accept_length"], "measured_accept": m["accept_length"],
+                     "break_even_accept": p["break_even_accept_length"], "exact_match": m["exact_match"]})  # fmt: skip
+    for r in rows:
+        r["error"] = r["predicted_tok_s"] / r["measured_tok_s"] - 1.0 if r["measured_tok_s"] else None
+    return rows
+
+
+def print_table(results: dict[str, Any]) -> None:
+    print("\n| mode | config | predicted tok/s | measured tok/s | error | error, synced costs | replay accept | measured accept | outputs = baseline |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for mode, r in results.items():
+        n = r["bench"]["baseline"]["requests"]
+        for c, sc in zip(r["compare"], r["synced_compare"], strict=True):
+            base = c["config"] == "baseline"
+            err = "(calibration) | (calibration)" if base else f"{c['error']:+.1%} | {sc['error']:+.1%}"
+            match = f"{round(c['exact_match'] * n)}/{n}" if "exact_match" in c else "-"
+            replay_a = f"{c['replay_accept']:.3f}" if "replay_accept" in c else "-"
+            measured_a = f"{c['measured_accept']:.3f}" if "measured_accept" in c else "-"
+            print(f"| {mode} | {c['config']} | {c['predicted_tok_s']:.1f} | {c['measured_tok_s']:.1f} | {err} | "
+                  f"{replay_a} | {measured_a} | {match} |")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,29 +1,12 @@
 """P5's target: a random-weight Llama whose greedy continuations a draft can learn.
 
-NOT a language model. Plain random init (transformers', normal std 0.02) makes greedy replies
-chaotic at the 1B shape (125.5 distinct tokens per 128), so a draft learns nothing and
-acceptance stays 1.0. Changes to that random model, nothing else:
-
-1. Successor map. A subset S of `subset` token ids (random, ids >= 2) is put in one random
-   cyclic order; succ(v) is the next id in it. S is small enough that a few hundred training
-   replies cover every transition and the draft vocabulary holds all of S.
-2. Untied lm_head built from the embedding: row succ(v) = (margin / sqrt(H)) * embed[v] /
-   |embed[v]|, rows outside S are zero. When the final hidden state points along embed[v]
-   (after the final RMSNorm its norm is sqrt(H)), succ(v) scores `margin` and every other S
-   token scores margin * cos, about N(0, margin^2 / H): the greedy next token is succ(v).
-3. Every o_proj and down_proj is multiplied by `alpha` (relative to the embedding): at
-   alpha = 1 each sublayer writes ~0.02 * H times the embedding's magnitude (chaos); as alpha
-   grows from 0, attention and MLP outputs tilt the final state until another S token wins.
-   The MLP part is a function of the current token (learnable), attention's depends on the
-   context. `successor_agreement` measures the fraction of greedy steps that follow succ;
-   alpha is tuned for an intermediate value.
-4. The embedding (and with it o_proj/down_proj) is scaled by `embed_scale`, so the residual
-   stream has RMS ~1 as in a trained model; the function is unchanged (see build_target).
-5. `sharpen` multiplies lm_head by a power of two: a temperature, chosen so the target's
-   distribution is peaked (the teacher the draft is trained on), greedy output unchanged.
-
-Replies are chains v, succ(v), succ(succ(v)), ... broken where context wins: the draft's job
-is to learn succ (and its iterates for later steps) from the states it is given.
+NOT a language model. Plain random init makes greedy replies chaotic, so a draft learns nothing.
+Changes to that random model, nothing else (why each, and the values P5 used: BENCHMARKS.md, P5):
+a successor map over `subset` token ids in one random cycle, put in an untied lm_head built from
+the embedding, so a final state along embed[v] makes succ(v) the argmax; every o_proj and
+down_proj times `alpha`, so context overrides the successor a tunable fraction of the time
+(`successor_agreement`); the embedding and those projections times `embed_scale` (residual RMS
+~1, the function unchanged); lm_head sharpened by a power of two (`sharpen`, greedy unchanged).
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """P6: wall time of `make demo`'s DAG run (not the install, not the tiny-target build).
 
-Runs `eaglescale run --params deployments/params/smoke.yaml` on a fresh run root with the
-ephemeral Prefect API, exactly as `make demo` does, then once more on the same root (a resume
-where every shard is already committed). Goal: the fresh run < 3 min on this machine.
+Runs `eaglescale run --params deployments/params/smoke.yaml` on a fresh run root as `make demo`
+does, then once more on the same root (a resume). Goal: the fresh run < 3 min on this machine.
+With --overlap: fresh runs, sequential and with `orchestration.overlap=true`, side by side
+(`side_by_side`: each stage's clock and the goal), --pairs times. Figures: BENCHMARKS.md, P6.
 
     .venv/bin/python benchmarks/p6_demo.py
     .venv/bin/python benchmarks/p6_demo.py --overlap --pairs 3   # sequential vs orchestration.overlap
-
-With --overlap the fresh run is made twice on fresh roots, one after the other: stages one
-after another (today's default), then with `orchestration.overlap=true` (extract alongside
-generate). Both walls are printed side by side with each stage's clock (stages/<stage>.json)
-and the goal: overlapped wall <= 1.15 x (the longer of generate and extract, plus what cannot
-overlap: discover before them, train and the gate after), stage times from the sequential run.
 """
 
 from __future__ import annotations

@@ -1,43 +1,14 @@
 """P7 with `orchestration.overlap`: a simulated full-size run, sequential vs overlapped, side by side.
 
 One invocation makes two fresh runs of the real `data-scaling` flow (`eaglescale run`, stages
-discover,generate,extract,train) through one `prefect server start`, on the same synthetic
-prompts: first with the stages one after another, then with `--set orchestration.overlap=true`
-(extraction takes each generation shard as its marker appears, while generation runs);
---overlapped-first swaps the order. Each run gets a fresh pool of simulated SGLang servers. Times are the run folder's stage clocks, as
-`eaglescale status --json` reports them (stages.<name>.started_at / ended_at).
-
-What is real and what is simulated:
-  real       every stage's code (discover, generate with the sglang client, leases, journals,
-             commits; extract with the local transformers capture; train), the Prefect server
-             and its API, the run folder on local disk, the tiny target (tasks/target/tiny.py:
-             8-layer random-weight Llama, hidden 64, vocab 2,048) whose forward passes produce
-             the extracted hidden states, and whose tokenizer renders the prompts;
-  simulated  the SGLang servers' compute: `eaglescale serve-sglang --simulate` (tasks/standins/
-             sim.py) answers over real HTTP with deterministic output ids (in the tiny target's
-             vocabulary, so extraction can run them), each decode step taking --step-ms.
-  scaled     sizes. P7's 83,288 prompts would take hours to extract with the tiny target on two
-             CPU cores, so this uses --prompts (default 6,000) with kimi-k25.yaml's shard count
-             (167 shards: shard size ceil(prompts / 167)), its 8 parallel shards, domain weights
-             and hold-out, and a server pool scaled with the shard: 4 servers, each running
-             128 x shard size / 500 requests at once, so a shard is the same fraction of the
-             pool as in production (8 x 500 requests in flight against 4 x 128 slots). Prompts
-             are P7's synthetic ones (three domains and formats) with --words-scale (default
-             0.1) x their word counts: at full length 26% of them exceed the tiny target's
-             2,048 positions and extraction runs ~4,500 tokens/s here, so 6,000 full-length
-             prompts (7.6 M tokens) would take ~30 min to extract. max_new_tokens 16. Training
-             runs --train-steps steps (default 20) of a small draft: it only has to start after
-             its input, as the goal's "what cannot overlap". The gate is not run.
-
---step-ms sets generation's length (simulated) so that it is comparable with extraction's
-(measured): the overlap pays off most when the two are of similar length. The flow process runs
-with one torch thread (OMP_NUM_THREADS=1): in production generation's client and extraction run
-on different machines; here they share two cores with the simulator, the Prefect server and the
-flow's own threads, and one thread keeps extraction from taking both.
-
-Goal (issue 12): the overlapped run's stages, first start to last end, <= 1.15 x (the longer of
-generate and extract in the sequential run + what cannot overlap: discover before them and
-training after its input, as they ran in the overlapped run), against the sequential run's sum.
+discover,generate,extract,train; the gate is not run) through one `prefect server start`, on the
+same synthetic prompts, each against a fresh pool of `eaglescale serve-sglang --simulate` servers:
+first with the stages one after another, then with `--set orchestration.overlap=true`;
+--overlapped-first swaps the order. Sizes are P7's scaled down (--prompts in kimi-k25.yaml's shard
+count, each server's slots scaled with the shard, --words-scale x P7's prompt lengths); --step-ms
+sets generation's length against extraction's, which runs on one torch thread. Times are the run
+folder's stage clocks (`eaglescale status --json`). What is real, simulated and scaled, and the
+goal (issue 12, `summarize`): BENCHMARKS.md, "P7 with `orchestration.overlap`".
 
     .venv/bin/python benchmarks/p7_overlap.py --step-ms 36   # stages of similar length (~6 min)
     .venv/bin/python benchmarks/p7_overlap.py --json /tmp/p7-overlap.json   # generation 2.5x longer
@@ -64,14 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
-from benchmarks.p7_full_size import (  # noqa: E402
-    KIMI,
-    TINY,
-    descendants,
-    prefect_server,
-    problem_lines,
-    synth_sources,
-)
+import benchmarks.p7_full_size as p7  # noqa: E402
 from tasks.standins.server import ServerProcess  # noqa: E402
 
 MODES: dict[str, tuple[str, ...]] = {
@@ -94,17 +58,8 @@ def sizes(prompts: int, shards: int) -> tuple[int, int]:
 def write_params(work: Path, a: argparse.Namespace, shard_size: int, concurrency: int) -> Path:
     """kimi-k25.yaml with the tiny target, the synthetic sources, CPU extraction and training,
     and no stage deployments (every stage a subflow of the one flow run)."""
-    p = yaml.safe_load(KIMI.read_text())
-    p["stages"] = STAGES if a.train_steps else STAGES[:3]
-    p.pop("orchestration", None)
+    p = p7.kimi_params(work, STAGES if a.train_steps else STAGES[:3], a.prompts, a.max_new_tokens, a.words_scale)
     p.pop("gate", None)
-    p["target"] = {"model_path": str(TINY)}
-    d = p["discover"]
-    d["total_prompts"] = a.prompts
-    d["sources"] = synth_sources(
-        work, a.prompts, d["domain_weights"], d["holdout_per_domain"], a.words_scale
-    )
-    p["sampling"]["max_new_tokens"] = a.max_new_tokens
     p["engine"].update(endpoints=["http://127.0.0.1:9"], concurrency_per_server=concurrency)
     p["generate"]["shard_size"] = shard_size
     # The local capture on the CPU; positions capped at the tiny target's 2,048 (longer
@@ -126,11 +81,7 @@ def stage_clocks(run_root: Path) -> Clocks:
         cwd=ROOT, capture_output=True, text=True, check=False,
     )  # fmt: skip
     stages = json.loads(out.stdout)["stages"]
-    return {
-        k: (float(c["started_at"]), float(c["ended_at"]))
-        for k, c in stages.items()
-        if c.get("ended_at")
-    }
+    return {k: (float(c["started_at"]), float(c["ended_at"])) for k, c in stages.items() if c.get("ended_at")}
 
 
 def run_mode(work: Path, name: str, a: argparse.Namespace, api_url: str, params: Path, concurrency: int,
@@ -155,13 +106,7 @@ def run_mode(work: Path, name: str, a: argparse.Namespace, api_url: str, params:
             flow = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
             # The box is shared and has two cores: CPU use, ours and the rest, says whether
             # the stages competed for them (and whether both runs ran under the same load).
-            cpu = CpuSampler(
-                {
-                    "flow": [flow.pid],
-                    "sims": [x.proc.pid for x in sims],
-                    "prefect": descendants(prefect_pid),
-                }
-            )
+            cpu = CpuSampler({"flow": [flow.pid], "sims": [x.proc.pid for x in sims], "prefect": p7.descendants(prefect_pid)})
             cpu.start()
             rc = flow.wait()
         wall = time.time() - t0
@@ -170,7 +115,7 @@ def run_mode(work: Path, name: str, a: argparse.Namespace, api_url: str, params:
         sim = [httpx.get(f"{s.url}/_stats", timeout=10).json()["backend"] for s in sims]
     if rc != 0:
         print(log_path.read_text(errors="replace")[-4000:], file=sys.stderr)
-    n_problems, problems = problem_lines(log_path)
+    n_problems, problems = p7.problem_lines(log_path)
     clocks = stage_clocks(root) if rc == 0 else {}
     return {"rc": rc, "wall": wall, "clocks": clocks, "log": str(log_path),
             "pace": extraction_pace(root, clocks) if rc == 0 else {},
@@ -253,20 +198,15 @@ def extraction_pace(root: Path, clocks: Clocks) -> dict[str, Any]:
 
     run = RunFolder(str(root))
     gen = ShardStore(run, "generate").committed()
-    ext = sorted(
-        (float(m["committed_at"]), sid) for sid, m in ShardStore(run, "extract").committed().items()
-    )
+    ext = sorted((float(m["committed_at"]), sid) for sid, m in ShardStore(run, "extract").committed().items())
     g_end, (e_start, e_end) = clocks["generate"][1], clocks["extract"]
     during = [t for t, _ in ext if t <= g_end]
     after = [t for t, _ in ext if t > g_end]
     lags = sorted(t - float(gen[sid]["committed_at"]) for t, sid in ext)
-    return {
-        "shards_during_generation": len(during),
-        "shards_after_generation": len(after),
-        "s_per_shard_during": (min(g_end, e_end) - e_start) / len(during) if during else None,
-        "s_per_shard_after": (e_end - max(g_end, e_start)) / len(after) if after else None,
-        "median_lag_s": lags[len(lags) // 2] if lags else None,
-    }
+    return {"shards_during_generation": len(during), "shards_after_generation": len(after),
+            "s_per_shard_during": (min(g_end, e_end) - e_start) / len(during) if during else None,
+            "s_per_shard_after": (e_end - max(g_end, e_start)) / len(after) if after else None,
+            "median_lag_s": lags[len(lags) // 2] if lags else None}  # fmt: skip
 
 
 def summarize(clocks: dict[str, Clocks]) -> dict[str, Any]:
@@ -317,9 +257,7 @@ def report(setup: dict[str, Any], runs: dict[str, dict[str, Any]], s: dict[str, 
           f"{setup['shards']} shards of {setup['shard_size']}, {setup['parallel_shards']} parallel, "
           f"{setup['servers']} sim servers x {setup['concurrency']} ({setup['step_ms']:g} ms steps), "
           f"max_new_tokens {setup['max_new_tokens']}, train {setup['train_steps']} steps")  # fmt: skip
-    print(
-        f"{'stage':<10}{'sequential':>26}{'overlapped':>26}   (start - end (length), s after discover began)"
-    )
+    print(f"{'stage':<10}{'sequential':>26}{'overlapped':>26}   (start - end (length), s after discover began)")
     t0 = {m: min(st for st, _ in r["clocks"].values()) for m, r in runs.items()}
     for stage in runs["sequential"]["clocks"]:
         cells = []
@@ -327,15 +265,11 @@ def report(setup: dict[str, Any], runs: dict[str, dict[str, Any]], s: dict[str, 
             st, en = r["clocks"].get(stage, (math.nan, math.nan))
             cells.append(f"{st - t0[m]:7.1f} - {en - t0[m]:6.1f} ({en - st:6.1f})")
         print(f"{stage:<10}{cells[0]:>26}{cells[1]:>26}")
-    rows = [
-        ("process wall", "wall", "s"),
-        ("sum of stages", "sum_of_stages", "s"),
-        ("stages, first start -> last end", "span", "s"),
-        ("generate start -> extract end", "generate_extract_window", "s"),
-    ]
-    for label, key, unit in rows:
+    rows = [("process wall", "wall"), ("sum of stages", "sum_of_stages"), ("stages, first start -> last end", "span"),
+            ("generate start -> extract end", "generate_extract_window")]  # fmt: skip
+    for label, key in rows:
         vals = {m: runs[m]["wall"] for m in runs} if key == "wall" else s[key]
-        print(f"{label:<34}{vals['sequential']:>10.1f} {unit}{vals['overlapped']:>10.1f} {unit}")
+        print(f"{label:<34}{vals['sequential']:>10.1f} s{vals['overlapped']:>10.1f} s")
     for m, r in runs.items():
         e = r["extract"]
         print(f"{m}: extracted {e.get('rows', 0):,} sequences ({e.get('tokens', 0):,} tokens, "
@@ -348,9 +282,7 @@ def report(setup: dict[str, Any], runs: dict[str, dict[str, Any]], s: dict[str, 
               f"({_fmt(p['s_per_shard_after'])} s of wall each); median lag behind generation's commit "
               f"{_fmt(p['median_lag_s'])} s")  # fmt: skip
         for stage, c in r["cpu_cores"].items():
-            print(
-                f"  cores busy during {stage:<9}" + ", ".join(f"{k} {v:.2f}" for k, v in c.items())
-            )
+            print(f"  cores busy during {stage:<9}" + ", ".join(f"{k} {v:.2f}" for k, v in c.items()))
         for line in r["problem_examples"]:
             print(f"  ! {line}")
     print(f"goal: overlapped {s['span']['overlapped']:.1f} s <= 1.15 x ({s['longest_of_generate_extract']:.1f} "
@@ -363,50 +295,35 @@ def report(setup: dict[str, Any], runs: dict[str, dict[str, Any]], s: dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument(
-        "--prompts", type=int, default=6000, help="manifest size (discover.total_prompts)"
-    )
-    ap.add_argument(
-        "--shards", type=int, default=KIMI_SHARDS, help="about this many shards (kimi-k25: 167)"
-    )
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", type=int, default=6000, help="manifest size (discover.total_prompts)")
+    ap.add_argument("--shards", type=int, default=KIMI_SHARDS, help="about this many shards (kimi-k25: 167)")
     ap.add_argument("--servers", type=int, default=4)
-    ap.add_argument(
-        "--step-ms", type=float, default=90.0, help="simulated decode step: generation's length"
-    )
+    ap.add_argument("--step-ms", type=float, default=90.0, help="simulated decode step: generation's length")
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--words-scale", type=float, default=0.1, help="x P7's prompt word counts")
-    ap.add_argument(
-        "--extract-batch", type=int, default=16, help="extract.batch_size (kimi-k25: 16)"
-    )
+    ap.add_argument("--extract-batch", type=int, default=16, help="extract.batch_size (kimi-k25: 16)")
     ap.add_argument("--train-steps", type=int, default=20, help="0: no training stage")
     ap.add_argument("--overlapped-first", action="store_true", help="run the overlapped mode first")
     ap.add_argument("--keep", type=Path, default=None, help="work in this folder and keep it")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     a = ap.parse_args(argv)
-    if not (TINY / "config.json").exists():
-        subprocess.run(
-            [sys.executable, "-m", "flows.cli", "tiny-target", str(TINY)], cwd=ROOT, check=True
-        )
-    vocab = json.loads((TINY / "config.json").read_text())["vocab_size"]
+    p7.ensure_tiny_target()
+    vocab = json.loads((p7.TINY / "config.json").read_text())["vocab_size"]
     shard_size, concurrency = sizes(a.prompts, a.shards)
     setup = {"prompts": a.prompts, "shards": math.ceil(a.prompts / shard_size), "shard_size": shard_size,
-             "parallel_shards": yaml.safe_load(KIMI.read_text())["generate"]["max_parallel_shards"],
+             "parallel_shards": yaml.safe_load(p7.KIMI.read_text())["generate"]["max_parallel_shards"],
              "servers": a.servers, "concurrency": concurrency, "step_ms": a.step_ms,
              "max_new_tokens": a.max_new_tokens, "words_scale": a.words_scale, "train_steps": a.train_steps, "overlapped_first": a.overlapped_first, "cpus": os.cpu_count()}  # fmt: skip
     with contextlib.ExitStack() as stack:
         work = a.keep or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="p7o-")))
         work.mkdir(parents=True, exist_ok=True)
         params = write_params(work, a, shard_size, concurrency)
-        api_url, server, server_log = stack.enter_context(prefect_server(work, None))
+        api_url, server, server_log = stack.enter_context(p7.prefect_server(work, None))
         order = list(MODES)[::-1] if a.overlapped_first else list(MODES)
-        done = {
-            m: run_mode(work, m, a, api_url, params, concurrency, vocab, server.pid) for m in order
-        }
+        done = {m: run_mode(work, m, a, api_url, params, concurrency, vocab, server.pid) for m in order}
         runs = {m: done[m] for m in MODES}
-        server_problems = problem_lines(server_log)
+        server_problems = p7.problem_lines(server_log)
     if any(r["rc"] != 0 for r in runs.values()):
         codes = {m: r["rc"] for m, r in runs.items()}
         print(f"a run failed: {codes}", file=sys.stderr)
@@ -415,9 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     report(setup, runs, s)
     print(f"Prefect server warning/error lines: {server_problems[0]}")
     if a.json is not None:
-        a.json.write_text(
-            json.dumps({"setup": setup, "runs": runs, "summary": s}, indent=2, default=str)
-        )
+        a.json.write_text(json.dumps({"setup": setup, "runs": runs, "summary": s}, indent=2, default=str))
     return 0
 
 

@@ -3,29 +3,13 @@ qwen plans), each session's results folder as `node wait` left it:
 
     .venv/bin/python benchmarks/qwen_run_report.py RESULTS_DIR [RESULTS_DIR ...]
 
-The plan of each folder is read from its options.json (the node's, inside results.tar.gz).
-Reported: regeneration against one plain batched request on the same server (qwen-generate);
-where the draft was trained and how fast (train-fit.json: the pace the node
-measured), and what the session packed to travel (a draft, or a stopped draft's checkpoint);
-every gate's decision with each config's speedup and CI, accept length per domain and
-lossless counts; the accept length at 3 steps per domain (the goal: >= 2.5 on held-out HumanEval
-and ShareGPT code); the gate's predicted tok/s against the measured; the break-even the server
-measured at num_steps 3 (qwen-sweep's, unless the deciding gate measured it); the run's
-data-scaling curve over every draft it made (`run_curve`: the scaling drafts, and each draft of
-record at the sequences it trained on, measured and replayed; the fits, the training sequences
-they say an accept length of 2.5 and the break-even need); and the issue's goals, each met or
-missed by how much.
-
-Each draft has one decision of record: the first gate that decided over it (`records`). A draft
-is made by a session that trains one to its end; a session that carries a draft in
-(carried.json) gates the last one made before it. A later gate over the same draft is reported
-beside it (`decisions`) and never replaces it: each gate applies its decision to its node's
-registry, so a second gate on another machine can promote where the first rejected (run 19 over
-run 18's draft), and reading the better of two would be choosing the measurement. The promotion
-goal reads the first draft whose record meets it, else the latest record. Writes `qwen-run.json` (in the
-first RESULTS_DIR unless --out says where), `qwen-run-gates.png` beside it (every config a gate
-measured: its speed against the baseline, its accept length against its break-even),
-`qwen-run-curve.png` (the run's curve) and prints a summary.
+Per session (`session`; its plan from the node's options.json): regeneration against one plain
+batched request, training and what it packed to travel, each gate's configs with CIs, lossless
+counts and break-even; over the run: each draft's decision of record (`records`: the first gate
+that decided over it; later ones beside it in `decisions`, BENCHMARKS.md P28), the data-scaling
+curve over every draft (`run_curve`) and the issue's goals, each met or missed by how much
+(`goals`). Writes `qwen-run.json` (in the first RESULTS_DIR unless --out says where),
+`qwen-run-gates.png` (`plot_gates`) and `qwen-run-curve.png` beside it, and prints a summary.
 """
 
 from __future__ import annotations

@@ -2,28 +2,13 @@
 recipe variant of ours and SpecForge 0.2.0's draft, trained on the same regenerated sequences and
 token budget, measured by one gate on real SGLang (num_steps 3) and by the held-out replay.
 
-    .venv/bin/python benchmarks/recipe_ab_report.py RESULTS_DIR
+    .venv/bin/python benchmarks/recipe_ab_report.py RESULTS_DIR [--after RESULTS_DIR/after-NAME]
 
-For each contender: its recipe settings; the gate's accept length at 3 steps (pooled by verify
-count over both launches: tasks.gate.plan.accept_length) with a CI by prompt, its per-position
-acceptance, tok/s and speedup over the baseline; the ratio to SpecForge's accept length and the
-difference, with a bootstrap CI paired by prompt (both drafts ran the same 24 prompts); the same
-from the replay (paired by held-out sequence); and its training: steps, tokens, the curves
-(loss, gradient norm, clip rate, pooled_accept_len_k at each evaluation), tokens per second of
-the step alone and of the loop; each variant against the default, paired the same way (what
-decides a default). Then the issue's goals: ours >= 1.05x SpecForge's accept length at 3 steps
-with the CI of the difference above zero, judged only for a variant trained on as many tokens as
-SpecForge's draft (epochs4, the equal-wall-clock one, is shown beside it); the training step >=
-1.2x SpecForge's tokens per second (here the trainers ran side by side on one GPU, so the loop
-figures share it: P4 is the isolated step). Writes `recipe-ab.json` beside the results and
-prints the table.
-
-    .venv/bin/python benchmarks/recipe_ab_report.py RESULTS_DIR --after RESULTS_DIR/after-NAME
-
-`--after`: what `node recipe-variant NAME` left in $OUT/after-NAME, when the session had device
-time left for one more variant trained alone on the same run: its recipe-replay.json (every
-draft the node replayed, the pipeline's and the new one), recipe-NAME/train/result.json and the
-stage log. The new variant has no gate figures: it is compared by the replay alone.
+Per contender: its settings, the gate's accept length at 3 steps with a CI by prompt and its ratio
+to SpecForge's (paired by prompt), the replay's against SpecForge's and the default's (paired by
+held-out sequence) and its training (`training`); then the issue's goals (`goals`). `--after`:
+what `node recipe-variant NAME` left in $OUT/after-NAME, a variant trained alone on the same run,
+compared by the replay alone. Writes `recipe-ab.json` beside the results and prints the table.
 """
 
 from __future__ import annotations

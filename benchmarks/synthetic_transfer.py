@@ -5,19 +5,11 @@ held-out sequences with CIs paired by sequence.
     .venv/bin/python benchmarks/synthetic_transfer.py --params PARAMS [--run-root R] [--sequences N]
         [--max-steps S] [--seed 0] [--out transfer.json]
 
-On a run root whose train stage has run (its draft vocabulary, train/vocab_map.safetensors, and
-its training data's record, train/data.json): every training sequence is of a synthesized source's
-prompt or a real one (the manifest's source, the config's source kinds). N sequences of each are
-drawn (seeded; default: as many as the smaller kind has) and the mixture is half of each of those,
-so the three arms differ in where their prompts came from, not in how many there are. Each arm
-trains with the run's recipe (train.*; --max-steps sets the same step count for all) and the run's
-draft vocabulary, in `train/transfer/<arm>-<digest of its sequences>/` (a crash resumes an arm,
-another draw never resumes it), exported to its `final/`. Then all three are replayed in one pass
-over the held-out split's real sequences (the eval split of extract: offline from the shards, online
-captured again), at gate.num_steps, with gate.n_bootstrap / bootstrap_seed / ci_level; each arm's
-accept length with its CI, and each pair's ratio and difference with CIs paired by sequence.
-Writes the result (JSON) to --out, default train/transfer/transfer.json in the run root, and prints
-the table. Which mixture a production run uses is chosen from this, not assumed (docs/PIPELINE.md).
+On a run root whose train stage has run. Each arm (`choose_arms`) trains with the run's recipe and
+draft vocabulary in `train/transfer/<arm>-<digest of its sequences>/` (`train_arm`), then all three
+are replayed in one pass over the held-out real sequences at gate.num_steps (`replay_arms`). Writes
+train/transfer/transfer.json in the run root (and --out) and prints the table. docs/PIPELINE.md,
+"Does synthetic data transfer?".
 """
 
 from __future__ import annotations
