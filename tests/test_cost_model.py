@@ -10,6 +10,7 @@ from tasks.gate.cost_model import (
     calibrate_overhead,
     costs_from_step_records,
     predict,
+    queued_step,
 )
 from tasks.sglang.command import resolve_spec
 
@@ -106,3 +107,18 @@ def test_bad_costs_and_acceptance_are_named():
     # The local engine's measurement dict is accepted as it is.
     measured = {**COSTS, "draft_cycle_s": {"1": 0.001}, "cuda_graphs": True, "device": "cuda:0"}
     assert StepCosts.from_dict(measured).draft_cycle_s == {1: 0.001}
+
+
+def test_a_step_above_the_running_request_cap_is_its_first_turn_stretched_by_the_queue():
+    # A server capped at 48: a probe batch of 64 runs 48, then 16. Its probe (6 ms) is the two
+    # turns' steps; the 48-turn's is 6 - step(16) = 4 ms, and a request under a steady load of 64
+    # holds a slot 48/64 of the time: 4 * 64 / 48 ms. step(16) is read between the probes at 8
+    # and 32 when 16 was not probed.
+    probes = {"1": {"step_s": 0.001}, "16": {"step_s": 0.002}, "32": {"step_s": 0.003}, "64": {"step_s": 0.006}}
+    assert queued_step(probes, 64, 48) == pytest.approx(0.004 * 64 / 48)
+    assert queued_step(probes, 32, 48) == 0.003  # below the cap: the probe's own
+    assert queued_step(probes, 64, None) == 0.006  # no cap reported
+    between = {"8": {"step_s": 0.0015}, "32": {"step_s": 0.003}, "64": {"step_s": 0.006}}
+    assert queued_step(between, 64, 48) == pytest.approx((0.006 - 0.002) * 64 / 48)
+    # Three turns at a cap of 24 (24, 24, 16): 2 * step(24) + step(16) = 6 ms.
+    assert queued_step(probes, 64, 24) == pytest.approx((0.006 - 0.002) / 2 * 64 / 24)

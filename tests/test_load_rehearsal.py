@@ -10,7 +10,8 @@ import pytest
 
 from benchmarks.load_rehearsal import main, rejudge
 
-RUN25 = Path(__file__).resolve().parents[1] / "benchmarks/results/real-run-node/run-25"
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks/results/real-run-node"
+RUN25 = RESULTS / "run-25"
 
 
 def test_the_h200_rehearsal_judged_again_gives_the_figures_of_record() -> None:
@@ -30,6 +31,20 @@ def test_the_h200_rehearsal_judged_again_gives_the_figures_of_record() -> None:
     errors = got["prediction_error"]
     assert all(abs(errors[c]["eagle3-s3-k1-n4"]) < 0.10 for c in ("2", "4", "8", "16", "32"))
     assert errors["1"]["eagle3-s3-k1-n4"] > 0.2  # the static server's measured cycle, slower than its probe's
+
+
+def test_the_h100_rehearsal_ships_a_router_split_and_predicts_every_level_within_10_percent() -> None:
+    got = rejudge(RESULTS / "run-26")
+    chain = got["table"]["eagle3-s3-k1-n4"]
+    assert [round(chain["levels"][c]["speedup"], 2) for c in ("1", "4", "32", "64")] == [1.41, 1.51, 1.06, 0.78]
+    assert chain["levels"]["64"]["ci"][1] < 1.0 and chain["crossover"]["pays_up_to"] == 32
+    # Slower at 64 beyond the spread: speculative servers to 32, plain servers above, by the router.
+    policy = got["policy"]
+    assert policy["kind"] == "router"
+    assert [lv["level"] for lv in policy["levels"] if lv["wins"]] == [1, 2, 4, 8, 16, 32]
+    # Above the 48-request cap the probe's first turn, stretched by the queue: -8% at 64, not -22%.
+    errors = got["prediction_error"]
+    assert all(abs(e) < 0.10 for level in errors.values() for e in level.values()), errors
 
 
 def test_a_rehearsal_on_the_emulator_writes_its_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -200,6 +200,29 @@ class Prediction:
         return out
 
 
+def queued_step(level_costs: dict[str, Any], level: int, cap: int | None) -> float:
+    """A request's step cost at `level` in flight, from a launch's level probes (level -> step_s):
+    the probe's own below the server's running-request cap. Above it a probe batch of C requests
+    runs in turns, m = C // cap of `cap` requests and one of the rest r, so its step is the sum of
+    the turns' (m * step(cap) + step(r)); under a steady load each request holds a slot cap / C
+    of the time, so its step is step(cap) * C / cap. step(r) is read from the probes at the levels
+    around r (linear between them; the lowest one's below it)."""
+    probed = level_costs[str(level)]["step_s"]
+    if cap is None or level <= cap:
+        return probed
+    turns, rest = divmod(level, cap)
+    full = (probed - (_probed_step(level_costs, rest) if rest else 0.0)) / turns
+    return max(full, probed / (turns + 1)) * level / cap  # a turn never costs less than an even share
+
+
+def _probed_step(level_costs: dict[str, Any], level: int) -> float:
+    known = sorted((int(k), v["step_s"]) for k, v in level_costs.items() if v.get("step_s") is not None)
+    below = [(lv, s) for lv, s in known if lv <= level] or known[:1]
+    above = [(lv, s) for lv, s in known if lv >= level] or known[-1:]
+    (l0, s0), (l1, s1) = below[-1], above[0]
+    return s0 if l1 == l0 else s0 + (s1 - s0) * (level - l0) / (l1 - l0)
+
+
 def costs_from_launches(result: Any, source: str = "sglang", level: int | None = None) -> StepCosts:
     """Step costs from a server benchmark's cost probes (a BenchResult's LaunchRecord.prefill_s
     and step_s, or at a load level its level_costs): the median over the baseline launches, and
@@ -216,10 +239,11 @@ def costs_from_launches(result: Any, source: str = "sglang", level: int | None =
             prefill.append(probe["prefill_s"])
         if probe.get("step_s") is None:
             continue
+        step = probe["step_s"] if level is None else queued_step(x.level_costs, level, x.max_running_requests)
         if config.spec is None:
-            base.append(probe["step_s"])
+            base.append(step)
         elif config.spec.topk == 1:
-            cycles[config.spec.num_steps].append(probe["step_s"])
+            cycles[config.spec.num_steps].append(step)
     if not base:
         raise CostModelError("no baseline launch measured a step cost" + (f" at concurrency {level}" if level else ""))
     return StepCosts(

@@ -147,8 +147,9 @@ def crossover_words(c: dict[str, Any]) -> str:
 def predict_levels(result: BenchResult, accept_lengths: dict[int, float], tokens: float | None) -> dict[str, Any]:
     """Per level: the step costs its probes timed and the per-request tok/s they predict for the
     baseline and each num_steps (the replay's accept lengths, as at concurrency 1), beside the
-    measured rate (the median at concurrency 1, the pooled rate above). Above a server's running-request cap a probe batch runs in turns, so its
-    step cost already holds the queueing a request meets there."""
+    measured rate (the median at concurrency 1, the pooled rate above). Above a server's
+    running-request cap a request queues for a slot: its step is the probe's first turn's,
+    stretched by level / cap (cost_model.queued_step)."""
     from tasks.gate.cost_model import CostModelError, costs_from_launches, predict
 
     levels = sorted({r.concurrency for x in result.launches for r in x.requests})
