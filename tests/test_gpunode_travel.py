@@ -334,3 +334,23 @@ def test_a_grown_run_on_the_node_reuses_the_replies_of_the_earlier_run_its_paylo
     assert mine == theirs
 
 
+
+
+def test_prepare_refuses_a_synthesized_source_it_would_write_on_the_cpu(tmp_path: Path) -> None:
+    """Discovery runs where prepare runs, and a synthesized source's prompts are written by the
+    target first: prepare refuses such a profile, naming the source and its slots, unless the run
+    folder it carries has its discovery committed already (nothing is written then)."""
+    import yaml
+
+    profile = yaml.safe_load(QWEN.read_text())
+    profile["discover"]["sources"].append(
+        {"name": "synth-code", "kind": "synthesized", "domain": "coding", "count": 150000, "seed": 0})
+    synth = tmp_path / "synth.yaml"
+    synth.write_text(yaml.safe_dump(profile))
+    run = tmp_path / "run"
+    said = payload.synthesis_refusal(synth, [], run)
+    assert said is not None and "synth-code" in said and "150,000 slots" in said and "--run-from" in said
+    assert payload.synthesis_refusal(QWEN, [], run) is None  # real sources only
+    (run / "prompts").mkdir(parents=True)
+    (run / "prompts/_SUCCESS.json").write_text("{}")
+    assert payload.synthesis_refusal(synth, [], run) is None  # carried, already discovered
