@@ -79,6 +79,9 @@ def test_a_missing_part_is_named_with_the_install_command(tiny_gguf: Path, tmp_p
     path = install_parts(tiny_gguf, tmp_path / "parts", monkeypatch)
     (tmp_path / "parts" / "site" / "tiny_part2").rename(tmp_path / "parts" / "gone")
     cache = tmp_path / "cache"
+    # An empty cache for the configuration's check too: the session's may already hold this very
+    # file, assembled by another test of the same tiny GGUF, and an assembled file needs no parts.
+    monkeypatch.setenv("EAGLESCALE_CACHE", str(cache))
     with pytest.raises(MultipartError) as err:
         assembled_file(path, cache)
     message = str(err.value)
