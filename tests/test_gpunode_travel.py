@@ -334,8 +334,6 @@ def test_a_grown_run_on_the_node_reuses_the_replies_of_the_earlier_run_its_paylo
     assert mine == theirs
 
 
-
-
 def test_prepare_refuses_a_synthesized_source_it_would_write_on_the_cpu(tmp_path: Path) -> None:
     """Discovery runs where prepare runs, and a synthesized source's prompts are written by the
     target first: prepare refuses such a profile, naming the source and its slots, unless the run
