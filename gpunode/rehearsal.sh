@@ -9,7 +9,8 @@
 #                                                        # rehearsal started with ARGS, followed
 #   bash gpunode/rehearsal.sh wait SECONDS               # followed again (a later call)
 set -u
-PARTS=/tmp/parts SITE=/tmp/site WORK=/tmp/es RESULTS=/tmp/reh LOG=/tmp/reh.log PID=/tmp/reh.pid
+ROOT=${REHEARSAL_ROOT:-/tmp}  # the node's scratch folder (a test points it elsewhere)
+PARTS=$ROOT/parts SITE=$ROOT/site WORK=$ROOT/es RESULTS=$ROOT/reh LOG=$ROOT/reh.log PID=$ROOT/reh.pid
 
 follow() {  # until the rehearsal ends or $1 seconds pass; its results so far into $OUT
   local t0; t0=$(date +%s)
@@ -17,7 +18,7 @@ follow() {  # until the rehearsal ends or $1 seconds pass; its results so far in
   if kill -0 "$(cat "$PID")" 2>/dev/null; then echo "RUNNING at $(date +%T)"; else echo "DONE at $(date +%T)"; fi
   tail -c 6000 "$LOG"
   # The random-weight models it wrote stay behind: hundreds of MB, and rebuilt from their shape.
-  tar -C /tmp -czf "$OUT/reh.tar.gz" --exclude=reh/models reh reh.log 2>/dev/null
+  tar -C "$ROOT" -czf "$OUT/reh.tar.gz" --exclude=reh/models reh reh.log 2>/dev/null
   command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
 }
 

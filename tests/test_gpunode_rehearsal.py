@@ -19,13 +19,11 @@ SCRIPT = ROOT / "gpunode/rehearsal.sh"
 
 
 def rehearsal(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    # The script's /tmp folders are the node's; here they go under tmp_path.
-    text = SCRIPT.read_text().replace("/tmp/", f"{tmp_path}/node/").replace("-C /tmp ", f"-C {tmp_path}/node ")
-    script = tmp_path / "rehearsal.sh"
-    script.write_text(text)
+    # The node's scratch folder (/tmp there) under tmp_path here.
     (tmp_path / "out").mkdir(exist_ok=True)
-    env = {**os.environ, "OUT": str(tmp_path / "out"), "PATH": f"{ROOT / '.venv/bin'}:{os.environ['PATH']}"}
-    return subprocess.run(["bash", str(script), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "REHEARSAL_ROOT": str(tmp_path / "node"),
+           "PATH": f"{ROOT / '.venv/bin'}:{os.environ['PATH']}"}  # fmt: skip
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
 def test_parts_checked_unpacked_and_the_results_brought_back(tmp_path: Path) -> None:

@@ -41,6 +41,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from tasks.sglang.command import SpecParams
 
 
@@ -211,16 +213,10 @@ def queued_step(level_costs: dict[str, Any], level: int, cap: int | None) -> flo
     if cap is None or level <= cap:
         return probed
     turns, rest = divmod(level, cap)
-    full = (probed - (_probed_step(level_costs, rest) if rest else 0.0)) / turns
-    return max(full, probed / (turns + 1)) * level / cap  # a turn never costs less than an even share
-
-
-def _probed_step(level_costs: dict[str, Any], level: int) -> float:
     known = sorted((int(k), v["step_s"]) for k, v in level_costs.items() if v.get("step_s") is not None)
-    below = [(lv, s) for lv, s in known if lv <= level] or known[:1]
-    above = [(lv, s) for lv, s in known if lv >= level] or known[-1:]
-    (l0, s0), (l1, s1) = below[-1], above[0]
-    return s0 if l1 == l0 else s0 + (s1 - s0) * (level - l0) / (l1 - l0)
+    rest_step = float(np.interp(rest, [lv for lv, _ in known], [st for _, st in known])) if rest else 0.0
+    full = (probed - rest_step) / turns
+    return max(full, probed / (turns + 1)) * level / cap  # a turn never costs less than an even share
 
 
 def costs_from_launches(result: Any, source: str = "sglang", level: int | None = None) -> StepCosts:
