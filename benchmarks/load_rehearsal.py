@@ -5,13 +5,13 @@ The gate's own code runs it (tasks/gate: the sweep's launches, each measuring ev
 per-level decision, the serving policy and its own launch pair, the per-level prediction, the
 report), with `gate.simulated_acceptance`: each speculative config runs with SGLANG_SIMULATE_ACC_LEN
 at its accept length (SGLang 0.5.14 runs its real draft and verify pipeline and accepts that many
-tokens per verify), every request to max_new_tokens. The target has random weights of a real
-model's shape (`--load-format dummy`) and the draft is random: speed does not depend on weights.
-Nothing is promoted: the outcome is "rehearsal".
+tokens per verify), every request to max_new_tokens or to its prompt's --reply-tokens (a real gate's,
+P35). The target has random weights of a real model's shape (`--load-format dummy`) and the draft
+is random: speed does not depend on weights. Nothing is promoted: the outcome is "rehearsal".
 
     python3 benchmarks/load_rehearsal.py OUT_DIR [--engine sglang|emulated] [--shape qwen15b]
         [--levels 1,2,4,8,16,32,64] [--accept eagle3-s3-k1-n4=2.58,...] [--prompts 24] [--new-tokens 256]
-        [--sweep-only]
+        [--reply-tokens FILE] [--sweep-only]
     .venv/bin/python benchmarks/load_rehearsal.py --rejudge RESULTS_DIR   # a collected one, judged again
 
 On the GPU node (SGLang 0.5.14 unpacked on PYTHONPATH) --engine sglang; here --engine emulated runs
@@ -57,6 +57,7 @@ DRAFT_VOCAB = 32000
 DEFAULT_ACCEPT = {"eagle3-s1-k1-n2": 1.75, "eagle3-s2-k1-n3": 2.25, "eagle3-s3-k1-n4": 2.58,
                   "eagle3-s4-k1-n5": 2.82, "eagle3-s5-k1-n6": 3.0, "eagle3-s3-k4-n8": 2.96}  # fmt: skip
 TREE = SpecPoint(num_steps=3, topk=4, num_draft_tokens=8)
+TREE_LABEL = f"eagle3-s{TREE.num_steps}-k{TREE.topk}-n{TREE.num_draft_tokens}"
 
 
 def write_models(shape: str, root: Path) -> tuple[Path, Path]:
@@ -107,9 +108,11 @@ def random_prompts(n: int, tokens: int, seed: int = 0) -> list[BenchPrompt]:
 def gate_config(args: argparse.Namespace, accept: dict[str, float]) -> GateConfig:
     levels = [int(c) for c in args.levels.split(",")]
     steps = sorted({int(k.split("-s")[1].split("-")[0]) for k in accept if "-k1-" in k})
+    replies = json.loads(Path(args.reply_tokens).read_text()) if args.reply_tokens else []
     common = dict(engine=args.engine, sglang_version="0.5.14", python=sys.executable, concurrency=levels,
                   num_steps=steps, topk_points=[TREE] if TREE_LABEL in accept else [], simulated_acceptance=accept,
                   repetitions=args.repetitions, num_prompts=args.prompts, max_new_tokens=args.new_tokens,
+                  simulated_reply_tokens=replies,
                   warmup_requests=2, acceptance_floor=1.0, verify_logprobs="off", cuda_graph_max_bs=max(levels),
                   n_bootstrap=2000, health_timeout_s=900, request_timeout_s=600)  # fmt: skip
     if args.engine == "sglang":  # what the node's 0.5.14 bundle needs (shared/h200/README.md)
@@ -123,8 +126,6 @@ def gate_config(args: argparse.Namespace, accept: dict[str, float]) -> GateConfi
                 "draft_step_s": 0.0004, "batch_token_s": 0.00004, "launch_jitter": 0.02}  # fmt: skip
     return GateConfig(**{**common, "health_timeout_s": 60}, emulator=emulator)
 
-
-TREE_LABEL = f"eagle3-s{TREE.num_steps}-k{TREE.topk}-n{TREE.num_draft_tokens}"
 
 
 def rehearse(args: argparse.Namespace) -> dict[str, Any]:
@@ -153,9 +154,8 @@ def rehearse(args: argparse.Namespace) -> dict[str, Any]:
         decision, _ = decide_server(cfg, runner, result, draft, out, progress=progress)
     progress.finished("done", decision.outcome)
     wall = time.time() - started
-    tokens = float(args.new_tokens)
-    record = load_record(result, decision.configs, {int(k.split("-s")[1].split("-")[0]): v for k, v in accept.items()
-                                                    if "-k1-" in k}, tokens, cfg.deploy_level)  # fmt: skip
+    steps = {int(k.split("-s")[1].split("-")[0]): v for k, v in accept.items() if "-k1-" in k}
+    record = load_record(result, decision.configs, steps, float(args.new_tokens), cfg.deploy_level)
     run.write_json_atomic(LOAD_KEY, record)
     write_policy(run, decision)
     write_gate_report(run, decision, result, cfg, extra_markdown=load_prediction_markdown(record))
@@ -224,11 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--repetitions", type=int, default=1)
+    p.add_argument("--reply-tokens", help="a JSON list of reply lengths, prompt i's the i-th (gate.simulated_reply_tokens)")
     p.add_argument("--sweep-only", action="store_true", help="no policy launch pair: the sweep and the policy it supports")
     summary = rehearse(p.parse_args(argv))
     for name, row in summary["table"].items():
-        cells = " ".join(f"{k}:{(v['tok_s'] or 0):.0f}/{(v['speedup'] or 1):.2f}x" for k, v in row["levels"].items())
-        print(f"{name:<24} {cells}")
+        print(f"{name:<24}", " ".join(f"{k}:{(v['tok_s'] or 0):.0f}/{(v['speedup'] or 1):.2f}x" for k, v in row["levels"].items()))
     print(json.dumps({k: summary[k] for k in ("outcome", "launches", "gate_wall_s", "reasons")}, indent=1))
     return 0
 

@@ -47,6 +47,39 @@ def test_the_h100_rehearsal_ships_a_router_split_and_predicts_every_level_within
     assert all(abs(e) < 0.10 for level in errors.values() for e in level.values()), errors
 
 
+def test_the_real_draft_at_load_judged_again_stops_paying_at_3_and_the_probes_miss_the_admissions() -> None:
+    """Run 28 (BENCHMARKS P35): a real draft (one epoch on the grown set, 2.19 tokens per verify on
+    the server) on real held-out prompts whose replies end at their own lengths."""
+    import tarfile
+
+    from tasks.config.gate_section import GateConfig
+    from tasks.gate.decision import decide
+    from tasks.gate.load import predict_levels, reply_tokens
+    from tasks.gate.records import BenchResult
+    from tasks.gate.serving_policy import build_policy
+    from tasks.gate.stage import probe_tokens
+
+    with tarfile.open(RESULTS / "run-28/results.tar.gz") as tar:
+        report, replay = (json.load(tar.extractfile(f"run/gate/{name}.json")) for name in ("report", "replay"))  # type: ignore[arg-type]
+    cfg, result = GateConfig(**report["gate_config"]), BenchResult.from_dict(report["bench"])
+    decision = decide(result, cfg)
+    chain = decision.config("eagle3-s3-k1-n4")
+    assert [round(chain.levels[c].speedup, 2) for c in ("1", "2", "4", "8", "16", "32", "64")] == [1.17, 1.16, 0.95, 0.86, 0.86, 0.77, 0.63]
+    assert decision.outcome == "reject" and "the CI includes 1.0" in decision.reasons[0]  # a slow launch: the spread
+    assert chain.crossover["wins_at"] == [2] and chain.crossover["loses_at"] == [8, 16, 32, 64]
+    assert 3.0 < chain.crossover["crossover"] < 3.5
+    assert build_policy(decision, cfg) is None  # it wins nowhere from the lowest level: nothing to ship
+    # The prediction is for the level's own replies (167.5 tokens on average at 16, not max_new_tokens 256) ...
+    assert round(reply_tokens(result, 16), 1) == 167.5 and cfg.max_new_tokens == 256
+    errors = {lv: {n: r["error"] for n, r in row["configs"].items()}
+              for lv, row in predict_levels(result, {3: replay["overall"]["3"]["accept_length"]}, probe_tokens(result)).items()}  # fmt: skip
+    assert all(abs(errors[lv]["baseline"]) < 0.10 for lv in ("1", "2", "4", "8"))
+    # ... and misses from 16 up: requests that end one at a time admit the next mid-batch, a stall
+    # the probes' batches (all prompts prefilled at once) never pay. Run 26's waves did not either.
+    assert all(errors[lv]["baseline"] > 0.15 for lv in ("16", "32", "64"))
+    assert all(errors[lv]["eagle3-s3-k1-n4"] > 0.20 for lv in ("4", "8", "16", "32"))
+
+
 def test_a_rehearsal_on_the_emulator_writes_its_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "reh"
     assert main([str(out), "--engine", "emulated", "--levels", "1,8", "--prompts", "4", "--new-tokens", "8",
@@ -57,3 +90,36 @@ def test_a_rehearsal_on_the_emulator_writes_its_report(tmp_path: Path, capsys: p
     assert set(summary["table"]["eagle3-s3-k1-n4"]["levels"]) == {"1", "8"}
     assert (out / "run/gate/report.md").read_text().startswith("# Gate decision: REHEARSAL")
     assert "eagle3-s3-k1-n4" in capsys.readouterr().out
+
+
+def test_a_rehearsal_with_reply_lengths_runs_each_prompt_to_its_own(tmp_path: Path) -> None:
+    """--reply-tokens: each measured request runs to its prompt's length on every launch (requests
+    end one at a time, as real replies do); the cost probes still run whole batches to max_new_tokens."""
+    out, lengths = tmp_path / "reh", [3, 8, 5, 6]
+    (tmp_path / "replies.json").write_text(json.dumps(lengths))
+    assert main([str(out), "--engine", "emulated", "--levels", "1,4", "--prompts", "4", "--new-tokens", "8",
+                 "--accept", "eagle3-s3-k1-n4=2.58", "--sweep-only", "--reply-tokens", str(tmp_path / "replies.json")]) == 0  # fmt: skip
+    report = json.loads((out / "run/gate/report.json").read_text())
+    assert report["gate_config"]["simulated_reply_tokens"] == lengths
+    for launch in report["bench"]["launches"]:
+        got = {(r["prompt_index"], r["completion_tokens"]) for r in launch["requests"]}
+        assert got == {(i, n) for i, n in enumerate(lengths)}, launch["config"]
+        assert {r["completion_tokens"] for r in launch["probes"] if r["concurrency"] == 4} == {1, 8}
+    # The prediction is for the level's own requests: their mean reply, not max_new_tokens.
+    load = json.loads((out / "run/gate/load.json").read_text())
+    assert load["prediction"]["4"]["configs"]["baseline"]["predicted_tok_s"] is not None
+
+
+def test_reply_lengths_belong_to_a_rehearsal_and_fit_max_new_tokens() -> None:
+    from pydantic import ValidationError
+
+    from tasks.config.gate_section import GateConfig
+
+    with pytest.raises(ValidationError, match="simulated_reply_tokens is a rehearsal's"):
+        GateConfig(engine="emulated", num_steps=[3], simulated_reply_tokens=[10, 20])
+    with pytest.raises(ValidationError, match=r"simulated_reply_tokens\[1\] 300 is outside \[2, max_new_tokens 256\]"):
+        GateConfig(engine="emulated", num_steps=[3], repetitions=1, simulated_acceptance={"eagle3-s3-k1-n4": 2.5},
+                   simulated_reply_tokens=[10, 300])  # fmt: skip
+    ok = GateConfig(engine="emulated", num_steps=[3], repetitions=1, simulated_acceptance={"eagle3-s3-k1-n4": 2.5},
+                    simulated_reply_tokens=[10, 256])  # fmt: skip
+    assert ok.simulated_reply_tokens == [10, 256]

@@ -191,6 +191,14 @@ class GateConfig(Strict):
         "launch, for a draft of those accept lengths on this server and target. Nothing is promoted (outcome "
         "'rehearsal'). Empty: off.",
     )
+    simulated_reply_tokens: list[int] = Field(
+        default_factory=list,
+        description="A rehearsal's reply lengths (with simulated_acceptance): a measured request for held-out prompt i "
+        "runs to simulated_reply_tokens[i % len] new tokens (each at most max_new_tokens), the same on every launch, "
+        "so requests end one at a time and each end admits the next mid-batch, as real replies that stop at their "
+        "own lengths do (BENCHMARKS P35: where the draft stops paying depends on it). E.g. a real gate's reply "
+        "lengths at concurrency 1. Empty: every request to max_new_tokens, and a level's requests end in waves.",
+    )
     breakeven_num_steps: list[int] | None = Field(
         None,
         description="The num_steps (topk 1) the break-even launches run at, whether or not the sweep measures "
@@ -206,6 +214,9 @@ class GateConfig(Strict):
             raise ValueError(f"gate.breakeven_num_steps must be draft steps >= 1, got {self.breakeven_num_steps}")
         if self.simulated_acceptance:
             self._check_simulated()
+        elif self.simulated_reply_tokens:
+            raise ValueError("gate.simulated_reply_tokens is a rehearsal's (gate.simulated_acceptance): a real draft's "
+                             "replies end at their own lengths")  # fmt: skip
         elif self.repetitions < 2:
             raise ValueError(f"gate.repetitions {self.repetitions}: at least 2 fresh launches per config, to see the "
                              "run-to-run spread (1 only in a rehearsal, gate.simulated_acceptance)")  # fmt: skip
@@ -227,6 +238,11 @@ class GateConfig(Strict):
                 raise ValueError(f"gate.simulated_acceptance: {label!r} is not a config of the sweep ({sorted(points)})")
             if not 1.0 <= x <= points[label] + 1:
                 raise ValueError(f"gate.simulated_acceptance[{label!r}] {x} is outside [1, {points[label] + 1}] tokens per verify")
+        wrong = [(i, n) for i, n in enumerate(self.simulated_reply_tokens) if not 2 <= n <= self.max_new_tokens]
+        if wrong:
+            i, n = wrong[0]
+            raise ValueError(f"gate.simulated_reply_tokens[{i}] {n} is outside [2, max_new_tokens {self.max_new_tokens}] "
+                             f"({len(wrong)} such)")  # fmt: skip
 
     @model_validator(mode="before")
     @classmethod

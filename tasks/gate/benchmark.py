@@ -340,7 +340,8 @@ class GateRunner:
             client.post(url + "/flush_cache", timeout=60.0).raise_for_status()
             t0 = time.perf_counter()
             with ThreadPoolExecutor(max_workers=level) as pool:
-                recs = list(pool.map(lambda p: self._request(client, url, config, PROBE_REPETITION, p, max_new_tokens,
+                recs = list(pool.map(lambda p: self._request(client, url, config, PROBE_REPETITION, p,
+                                                             max_new_tokens or self.cfg.max_new_tokens,
                                                              level=level, ignore_eos=True), prompts))  # fmt: skip
             record.probes += recs
             return time.perf_counter() - t0, recs
@@ -437,7 +438,7 @@ class GateRunner:
     ) -> RequestRecord:  # fmt: skip
         rec = RequestRecord(config.name, config.env_name, rep, prompt.index, prompt.prompt_id, prompt.domain,
                             concurrency=level, slot=slot)  # fmt: skip
-        sampling = self._sampling(config, max_new_tokens)
+        sampling = self._sampling(config, max_new_tokens or self._reply_tokens(prompt))
         if ignore_eos:
             sampling["ignore_eos"] = True
         body = {"input_ids": list(prompt.input_ids), "sampling_params": sampling,
@@ -454,6 +455,11 @@ class GateRunner:
         if ids is not None:
             self.reference.compare(rec, config, prompt, ids, rec.stop_token)
         return rec
+
+    def _reply_tokens(self, prompt: BenchPrompt) -> int | None:
+        """A rehearsal's reply length for `prompt` (gate.simulated_reply_tokens), else None."""
+        lengths = self.cfg.simulated_reply_tokens
+        return lengths[prompt.index % len(lengths)] if lengths else None
 
     def _sampling(self, config: BenchConfig, max_new_tokens: int | None = None) -> dict[str, object]:
         """A benchmark request's sampling params: greedy, the gate's penalty, filler runs to the end."""

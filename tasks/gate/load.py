@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from tasks.gate.plan import POLICY
 from tasks.gate.records import BenchResult, RequestRecord, pooled_accept_lengths
 
 
@@ -144,12 +145,22 @@ def crossover_words(c: dict[str, Any]) -> str:
     return f"stops paying at ~{c['crossover']:.0f} concurrent requests"
 
 
+def reply_tokens(result: BenchResult, level: int) -> float | None:
+    """The mean output tokens of the baseline's measured requests at `level`: the requests the
+    measured rate is for (real replies end at their own lengths, a rehearsal's at max_new_tokens
+    or gate.simulated_reply_tokens)."""
+    tokens = [r.completion_tokens for c in result.configs if c.spec is None and c.role != POLICY
+              for r in result.records(c.name, level) if r.error is None]  # fmt: skip
+    return statistics.mean(tokens) if tokens else None
+
+
 def predict_levels(result: BenchResult, accept_lengths: dict[int, float], tokens: float | None) -> dict[str, Any]:
     """Per level: the step costs its probes timed and the per-request tok/s they predict for the
-    baseline and each num_steps (the replay's accept lengths, as at concurrency 1), beside the
-    measured rate (the median at concurrency 1, the pooled rate above). Above a server's
-    running-request cap a request queues for a slot: its step is the probe's first turn's,
-    stretched by level / cap (cost_model.queued_step)."""
+    baseline and each num_steps (the replay's accept lengths, as at concurrency 1) at the level's
+    own reply length (reply_tokens; `tokens` where none was measured), beside the measured rate
+    (the median at concurrency 1, the pooled rate above). Above a server's running-request cap a
+    request queues for a slot: its step is the probe's first turn's, stretched by level / cap
+    (cost_model.queued_step)."""
     from tasks.gate.cost_model import CostModelError, costs_from_launches, predict
 
     levels = sorted({r.concurrency for x in result.launches for r in x.requests})
@@ -159,7 +170,7 @@ def predict_levels(result: BenchResult, accept_lengths: dict[int, float], tokens
         try:
             costs = costs_from_launches(result, level=level)
             lengths = {k: v for k, v in accept_lengths.items() if costs.covers(k)}
-            prediction = predict(costs, lengths, tokens) if lengths else None
+            prediction = predict(costs, lengths, reply_tokens(result, level) or tokens) if lengths else None
         except CostModelError as e:
             out[str(level)] = {"error": str(e)}
             continue
