@@ -179,6 +179,7 @@ def _stage_links() -> dict[str, str]:
     this flow run, the subflows and child deployments alike."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+    from prefect.client.schemas.sorting import FlowRunSort
     from prefect.context import FlowRunContext
     from prefect.utilities.urls import url_for
 
@@ -187,8 +188,11 @@ def _stage_links() -> dict[str, str]:
         return {}
     try:
         client = get_client(sync_client=True)
+        # limit and sort spelled out: the client sends null for either left unset, and a server
+        # that reads null as a wrong type answers 422 (the GPU node's did: BENCHMARKS P35).
         runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[context.flow_run.id])))  # fmt: skip
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[context.flow_run.id])),
+            sort=FlowRunSort.EXPECTED_START_TIME_ASC, limit=200)  # fmt: skip
         names = {fid: client.read_flow(fid).name for fid in {r.flow_id for r in runs}}
     except Exception as e:  # the summary without its links
         run_logger().warning("run summary: could not list the stage runs: %s", brief(e, 200))
