@@ -11,8 +11,9 @@ from gpunode.lifecycle import node_receive, node_start, node_wait
 from gpunode.plans import PLANS, RECIPE_PLANNED, RECIPE_VARIANTS, SKIPPABLE
 from gpunode.travel import node_packed
 
-NODE_STEPS = ["receive", "start", "wait", "pipeline", "reference", "agreement", "scaling", "replay", "recipe-replay",
-              "recipe-variant", "drafts", "checkpoint", "generation", "scaling-drafts", "gate-plan", "verify-probe"]  # fmt: skip
+NODE_STEPS = ["receive", "start", "wait", "pipeline", "reference", "synthesis-reference", "agreement", "scaling", "replay",
+              "recipe-replay", "recipe-variant", "drafts", "checkpoint", "generation", "scaling-drafts", "gate-plan",
+              "verify-probe"]  # fmt: skip
 CARRY_FLAGS = {
     "--run-from": "an earlier session's generation.tar (what `node wait` brought back): its run folder, generation "
     "complete, travels instead of a fresh discovery, and the node does not regenerate",
@@ -91,6 +92,8 @@ def node(args: argparse.Namespace) -> int:
 
     if what == "scaling":
         return steps.node_scaling(args.arg)
+    if what == "synthesis-reference":  # ARG: the generation server's URL
+        return steps.node_synthesis_reference(args.arg)
     return {"reference": steps.node_reference, "agreement": steps.node_agreement, "replay": steps.node_replay,
             "recipe-replay": steps.node_recipe_replay, "verify-probe": steps.node_verify_probe}[what]()  # fmt: skip
 

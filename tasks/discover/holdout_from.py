@@ -73,6 +73,11 @@ def _read_table(path: str, storage_options: dict[str, Any] | None) -> tuple[pa.T
     return read_prompts_table(run, "holdout"), f"{run.url}/{marker['files']['holdout']['path']}"
 
 
+def holdout_table(path: str, storage_options: dict[str, Any] | None = None) -> pa.Table:
+    """The holdout table `discover.holdout_from` names (a run root's, verified, or the file)."""
+    return _read_table(path, storage_options)[0]
+
+
 def load_pinned_holdout(
     cfg: DiscoverConfig, storage_options: dict[str, Any] | None = None
 ) -> PinnedHoldout | None:

@@ -27,7 +27,7 @@ from typing import Any
 from tasks.config import EagleScaleConfig, GenerateConfig, SourceConfig
 from tasks.discover.stage import run_discover_stage
 from tasks.discover.synthesized import SynthesizedSet
-from tasks.engines.base import Engine, GenerationResult, Outcome, SamplingParams
+from tasks.engines.base import Engine, GenerationRequest, GenerationResult, Outcome, SamplingParams
 from tasks.engines.factory import get_engine
 from tasks.errors import ExpectedFailure
 from tasks.generate.failures import cannot_heal
@@ -103,6 +103,16 @@ class SynthesisStage:
         for shard_id, problem in sorted(self._damaged.items()):
             log.warning("synthesis shard %s is damaged (%s): rebuilding it from its journal", shard_id, problem)
         return [s.shard_id for s in self.shards if s.shard_id not in committed or s.shard_id in self._damaged]
+
+    def first_requests(self, n: int) -> list[GenerationRequest]:
+        """The first `n` slots' requests as their shards send them (prompt, sampling, seed): what
+        a plain batched request of the synthesis' own shape is made of (gpunode's reference)."""
+        out: list[GenerationRequest] = []
+        for shard in self.shards:
+            plan = self.sources[shard.source]
+            out += [GenerationRequest(p.request_id, p.prompt_id, p.sample_index, tuple(plan.prompt_ids), plan.sampling)
+                    for p in shard.planned(plan.hash)[: n - len(out)]]  # fmt: skip
+        return out
 
     def check_servers(self) -> list[str]:
         """Before any shard: the servers serve the target (generation's check)."""
