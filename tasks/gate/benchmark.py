@@ -41,6 +41,7 @@ import httpx
 
 from tasks.config.gate_section import GateConfig
 from tasks.engines.sglang_wire import MalformedResponse, error_message, read_generate_reply
+from tasks.gate.gpu_samples import GpuSampler, window_summary
 from tasks.gate.lossless import (
     NOT_LOSSLESS,
     EvidenceError,
@@ -253,6 +254,8 @@ class GateRunner:
         record.url, record.log_path, record.health_s = server.url, str(server.log_path), started.health_s
         if self.progress is not None:
             self.progress.measuring(index, config.name, rep, started.health_s)
+        gpu = GpuSampler()
+        gpu.start()
         try:
             self._measure(client, server.url, started.spec, config, rep, record)
         except GateStopped as e:
@@ -260,6 +263,9 @@ class GateRunner:
                 raise
             record.error = str(e)  # a draft from elsewhere that fails is reported, not fatal
         finally:
+            record.gpu_samples = gpu.stop()
+            for level in record.levels.values():
+                level["gpu"] = window_summary(record.gpu_samples, level["began_at"], level["ended_at"])
             server.stop()
             record.ended_at = time.time()
             log = parse_server_log(server.log_text())
@@ -312,7 +318,7 @@ class GateRunner:
         is replaced) until level_requests(...) have run, the prompts in order and repeating;
         records the level's wall time and output throughput in record.levels."""
         n = level_requests(level, len(prompts))
-        t0 = time.perf_counter()
+        began_at, t0 = time.time(), time.perf_counter()
         if level == 1:
             out = [self._request(client, url, config, rep, prompts[j % len(prompts)], slot=j) for j in range(n)]
         else:
@@ -322,7 +328,8 @@ class GateRunner:
         wall = time.perf_counter() - t0
         tokens = sum(r.completion_tokens for r in out if r.error is None)
         record.levels[str(level)] = {"concurrency": level, "requests": n, "errors": sum(r.error is not None for r in out),
-                                     "wall_s": wall, "output_tokens": tokens, "tok_s": tokens / wall if wall > 0 else None}  # fmt: skip
+                                     "wall_s": wall, "output_tokens": tokens, "tok_s": tokens / wall if wall > 0 else None,
+                                     "began_at": began_at, "ended_at": began_at + wall}  # fmt: skip
         return out
 
     def _probe_level(
@@ -443,7 +450,7 @@ class GateRunner:
             sampling["ignore_eos"] = True
         body = {"input_ids": list(prompt.input_ids), "sampling_params": sampling,
                 "rid": f"gate-{config.name}-r{rep}-p{prompt.index}-{next(self._rids)}"}  # fmt: skip
-        t0 = time.perf_counter()
+        rec.started_at, t0 = time.time(), time.perf_counter()
         try:
             r = client.post(url + "/generate", json=body)
         except httpx.HTTPError as e:

@@ -38,6 +38,7 @@ class RequestRecord:
     divergence: dict[str, Any] | None = None  # tasks.gate.lossless.Divergence where the output leaves the reference
     concurrency: int = 1  # the load level it was sent at (requests in flight together)
     slot: int | None = None  # its place in the level's sequence (pairs launches at a level); None: prompt_index
+    started_at: float | None = None  # wall clock when it was sent (beside the launch's gpu_samples)
 
     @property
     def column(self) -> int:
@@ -102,6 +103,9 @@ class LaunchRecord:
     levels: dict[str, dict[str, Any]] = field(default_factory=dict)
     level_costs: dict[str, dict[str, float | None]] = field(default_factory=dict)
     max_running_requests: int | None = None  # the running-request cap the server reported
+    # The GPU's clocks, power and utilisation while it was measured (tasks/gate/gpu_samples.py),
+    # each sample stamped with the wall clock; empty where nvidia-smi is absent.
+    gpu_samples: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

@@ -11,6 +11,7 @@ import tasks.humanize as h
 from tasks.config.gate_section import GateConfig
 from tasks.gate.breakeven import breakeven_markdown
 from tasks.gate.decision import ConfigSummary, GateDecision
+from tasks.gate.gpu_samples import window_summary
 from tasks.gate.plan import CANDIDATE
 from tasks.gate.records import BenchResult
 from tasks.redaction import redact_secret_keys
@@ -282,7 +283,7 @@ def render_markdown(decision: GateDecision, result: BenchResult, cfg: GateConfig
         for x in result.launches:
             lines.append(f"| {x.config} | {x.repetition} | {_num(x.warmup_accept_length, '.2f')} | {len(x.requests)} |")
     else:
-        lines += ["", "## Launches", "", "| config | rep | ready after s | of it, before the scheduler process's first line s | graph captures (target/draft/extend) | decode lines on graphs | time to 1st token ms | ms per step or cycle | problems |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += ["", "## Launches", "", "| config | rep | ready after s | of it, before the scheduler process's first line s | graph captures (target/draft/extend) | decode lines on graphs | time to 1st token ms | ms per step or cycle | SM clock MHz while measured (median, lowest) | problems |", "|---|---|---|---|---|---|---|---|---|---|"]
         for x in result.launches:
             caps = x.log.get("captures", {})
             cap = "/".join(str(caps.get(k, {}).get("end", 0)) for k in ("target", "draft", "draft_extend"))
@@ -293,7 +294,9 @@ def render_markdown(decision: GateDecision, result: BenchResult, cfg: GateConfig
             step = _num(x.step_s * 1e3 if x.step_s else None, ".3f")
             # The start-up's processes (Python importing SGLang twice) against the model's load and graphs.
             processes = _num(x.log.get("startup_s", {}).get("scheduler"))
-            lines.append(f"| {x.config} | {x.repetition} | {_num(x.health_s)} | {processes} | {cap} | {graphs} | {ttft} | {step} | {problems} |")
+            gpu = window_summary(x.gpu_samples, x.measured_at or 0.0, x.ended_at or 0.0)
+            clock = f"{gpu['sm_mhz_median']:.0f}, {gpu['sm_mhz_min']:.0f}" if gpu else "-"
+            lines.append(f"| {x.config} | {x.repetition} | {_num(x.health_s)} | {processes} | {cap} | {graphs} | {ttft} | {step} | {clock} | {problems} |")
         timed = [x for x in result.launches if x.started_at is not None and x.ended_at is not None]
         if timed:
             held = sum((x.ended_at or 0.0) - (x.started_at or 0.0) for x in timed)
