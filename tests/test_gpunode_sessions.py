@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -261,6 +262,31 @@ def _tar_of(tmp_path: Path, node: Path) -> Path:
     return path
 
 
+def _stops_for_the_session_end(node: Path, step: Callable[[], None], journaled: Callable[[], int]) -> None:
+    """`step` (a watched stage) in a thread until 8 requests are journaled; then the session's end
+    moves near (`node start` again with less: less than the way back), and it must end raising
+    SessionEnds, its stage stopped."""
+    import threading
+
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            step()
+        except BaseException as e:  # noqa: BLE001 - the test asserts what it was
+            raised.append(e)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    began = time.monotonic()
+    while journaled() < 8 and thread.is_alive() and time.monotonic() - began < 240:
+        time.sleep(0.05)
+    (node / "deadline.json").write_text(json.dumps({"ends_at": time.time() + 30, "budget_s": 3600.0}))
+    thread.join(timeout=180)
+    assert not thread.is_alive()
+    assert len(raised) == 1 and isinstance(raised[0], SessionEnds), raised
+
+
 def test_a_generation_its_session_cannot_finish_stops_in_time_travels_and_resumes_on_the_next_node(
     tmp_path: Path, tiny_target_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -271,7 +297,6 @@ def test_a_generation_its_session_cannot_finish_stops_in_time_travels_and_resume
     `prepare --run-from` takes it (a generation not complete: the node regenerates what is
     missing), and a fresh node resumes it to the end, sending only the requests no journal held,
     none of them twice; that node's complete generation then travels as any other."""
-    import threading
 
     import httpx
 
@@ -310,24 +335,7 @@ def test_a_generation_its_session_cannot_finish_stops_in_time_travels_and_resume
         pipeline = pipeline_on(node)
         pipeline._note_carried()
         (node / "deadline.json").write_text(json.dumps({"ends_at": time.time() + 3600, "budget_s": 3600.0}))
-        raised: list[BaseException] = []
-
-        def generate() -> None:
-            try:
-                pipeline.generate(server.url)
-            except BaseException as e:  # noqa: BLE001 - the test asserts what it was
-                raised.append(e)
-
-        thread = threading.Thread(target=generate)
-        thread.start()
-        began = time.monotonic()
-        while len(journaled(node / "run")) < 8 and thread.is_alive() and time.monotonic() - began < 240:
-            time.sleep(0.05)
-        # The session's end moves near (`node start` again with less): less than the way back.
-        (node / "deadline.json").write_text(json.dumps({"ends_at": time.time() + 30, "budget_s": 3600.0}))
-        thread.join(timeout=180)
-        assert not thread.is_alive()
-        assert len(raised) == 1 and isinstance(raised[0], SessionEnds), raised
+        _stops_for_the_session_end(node, lambda: pipeline.generate(server.url), lambda: len(journaled(node / "run")))
         stopped = json.loads((node / travel.GENERATION_STOPPED).read_text())
         assert stopped["exit"] == 143 and stopped["way_back_s"] >= generation.GENERATION_STOP_S
         done_here = journaled(node / "run")
@@ -335,11 +343,7 @@ def test_a_generation_its_session_cannot_finish_stops_in_time_travels_and_resume
         status = json.loads((node / "status.json").read_text())
         assert status["steps"]["generate"]["state"] == "stopped" and "`prepare --run-from` resumes it" in status["detail"]
         # `node wait` brings it back; prepare --run-from unpacks it, a generation not complete.
-        out = tmp_path / "out"
-        out.mkdir()
-        travel.collect_generation(out)
-        packed = tmp_path / "generation.tar"
-        packed.write_bytes(b"".join(p.read_bytes() for p in sorted(out.glob("generation.tar.part-*"))))
+        packed = generation_tar(tmp_path / "out", tmp_path / "generation.tar")
         fresh = tmp_path / "fresh"
         run = travel.unpack_generation(packed, fresh / "src")
         assert travel.run_holds(run)["generation"] is False and not list(run.rglob("leases"))
@@ -426,7 +430,6 @@ def test_a_synthesis_its_session_cannot_finish_stops_in_time_travels_and_resumes
     shards, taken by `prepare --run-from` though it holds no discovery yet, and resumed by a fresh
     node, which sends only the slots no journal held, none twice, and then discovers."""
     import shutil
-    import threading
 
     import httpx
 
@@ -463,34 +466,14 @@ def test_a_synthesis_its_session_cannot_finish_stops_in_time_travels_and_resumes
         pipeline._note_carried()
         pipeline.write_params()  # what the node's helper steps read (the synthesis reference)
         (node / "deadline.json").write_text(json.dumps({"ends_at": time.time() + 3600, "budget_s": 3600.0}))
-        raised: list[BaseException] = []
-
-        def discover() -> None:
-            try:
-                pipeline.discover_here(server.url)
-            except BaseException as e:  # noqa: BLE001 - the test asserts what it was
-                raised.append(e)
-
-        thread = threading.Thread(target=discover)
-        thread.start()
-        began = time.monotonic()
-        while len(journaled(node / "run")) < 8 and thread.is_alive() and time.monotonic() - began < 240:
-            time.sleep(0.05)
-        (node / "deadline.json").write_text(json.dumps({"ends_at": time.time() + 30, "budget_s": 3600.0}))
-        thread.join(timeout=180)
-        assert not thread.is_alive()
-        assert len(raised) == 1 and isinstance(raised[0], SessionEnds), raised
+        _stops_for_the_session_end(node, lambda: pipeline.discover_here(server.url), lambda: len(journaled(node / "run")))
         stopped = json.loads((node / travel.GENERATION_STOPPED).read_text())
         assert stopped["step"] == "discover" and stopped["exit"] == 143
         done_here = journaled(node / "run")
         assert 8 <= len(done_here) < slots and not (node / "run/prompts/_SUCCESS.json").exists()
         status = json.loads((node / "status.json").read_text())
         assert status["steps"]["discover"]["state"] == "stopped" and "the synthesis (before discovery) travels" in status["detail"]
-        out = tmp_path / "out"
-        out.mkdir()
-        travel.collect_generation(out)
-        packed = tmp_path / "generation.tar"
-        packed.write_bytes(b"".join(p.read_bytes() for p in sorted(out.glob("generation.tar.part-*"))))
+        packed = generation_tar(tmp_path / "out", tmp_path / "generation.tar")
         fresh = tmp_path / "fresh"
         run = travel.unpack_generation(packed, fresh / "src")  # no discovery in it: a synthesis to resume
         assert not (run / "prompts").exists() and not list(run.rglob("leases"))
