@@ -122,3 +122,19 @@ def test_a_step_above_the_running_request_cap_is_its_first_turn_stretched_by_the
     assert queued_step(between, 64, 48) == pytest.approx((0.006 - 0.002) * 64 / 48)
     # Three turns at a cap of 24 (24, 24, 16): 2 * step(24) + step(16) = 6 ms.
     assert queued_step(probes, 64, 24) == pytest.approx((0.006 - 0.002) / 2 * 64 / 24)
+
+
+def test_requests_admitted_one_at_a_time_stall_each_other_at_their_config_s_admission_cost():
+    """Under load with replies that end at their own lengths, a request of n tokens is stalled by
+    the admissions of the others while it runs, each at its config's admit_s (0: the baseline's)."""
+    costs = StepCosts.from_dict({"baseline_step_s": 0.002, "cycle_s": {"3": 0.004}, "prefill_s": 0.03,
+                                 "admit_s": {"0": 0.005, "3": 0.010}})  # fmt: skip
+    assert StepCosts.from_dict(costs.to_dict()) == costs
+    alone = predict(costs, {3: 2.5}, tokens_per_request=101)
+    loaded = predict(costs, {3: 2.5}, tokens_per_request=101, admissions=7)
+    # 101 tokens: 0.03 s prefill, 100 steps of 0.002 s (or 40 cycles of 0.004 s), 7 admissions.
+    assert alone.baseline_tok_s == pytest.approx(101 / 0.23)
+    assert loaded.baseline_tok_s == pytest.approx(101 / (0.23 + 7 * 0.005))
+    assert loaded.per_steps[3]["tok_s"] == pytest.approx(101 / (0.03 + 0.16 + 7 * 0.010))
+    # The speculative server pays twice the baseline's per admission here: its lead shrinks.
+    assert loaded.per_steps[3]["speedup"] < alone.per_steps[3]["speedup"]

@@ -88,6 +88,11 @@ def test_a_rehearsal_on_the_emulator_writes_its_report(tmp_path: Path, capsys: p
     assert summary["outcome"] == "rehearsal" and summary["launches"] == 2
     assert summary["reasons"][0].startswith("rehearsal: acceptance forced by gate.simulated_acceptance")
     assert set(summary["table"]["eagle3-s3-k1-n4"]["levels"]) == {"1", "8"}
+    # Every reply to max_new_tokens: a level's requests end, and are admitted, together, so the
+    # probe's batch prefill stands and no admission stalls are added (their cost is still measured).
+    load = json.loads((out / "run/gate/load.json").read_text())
+    assert load["prediction"]["8"]["costs"]["admit_s"]
+    assert load["prediction"]["8"]["costs"]["prefill_s"] != load["prediction"]["1"]["costs"]["prefill_s"]
     assert (out / "run/gate/report.md").read_text().startswith("# Gate decision: REHEARSAL")
     assert "eagle3-s3-k1-n4" in capsys.readouterr().out
 
@@ -104,9 +109,18 @@ def test_a_rehearsal_with_reply_lengths_runs_each_prompt_to_its_own(tmp_path: Pa
     for launch in report["bench"]["launches"]:
         got = {(r["prompt_index"], r["completion_tokens"]) for r in launch["requests"]}
         assert got == {(i, n) for i, n in enumerate(lengths)}, launch["config"]
-        assert {r["completion_tokens"] for r in launch["probes"] if r["concurrency"] == 4} == {1, 8}
-    # The prediction is for the level's own requests: their mean reply, not max_new_tokens.
+        # The step probe's batches (prefill alone, then whole to max_new_tokens), then the admission
+        # probe's 16 requests, each to its own length between a quarter and three quarters of it.
+        probed = [r["completion_tokens"] for r in launch["probes"] if r["concurrency"] == 4]
+        assert probed[:16] == [1] * 4 + [8] * 4 + [1] * 4 + [8] * 4 and len(probed) == 32
+        assert all(2 <= n <= 6 for n in probed[16:]) and len(set(probed[16:])) > 1
+    # The prediction is for the level's own requests (their mean reply, not max_new_tokens),
+    # which end one at a time: each prefilled alone and stalled by the others' admissions, at
+    # what the admission probe measured for its config.
     load = json.loads((out / "run/gate/load.json").read_text())
+    costs = load["prediction"]["4"]["costs"]
+    assert set(costs["admit_s"]) == {"0", "3"} and all(a > 0 for a in costs["admit_s"].values())
+    assert costs["prefill_s"] == load["prediction"]["1"]["costs"]["prefill_s"]
     assert load["prediction"]["4"]["configs"]["baseline"]["predicted_tok_s"] is not None
 
 

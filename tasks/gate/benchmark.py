@@ -361,8 +361,33 @@ class GateRunner:
             return {"prefill_s": None, "step_s": None}
         first_s = min(t for t, _ in firsts)
         whole_s, whole = min(wholes, key=lambda w: w[0])
-        steps = statistics.mean((r.spec_verify_ct or 0) if config.spec is not None else r.completion_tokens - 1 for r in whole)
-        return {"prefill_s": first_s, "step_s": (whole_s - first_s) / steps if steps > 0 else None}
+        steps = statistics.mean(_cycles(r, config) for r in whole)
+        step = (whole_s - first_s) / steps if steps > 0 else None
+        return {"prefill_s": first_s, "step_s": step, "admit_s": self._probe_admissions(client, url, config, record, level, step)}
+
+    def _probe_admissions(
+        self, client: httpx.Client, url: str, config: BenchConfig, record: LaunchRecord, level: int, step: float | None
+    ) -> float | None:
+        """What admitting one request into a running batch of `level` costs the requests in it:
+        4 x level requests (at least 8) in a closed loop of `level`, each to its own length
+        (ignore_eos; a quarter to three quarters of max_new_tokens, spread), so that they end, and
+        the next ones are admitted, one at a time, as real replies do. Each request's latency less
+        a lone prefill (the concurrency-1 probe's) and its steps at the batch's step, summed, over
+        the admissions its life saw (level - 1 each): seconds per admission (>= 0)."""
+        lone = record.level_costs.get("1", {}).get("prefill_s")
+        if step is None or lone is None or level < 2:
+            return None
+        n, top = max(4 * level, 8), self.cfg.max_new_tokens
+        lengths = [max(2, round(top * (0.25 + 0.5 * ((j * 0.6180339887) % 1.0)))) for j in range(n)]
+        client.post(url + "/flush_cache", timeout=60.0).raise_for_status()
+        with ThreadPoolExecutor(max_workers=level) as pool:
+            recs = list(pool.map(lambda j: self._request(client, url, config, PROBE_REPETITION, self.prompts[j % len(self.prompts)],
+                                                         lengths[j], level=level, ignore_eos=True), range(n)))  # fmt: skip
+        record.probes += recs
+        if any(r.error for r in recs):
+            return None
+        stalls = sum(r.latency_s - lone - _cycles(r, config) * step for r in recs)
+        return max(0.0, stalls / (n * (level - 1)))
 
     def _verify_views(self, client: httpx.Client, url: str, config: BenchConfig, record: LaunchRecord) -> None:
         """Untimed, after the measured requests: each one refused as not lossless (each that
@@ -476,6 +501,11 @@ class GateRunner:
         if config.role == BREAKEVEN or self.cfg.simulated_acceptance:  # filler runs to the end, and so does
             sampling["ignore_eos"] = True  # a rehearsal's baseline, for the same tokens per request
         return sampling
+
+
+def _cycles(rec: RequestRecord, config: BenchConfig) -> int:
+    """A request's decode steps (baseline) or verify cycles (speculative), its first token aside."""
+    return (rec.spec_verify_ct or 0) if config.spec is not None else rec.completion_tokens - 1
 
 
 def _positive_int(value: object) -> int | None:

@@ -28,6 +28,11 @@ tokens per request a prediction is per request, as the benchmark measures tok/s:
 
     tok/s(k) = n / (prefill + (n - 1) * cycle(k) / accept_len(k))    (first token from prefill)
 
+Under load a request's replies end at their own lengths, so each end admits another request into
+the running batch, whose prefill stalls it: with `admissions` of them in a request's life (about
+the level less one, requests in flight staying level) at `admit_s[k]` each (the admission probe's,
+tasks/gate/benchmark.py), the denominator gains admissions * admit_s[k].
+
 An SGLang run's step times may also come as records (`costs_from_step_records`):
     {"kind": "baseline" | "verify" | "draft", "tokens": int, "step_time_s": float}
 where tokens is 1 for baseline, the tokens verified (k+1) for verify, and the draft tokens
@@ -79,11 +84,14 @@ class StepCosts:
     source: str = ""
     cycle_s: dict[int, float] = field(default_factory=dict)  # num_steps k -> a whole cycle, timed
     prefill_s: float | None = None
+    # num_steps k (0: the baseline) -> what admitting one request into a running batch costs the
+    # requests already in it (its prefill stalls their steps): the admission probe's.
+    admit_s: dict[int, float] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StepCosts:
         known = {"baseline_step_s", "verify_s", "draft_cycle_s", "draft_step_s", "overhead_s",
-                 "source", "cuda_graphs", "device", "cycle_s", "prefill_s"}  # fmt: skip
+                 "source", "cuda_graphs", "device", "cycle_s", "prefill_s", "admit_s"}  # fmt: skip
         unknown = sorted(set(d) - known)
         if unknown:
             raise CostModelError(f"step costs: unknown keys {unknown} (known: {sorted(known)})")
@@ -105,6 +113,7 @@ class StepCosts:
             source=str(d.get("source", "")),
             cycle_s=_keyed(d.get("cycle_s", {}), "step costs: cycle_s"),
             prefill_s=None if prefill is None else _positive(prefill, "step costs: prefill_s"),
+            admit_s={int(k): float(v) for k, v in d.get("admit_s", {}).items()},
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -117,6 +126,7 @@ class StepCosts:
             "source": self.source,
             "cycle_s": {str(k): v for k, v in sorted(self.cycle_s.items())},
             "prefill_s": self.prefill_s,
+            "admit_s": {str(k): v for k, v in sorted(self.admit_s.items())},
         }
 
     def draft_cost(self, k: int) -> float:
@@ -221,11 +231,11 @@ def queued_step(level_costs: dict[str, Any], level: int, cap: int | None) -> flo
 
 def costs_from_launches(result: Any, source: str = "sglang", level: int | None = None) -> StepCosts:
     """Step costs from a server benchmark's cost probes (a BenchResult's LaunchRecord.prefill_s
-    and step_s, or at a load level its level_costs): the median over the baseline launches, and
-    over each topk=1 num_steps of the candidate draft's launches (reference, scaling and policy
-    launches are left out)."""
+    and step_s, or at a load level its level_costs, with its admission probe's admit_s): the
+    median over the baseline launches, and over each topk=1 num_steps of the candidate draft's
+    launches (reference, scaling and policy launches are left out)."""
     configs = {c.name: c for c in result.configs}
-    base, prefill, cycles = [], [], defaultdict(list)
+    base, prefill, cycles, admits = [], [], defaultdict(list), defaultdict(list)
     for x in result.launches:
         config = configs[x.config]
         if config.role != "candidate":
@@ -233,27 +243,32 @@ def costs_from_launches(result: Any, source: str = "sglang", level: int | None =
         probe = x.level_costs.get(str(level), {}) if level is not None else {"prefill_s": x.prefill_s, "step_s": x.step_s}
         if probe.get("prefill_s") is not None:
             prefill.append(probe["prefill_s"])
+        if config.spec is not None and config.spec.topk != 1:
+            continue
+        k = config.spec.num_steps if config.spec is not None else 0
+        if probe.get("admit_s") is not None:
+            admits[k].append(probe["admit_s"])
         if probe.get("step_s") is None:
             continue
         step = probe["step_s"] if level is None else queued_step(x.level_costs, level, x.max_running_requests)
-        if config.spec is None:
-            base.append(step)
-        elif config.spec.topk == 1:
-            cycles[config.spec.num_steps].append(step)
+        (base if k == 0 else cycles[k]).append(step)
     if not base:
         raise CostModelError("no baseline launch measured a step cost" + (f" at concurrency {level}" if level else ""))
     return StepCosts(
         baseline_step_s=statistics.median(base), verify_s={},
         cycle_s={k: statistics.median(v) for k, v in sorted(cycles.items())},
         prefill_s=statistics.median(prefill) if prefill else None, source=source,
+        admit_s={k: statistics.median(v) for k, v in sorted(admits.items())},
     )  # fmt: skip
 
 
 def predict(
-    costs: StepCosts | dict[str, Any], accept_lengths: dict[int, float], tokens_per_request: float | None = None
+    costs: StepCosts | dict[str, Any], accept_lengths: dict[int, float], tokens_per_request: float | None = None,
+    admissions: float = 0.0,
 ) -> Prediction:
     """Predicted tok/s, speedup and break-even acceptance length for each num_steps; per request
-    (prefill included) when the costs have `prefill_s` and `tokens_per_request` is given."""
+    (prefill included) when the costs have `prefill_s` and `tokens_per_request` is given, with
+    `admissions` other requests admitted into its batch while it runs, each at admit_s."""
     if isinstance(costs, dict):
         costs = StepCosts.from_dict(costs)
     if not accept_lengths:
@@ -261,12 +276,13 @@ def predict(
     n, prefill = tokens_per_request, costs.prefill_s
     per_request = n is not None and n > 1 and prefill is not None
 
-    def rate(step: float, tokens_per_step: float) -> float:
+    def rate(step: float, tokens_per_step: float, k: int) -> float:
         if per_request:
-            return n / (prefill + (n - 1) * step / tokens_per_step)  # type: ignore[operator]
+            stalls = admissions * costs.admit_s.get(k, 0.0)
+            return n / (prefill + (n - 1) * step / tokens_per_step + stalls)  # type: ignore[operator]
         return tokens_per_step / step
 
-    baseline = rate(costs.baseline_cost(), 1.0)
+    baseline = rate(costs.baseline_cost(), 1.0, 0)
     rows: dict[int, dict[str, float]] = {}
     for k, length in sorted(accept_lengths.items()):
         if not isinstance(k, int) or k < 1:
@@ -276,7 +292,7 @@ def predict(
                 f"acceptance length {length!r} for num_steps {k} is outside [1, {k + 1}] (tokens per verify)"
             )
         cycle = costs.cycle_cost(k)
-        tok_s = rate(cycle, length)
+        tok_s = rate(cycle, length, k)
         rows[k] = {
             "accept_length": float(length),
             "cycle_s": cycle,

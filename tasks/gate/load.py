@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -145,13 +145,25 @@ def crossover_words(c: dict[str, Any]) -> str:
     return f"stops paying at ~{c['crossover']:.0f} concurrent requests"
 
 
+def _baseline_replies(result: BenchResult, level: int) -> list[int]:
+    """The output tokens of the baseline's measured requests at `level`."""
+    return [r.completion_tokens for c in result.configs if c.spec is None and c.role != POLICY
+            for r in result.records(c.name, level) if r.error is None]  # fmt: skip
+
+
 def reply_tokens(result: BenchResult, level: int) -> float | None:
     """The mean output tokens of the baseline's measured requests at `level`: the requests the
     measured rate is for (real replies end at their own lengths, a rehearsal's at max_new_tokens
     or gate.simulated_reply_tokens)."""
-    tokens = [r.completion_tokens for c in result.configs if c.spec is None and c.role != POLICY
-              for r in result.records(c.name, level) if r.error is None]  # fmt: skip
+    tokens = _baseline_replies(result, level)
     return statistics.mean(tokens) if tokens else None
+
+
+def ends_one_at_a_time(result: BenchResult, level: int) -> bool:
+    """Whether the baseline's requests at `level` end at lengths of their own (real replies, a
+    rehearsal's simulated_reply_tokens), so that they are admitted one at a time; not when every
+    one runs to the same length and a level's requests end, and are admitted, together."""
+    return len(set(_baseline_replies(result, level))) > 1
 
 
 def predict_levels(result: BenchResult, accept_lengths: dict[int, float], tokens: float | None) -> dict[str, Any]:
@@ -160,7 +172,9 @@ def predict_levels(result: BenchResult, accept_lengths: dict[int, float], tokens
     own reply length (reply_tokens; `tokens` where none was measured), beside the measured rate
     (the median at concurrency 1, the pooled rate above). Above a server's running-request cap a
     request queues for a slot: its step is the probe's first turn's, stretched by level / cap
-    (cost_model.queued_step)."""
+    (cost_model.queued_step). Where replies end one at a time and the launches ran the admission
+    probe, a request is prefilled alone (the lowest level's prefill) and stalled by the admissions
+    of level - 1 others, each at its config's admit_s."""
     from tasks.gate.cost_model import CostModelError, costs_from_launches, predict
 
     levels = sorted({r.concurrency for x in result.launches for r in x.requests})
@@ -169,8 +183,12 @@ def predict_levels(result: BenchResult, accept_lengths: dict[int, float], tokens
     for level in levels:
         try:
             costs = costs_from_launches(result, level=level)
+            admissions = 0.0
+            if costs.admit_s and ends_one_at_a_time(result, level):  # each a lone prefill, each stalling the rest
+                costs = replace(costs, prefill_s=costs_from_launches(result, level=levels[0]).prefill_s)
+                admissions = level - 1.0
             lengths = {k: v for k, v in accept_lengths.items() if costs.covers(k)}
-            prediction = predict(costs, lengths, reply_tokens(result, level) or tokens) if lengths else None
+            prediction = predict(costs, lengths, reply_tokens(result, level) or tokens, admissions) if lengths else None
         except CostModelError as e:
             out[str(level)] = {"error": str(e)}
             continue

@@ -215,9 +215,11 @@ def forecast_launches(cfg: GateConfig, draft_dir: str = "DRAFT", extra: list[Ext
     seconds = cfg.forecast_launch_s * sum(by_role.values())
     for _, config in [*order, *[(0, configs[0])] * by_role.get(POLICY, 0)]:
         prompts = min(cfg.breakeven_prompts, n_prompts) if config.role == BREAKEVEN else n_prompts
-        for level in load_levels(cfg, config):
+        for i, level in enumerate(load_levels(cfg, config)):
             n = level_requests(level, prompts)
             requests += n
             tokens += n * cfg.max_new_tokens
             seconds += n * cfg.max_new_tokens / (cfg.forecast_tok_s * level)
+            # Above the lowest level, the admission probe: 4 x level requests of half max_new_tokens on average, level at a time.
+            seconds += 2 * cfg.max_new_tokens / cfg.forecast_tok_s if i else 0.0
     return LaunchForecast(by_role, requests, tokens, seconds)
