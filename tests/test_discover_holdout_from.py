@@ -279,6 +279,13 @@ def test_a_missing_holdout_from_is_named_before_anything_is_written(
         run_discover_stage(cfg.model_copy(update={"discover": cfg.discover.model_copy(
             update={"holdout_from": str(tmp_path)})}), run, tokenizer)  # fmt: skip
     assert not run.exists("prompts")
+    # So is one whose marker names no holdout table (written by hand, or by something else).
+    (tmp_path / "odd/prompts").mkdir(parents=True)
+    (tmp_path / "odd/prompts/_SUCCESS.json").write_text("{}")
+    with pytest.raises(DiscoverConfigError, match=r"odd: its prompts/_SUCCESS.json names no holdout table"):
+        run_discover_stage(cfg.model_copy(update={"discover": cfg.discover.model_copy(
+            update={"holdout_from": str(tmp_path / "odd")})}), run, tokenizer)  # fmt: skip
+    assert not run.exists("prompts")
 
 
 def _table_file(path: Path, table_rows: list[dict[str, Any]], schema: pa.Schema) -> str:

@@ -69,8 +69,11 @@ def _read_table(path: str, storage_options: dict[str, Any] | None) -> tuple[pa.T
             f"no committed discovery ({DISCOVERY_MARKER}); give a run root whose discover stage "
             "has finished, or its holdout parquet file",
         )
+    holdout = (marker.get("files") or {}).get("holdout") if isinstance(marker, dict) else None
+    if not isinstance(holdout, dict) or "path" not in holdout:
+        raise _fail(path, f"its {DISCOVERY_MARKER} names no holdout table (files.holdout): not a committed discovery")
     # Verified against the marker's sha256, like every reader of a committed prompts table.
-    return read_prompts_table(run, "holdout"), f"{run.url}/{marker['files']['holdout']['path']}"
+    return read_prompts_table(run, "holdout"), f"{run.url}/{holdout['path']}"
 
 
 def holdout_table(path: str, storage_options: dict[str, Any] | None = None) -> pa.Table:
