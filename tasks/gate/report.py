@@ -229,6 +229,34 @@ def lossless_markdown(decision: GateDecision, result: BenchResult, cfg: GateConf
     return lines
 
 
+def _launches_markdown(result: BenchResult, cfg: GateConfig) -> list[str]:
+    """The server launches' table: start-up, graphs, probes, the GPU's clock, problems; their time."""
+    lines = ["", "## Launches", "", "| config | rep | ready after s | of it, before the scheduler process's first line s | graph captures (target/draft/extend) | decode lines on graphs | time to 1st token ms | ms per step or cycle | SM clock MHz while measured (median, lowest) | problems |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for x in result.launches:
+        caps = x.log.get("captures", {})
+        cap = "/".join(str(caps.get(k, {}).get("end", 0)) for k in ("target", "draft", "draft_extend"))
+        graphs = f"{x.log.get('decode_cuda_graph_true', 0)}/{x.log.get('decode_lines', 0)}"
+        problems = "; ".join(x.info_problems + x.graph_problems + x.info_notes
+                             + ([x.error.splitlines()[0]] if x.error else [])) or "-"  # fmt: skip
+        ttft = _num(x.prefill_s * 1e3 if x.prefill_s else None, ".2f")
+        step = _num(x.step_s * 1e3 if x.step_s else None, ".3f")
+        # The start-up's processes (Python importing SGLang twice) against the model's load and graphs.
+        processes = _num(x.log.get("startup_s", {}).get("scheduler"))
+        gpu = window_summary(x.gpu_samples, x.measured_at or 0.0, x.ended_at or 0.0)
+        clock = f"{gpu['sm_mhz_median']:.0f}, {gpu['sm_mhz_min']:.0f}" if gpu else "-"
+        lines.append(f"| {x.config} | {x.repetition} | {_num(x.health_s)} | {processes} | {cap} | {graphs} | {ttft} | {step} | {clock} | {problems} |")
+    timed = [x for x in result.launches if x.started_at is not None and x.ended_at is not None]
+    if timed:
+        held = sum((x.ended_at or 0.0) - (x.started_at or 0.0) for x in timed)
+        ready = sum(x.health_s or 0.0 for x in timed)
+        lines += ["", f"{len(result.launches)} launches; the servers up {held:,.0f} s in all (GPU time with "
+                  f"concurrent_servers 1), {ready:,.0f} s of it starting."]  # fmt: skip
+    if cfg.concurrent_servers > 1:
+        lines += ["", f"Servers started in waves of {cfg.concurrent_servers}; each was measured alone "
+                  "while the others of its wave waited idle."]  # fmt: skip
+    return lines
+
+
 def render_markdown(decision: GateDecision, result: BenchResult, cfg: GateConfig) -> str:
     lines = [f"# Gate decision: {decision.outcome.upper()}", ""]
     lines += [f"- {r}" for r in decision.reasons] + [""]
@@ -283,29 +311,7 @@ def render_markdown(decision: GateDecision, result: BenchResult, cfg: GateConfig
         for x in result.launches:
             lines.append(f"| {x.config} | {x.repetition} | {_num(x.warmup_accept_length, '.2f')} | {len(x.requests)} |")
     else:
-        lines += ["", "## Launches", "", "| config | rep | ready after s | of it, before the scheduler process's first line s | graph captures (target/draft/extend) | decode lines on graphs | time to 1st token ms | ms per step or cycle | SM clock MHz while measured (median, lowest) | problems |", "|---|---|---|---|---|---|---|---|---|---|"]
-        for x in result.launches:
-            caps = x.log.get("captures", {})
-            cap = "/".join(str(caps.get(k, {}).get("end", 0)) for k in ("target", "draft", "draft_extend"))
-            graphs = f"{x.log.get('decode_cuda_graph_true', 0)}/{x.log.get('decode_lines', 0)}"
-            problems = "; ".join(x.info_problems + x.graph_problems + x.info_notes
-                                 + ([x.error.splitlines()[0]] if x.error else [])) or "-"  # fmt: skip
-            ttft = _num(x.prefill_s * 1e3 if x.prefill_s else None, ".2f")
-            step = _num(x.step_s * 1e3 if x.step_s else None, ".3f")
-            # The start-up's processes (Python importing SGLang twice) against the model's load and graphs.
-            processes = _num(x.log.get("startup_s", {}).get("scheduler"))
-            gpu = window_summary(x.gpu_samples, x.measured_at or 0.0, x.ended_at or 0.0)
-            clock = f"{gpu['sm_mhz_median']:.0f}, {gpu['sm_mhz_min']:.0f}" if gpu else "-"
-            lines.append(f"| {x.config} | {x.repetition} | {_num(x.health_s)} | {processes} | {cap} | {graphs} | {ttft} | {step} | {clock} | {problems} |")
-        timed = [x for x in result.launches if x.started_at is not None and x.ended_at is not None]
-        if timed:
-            held = sum((x.ended_at or 0.0) - (x.started_at or 0.0) for x in timed)
-            ready = sum(x.health_s or 0.0 for x in timed)
-            lines += ["", f"{len(result.launches)} launches; the servers up {held:,.0f} s in all (GPU time with "
-                      f"concurrent_servers 1), {ready:,.0f} s of it starting."]  # fmt: skip
-        if cfg.concurrent_servers > 1:
-            lines += ["", f"Servers started in waves of {cfg.concurrent_servers}; each was measured alone "
-                      "while the others of its wave waited idle."]  # fmt: skip
+        lines += _launches_markdown(result, cfg)
     if result.stopped:
         lines += ["", f"**Stopped:** {result.stopped}"]
     lines += ["", "## Thresholds", "", "```json", json.dumps(decision.thresholds, indent=2), "```", ""]
