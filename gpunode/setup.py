@@ -130,8 +130,11 @@ class SetupSteps:
         _pip_target(self.site, sorted((src / "wheels").glob("*.whl")))
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
                         "--no-build-isolation", "-e", str(node_env.REPO)], check=False)  # fmt: skip
-        if not self.run_root.exists():  # none in the payload: the node discovers (payload.node_discovery)
-            shutil.copytree(src / "run", self.run_root) if (src / "run").is_dir() else self.run_root.mkdir(parents=True)
+        if not self.run_root.exists():
+            if (src / "run").is_dir():
+                shutil.copytree(src / "run", self.run_root)
+            else:  # none in the payload: the node discovers (payload.node_discovery)
+                self.run_root.mkdir(parents=True)
             self._note_carried()
 
     def _note_carried(self) -> None:
