@@ -136,3 +136,55 @@ def test_a_domain_with_one_measured_count_falls_back_to_replay_and_one_without_a
     assert set(report["fits"]) == {"chat"} and report["fits"]["chat"]["points"] == 2  # the replayed ones
     assert report["no_fit"] == {"code": "fewer than two sample counts measured or replayed"}
     assert len(report["points"]) == 4
+
+
+def test_the_full_draft_s_forecast_is_written_before_it_trains_and_checked_after(
+    tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path, one_thread: None
+):
+    """train.forecast_full_draft: the vocabulary map and data record first, the scaling drafts on
+    them, the forecast from their curve written before the full draft's first step, then the full
+    draft, whose result names the forecast, and the forecast set beside what it reached."""
+    from tasks.draft.forecast import FORECAST_CHECK_KEY, FORECAST_KEY
+    from tasks.draft.vocab import VocabMap
+    from tasks.runfolder import content_hash
+    from tasks.train.stage import train_drafts
+
+    cfg, _ = extracted_run(tmp_path_factory.getbasetemp(), tiny_target_dir, tmp_path_factory.mktemp("forecast"),
+                           max_steps=6, eval_every=3, save_every=1000, learning_rate=1e-2,
+                           scaling_fractions=[0.25, 0.5], forecast_full_draft=True)  # fmt: skip
+    run = RunFolder(cfg.run_root)
+    result = train_drafts(cfg)
+    assert result is not None and result.steps == 6
+    forecast = run.read_json(FORECAST_KEY)
+    n_train = run.read_json("train/data.json")["splits"]["train"]
+    assert [p["samples"] for p in forecast["points"]] == [round(0.25 * n_train), round(0.5 * n_train)]
+    assert forecast["train_sequences"] == n_train and set(forecast["fits"]) >= {"1", "3"}
+    fit = forecast["fits"]["3"]
+    assert fit["forecast"] == pytest.approx(fit["intercept"] + fit["slope_per_e_fold"] * math.log(n_train))
+    # Written before the full draft trained, and named by its result.
+    recorded = run.read_json("train/result.json")
+    assert recorded["forecast"] == {"content_hash": content_hash(forecast, 16), "written_at": forecast["written_at"]}
+    full_mtime = max(p.stat().st_mtime for p in Path(cfg.run_root, "train/checkpoints").rglob("*") if p.is_file())
+    assert forecast["written_at"] < full_mtime
+    # The scaling drafts drafted over the full draft's vocabulary map, counted once.
+    for samples in (p["samples"] for p in forecast["points"]):
+        assert run.read_json(f"train/scaling/frac-{samples}/result.json")["steps"] >= 1
+    assert VocabMap.load(run).draft_vocab_size == cfg.train.draft_vocab_size
+    check = run.read_json(FORECAST_CHECK_KEY)
+    reached = recorded["evals"][-1]["pooled_accept_len_3"]
+    assert check["per_num_steps"]["3"] == {"forecast": fit["forecast"], "reached": reached,
+                                           "difference": reached - fit["forecast"]}  # fmt: skip
+    # What the gate's scaling report sets beside it (gate/scaling/report.json's pre_registered).
+    from tasks.draft.forecast import forecast_beside
+
+    beside = forecast_beside(run, 3, {"replay": 1.5, "server": None})
+    assert beside is not None and beside["forecast"] == fit["forecast"] and beside["written_at"] == forecast["written_at"]
+    assert beside["measured"]["training_evaluation"] == {"value": reached, "difference": reached - fit["forecast"]}
+    assert beside["measured"]["replay"]["difference"] == pytest.approx(1.5 - fit["forecast"])
+    assert beside["measured"]["server"] == {"value": None, "difference": None}
+    assert forecast_beside(run, 9, {}) is None  # no fit at 9 draft positions
+    # A config that cannot fit a curve is refused before anything trains.
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="forecast_full_draft fits a curve to the scaling drafts: it needs two"):
+        cfg.train.model_validate({**cfg.train.model_dump(), "scaling_fractions": [0.5]})

@@ -499,6 +499,15 @@ class TrainConfig(Strict):
         "fractions of the training split (e.g. [0.1, 0.3]), exported to train/scaling/; the gate "
         "replays and measures each beside the full one and plots acceptance against samples.",
     )
+    forecast_full_draft: bool = Field(
+        False,
+        description="Pre-register the full draft's accept length: train the scaling drafts first (on the "
+        "full draft's vocabulary map and split, recorded before any of them), fit their held-out accept "
+        "lengths against log(samples), write the forecast at the full training split to "
+        "train/forecast.json, then train the full draft, whose train/result.json names the forecast's "
+        "sha256; train/forecast-check.json sets the full draft's own held-out accept lengths beside it. "
+        "Needs two or more scaling_fractions.",
+    )
     hidden_states: Literal["offline", "online"] = Field(
         "offline",
         description="offline: train on the extract stage's stored states; online: the trainer runs "
@@ -586,6 +595,9 @@ class TrainConfig(Strict):
         if self.init_from and (self.init_lm_head_from_target or self.init_norm_from_target):
             raise ValueError("train.init_from starts every weight from that draft: train.init_lm_head_from_target "
                              "and train.init_norm_from_target would overwrite its head or norm; leave them off")
+        if self.forecast_full_draft and len(self.scaling_fractions) < 2:
+            raise ValueError(f"train.forecast_full_draft fits a curve to the scaling drafts: it needs two or more "
+                             f"train.scaling_fractions, got {self.scaling_fractions}")  # fmt: skip
         if self.init_from and self.scaling_fractions:
             raise ValueError("train.init_from with train.scaling_fractions: the scaling drafts measure what data "
                              "alone buys, from random weights, and a continued draft is no point of that curve; "

@@ -220,6 +220,15 @@ class Trainer:
         self.step = 0
         self.stopped_for_budget = False
 
+    def record_data(self) -> None:
+        """The set-up alone: the vocabulary map counted on the training split and the data's
+        record (train/data.json), what the scaling drafts share with this draft, before any of
+        them trains (train.forecast_full_draft)."""
+        self.data = self._set_up_data()
+        if self.rank.rank == 0:
+            write_data_metadata(self.run, self.cfg.hidden_states, self.data.meta, self.data.index)
+        self.data.close()
+
     def train(self) -> TrainResult:
         """Train (or resume training) the draft; returns the metric history."""
         self.data = self._set_up_data()

@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
             dist.destroy_process_group()
     rank = int(os.environ.get("RANK", 0))
     world = int(os.environ.get("WORLD_SIZE", 1))
+    if result is None:  # train.forecast_full_draft: a scaling draft stopped for the time budget first
+        print(f"train_main rank {rank}/{world}: stopped for the time budget before the full draft", flush=True)
+        return 0
     last = result.history[-1]["loss"] if result.history else float("nan")
     print(f"train_main rank {rank}/{world} done: steps {result.steps}, last loss {last:.6f}",
           flush=True)

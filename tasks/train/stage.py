@@ -16,7 +16,9 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tasks.draft.data import training_data_metadata
 from tasks.draft.export import export_run_draft
+from tasks.draft.forecast import FORECAST_KEY
 from tasks.draft.online import OnlineTarget
 from tasks.draft.scaling_drafts import (
     scaling_drafts,
@@ -25,7 +27,7 @@ from tasks.draft.scaling_drafts import (
 )
 from tasks.draft.time_budget import TimeBudget
 from tasks.draft.trainer import TrainCallbacks, TrainResult, train_draft
-from tasks.runfolder import RunFolder
+from tasks.runfolder import RunFolder, content_hash
 from tasks.runfolder.layout import TRAIN_RESULT
 
 if TYPE_CHECKING:
@@ -54,16 +56,50 @@ def train_scaling(config: EagleScaleConfig, fractions: Sequence[float] | None = 
                                 budget=budget)  # fmt: skip
 
 
-def train_drafts(config: EagleScaleConfig, callbacks: TrainCallbacks | None = None) -> TrainResult:
+def train_drafts(config: EagleScaleConfig, callbacks: TrainCallbacks | None = None) -> TrainResult | None:
     """Train (or resume) the run's draft, then its data-scaling drafts when train.scaling_fractions
     names any, within one train.time_budget_s counted from here (a draft it stops leaves those
-    after it to the next run). Under torchrun every rank calls this; rank 0 writes what they share."""
+    after it to the next run). With train.forecast_full_draft the scaling drafts come first and
+    the full draft's forecast is written before it trains (forecast_then_train; None: a scaling
+    draft stopped for the budget). Under torchrun every rank calls this; rank 0 writes what they
+    share."""
     run, online = _run_and_target(config)
     budget = TimeBudget(config.train.time_budget_s)
+    if config.train.forecast_full_draft:
+        return forecast_then_train(config, run, online, callbacks, budget)
     result = train_draft(run, config.train, config.target.model_path, callbacks=callbacks, online=online,
                          budget=budget)  # fmt: skip
     if config.train.scaling_fractions and not result.stopped_for_budget:  # the data-scaling drafts the gate measures
         train_scaling(config, callbacks=callbacks, budget=budget)
+    return result
+
+
+def forecast_then_train(config: EagleScaleConfig, run: RunFolder, online: OnlineTarget | None,
+                        callbacks: TrainCallbacks | None, budget: TimeBudget) -> TrainResult | None:  # fmt: skip
+    """The pre-registered order: the full draft's vocabulary map and data record, the scaling
+    drafts on them, the forecast from their curve (tasks/draft/forecast.py), then the full draft,
+    its result naming the forecast, and the forecast set beside what it reached."""
+    from tasks.draft.distributed import Dist
+    from tasks.draft.forecast import check_forecast, write_forecast
+    from tasks.draft.trainer import Trainer, TrainOptions
+
+    options = TrainOptions(callbacks=callbacks, online=online, budget=budget)
+    if not run.exists(TRAIN_RESULT):  # the full draft has not started: what it shares comes first
+        Trainer(run, config.train, config.target.model_path, options).record_data()
+        drafts = train_scaling(config, callbacks=callbacks, budget=budget)
+        if scaling_stopped_for_budget(run):
+            return None
+        n_train = int(training_data_metadata(run)["splits"]["train"])
+        if Dist.current().rank == 0:
+            write_forecast(run, drafts, n_train)
+        Dist.current().barrier()
+    result = train_draft(run, config.train, config.target.model_path, options)
+    if Dist.current().rank == 0 and not result.stopped_for_budget:
+        recorded = run.read_json(TRAIN_RESULT) or {}
+        forecast = run.read_json(FORECAST_KEY)
+        recorded["forecast"] = {"content_hash": content_hash(forecast, 16), "written_at": forecast["written_at"]}
+        run.write_json_atomic(TRAIN_RESULT, recorded)
+        check_forecast(run, recorded)
     return result
 
 
