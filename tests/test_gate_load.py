@@ -45,7 +45,7 @@ LOADED = {"prefill_s": 0.002, "baseline_step_s": 0.006, "verify_step_s": 0.006, 
 # A lighter batch cost: the 3-step chain ~2.2x at 1, ~1.9x at 2 and ~1.07x at 16, where the 1-step
 # chain (a verify of 2 tokens a request) is ~1.1x: speculation pays at every level, by the most at
 # 3 steps alone and at 1 step (or 3) among 16.
-MILD = {**LOADED, "batch_token_s": 0.0004, "draft_batch_token_s": 0.0001}
+MILD = {**LOADED, "batch_token_s": 0.0003, "draft_batch_token_s": 0.0001}
 LEVELS = [1, 2, 16]
 
 
