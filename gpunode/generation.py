@@ -103,15 +103,16 @@ class GenerationSteps:
                 os.killpg(self.server.pid, signal.SIGKILL)
         self.server = None
 
-    def reference(self) -> None:
-        """One plain batched /generate request over the first prompts, the same rendering and
-        sampling as the stage, at the server's concurrency (max-running-requests 256)."""
-        self.note("reference", "running")
-        self.py(node_env.node_step("reference"), "reference")
-        result = read_json(node_env.NODE / "reference.json")
+    def reference(self, step: str = "reference", *args: str) -> None:
+        """One plain batched /generate request (`node reference`: over the first prompts, the same
+        rendering and sampling as the stage, at the server's concurrency, max-running-requests 256;
+        `node synthesis-reference URL`: the synthesis' first slots), its figures into the measures."""
+        self.note(step, "running")
+        self.py(node_env.node_step(step, *args), step)
+        result = read_json(node_env.NODE / f"{step}.json")
         self.measure.update(result or {})
-        self.save_measure("reference_done", True)
-        self.note("reference", "done", json.dumps(result))
+        self.save_measure(f"{step.replace('-', '_')}_done", True)
+        self.note(step, "done", json.dumps(result))
 
     def generate_once(self, reference: bool, while_up: Callable[[], None] | None = None) -> None:
         """The generation server, the plain batched request (`reference`) and `while_up` (what
@@ -143,11 +144,7 @@ class GenerationSteps:
         if (self.run_root / "prompts/_SUCCESS.json").is_file():
             return
         if not self.measure.get("synthesis_reference_done") and not (self.run_root / "synthesize/_COMPLETE").is_file():
-            self.note("synthesis-reference", "running")
-            self.py(node_env.node_step("synthesis-reference", endpoint), "synthesis-reference")
-            self.measure.update(read_json(node_env.NODE / "synthesis-reference.json") or {})
-            self.save_measure("synthesis_reference_done", True)
-            self.note("synthesis-reference", "done")
+            self.reference("synthesis-reference", endpoint)
         sets = (read_json(node_env.NODE / "manifest.json") or {}).get("node_discovery") or []
         self.stage("discover", f"engine.endpoints=[{endpoint}]", *sets,
                    watch=lambda proc: self.watch_generation(proc, "discover"))  # fmt: skip

@@ -505,7 +505,7 @@ class TrainConfig(Strict):
         "full draft's vocabulary map and split, recorded before any of them), fit their held-out accept "
         "lengths against log(samples), write the forecast at the full training split to "
         "train/forecast.json, then train the full draft, whose train/result.json names the forecast's "
-        "sha256; train/forecast-check.json sets the full draft's own held-out accept lengths beside it. "
+        "content hash; train/forecast-check.json sets the full draft's own held-out accept lengths beside it. "
         "Needs two or more scaling_fractions.",
     )
     hidden_states: Literal["offline", "online"] = Field(

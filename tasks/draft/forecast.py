@@ -32,12 +32,17 @@ def held_out_accept_lengths(result: dict[str, Any]) -> dict[int, float]:
     return {int(key.removeprefix(_POOLED)): float(v) for key, v in last.items() if key.startswith(_POOLED)}
 
 
+def forecast_reference(forecast: dict[str, Any]) -> dict[str, Any]:
+    """What names a written forecast: its content hash and when it was written."""
+    return {"content_hash": content_hash(forecast, 16), "written_at": forecast["written_at"]}
+
+
 def write_forecast(run: RunFolder, drafts: list[dict[str, Any]], train_sequences: int) -> dict[str, Any]:
     """train/forecast.json from the finished scaling drafts (the train stage's index entries);
-    returns its reference ({"content_hash", "written_at"}). A forecast already written stands."""
+    returns its reference (forecast_reference). A forecast already written stands."""
     existing = run.read_json(FORECAST_KEY)
     if existing is not None:
-        return {"content_hash": content_hash(existing, 16), "written_at": existing["written_at"]}
+        return forecast_reference(existing)
     points = []
     for draft in drafts:
         result = run.read_json(f"{draft['final'].rsplit('/', 1)[0]}/result.json") or {}
@@ -59,7 +64,7 @@ def write_forecast(run: RunFolder, drafts: list[dict[str, Any]], train_sequences
             "measure": "training's evaluation on the full draft's held-out split: pooled accept length with k "
                        "draft positions, at each scaling draft's last evaluation"}  # fmt: skip
     run.write_json_atomic(FORECAST_KEY, body)
-    return {"content_hash": content_hash(body, 16), "written_at": body["written_at"]}
+    return forecast_reference(body)
 
 
 def check_forecast(run: RunFolder, result: dict[str, Any]) -> dict[str, Any] | None:
@@ -72,9 +77,9 @@ def check_forecast(run: RunFolder, result: dict[str, Any]) -> dict[str, Any] | N
     per_k = {k: {"forecast": fit["forecast"], "reached": reached.get(int(k)),
                  "difference": reached[int(k)] - fit["forecast"] if int(k) in reached else None}
              for k, fit in forecast["fits"].items()}  # fmt: skip
-    check = {"checked_at": time.time(), "forecast_hash": content_hash(forecast, 16),
-             "forecast_written_at": forecast["written_at"], "train_sequences": forecast["train_sequences"],
-             "per_num_steps": per_k}  # fmt: skip
+    ref = forecast_reference(forecast)
+    check = {"checked_at": time.time(), "forecast_hash": ref["content_hash"], "forecast_written_at": ref["written_at"],
+             "train_sequences": forecast["train_sequences"], "per_num_steps": per_k}  # fmt: skip
     run.write_json_atomic(FORECAST_CHECK_KEY, check)
     return check
 
@@ -89,6 +94,5 @@ def forecast_beside(run: RunFolder, k: int, measured: dict[str, float | None]) -
     value = forecast["fits"][str(k)]["forecast"]
     reached = ((run.read_json(FORECAST_CHECK_KEY) or {}).get("per_num_steps") or {}).get(str(k), {}).get("reached")
     figures = {"training_evaluation": reached, **measured}
-    return {"num_steps": k, "forecast": value, "written_at": forecast["written_at"],
-            "content_hash": content_hash(forecast, 16), "train_sequences": forecast["train_sequences"],
+    return {"num_steps": k, "forecast": value, **forecast_reference(forecast), "train_sequences": forecast["train_sequences"],
             "measured": {name: {"value": v, "difference": None if v is None else v - value} for name, v in figures.items()}}  # fmt: skip

@@ -180,13 +180,15 @@ def predict_levels(result: BenchResult, accept_lengths: dict[int, float], tokens
     levels = sorted({r.concurrency for x in result.launches for r in x.requests})
     configs = {c.name: c for c in result.configs}
     out: dict[str, Any] = {}
+    lone_prefill: float | None = None  # the lowest level's prefill, read once a level needs it
     for level in levels:
         try:
             costs = costs_from_launches(result, level=level)
             admissions = 0.0
             if costs.admit_s and ends_one_at_a_time(result, level):  # each a lone prefill, each stalling the rest
-                costs = replace(costs, prefill_s=costs_from_launches(result, level=levels[0]).prefill_s)
-                admissions = level - 1.0
+                if lone_prefill is None:
+                    lone_prefill = costs_from_launches(result, level=levels[0]).prefill_s
+                costs, admissions = replace(costs, prefill_s=lone_prefill), level - 1.0
             lengths = {k: v for k, v in accept_lengths.items() if costs.covers(k)}
             prediction = predict(costs, lengths, reply_tokens(result, level) or tokens, admissions) if lengths else None
         except CostModelError as e:

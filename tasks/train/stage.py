@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from tasks.draft.data import training_data_metadata
 from tasks.draft.export import export_run_draft
-from tasks.draft.forecast import FORECAST_KEY
+from tasks.draft.forecast import FORECAST_KEY, forecast_reference
 from tasks.draft.online import OnlineTarget
 from tasks.draft.scaling_drafts import (
     scaling_drafts,
@@ -27,7 +27,7 @@ from tasks.draft.scaling_drafts import (
 )
 from tasks.draft.time_budget import TimeBudget
 from tasks.draft.trainer import TrainCallbacks, TrainResult, train_draft
-from tasks.runfolder import RunFolder, content_hash
+from tasks.runfolder import RunFolder
 from tasks.runfolder.layout import TRAIN_RESULT
 
 if TYPE_CHECKING:
@@ -89,15 +89,12 @@ def forecast_then_train(config: EagleScaleConfig, run: RunFolder, online: Online
         drafts = train_scaling(config, callbacks=callbacks, budget=budget)
         if scaling_stopped_for_budget(run):
             return None
-        n_train = int(training_data_metadata(run)["splits"]["train"])
         if Dist.current().rank == 0:
-            write_forecast(run, drafts, n_train)
+            write_forecast(run, drafts, int(training_data_metadata(run)["splits"]["train"]))
         Dist.current().barrier()
     result = train_draft(run, config.train, config.target.model_path, options)
     if Dist.current().rank == 0 and not result.stopped_for_budget:
-        recorded = run.read_json(TRAIN_RESULT) or {}
-        forecast = run.read_json(FORECAST_KEY)
-        recorded["forecast"] = {"content_hash": content_hash(forecast, 16), "written_at": forecast["written_at"]}
+        recorded = {**(run.read_json(TRAIN_RESULT) or {}), "forecast": forecast_reference(run.read_json(FORECAST_KEY))}
         run.write_json_atomic(TRAIN_RESULT, recorded)
         check_forecast(run, recorded)
     return result
