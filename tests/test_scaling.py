@@ -113,9 +113,20 @@ def test_scaling_drafts_on_the_tiny_target(
         assert json.loads(run.read_bytes(f"train/scaling/frac-{samples}/result.json"))["steps"] == steps
         assert run.exists(f"train/scaling/frac-{samples}/final/config.json")
     assert not run.exists("train/result.json")
-    # A second call resumes finished trainings: no step is taken again.
+    # A second call loads no finished draft again: the index's record and the export stand, as on a
+    # later session's node, which has them and not the checkpoints.
+    import shutil
+
+    for samples in (small, half):
+        shutil.rmtree(Path(cfg.run_root, f"train/scaling/frac-{samples}/checkpoints"))
+    exported = Path(cfg.run_root, f"train/scaling/frac-{small}/final/model.safetensors").stat().st_mtime_ns
     again = train_scaling_drafts(run, train, cfg.target.model_path)
-    assert [e["steps"] for e in again] == [round(6 * 0.25), round(6 * 0.5)]
+    assert again == entries and [e["steps"] for e in again] == [round(6 * 0.25), round(6 * 0.5)]
+    assert Path(cfg.run_root, f"train/scaling/frac-{small}/final/model.safetensors").stat().st_mtime_ns == exported
+    # Other settings train it again: a draft of another recipe is another point.
+    other = train_scaling_drafts(run, train.model_copy(update={"learning_rate": 5e-3}), cfg.target.model_path)
+    assert [e["settings"]["learning_rate"] for e in other] == [5e-3, 5e-3]
+    assert Path(cfg.run_root, f"train/scaling/frac-{small}/final/model.safetensors").stat().st_mtime_ns != exported
     # A full draft of another held-out split (its data.json): the curve's points would be replayed
     # on sequences they trained on. Refused before a step, naming both.
     from tasks.draft.data import DATA_META_KEY

@@ -6,9 +6,11 @@ best.json, result.json: the train stage's layout, one level down, so none resume
 crash resumes each exactly like the main draft), on the first <samples> training sequences with
 the full draft's vocabulary map, and is exported to `train/scaling/frac-<samples>/final` in
 SGLang's format. `train/scaling/index.json`
-lists the finished ones; the gate reads only that. A draft that train.time_budget_s stops is
-not exported, the fractions after it wait for the next run, and the index names it
-(`stopped_for_budget`).
+lists the finished ones, each with the settings it trained with; the gate reads only that. A
+draft the index lists, exported and trained with this run's settings, is not loaded again (a
+later session's node has its export and record, not its checkpoints). A draft that
+train.time_budget_s stops is not exported, the fractions after it wait for the next run, and the
+index names it (`stopped_for_budget`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ if TYPE_CHECKING:
 
 SCALING_TRAIN_ROOT = "train/scaling"
 SCALING_INDEX = f"{SCALING_TRAIN_ROOT}/index.json"
+# What a finished draft's index entry records of its settings beside the recipe a resume must
+# share (tasks/draft/recipe.py's RECIPE_KEYS): what sizes its schedule and its head.
+SCHEDULE_SETTINGS = ("epochs", "max_steps", "draft_vocab_size", "hidden_states")
 
 
 class TrainElsewhere(RunFolder):
@@ -57,6 +62,7 @@ def train_scaling_drafts(
     from tasks.draft.data import DATA_META_KEY, training_data_metadata
     from tasks.draft.distributed import Dist
     from tasks.draft.export import export_to_run
+    from tasks.draft.recipe import RECIPE_KEYS
     from tasks.draft.trainer import TrainResult, train_draft
     from tasks.draft.vocab import VocabMap
 
@@ -68,6 +74,7 @@ def train_scaling_drafts(
     # Every fraction drafts over the full draft's vocabulary: the drafts differ in their training
     # data only (and no fraction re-counts the whole training split for a map of its own).
     vocab = VocabMap.load(run) if run.exists(TRAIN_VOCAB_MAP) else None
+    listed = {d["samples"]: d for d in scaling_drafts(run)}
     entries, stopped = [], None
     for fraction, samples in fraction_samples(n_train, cfg.scaling_fractions):
         prefix = f"{SCALING_TRAIN_ROOT}/frac-{samples}"
@@ -79,6 +86,12 @@ def train_scaling_drafts(
             "max_steps": max(1, round(cfg.max_steps * fraction)) if cfg.max_steps else None,
         })  # fmt: skip
         final = f"{prefix}/final"
+        dumped = scaled.model_dump(mode="json")
+        settings = {key: dumped[key] for key in (*RECIPE_KEYS, *SCHEDULE_SETTINGS)}
+        before = listed.get(samples)
+        if before is not None and before.get("settings") == settings and run.exists(f"{final}/config.json"):
+            entries.append(before)  # finished on these settings: its export and record stand
+            continue
 
         def ship(result: TrainResult, view: RunFolder = view, final: str = final, samples: int = samples) -> None:
             """The best checkpoint (the last without an evaluation) exported to `final`."""
@@ -96,7 +109,7 @@ def train_scaling_drafts(
             stopped = prefix
             break
         entries.append({"fraction": fraction, "samples": samples, "steps": result.steps,
-                        "best": result.best or None, "final": final})  # fmt: skip
+                        "best": result.best or None, "final": final, "settings": settings})  # fmt: skip
     if rank.rank == 0:
         index = {"train_sequences": n_train, "drafts": entries}
         run.write_json_atomic(SCALING_INDEX, {**index, "stopped_for_budget": stopped} if stopped else index)
