@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from gpunode import node_env
@@ -31,7 +32,8 @@ class Packing:
         brought back by `node drafts K`): the best checkpoint exported in bf16, the dtype SGLang
         serves it in (half the fp32 export's bytes: 212 MB for the Qwen draft), as
         run/train/final, beside what the gate and the scaling drafts read (data.json, the
-        vocabulary map) and the training's record (result, best, its plot). Not its checkpoints
+        vocabulary map) and the training's record (result, best, its plot, the forecast it was
+        set beside under train.forecast_full_draft). Not its checkpoints
         (1.27 GB each with the optimizer's state: a draft that did not finish travels so
         instead, pack_run_checkpoint), nor the vLLM export: a later session gates this draft."""
         best = read_json(self.run_root / "train/best.json")
@@ -42,7 +44,8 @@ class Packing:
         _export_bf16(self.py, str(self.run_root / best["checkpoint"]), str(out), "draft-export")
         train = self.run_root / "train"
         members = {"run/train/final": out}
-        for rel in ("data.json", "vocab_map.safetensors", "result.json", "best.json", "plots/accuracy.png"):
+        for rel in ("data.json", "vocab_map.safetensors", "result.json", "best.json", "plots/accuracy.png",
+                    "forecast.json", "forecast-check.json"):  # the pre-registered forecast, for the gate's report
             if (train / rel).is_file():
                 members[f"run/train/{rel}"] = train / rel
         index = pack_parts(members, {"drafts": {"run": str(train / "final")}, "dtype": "bfloat16",
@@ -54,13 +57,17 @@ class Packing:
         session's fresh node (`prepare --checkpoint-from`, its parts brought back by `node
         checkpoint K`): whole, optimizer and RNG state with it, so that the resume there is the
         resume here (checkpoint_members). 1.27 GB for the Qwen draft: 22 calls back, 33 payload
-        parts forward (BENCHMARKS P20)."""
+        parts forward (BENCHMARKS P20). A data-scaling draft stopped so (train.forecast_full_draft
+        trains them first) travels with the scaling drafts finished before it, exported, so that
+        the next node trains none of them again."""
         newest = newest_checkpoint(self.run_root)
         if newest is None:
-            raise RuntimeError(f"{self.run_root}/train/checkpoints holds no complete checkpoint: nothing to pack")
+            raise RuntimeError(f"{self.run_root}: no complete checkpoint of the stopped draft: nothing to pack")
         members = checkpoint_members(self.run_root)
+        if (self.run_root / SCALING_INDEX).is_file():
+            members.update(self.scaling_members())
         state = read_json(newest / "trainer_state.json") or {}
-        index = pack_parts(members, {"checkpoint": f"train/checkpoints/{newest.name}", "step": state.get("step"),
+        index = pack_parts(members, {"checkpoint": str(newest.relative_to(self.run_root)), "step": state.get("step"),
                                      "total_steps": state.get("total_steps")}, name="checkpoint")  # fmt: skip
         self.save_measure("checkpoint", index)
 
@@ -69,12 +76,20 @@ class Packing:
         parts brought back by `node scaling-drafts K`): each one's checkpoint exported in bf16 as
         its final, with its record (result.json, best.json) and the index the gate reads. Not
         their checkpoints: the next session gates them and trains none."""
-        scaling = self.run_root / SCALING_ROOT
-        index = read_json(scaling / "index.json")
+        index = read_json(self.run_root / SCALING_INDEX)
         if not index or not index.get("drafts"):
-            raise RuntimeError(f"{scaling}/index.json lists no finished scaling drafts to pack")
+            raise RuntimeError(f"{self.run_root / SCALING_INDEX} lists no finished scaling drafts to pack")
+        packed = pack_parts(self.scaling_members(), {"scaling-drafts": [d["samples"] for d in index["drafts"]],
+                                                     "dtype": "bfloat16"}, name="scaling-drafts")  # fmt: skip
+        self.save_measure("scaling-drafts", packed)
+
+    def scaling_members(self) -> dict[str, Path]:
+        """The scaling index and, per finished draft it lists, its best checkpoint exported in bf16
+        as its final, with its record (result.json, best.json), by name in the tar."""
+        scaling = self.run_root / SCALING_ROOT
+        index = read_json(scaling / "index.json") or {}
         members = {f"run/{SCALING_INDEX}": scaling / "index.json"}
-        for entry in index["drafts"]:
+        for entry in index.get("drafts", []):
             folder = (self.run_root / entry["final"]).parent  # train/scaling/frac-N
             out = node_env.NODE / "scaling-bf16" / folder.name
             shutil.rmtree(out, ignore_errors=True)
@@ -83,6 +98,4 @@ class Packing:
             for rel in ("result.json", "best.json"):
                 if (folder / rel).is_file():
                     members[f"run/{SCALING_ROOT}/{folder.name}/{rel}"] = folder / rel
-        packed = pack_parts(members, {"scaling-drafts": [d["samples"] for d in index["drafts"]], "dtype": "bfloat16"},
-                            name="scaling-drafts")  # fmt: skip
-        self.save_measure("scaling-drafts", packed)
+        return members

@@ -25,7 +25,8 @@ class Pipeline(Plans, RecipePlan, TrainingSession, ParallelTraining, GateSession
         """The plan options.json names (`node start --plan`), to its end; status.json says how
         far it got, and a failure there names the step."""
         plans = {"full": self.full, "online-incumbent": self.online_incumbent, "lossless": self.lossless,
-                 "recipe": self.recipe, "qwen-generate": self.qwen_generate, "qwen-gate": self.qwen_gate,
+                 "recipe": self.recipe, "qwen-generate": self.qwen_generate,
+                 "qwen-forecast": self.qwen_forecast, "qwen-gate": self.qwen_gate,
                  "qwen-sweep": self.qwen_gate, "qwen-scaling": self.qwen_scaling, "verify-probe": self.verify_probe}  # fmt: skip
         try:
             try:

@@ -119,6 +119,21 @@ class Plans:
             self._end_agreement(agreement)
         self.pack_trained_draft()
 
+    def qwen_forecast(self) -> None:
+        """The "qwen-forecast" plan: qwen-generate's, in the pre-registered order
+        (train.forecast_full_draft): the data-scaling drafts, the full draft's forecast from their
+        curve, then the full draft, all within the session's device time; the draft a session
+        stops (a scaling one or the full one) travels as a checkpoint with what was finished
+        before it (`node checkpoint K`), and the next session resumes it. Once the full draft has
+        trained, it and the scaling drafts are packed for the gate's session."""
+        self.setup()
+        self.write_params()
+        self.generate_once(reference=True)
+        self.train_in_session(self.trainer_env())
+        if self.pack_trained_draft() and not self.done_before("scaling-pack"):
+            self.note("scaling-pack", "running")  # timed: what the travel costs on the node
+            self.optional(self.pack_scaling_drafts, "scaling-pack", mark=True)
+
     def qwen_gate(self) -> None:
         """The "qwen-gate" plan (and "qwen-sweep": the settings differ, plans.PLAN_SETTINGS): the
         gate that decides, on the carried draft or one trained here (draft_to_gate), as much of it

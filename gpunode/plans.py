@@ -60,6 +60,10 @@ SKIPPABLE: dict[str, dict[tuple[str, str], Any]] = {
 # the session's device time (train.time_budget_s, session_train.py): packed to travel when it ends
 # in the session, else its last checkpoint that can still come back (`node checkpoint K`; the next
 # session resumes it).
+# "qwen-forecast": issue 50's training, which spans sessions: qwen-generate's with the scaling
+# drafts first and the full draft's accept length forecast from their curve before its first step
+# (train.forecast_full_draft); a stopped scaling draft travels as a checkpoint too, beside those
+# finished before it.
 # "qwen-gate": the decision, at num_steps 1, 2 and 3 (topk 1) and the topk point (3 steps, topk
 # 4): the configs a draft near 1.8 tokens per verify at 3 steps (run 15's, in training's
 # evaluation) can win at, the short chains and the tree (run 17: num_steps 1 at 0.77x, so a
@@ -73,7 +77,7 @@ SKIPPABLE: dict[str, dict[tuple[str, str], Any]] = {
 # and the logprob probe against it on the gate's prompts (`node verify-probe`): the logprobs its
 # verify forward computed beside its own prefill's, at every position.
 PLANS = {"full": [], "online-incumbent": ["scaling", "anchor", "sweep"], "lossless": ["scaling", "anchor"],
-         "recipe": ["scaling", "sweep"], "qwen-generate": ["scaling", "anchor"], "qwen-gate": ["scaling", "anchor"],
+         "recipe": ["scaling", "sweep"], "qwen-generate": ["scaling", "anchor"], "qwen-forecast": ["anchor"], "qwen-gate": ["scaling", "anchor"],
          "qwen-sweep": ["scaling", "anchor"], "qwen-scaling": ["anchor"], "verify-probe": ["scaling", "anchor", "sweep"]}  # fmt: skip
 NEEDS_DRAFT = {"verify-probe"}  # plans that use a carried draft and train none of their own
 # Each plan's own settings (section, key) -> value, under --skip's and `node start --set`'s.
@@ -81,6 +85,7 @@ PLAN_SETTINGS: dict[str, dict[tuple[str, str], Any]] = {
     # The recipe A/B's token budget: SpecForge's draft and every variant but epochs4 train 3 epochs,
     # the budget runs 4-11 compared at, whatever the profile's (4 since run 11).
     "recipe": {("train", "epochs"): 3},
+    "qwen-forecast": {("train", "forecast_full_draft"): True},
     "qwen-gate": {("gate", "num_steps"): [1, 2, 3]},
     "qwen-sweep": {("gate", "num_steps"): [3, 4, 5], ("gate", "topk_points"): [],
                    ("gate", "breakeven_accept_lengths"): [1.5, 2.0, 2.5], ("gate", "breakeven_num_steps"): [3]},

@@ -92,16 +92,19 @@ def _step_of(key: str | None) -> int:
 
 
 def train_fit(run_root: Path, budget: float | None, reserve_s: float, seconds: float) -> dict[str, Any]:
-    """train-fit.json: how the session's training ended, from the train stage's own record
-    (train/result.json): finished (exported) or stopped for its time budget at a checkpoint that
-    travels, the steps, the pace of a step (the median of its records) and its wait for batches."""
-    result = read_json(run_root / "train/result.json") or {}
+    """train-fit.json: how the session's training ended, from the train stage's own record (the
+    result.json of the draft it trained last: the run's, or the data-scaling draft its budget
+    stopped, travel.stopped_draft): finished (exported) or stopped for its time budget at a
+    checkpoint that travels, the steps, the pace of a step (the median of its records) and its
+    wait for batches."""
+    draft = travel.stopped_draft(run_root)
+    result = read_json(draft / "result.json") or {}
     stopped = bool(result.get("stopped_for_budget"))
     history = result.get("history") or []
     paces = [h["batch_tokens"] / h["tok_per_s"] for h in history if h.get("tok_per_s")]
     waits = [h["data_wait_s"] for h in history if h.get("data_wait_s") is not None]
     resumed = result.get("resumed_from")
-    return {"time_budget_s": budget, "reserve_s": reserve_s, "seconds": seconds,
+    return {"time_budget_s": budget, "reserve_s": reserve_s, "seconds": seconds, "draft": str(draft.relative_to(run_root)),
             "finished": not stopped and (run_root / "train/final/config.json").is_file(),
             "stopped_at_step": result.get("steps") if stopped else None, "steps": result.get("steps"),
             "total_steps": (result.get("recipe") or {}).get("total_steps"),
@@ -138,11 +141,12 @@ class TrainingSession:
 
     def _train_stage(self, env: dict[str, str], budget: float | None, began: float) -> None:
         """The train stage; its exit for a draft its time budget stopped (at a checkpoint this
-        pass saved) is this step's end, not a failure."""
+        pass saved: the run's draft or a data-scaling one, travel.stopped_draft) is this step's
+        end, not a failure."""
         try:
             self.stage("train", *([f"train.time_budget_s={budget}"] if budget else []), env=env)
         except RuntimeError:
-            result = self.run_root / "train/result.json"
+            result = travel.stopped_draft(self.run_root) / "result.json"
             if not (result.is_file() and result.stat().st_mtime >= began and (read_json(result) or {}).get("stopped_for_budget")):
                 raise
             self.note("train", "stopped", f"train.time_budget_s={budget}: stopped at step {read_json(result)['steps']}; "

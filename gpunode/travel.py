@@ -41,10 +41,20 @@ SCALING_ROOT = "train/scaling"
 SCALING_INDEX = f"{SCALING_ROOT}/index.json"
 
 
+def stopped_draft(run: Path) -> Path:
+    """The train folder of the draft that training resumes: a data-scaling draft that a time
+    budget stopped (the scaling index names it; with train.forecast_full_draft they train before
+    the run's draft), unless the run's own draft is the one stopped; else the run's train/."""
+    scaling = (read_json(run / SCALING_INDEX) or {}).get("stopped_for_budget")
+    if scaling and not (read_json(run / "train/result.json") or {}).get("stopped_for_budget"):
+        return run / scaling
+    return run / "train"
+
+
 def newest_checkpoint(run: Path) -> Path | None:
-    """The newest complete checkpoint of the run's draft (train/checkpoints/step-N with its
-    meta.json), or None."""
-    return _newest_step(run / "train/checkpoints")
+    """The newest complete checkpoint (checkpoints/step-N with its meta.json) of the draft that
+    training resumes (stopped_draft), or None."""
+    return _newest_step(stopped_draft(run) / "checkpoints")
 
 
 def _newest_step(checkpoints: Path) -> Path | None:
@@ -268,12 +278,18 @@ def unpack_draft(packed: Path, dest: Path) -> Path:
     return dest / "run/train"
 
 
+def best_checkpoint(draft: Path) -> Path | None:
+    """The checkpoint a draft's best.json names (run/train, or a scaling draft's folder: each
+    writes it relative to its own train/), or None."""
+    best = (read_json(draft / "best.json") or {}).get("checkpoint")
+    return draft / best.removeprefix("train/") if best else None
+
+
 def scaling_checkpoint(folder: Path) -> Path:
     """The checkpoint a finished scaling draft in `folder` (train/scaling/frac-N) was exported
     from: its best.json's (written relative to its own train/), else its newest; as the train
     stage chose it (tasks/draft/scaling_drafts.py)."""
-    best = (read_json(folder / "best.json") or {}).get("checkpoint")
-    chosen = folder / best.removeprefix("train/") if best else _newest_step(folder / "checkpoints")
+    chosen = best_checkpoint(folder) or _newest_step(folder / "checkpoints")
     if chosen is None or not (chosen / "meta.json").is_file():
         raise RuntimeError(f"{folder}: no complete checkpoint (best.json's or a newest) to export the scaling draft from")
     return chosen
@@ -302,19 +318,24 @@ def unpack_scaling_drafts(packed: Path, dest: Path) -> Path:
 def checkpoint_members(run: Path) -> dict[str, Path]:
     """What a draft stopped mid-schedule leaves for the next session's node to resume
     from, by name in the tar: its newest checkpoint whole (weights, optimizer, RNG, trainer
-    state, meta.json), its best one too where that is another (the export reads it), the
-    vocabulary map it trained on and best.json. Empty when it has no complete checkpoint."""
+    state, meta.json), its best one too where that is another (the export reads it) and its
+    best.json; what the run's drafts share: the vocabulary map and, where the full draft's
+    forecast is written, that forecast (it stands once written). Empty when it has no complete
+    checkpoint. A stopped scaling draft's finished siblings travel beside it, exported
+    (Packing.scaling_members)."""
     newest = newest_checkpoint(run)
     if newest is None:
         return {}
-    train = run / "train"
-    members = {f"run/train/checkpoints/{newest.name}": newest}
-    best = (read_json(train / "best.json") or {}).get("checkpoint")
-    if best and (run / best / "meta.json").is_file() and (run / best) != newest:
-        members[f"run/{best}"] = run / best
-    for rel in ("vocab_map.safetensors", "best.json"):
-        if (train / rel).is_file():
-            members[f"run/train/{rel}"] = train / rel
+    draft = newest.parent.parent  # run/train, or run/train/scaling/frac-N
+    members = {f"run/{newest.relative_to(run)}": newest}
+    chosen = best_checkpoint(draft)
+    if chosen is not None and (chosen / "meta.json").is_file() and chosen != newest:
+        members[f"run/{chosen.relative_to(run)}"] = chosen
+    if (draft / "best.json").is_file():
+        members[f"run/{(draft / 'best.json').relative_to(run)}"] = draft / "best.json"
+    for rel in ("vocab_map.safetensors", "forecast.json"):
+        if (run / "train" / rel).is_file():
+            members[f"run/train/{rel}"] = run / "train" / rel
     return members
 
 
@@ -322,16 +343,18 @@ def unpack_checkpoint(packed: Path, dest: Path) -> Path:
     """An earlier session's training checkpoint (what `node checkpoint K` brought back, its parts
     joined) unpacked into dest/run/train, which it returns; refused, naming the file and what is
     wrong, with nothing extracted, unless every member lies under run/train/, it holds a complete
-    checkpoint (train/checkpoints/step-N/meta.json) and every file each meta.json names is in it
-    with that sha256. A node that finds it resumes the draft at that step."""
+    checkpoint (train/checkpoints/step-N/meta.json, or a data-scaling draft's under
+    train/scaling/frac-N/) and every file each meta.json names is in it with that sha256. A node
+    that finds it resumes that draft at that step."""
     with tarfile.open(packed) as tar:
         members = {m.name: m for m in tar.getmembers()}
         outside = [n for n in members if not (n + "/").startswith("run/train/")]
         if outside:
             raise ValueError(f"{packed}: members outside run/train/ ({outside[:3]}): not a checkpoint of `node checkpoint`")
-        metas = sorted(n for n in members if re.fullmatch(r"run/train/checkpoints/step-\d+/meta.json", n))
+        metas = sorted(n for n in members if re.fullmatch(r"run/train/(scaling/frac-\d+/)?checkpoints/step-\d+/meta.json", n))
         if not metas:
-            raise ValueError(f"{packed}: no run/train/checkpoints/step-N/meta.json in it: no complete checkpoint")
+            raise ValueError(f"{packed}: no run/train/[scaling/frac-N/]checkpoints/step-N/meta.json in it: "
+                             "no complete checkpoint")  # fmt: skip
         for meta_name in metas:
             folder = meta_name.rsplit("/", 1)[0]
             meta = json.load(tar.extractfile(members[meta_name]))  # type: ignore[arg-type]

@@ -143,6 +143,82 @@ def test_a_draft_trained_across_sessions_resumes_on_a_fresh_node_and_is_gated_in
     _the_next_sessions_gate_it(tmp_path, tiny_target_dir, generation, drafts, train, monkeypatch)
 
 
+def test_a_forecast_run_stopped_in_a_scaling_draft_resumes_it_on_a_fresh_node_and_trains_nothing_twice(
+    tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The "qwen-forecast" order (train.forecast_full_draft) across sessions: the first session's
+    budget finishes the smaller scaling draft and stops the larger one at its first checkpoint;
+    that checkpoint travels with the finished draft (exported in bf16, its record and the index)
+    and none of its checkpoints; the next, fresh node trains the finished one no more, resumes the
+    stopped one at its step, writes the forecast from both and only then trains the full draft."""
+    import shutil
+    import tarfile
+
+    from tests.draft_support import extracted_run, params_for
+
+    train = {"hidden_states": "online", "max_steps": 8, "eval_every": 4, "save_every": 4,
+             "scaling_fractions": [0.5, 0.75], "forecast_full_draft": True}  # fmt: skip
+    node = tmp_path / "node"
+    _, params = extracted_run(tmp_path_factory.getbasetemp(), tiny_target_dir, node, **train)
+    monkeypatch.setenv("H200_PROFILE", str(params))
+    monkeypatch.setattr(node_env, "EXTRA_SETS", [])
+    # A budget of 1 s: the 0.5 draft's first checkpoint is its last step (4 of 4), the 0.75 draft's
+    # is step 4 of 6, where it stops.
+    (node / "deadline.json").write_text(json.dumps({"ends_at": time.time() + 60, "budget_s": 1800.0}))
+    pipeline = cli_pipeline(node, monkeypatch)
+    pipeline.train_in_session(pipeline.trainer_env())
+    index = json.loads((node / "run/train/scaling/index.json").read_text())
+    (half,) = index["drafts"]
+    larger = index["stopped_for_budget"]
+    fit = json.loads((node / "train-fit.json").read_text())
+    assert fit["draft"] == larger and fit["stopped_at_step"] == 4 and fit["total_steps"] == 6 and not fit["finished"]
+    assert not (node / "run/train/result.json").exists() and not (node / "run/train/forecast.json").exists()
+    assert json.loads((node / "status.json").read_text())["steps"]["checkpoint-pack"]["state"] == "done"
+    packed_index = json.loads((node / "checkpoint/index.json").read_text())
+    assert packed_index["checkpoint"] == f"{larger}/checkpoints/step-4" and packed_index["total_steps"] == 6
+    out = tmp_path / "out-checkpoint"
+    monkeypatch.setenv("OUT", str(out))
+    for k in range(travel.calls_for(packed_index["bytes"])):
+        assert travel.node_packed("checkpoint", k) == 0
+    packed = tmp_path / "checkpoint.tar"
+    packed.write_bytes(b"".join((out / p).read_bytes() for p in packed_index["parts"]))
+    finished = half["final"].rsplit("/", 1)[0]
+    with tarfile.open(packed) as tar:
+        names = set(tar.getnames())
+    assert f"run/{larger}/checkpoints/step-4/meta.json" in names and "run/train/scaling/index.json" in names
+    assert {f"run/{finished}/result.json", f"run/{half['final']}/model.safetensors"} <= names
+    assert not any(n.startswith(f"run/{finished}/checkpoints") for n in names)  # finished: its export travels
+    # The next session's node: `prepare --run-from --checkpoint-from`.
+    generation = generation_tar(tmp_path / "out-generation", tmp_path / "out-generation/generation.tar")
+    resumed = tmp_path / "node-resumed"
+    travel.unpack_generation(generation, resumed / "src")
+    travel.unpack_checkpoint(packed, resumed / "src")
+    assert _bf16_only(resumed / f"src/run/{half['final']}/model.safetensors")
+    shutil.copytree(resumed / "src/run", resumed / "run")
+    monkeypatch.setenv("H200_PROFILE", str(params_for(resumed, tiny_target_dir, **train)))
+    pipeline = cli_pipeline(resumed, monkeypatch)
+    pipeline._note_carried()
+    assert travel.carried()["checkpoint"] is True and travel.newest_checkpoint(resumed / "run").parent.parent.name == larger.rsplit("/", 1)[1]
+    pipeline.train_in_session(pipeline.trainer_env())
+    run = resumed / "run"
+    fit = json.loads((resumed / "train-fit.json").read_text())
+    assert fit["finished"] is True and fit["draft"] == "train" and fit["steps"] == 8
+    assert not (run / finished / "checkpoints").exists()  # the finished draft was not trained again
+    assert json.loads((run / larger / "result.json").read_text())["resumed_from"].endswith("step-4")
+    forecast = json.loads((run / "train/forecast.json").read_text())
+    assert [p["samples"] for p in forecast["points"]] == [half["samples"], int(larger.rsplit("-", 1)[1])]
+    first_step = min(p.stat().st_mtime for p in (run / "train/checkpoints").rglob("*") if p.is_file())
+    assert forecast["written_at"] < first_step
+    assert json.loads((run / "train/result.json").read_text())["forecast"]["written_at"] == forecast["written_at"]
+    # The full draft travels to the gate's session with the forecast its report sets beside it.
+    assert pipeline.pack_trained_draft() is True
+    drafts = json.loads((resumed / "drafts/index.json").read_text())
+    joined = tmp_path / "drafts.tar"
+    joined.write_bytes(b"".join((resumed / "drafts" / Path(part).name).read_bytes() for part in drafts["parts"]))
+    with tarfile.open(joined) as tar:
+        assert {"run/train/forecast.json", "run/train/forecast-check.json"} <= set(tar.getnames())
+
+
 def _a_broken_checkpoint_is_refused(tmp_path: Path, packed_checkpoint: Path, generation: Path) -> None:
     """A checkpoint brought back broken is refused before anything is unpacked, naming the file."""
     import tarfile
