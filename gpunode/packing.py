@@ -85,16 +85,24 @@ class Packing:
 
     def scaling_members(self) -> dict[str, Path]:
         """The scaling index and, per finished draft it lists, its best checkpoint exported in bf16
-        as its final, with its record (result.json, best.json), by name in the tar."""
+        as its final (a draft carried in travels as its export came), with its record
+        (result.json, best.json), by name in the tar."""
         scaling = self.run_root / SCALING_ROOT
         index = read_json(scaling / "index.json") or {}
         members = {f"run/{SCALING_INDEX}": scaling / "index.json"}
         for entry in index.get("drafts", []):
-            folder = (self.run_root / entry["final"]).parent  # train/scaling/frac-N
-            out = node_env.NODE / "scaling-bf16" / folder.name
-            shutil.rmtree(out, ignore_errors=True)
-            _export_bf16(self.py, str(scaling_checkpoint(folder)), str(out), f"scaling-export-{folder.name}")
-            members[f"run/{entry['final']}"] = out
+            final = self.run_root / entry["final"]
+            folder = final.parent  # train/scaling/frac-N
+            checkpoint = scaling_checkpoint(folder)
+            if checkpoint is not None:
+                out = node_env.NODE / "scaling-bf16" / folder.name
+                shutil.rmtree(out, ignore_errors=True)
+                _export_bf16(self.py, str(checkpoint), str(out), f"scaling-export-{folder.name}")
+                members[f"run/{entry['final']}"] = out
+            elif (final / "config.json").is_file():  # carried: exported in bf16 by the session that trained it
+                members[f"run/{entry['final']}"] = final
+            else:
+                raise RuntimeError(f"{folder}: neither a complete checkpoint nor an export of the scaling draft")
             for rel in ("result.json", "best.json"):
                 if (folder / rel).is_file():
                     members[f"run/{SCALING_ROOT}/{folder.name}/{rel}"] = folder / rel

@@ -42,6 +42,12 @@ CHECKPOINT_PACK_S = 30.0
 # What a first checkpoint is taken to weigh before one exists: the Qwen draft's, with its
 # optimizer's state, 1.27 GB (BENCHMARKS P20).
 CHECKPOINT_BYTES = 1_300_000_000
+# A finished data-scaling draft beside a stopped draft's checkpoint (train.forecast_full_draft:
+# Packing.scaling_members): exported in bf16 on the node, then brought back; the Qwen draft's bf16
+# export is 212 MB, and a draft took 46-78 s from its best checkpoint to its parts (BENCHMARKS
+# P16, P18), most of it the export.
+DRAFT_BF16_BYTES = 212_000_000
+DRAFT_EXPORT_S = 60.0
 # `eaglescale run --stages train` starts (its Prefect API, the configuration) before the train
 # stage's clock for train.time_budget_s begins.
 STAGE_START_S = 30.0
@@ -73,18 +79,19 @@ def fit_epochs(per_epoch: float, train: dict[str, Any], drafts: float, gate: flo
             "gate_reserve_s": gate, "needed_s": epochs_need_s(fitting[0] if fitting else 1, per_epoch, train, drafts, gate)}  # fmt: skip
 
 
-def checkpoint_travel_s(nbytes: int) -> float:
-    """Device seconds from a stopped draft's last checkpoint to its parts here: the pack, then
-    the `node checkpoint K` calls."""
-    return CHECKPOINT_PACK_S + travel.calls_for(nbytes) * travel.SECONDS_PER_CALL
+def checkpoint_travel_s(nbytes: int, exports: int = 0) -> float:
+    """Device seconds from a stopped draft's last checkpoint to its parts here: the pack (with
+    `exports` finished scaling drafts exported beside it), then the `node checkpoint K` calls."""
+    total = nbytes + exports * DRAFT_BF16_BYTES
+    return CHECKPOINT_PACK_S + exports * DRAFT_EXPORT_S + travel.calls_for(total) * travel.SECONDS_PER_CALL
 
 
-def train_budget_s(left: float, checkpoint_bytes: int) -> float:
+def train_budget_s(left: float, checkpoint_bytes: int, exports: int = 0) -> float:
     """train.time_budget_s for a draft with `left` device seconds in its session: what is left
     once the stage has started, less what must follow its last training step, whichever way it
-    ends (its tail when it finishes, its checkpoint's way back when it stops). At least 1: the
-    first checkpoint is always reached."""
-    return max(1.0, left - STAGE_START_S - max(TRAIN_TAIL_S, checkpoint_travel_s(checkpoint_bytes)))
+    ends (its tail when it finishes, its checkpoint's way back when it stops, with `exports`
+    scaling drafts beside it). At least 1: the first checkpoint is always reached."""
+    return max(1.0, left - STAGE_START_S - max(TRAIN_TAIL_S, checkpoint_travel_s(checkpoint_bytes, exports)))
 
 
 def _step_of(key: str | None) -> int:
@@ -129,7 +136,10 @@ class TrainingSession:
         left = self.seconds_to_deadline()
         newest = travel.newest_checkpoint(self.run_root)
         size = sum(map(bytes_under, travel.checkpoint_members(self.run_root).values())) if newest else CHECKPOINT_BYTES
-        budget = None if left is None else round(train_budget_s(left, size))
+        train = self.params_data()["train"]
+        # Under the forecast's order every scaling draft may travel beside the stopped one.
+        exports = len(train.get("scaling_fractions") or []) if train.get("forecast_full_draft") else 0
+        budget = None if left is None else round(train_budget_s(left, size, exports))
         began = time.time()
         self.optional(lambda: self._train_stage(env, budget, began), "train")
         fit = train_fit(self.run_root, budget, reserve_s, time.time() - began)

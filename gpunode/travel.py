@@ -285,14 +285,13 @@ def best_checkpoint(draft: Path) -> Path | None:
     return draft / best.removeprefix("train/") if best else None
 
 
-def scaling_checkpoint(folder: Path) -> Path:
+def scaling_checkpoint(folder: Path) -> Path | None:
     """The checkpoint a finished scaling draft in `folder` (train/scaling/frac-N) was exported
     from: its best.json's (written relative to its own train/), else its newest; as the train
-    stage chose it (tasks/draft/scaling_drafts.py)."""
+    stage chose it (tasks/draft/scaling_drafts.py). None where it has none: a draft carried from
+    an earlier session, whose export and record came without its checkpoints."""
     chosen = best_checkpoint(folder) or _newest_step(folder / "checkpoints")
-    if chosen is None or not (chosen / "meta.json").is_file():
-        raise RuntimeError(f"{folder}: no complete checkpoint (best.json's or a newest) to export the scaling draft from")
-    return chosen
+    return chosen if chosen is not None and (chosen / "meta.json").is_file() else None
 
 
 def unpack_scaling_drafts(packed: Path, dest: Path) -> Path:

@@ -17,7 +17,13 @@ from gpunode import generation, node_env, plans, setup, training, travel
 from gpunode.gate_plan import gate_trims, preferred
 from gpunode.gate_session import GATE_FIXED_S, gate_s
 from gpunode.pipeline import Pipeline
-from gpunode.session_train import CHECKPOINT_BYTES, epochs_need_s, train_budget_s
+from gpunode.session_train import (
+    CHECKPOINT_BYTES,
+    DRAFT_BF16_BYTES,
+    DRAFT_EXPORT_S,
+    epochs_need_s,
+    train_budget_s,
+)
 from tests.gpunode_support import QWEN, REPO, on_node, qwen_node
 
 TREE = {"num_steps": 3, "topk": 4, "num_draft_tokens": 8}
@@ -267,6 +273,14 @@ def _the_draft_trains_within_the_time_left(node: Path, monkeypatch: pytest.Monke
     stages.clear()
     Pipeline().draft_to_gate()
     assert stages == []
+
+
+def test_a_forecast_session_leaves_its_scaling_drafts_their_way_back() -> None:
+    """Under train.forecast_full_draft a stopped draft's checkpoint travels with every finished
+    scaling draft exported beside it: its budget leaves their exports and calls their time."""
+    alone, beside = train_budget_s(1800, CHECKPOINT_BYTES), train_budget_s(1800, CHECKPOINT_BYTES, exports=4)
+    calls = travel.calls_for(CHECKPOINT_BYTES + 4 * DRAFT_BF16_BYTES) - travel.calls_for(CHECKPOINT_BYTES)
+    assert calls >= 4 and alone - beside == pytest.approx(4 * DRAFT_EXPORT_S + calls * travel.SECONDS_PER_CALL)
 
 
 def test_scaling_drafts_beside_a_carried_draft_train_at_its_epochs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -217,6 +217,10 @@ def test_a_forecast_run_stopped_in_a_scaling_draft_resumes_it_on_a_fresh_node_an
     joined.write_bytes(b"".join((resumed / "drafts" / Path(part).name).read_bytes() for part in drafts["parts"]))
     with tarfile.open(joined) as tar:
         assert {"run/train/forecast.json", "run/train/forecast-check.json"} <= set(tar.getnames())
+    # And the scaling drafts with it: the one carried in as it came (no checkpoint to export from).
+    pipeline.pack_scaling_drafts()
+    scaling = json.loads((resumed / "scaling-drafts/index.json").read_text())
+    assert scaling["scaling-drafts"] == [d["samples"] for d in forecast["points"]]
 
 
 def _a_broken_checkpoint_is_refused(tmp_path: Path, packed_checkpoint: Path, generation: Path) -> None:
