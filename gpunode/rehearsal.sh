@@ -27,6 +27,9 @@ case "${1:-}" in
     mkdir -p "$PARTS" && cp "$2" "$PARTS/" && ls "$PARTS" ;;
   start)
     sha=$2 seconds=$3; shift 3
+    # The daemon runs from a copy of the code in $WORK: a file named relative to the working tree
+    # (--reply-tokens benchmarks/results/...) is given to it by its absolute path.
+    args=(); for a in "$@"; do if [ -e "$a" ]; then args+=("$(realpath "$a")"); else args+=("$a"); fi; done
     [ -n "$(ls "$PARTS" 2>/dev/null)" ] || { echo "no parts in $PARTS: this machine started bare"; exit 3; }
     got=$(cat "$PARTS"/* | sha256sum | cut -c1-64)
     [ "$got" = "$sha" ] || { echo "the parts in $PARTS ($(ls "$PARTS" | tr '\n' ' ')) add up to $got, not $sha"; exit 4; }
@@ -35,8 +38,8 @@ case "${1:-}" in
     # A copy of the code, so that the next call's fresh working tree does not move under the daemon.
     cp -r tasks flows "$WORK/" && cp benchmarks/load_rehearsal.py "$WORK/benchmarks/"
     (cd "$WORK" && PYTHONPATH="$SITE:$WORK" setsid nohup python3 benchmarks/load_rehearsal.py "$RESULTS" \
-        --engine sglang "$@" > "$LOG" 2>&1 < /dev/null & echo $! > "$PID")
-    echo "started at $(date +%T): load_rehearsal.py $*"
+        --engine sglang "${args[@]}" > "$LOG" 2>&1 < /dev/null & echo $! > "$PID")
+    echo "started at $(date +%T): load_rehearsal.py ${args[*]}"
     follow "$seconds" ;;
   wait)
     [ -f "$PID" ] || { echo "no rehearsal on this machine: it started bare"; exit 3; }

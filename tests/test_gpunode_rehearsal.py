@@ -45,9 +45,11 @@ def test_parts_checked_unpacked_and_the_results_brought_back(tmp_path: Path) -> 
     wrong = rehearsal(tmp_path, "start", "0" * 64, "5")
     assert wrong.returncode == 4 and f"add up to {sha}, not {'0' * 64}" in wrong.stdout
 
-    done = rehearsal(tmp_path, "start", sha, "60", "--levels", "1")
+    # A file named relative to the working tree reaches the daemon, which runs from a copy.
+    replies = "benchmarks/results/real-run-node/run-28/reply-tokens.json"
+    done = rehearsal(tmp_path, "start", sha, "60", "--levels", "1", "--prompts", "32", "--reply-tokens", replies)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "started at" in done.stdout and "DONE at" in done.stdout
+    assert "started at" in done.stdout and "DONE at" in done.stdout and f"--reply-tokens {ROOT / replies}" in done.stdout
     assert (tmp_path / "node/site/marker.txt").read_text() == "ok"
     assert (tmp_path / "node/es/benchmarks/load_rehearsal.py").exists()
     with tarfile.open(tmp_path / "out/reh.tar.gz") as tar:
