@@ -83,38 +83,23 @@ def test_a_draft_trained_across_sessions_resumes_on_a_fresh_node_and_is_gated_in
     (`node drafts K`), is its best checkpoint in bf16 with the files the gate and the scaling
     drafts read, what `prepare --draft-from` unpacks; the next node gates it beside a scaling
     draft, and the one after gates the scaling drafts carried to it."""
-    import shutil
 
     import torch
     from safetensors.torch import load_file
 
-    from tests.draft_support import extracted_run, params_for
 
     train = {"hidden_states": "online", "max_steps": 4, "eval_every": 2, "save_every": 2, "scaling_fractions": []}
     node = tmp_path / "node"
-    _, params = extracted_run(tmp_path_factory.getbasetemp(), tiny_target_dir, node, **train)
-    monkeypatch.setenv("H200_PROFILE", str(params))
-    monkeypatch.setattr(node_env, "EXTRA_SETS", [])
-    # 60 s left: less than the draft's checkpoint's way back (~300 s at its forecast size): the
-    # budget is the least, 1 s, and the stage stops at its first checkpoint, step 2 of 4.
-    (node / "deadline.json").write_text(json.dumps({"ends_at": time.time() + 60, "budget_s": 1800.0}))
-    pipeline = cli_pipeline(node, monkeypatch)
-    pipeline.train_in_session(pipeline.trainer_env(), reserve_s=600.0)
+    # The stage stops at its first checkpoint, step 2 of 4.
+    _trained_with_60_s_left(tmp_path_factory.getbasetemp(), tiny_target_dir, node, train, monkeypatch, reserve_s=600.0)
     fit = json.loads((node / "train-fit.json").read_text())
     assert fit["time_budget_s"] == 1 and fit["reserve_s"] == 600.0 and fit["finished"] is False
     assert fit["stopped_at_step"] == 2 and fit["resumed_from"] is None and fit["steps_trained"] == 2
     assert fit["total_steps"] == 4 and fit["pace_s"] > 0 and fit["data_wait_s_mean"] >= 0
     status = json.loads((node / "status.json").read_text())["steps"]
     assert status["train"]["state"] == "stopped" and status["checkpoint-pack"]["state"] == "done"
-    index = json.loads((node / "checkpoint/index.json").read_text())
+    index, packed_checkpoint = _brought_back(tmp_path, node, "checkpoint", monkeypatch)
     assert index["checkpoint"] == "train/checkpoints/step-2" and index["step"] == 2 and index["total_steps"] == 4
-    out = tmp_path / "out-checkpoint"
-    monkeypatch.setenv("OUT", str(out))
-    for k in range(travel.calls_for(index["bytes"])):
-        assert travel.node_packed("checkpoint", k) == 0
-    packed_checkpoint = tmp_path / "checkpoint.tar"
-    packed_checkpoint.write_bytes(b"".join((out / p).read_bytes() for p in index["parts"]))
-    assert node_env.sha256(packed_checkpoint) == index["sha256"]
     # The machine that stopped it resumes it (`node start` again there; no deadline: to the end).
     (node / "deadline.json").unlink()
     restarted = cli_pipeline(node, monkeypatch)
@@ -123,15 +108,9 @@ def test_a_draft_trained_across_sessions_resumes_on_a_fresh_node_and_is_gated_in
     assert fit["finished"] is True and fit["resumed_from"] == "step-2" and fit["steps_trained"] == 2
     assert fit["time_budget_s"] is None and not (node / "run/train/result.json").read_text().count('"stopped_for_budget": true')
     # The next session's node: the run folder as `prepare --run-from --checkpoint-from` carries it.
-    generation = generation_tar(tmp_path / "out-generation", tmp_path / "out-generation/generation.tar")
     resumed = tmp_path / "node-resumed"
-    travel.unpack_generation(generation, resumed / "src")
-    train_dir = travel.unpack_checkpoint(packed_checkpoint, resumed / "src")
-    assert sorted(p.name for p in train_dir.iterdir()) == ["best.json", "checkpoints", "vocab_map.safetensors"]
-    shutil.copytree(resumed / "src/run", resumed / "run")
-    monkeypatch.setenv("H200_PROFILE", str(params_for(resumed, tiny_target_dir, **train)))
-    pipeline = cli_pipeline(resumed, monkeypatch)
-    pipeline._note_carried()
+    generation, pipeline = _a_fresh_node(tmp_path, resumed, packed_checkpoint, tiny_target_dir, train, monkeypatch)
+    assert sorted(p.name for p in (resumed / "src/run/train").iterdir()) == ["best.json", "checkpoints", "vocab_map.safetensors"]
     assert travel.carried() == {"generation": True, "draft": False, "checkpoint": True, "scaling": False}
     pipeline.train_in_session(pipeline.trainer_env())
     fit = json.loads((resumed / "train-fit.json").read_text())
@@ -151,22 +130,14 @@ def test_a_forecast_run_stopped_in_a_scaling_draft_resumes_it_on_a_fresh_node_an
     that checkpoint travels with the finished draft (exported in bf16, its record and the index)
     and none of its checkpoints; the next, fresh node trains the finished one no more, resumes the
     stopped one at its step, writes the forecast from both and only then trains the full draft."""
-    import shutil
     import tarfile
-
-    from tests.draft_support import extracted_run, params_for
 
     train = {"hidden_states": "online", "max_steps": 8, "eval_every": 4, "save_every": 4,
              "scaling_fractions": [0.5, 0.75], "forecast_full_draft": True}  # fmt: skip
     node = tmp_path / "node"
-    _, params = extracted_run(tmp_path_factory.getbasetemp(), tiny_target_dir, node, **train)
-    monkeypatch.setenv("H200_PROFILE", str(params))
-    monkeypatch.setattr(node_env, "EXTRA_SETS", [])
-    # A budget of 1 s: the 0.5 draft's first checkpoint is its last step (4 of 4), the 0.75 draft's
-    # is step 4 of 6, where it stops.
-    (node / "deadline.json").write_text(json.dumps({"ends_at": time.time() + 60, "budget_s": 1800.0}))
-    pipeline = cli_pipeline(node, monkeypatch)
-    pipeline.train_in_session(pipeline.trainer_env())
+    # The 0.5 draft's first checkpoint is its last step (4 of 4), the 0.75 draft's is step 4 of 6,
+    # where it stops.
+    _trained_with_60_s_left(tmp_path_factory.getbasetemp(), tiny_target_dir, node, train, monkeypatch)
     index = json.loads((node / "run/train/scaling/index.json").read_text())
     (half,) = index["drafts"]
     larger = index["stopped_for_budget"]
@@ -174,14 +145,8 @@ def test_a_forecast_run_stopped_in_a_scaling_draft_resumes_it_on_a_fresh_node_an
     assert fit["draft"] == larger and fit["stopped_at_step"] == 4 and fit["total_steps"] == 6 and not fit["finished"]
     assert not (node / "run/train/result.json").exists() and not (node / "run/train/forecast.json").exists()
     assert json.loads((node / "status.json").read_text())["steps"]["checkpoint-pack"]["state"] == "done"
-    packed_index = json.loads((node / "checkpoint/index.json").read_text())
+    packed_index, packed = _brought_back(tmp_path, node, "checkpoint", monkeypatch)
     assert packed_index["checkpoint"] == f"{larger}/checkpoints/step-4" and packed_index["total_steps"] == 6
-    out = tmp_path / "out-checkpoint"
-    monkeypatch.setenv("OUT", str(out))
-    for k in range(travel.calls_for(packed_index["bytes"])):
-        assert travel.node_packed("checkpoint", k) == 0
-    packed = tmp_path / "checkpoint.tar"
-    packed.write_bytes(b"".join((out / p).read_bytes() for p in packed_index["parts"]))
     finished = half["final"].rsplit("/", 1)[0]
     with tarfile.open(packed) as tar:
         names = set(tar.getnames())
@@ -189,15 +154,9 @@ def test_a_forecast_run_stopped_in_a_scaling_draft_resumes_it_on_a_fresh_node_an
     assert {f"run/{finished}/result.json", f"run/{half['final']}/model.safetensors"} <= names
     assert not any(n.startswith(f"run/{finished}/checkpoints") for n in names)  # finished: its export travels
     # The next session's node: `prepare --run-from --checkpoint-from`.
-    generation = generation_tar(tmp_path / "out-generation", tmp_path / "out-generation/generation.tar")
     resumed = tmp_path / "node-resumed"
-    travel.unpack_generation(generation, resumed / "src")
-    travel.unpack_checkpoint(packed, resumed / "src")
+    _, pipeline = _a_fresh_node(tmp_path, resumed, packed, tiny_target_dir, train, monkeypatch)
     assert _bf16_only(resumed / f"src/run/{half['final']}/model.safetensors")
-    shutil.copytree(resumed / "src/run", resumed / "run")
-    monkeypatch.setenv("H200_PROFILE", str(params_for(resumed, tiny_target_dir, **train)))
-    pipeline = cli_pipeline(resumed, monkeypatch)
-    pipeline._note_carried()
     assert travel.carried()["checkpoint"] is True and travel.newest_checkpoint(resumed / "run").parent.parent.name == larger.rsplit("/", 1)[1]
     pipeline.train_in_session(pipeline.trainer_env())
     run = resumed / "run"
@@ -221,6 +180,55 @@ def test_a_forecast_run_stopped_in_a_scaling_draft_resumes_it_on_a_fresh_node_an
     pipeline.pack_scaling_drafts()
     scaling = json.loads((resumed / "scaling-drafts/index.json").read_text())
     assert scaling["scaling-drafts"] == [d["samples"] for d in forecast["points"]]
+
+
+def _trained_with_60_s_left(base: Path, tiny_target_dir: Path, node: Path, train: dict,
+                            monkeypatch: pytest.MonkeyPatch, reserve_s: float = 0.0) -> None:  # fmt: skip
+    """A node whose run holds its generation, trained within a session with 60 s left: less than
+    a checkpoint's way back (~300 s at its forecast size), so the train stage's budget is the
+    least, 1 s, and each draft stops at its first checkpoint (a draft whose first is its last
+    step finishes)."""
+    from tests.draft_support import extracted_run
+
+    _, params = extracted_run(base, tiny_target_dir, node, **train)
+    monkeypatch.setenv("H200_PROFILE", str(params))
+    monkeypatch.setattr(node_env, "EXTRA_SETS", [])
+    (node / "deadline.json").write_text(json.dumps({"ends_at": time.time() + 60, "budget_s": 1800.0}))
+    pipeline = cli_pipeline(node, monkeypatch)
+    pipeline.train_in_session(pipeline.trainer_env(), reserve_s=reserve_s)
+
+
+def _brought_back(tmp_path: Path, node: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> tuple[dict, Path]:
+    """What the node packed as `name` (checkpoint, scaling-drafts), as `node NAME K` returns it:
+    its index, and its parts joined (NAME.tar), checked against the index's sha256."""
+    index = json.loads((node / name / "index.json").read_text())
+    out = tmp_path / f"out-{name}"
+    monkeypatch.setenv("OUT", str(out))
+    for k in range(travel.calls_for(index["bytes"])):
+        assert travel.node_packed(name, k) == 0
+    packed = tmp_path / f"{name}.tar"
+    packed.write_bytes(b"".join((out / p).read_bytes() for p in index["parts"]))
+    assert node_env.sha256(packed) == index["sha256"]
+    return index, packed
+
+
+def _a_fresh_node(tmp_path: Path, resumed: Path, packed: Path, tiny_target_dir: Path, train: dict,
+                  monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Pipeline]:  # fmt: skip
+    """The next session's node: the generation (`node wait`'s) and the checkpoint unpacked into
+    its src as `prepare --run-from --checkpoint-from` carries them, its run folder from there,
+    and what it carried noted. Returns the generation.tar and the node's pipeline."""
+    import shutil
+
+    from tests.draft_support import params_for
+
+    generation = generation_tar(tmp_path / "out-generation", tmp_path / "out-generation/generation.tar")
+    travel.unpack_generation(generation, resumed / "src")
+    travel.unpack_checkpoint(packed, resumed / "src")
+    shutil.copytree(resumed / "src/run", resumed / "run")
+    monkeypatch.setenv("H200_PROFILE", str(params_for(resumed, tiny_target_dir, **train)))
+    pipeline = cli_pipeline(resumed, monkeypatch)
+    pipeline._note_carried()
+    return generation, pipeline
 
 
 def _a_broken_checkpoint_is_refused(tmp_path: Path, packed_checkpoint: Path, generation: Path) -> None:
@@ -292,15 +300,8 @@ def _the_next_sessions_gate_it(tmp_path: Path, tiny_target_dir: Path, generation
     assert list((tmp_path / "out2").iterdir()) == []
     assert steps.node_scaling(None) == 0
     pipeline.pack_scaling_drafts()
-    index = json.loads((fresh / "scaling-drafts/index.json").read_text())
+    index, scaling_tar = _brought_back(tmp_path, fresh, "scaling-drafts", monkeypatch)
     assert index["scaling-drafts"] == [d["samples"] for d in json.loads((fresh / "run/train/scaling/index.json").read_text())["drafts"]]
-    out = tmp_path / "out-scaling"
-    monkeypatch.setenv("OUT", str(out))
-    for k in range(travel.calls_for(index["bytes"])):
-        assert travel.node_packed("scaling-drafts", k) == 0
-    scaling_tar = tmp_path / "scaling-drafts.tar"
-    scaling_tar.write_bytes(b"".join((out / p).read_bytes() for p in index["parts"]))
-    assert node_env.sha256(scaling_tar) == index["sha256"]
     third = tmp_path / "node3"
     travel.unpack_generation(generation, third / "src")
     travel.unpack_draft(drafts, third / "src")
