@@ -30,7 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
 from tasks.config.gate_section import GateConfig, SpecPoint  # noqa: E402
 from tasks.gate.benchmark import GateRunner, server_launcher  # noqa: E402
@@ -52,6 +55,7 @@ SHAPES = {
                      head_dim=64, intermediate=1536, vocab=49152, tie=True, theta=100000.0),
 }  # fmt: skip
 DRAFT_VOCAB = 32000
+GATE_PROFILE = REPO / "deployments/params/qwen25-coder.yaml"  # whose gate.server a rehearsal's server is
 # The promoted Qwen2.5-Coder draft's accept lengths (run 24: 2.58 at 3 steps, 2.82 at 4, the
 # tree 2.96), and below and above them the curve's shape at 1, 2 and 5 steps.
 DEFAULT_ACCEPT = {"eagle3-s1-k1-n2": 1.75, "eagle3-s2-k1-n3": 2.25, "eagle3-s3-k1-n4": 2.58,
@@ -112,20 +116,16 @@ def gate_config(args: argparse.Namespace, accept: dict[str, float]) -> GateConfi
     common = dict(engine=args.engine, sglang_version="0.5.14", python=sys.executable, concurrency=levels,
                   num_steps=steps, topk_points=[TREE] if TREE_LABEL in accept else [], simulated_acceptance=accept,
                   repetitions=args.repetitions, num_prompts=args.prompts, max_new_tokens=args.new_tokens,
-                  simulated_reply_tokens=replies,
-                  warmup_requests=2, acceptance_floor=1.0, verify_logprobs="off", cuda_graph_max_bs=max(levels),
+                  simulated_reply_tokens=replies, warmup_requests=2, acceptance_floor=1.0, verify_logprobs="off", cuda_graph_max_bs=max(levels),
                   n_bootstrap=2000, health_timeout_s=900, request_timeout_s=600)  # fmt: skip
-    if args.engine == "sglang":  # what the node's 0.5.14 bundle needs (shared/h200/README.md)
-        server = dict(attention_backend="triton", sampling_backend="pytorch", grammar_backend="none",
-                      skip_tokenizer_init=True, dtype="bfloat16", disable_prefill_cuda_graph=True,
-                      disable_radix_cache=True)  # fmt: skip
-        return GateConfig(**common, server=server, mem_fraction_static=0.8,
+    if args.engine == "sglang":  # the server the Qwen profile's gates launch (P36: a rehearsal's own settings differed)
+        gate = yaml.safe_load(GATE_PROFILE.read_text())["gate"]
+        return GateConfig(**common, server=gate["server"], mem_fraction_static=gate["mem_fraction_static"],
                           extra_server_args=["--load-format", "dummy", "--context-length", "4096"])  # fmt: skip
     # The emulator: a 1.5B-like cost model (ms): verify work grows with the tokens in the batch.
     emulator = {"sglang_version": "0.5.14", "prefill_s": 0.01, "baseline_step_s": 0.0022, "verify_step_s": 0.0028,
                 "draft_step_s": 0.0004, "batch_token_s": 0.00004, "launch_jitter": 0.02}  # fmt: skip
     return GateConfig(**{**common, "health_timeout_s": 60}, emulator=emulator)
-
 
 
 def rehearse(args: argparse.Namespace) -> dict[str, Any]:

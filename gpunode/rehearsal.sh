@@ -36,7 +36,7 @@ case "${1:-}" in
     rm -rf "$SITE" "$WORK" "$RESULTS" && mkdir -p "$SITE" "$WORK/benchmarks"
     cat "$PARTS"/* | tar -xJ -C "$SITE" || exit 5
     # A copy of the code, so that the next call's fresh working tree does not move under the daemon.
-    cp -r tasks flows "$WORK/" && cp benchmarks/load_rehearsal.py "$WORK/benchmarks/"
+    cp -r tasks flows deployments "$WORK/" && cp benchmarks/load_rehearsal.py "$WORK/benchmarks/"
     (cd "$WORK" && PYTHONPATH="$SITE:$WORK" setsid nohup python3 benchmarks/load_rehearsal.py "$RESULTS" \
         --engine sglang "${args[@]}" > "$LOG" 2>&1 < /dev/null & echo $! > "$PID")
     echo "started at $(date +%T): load_rehearsal.py ${args[*]}"

@@ -137,3 +137,21 @@ def test_reply_lengths_belong_to_a_rehearsal_and_fit_max_new_tokens() -> None:
     ok = GateConfig(engine="emulated", num_steps=[3], repetitions=1, simulated_acceptance={"eagle3-s3-k1-n4": 2.5},
                     simulated_reply_tokens=[10, 256])  # fmt: skip
     assert ok.simulated_reply_tokens == [10, 256]
+
+
+def test_a_rehearsal_on_sglang_launches_the_server_the_profile_s_gates_launch() -> None:
+    """A rehearsal's server is the one the Qwen profile's gates launch (its gate.server and
+    mem_fraction_static), not settings of its own: run 29's (P36) differed from run 28's gate, and
+    the two could not be set side by side. Only the weights (dummy) and the context differ."""
+    import argparse
+
+    import yaml
+
+    from benchmarks.load_rehearsal import GATE_PROFILE, gate_config
+
+    args = argparse.Namespace(engine="sglang", levels="1,8", reply_tokens=None, repetitions=1, prompts=16, new_tokens=256)
+    cfg = gate_config(args, {"eagle3-s3-k1-n4": 2.19})
+    gate = yaml.safe_load(GATE_PROFILE.read_text())["gate"]
+    assert cfg.server.model_dump(exclude_unset=True) == gate["server"]
+    assert cfg.mem_fraction_static == gate["mem_fraction_static"] == 0.5 and cfg.server.max_total_tokens == 131072
+    assert cfg.extra_server_args == ["--load-format", "dummy", "--context-length", "4096"]
