@@ -29,9 +29,10 @@ tokens per request a prediction is per request, as the benchmark measures tok/s:
     tok/s(k) = n / (prefill + (n - 1) * cycle(k) / accept_len(k))    (first token from prefill)
 
 Under load a request's replies end at their own lengths, so each end admits another request into
-the running batch, whose prefill stalls it: with `admissions` of them in a request's life (about
-the level less one, requests in flight staying level) at `admit_s[k]` each (the admission probe's,
-tasks/gate/benchmark.py), the denominator gains admissions * admit_s[k].
+the running batch, whose prefill stalls it: with `admissions` of them in a request's life (the level
+less one, requests in flight staying level, at the share that come alone: tasks/gate/load.py's
+admission_share) at `admit_s[k]` each (the admission probe's, tasks/gate/benchmark.py), the
+denominator gains admissions * admit_s[k].
 
 An SGLang run's step times may also come as records (`costs_from_step_records`):
     {"kind": "baseline" | "verify" | "draft", "tokens": int, "step_time_s": float}

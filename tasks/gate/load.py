@@ -151,6 +151,36 @@ def _baseline_replies(result: BenchResult, level: int) -> list[int]:
             for r in result.records(c.name, level) if r.error is None]  # fmt: skip
 
 
+def admission_share(result: BenchResult, level: int) -> float:
+    """The share of the baseline's admissions at `level` that come alone (admission_events, on its
+    first launch's replies in the order they were sent); 1.0 where none was measured."""
+    name = next((c.name for c in result.configs if c.spec is None and c.role != POLICY), None)
+    launch = next((x for x in result.launches if x.config == name), None) if name else None
+    sent = sorted((r for r in launch.requests if r.concurrency == level and r.error is None), key=lambda r: r.column) if launch else []
+    return admission_events([r.completion_tokens for r in sent], level) if sent else 1.0
+
+
+def admission_events(lengths: list[int], level: int) -> float:
+    """Of the admissions a closed loop of `level` makes over requests of these reply lengths (in
+    the order sent; one token a step, each end admitting the next request at the next step), the
+    share that are events of their own: ends that coincide admit their successors together, in one
+    prefill that stalls the batch once (SGLang prefills arrivals that coincide as one batch; so
+    does the emulator). 1.0 where every admission comes alone (lengths all different and never
+    ending together), less where replies end together (15 of run 28's 32 at the 256 cap:
+    BENCHMARKS P36); 1.0 when nothing is admitted after the first batch."""
+    running, pending = list(lengths[:level]), list(lengths[level:])
+    admitted = events = 0
+    while running:
+        running = [n - 1 for n in running]
+        ended = sum(n <= 0 for n in running)
+        running = [n for n in running if n > 0]
+        if ended and pending:
+            take, pending = pending[:ended], pending[ended:]
+            running += take
+            admitted, events = admitted + len(take), events + 1
+    return events / admitted if admitted else 1.0
+
+
 def reply_tokens(result: BenchResult, level: int) -> float | None:
     """The mean output tokens of the baseline's measured requests at `level`: the requests the
     measured rate is for (real replies end at their own lengths, a rehearsal's at max_new_tokens
@@ -174,7 +204,8 @@ def predict_levels(result: BenchResult, accept_lengths: dict[int, float], tokens
     request queues for a slot: its step is the probe's first turn's, stretched by level / cap
     (cost_model.queued_step). Where replies end one at a time and the launches ran the admission
     probe, a request is prefilled alone (the lowest level's prefill) and stalled by the admissions
-    of level - 1 others, each at its config's admit_s."""
+    of level - 1 others at its config's admit_s each, as many of them as come alone
+    (admission_share: ends that coincide are admitted in one prefill)."""
     from tasks.gate.cost_model import CostModelError, costs_from_launches, predict
 
     levels = sorted({r.concurrency for x in result.launches for r in x.requests})
@@ -184,11 +215,12 @@ def predict_levels(result: BenchResult, accept_lengths: dict[int, float], tokens
     for level in levels:
         try:
             costs = costs_from_launches(result, level=level)
-            admissions = 0.0
-            if costs.admit_s and ends_one_at_a_time(result, level):  # each a lone prefill, each stalling the rest
+            admissions, share = 0.0, None
+            if costs.admit_s and ends_one_at_a_time(result, level):  # each a lone prefill, stalling the rest
                 if lone_prefill is None:
                     lone_prefill = costs_from_launches(result, level=levels[0]).prefill_s
-                costs, admissions = replace(costs, prefill_s=lone_prefill), level - 1.0
+                share = admission_share(result, level)
+                costs, admissions = replace(costs, prefill_s=lone_prefill), (level - 1.0) * share
             lengths = {k: v for k, v in accept_lengths.items() if costs.covers(k)}
             prediction = predict(costs, lengths, reply_tokens(result, level) or tokens, admissions) if lengths else None
         except CostModelError as e:
@@ -202,7 +234,7 @@ def predict_levels(result: BenchResult, accept_lengths: dict[int, float], tokens
             measured = None if summary is None else summary.median_tok_s if level <= 1 else summary.pooled_tok_s
             rows[name] = {"predicted_tok_s": tok_s, "measured_tok_s": measured,
                           "error": tok_s / measured - 1 if tok_s and measured else None}  # fmt: skip
-        out[str(level)] = {"costs": costs.to_dict(), "configs": rows}
+        out[str(level)] = {"costs": costs.to_dict(), "admission_share": share, "configs": rows}
     return out
 
 

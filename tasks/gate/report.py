@@ -139,6 +139,9 @@ def load_prediction_markdown(load: dict[str, Any] | None) -> str:
             err = f" ({r['error']:+.1%})" if r.get("error") is not None else ""
             cells.append(f"{r['predicted_tok_s']:.0f} / {_num(r.get('measured_tok_s'), '.0f')}{err}")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    shares = [load["prediction"][lv].get("admission_share") for lv in levels]
+    if any(x is not None for x in shares):  # replies that end at their own lengths: admissions counted per prefill
+        lines.append("| admissions that come alone | " + " | ".join(_num(x, ".2f") for x in shares) + " |")
     return "\n".join(lines) + "\n"
 
 
