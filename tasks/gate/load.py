@@ -145,19 +145,22 @@ def crossover_words(c: dict[str, Any]) -> str:
     return f"stops paying at ~{c['crossover']:.0f} concurrent requests"
 
 
+def _baselines(result: BenchResult) -> list[str]:
+    """The plain launches' configs (the policy's own plain launch aside)."""
+    return [c.name for c in result.configs if c.is_baseline and c.role != POLICY]
+
+
 def _baseline_replies(result: BenchResult, level: int) -> list[int]:
     """The output tokens of the baseline's measured requests at `level`."""
-    return [r.completion_tokens for c in result.configs if c.spec is None and c.role != POLICY
-            for r in result.records(c.name, level) if r.error is None]  # fmt: skip
+    return [r.completion_tokens for name in _baselines(result) for r in result.records(name, level) if r.error is None]
 
 
 def admission_share(result: BenchResult, level: int) -> float:
     """The share of the baseline's admissions at `level` that come alone (admission_events, on its
     first launch's replies in the order they were sent); 1.0 where none was measured."""
-    name = next((c.name for c in result.configs if c.spec is None and c.role != POLICY), None)
-    launch = next((x for x in result.launches if x.config == name), None) if name else None
-    sent = sorted((r for r in launch.requests if r.concurrency == level and r.error is None), key=lambda r: r.column) if launch else []
-    return admission_events([r.completion_tokens for r in sent], level) if sent else 1.0
+    launch = next((x for x in result.launches if x.config in _baselines(result)), None)
+    sent = [] if launch is None else [r for r in launch.requests if r.concurrency == level and r.error is None]
+    return admission_events([r.completion_tokens for r in sorted(sent, key=lambda r: r.column)], level) if sent else 1.0
 
 
 def admission_events(lengths: list[int], level: int) -> float:

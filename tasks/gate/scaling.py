@@ -176,10 +176,14 @@ def curve_png(points: Sequence[ScalingPoint], break_even: float | None, goal: tu
 
 
 def write_scaling_report(
-    run: RunFolder, points: Sequence[ScalingPoint], break_even: float | None, num_steps: int
+    run: RunFolder, points: Sequence[ScalingPoint], break_even: float | None, num_steps: int,
+    pre_registered: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """gate/scaling/report.json and gate/scaling/curve.png; returns the report."""
+    """gate/scaling/report.json and gate/scaling/curve.png; returns the report. `pre_registered`:
+    the full draft's forecast beside its measurements (tasks/draft/forecast.py's forecast_beside)."""
     report = scaling_report(points, break_even, num_steps)
+    if pre_registered is not None:
+        report["pre_registered"] = pre_registered
     run.write_json_atomic(f"{SCALING_ROOT}/report.json", report)
     run.write_bytes_atomic(f"{SCALING_ROOT}/curve.png", curve_png(points, break_even))
     return report

@@ -363,7 +363,6 @@ def _scaling(
     from tasks.gate.scaling import (
         MEASURED,
         OVERALL,
-        SCALING_ROOT,
         ScalingPoint,
         replay_points,
         write_scaling_report,
@@ -388,14 +387,10 @@ def _scaling(
     full = next((c for c in decision.configs if c.spec and c.is_candidate_chain() and c.spec["num_steps"] == k), None)
     add_measured(n_train, full)
     break_even = prediction.per_steps[k]["break_even_accept_length"] if prediction and k in prediction.per_steps else None
-    report = write_scaling_report(run, points, break_even, k)
     # The full draft's pre-registered forecast (train.forecast_full_draft) beside its measurements.
     beside = forecast_beside(run, k, {"replay": (replayed.overall.get(k) or {}).get("accept_length"),
                                       "server": full.accept_length if full is not None else None})  # fmt: skip
-    if beside is not None:
-        report["pre_registered"] = beside
-        run.write_json_atomic(f"{SCALING_ROOT}/report.json", report)
-    return report
+    return write_scaling_report(run, points, break_even, k, pre_registered=beside)
 
 
 def run_gate_stage(config: EagleScaleConfig, work_dir: Path, logger: Logger | None = None) -> GateOutcome:
