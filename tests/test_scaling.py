@@ -62,6 +62,10 @@ def test_report_and_plot(tmp_path: Path):
     assert len(stored["points"]) == 5
     assert run.read_bytes("gate/scaling/curve.png")[:8] == PNG
     assert plot_scaling(constructed(), fit_trend(constructed()), None)[:8] == PNG
+    # With the full draft's pre-registered forecast beside its measurements, in the one report.
+    beside = {"num_steps": 3, "forecast": 2.4, "measured": {"server": {"value": 2.5, "difference": 0.1}}}
+    write_scaling_report(run, constructed(), break_even=1.6, num_steps=3, pre_registered=beside)
+    assert json.loads(run.read_bytes("gate/scaling/report.json"))["pre_registered"] == beside
 
 
 def test_measured_points_win_the_fit_over_replayed_ones():
