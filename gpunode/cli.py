@@ -14,6 +14,7 @@ from gpunode.travel import node_packed
 NODE_STEPS = ["receive", "start", "wait", "pipeline", "reference", "synthesis-reference", "agreement", "scaling", "replay",
               "recipe-replay", "recipe-variant", "drafts", "checkpoint", "generation", "scaling-drafts", "gate-plan",
               "verify-probe"]  # fmt: skip
+REPEATABLE_CARRY = {"--checkpoint-from", "--scaling-from"}  # oldest first; the last is carried
 CARRY_FLAGS = {
     "--run-from": "an earlier session's generation.tar (what `node wait` brought back): its run folder, generation "
     "complete, travels instead of a fresh discovery, and the node does not regenerate",
@@ -21,10 +22,12 @@ CARRY_FLAGS = {
     "travels in the run folder, and the node gates it instead of training one",
     "--checkpoint-from": "an earlier session's checkpoint.tar (`node checkpoint K`'s parts joined) of a draft its "
     "session stopped before the end of its schedule: it travels in the run folder, and the node resumes that draft "
-    "at its step, at its epochs",
-    "--scaling-from": "an earlier qwen-scaling session's scaling-drafts.tar (`node scaling-drafts K`'s parts "
-    "joined): its data-scaling drafts travel in the run folder, and the node gates them beside the carried draft "
-    "instead of training them (needs --run-from and --draft-from, what they trained beside)",
+    "at its step, at its epochs. Repeatable, oldest first: the last is carried, and the earlier sessions' tars add "
+    "the exports of the finished data-scaling drafts it lists (each session packs only those it trained)",
+    "--scaling-from": "an earlier session's scaling-drafts.tar (`node scaling-drafts K`'s parts joined): its "
+    "data-scaling drafts travel in the run folder, and the node gates them beside the carried draft instead of "
+    "training them (needs --run-from and --draft-from, what they trained beside). Repeatable, oldest first, as "
+    "--checkpoint-from: the earlier tars (checkpoint.tar or scaling-drafts.tar) add the exports the last lacks",
     "--anchor-from": "an earlier recipe session's drafts.tar (`node drafts K`'s parts joined): SpecForge's draft "
     "in it travels, and the recipe plan gates and replays it beside this session's variants instead of training "
     "SpecForge's again (needs --run-from, the generation it was trained on)",
@@ -41,7 +44,7 @@ def _prepare_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("prepare", help="here: wheels, discovery, payload parts")
     p.add_argument("--bundle", required=True, help="folder with the SGLang bundle's part-* and SHA256")
     for flag, text in CARRY_FLAGS.items():
-        p.add_argument(flag, help=text)
+        p.add_argument(flag, help=text, action="append" if flag in REPEATABLE_CARRY else "store")
     p.add_argument("--profile", default=str(node_env.PROFILE), help="the run's profile, inside this repository (default: "
                    "SmolLM2's); its target's wheels travel in the payload and every node step reads it")  # fmt: skip
     p.add_argument("--set", dest="discover_sets", action="append", default=[], metavar="discover.KEY=VALUE",

@@ -15,6 +15,7 @@ from gpunode.travel import (
     SCALING_INDEX,
     SCALING_ROOT,
     checkpoint_members,
+    exported_samples,
     newest_checkpoint,
     pack_parts,
     scaling_checkpoint,
@@ -57,9 +58,9 @@ class Packing:
         session's fresh node (`prepare --checkpoint-from`, its parts brought back by `node
         checkpoint K`): whole, optimizer and RNG state with it, so that the resume there is the
         resume here (checkpoint_members). 1.27 GB for the Qwen draft: 22 calls back, 33 payload
-        parts forward (BENCHMARKS P20). A data-scaling draft stopped so (train.forecast_full_draft
-        trains them first) travels with the scaling drafts finished before it, exported, so that
-        the next node trains none of them again."""
+        parts forward (BENCHMARKS P20). Under train.forecast_full_draft the scaling drafts train
+        first: those finished on this node travel with it, exported, and those carried in only
+        by their records (scaling_members), so that the next node trains none of them again."""
         newest = newest_checkpoint(self.run_root)
         if newest is None:
             raise RuntimeError(f"{self.run_root}: no complete checkpoint of the stopped draft: nothing to pack")
@@ -68,25 +69,32 @@ class Packing:
             members.update(self.scaling_members())
         state = read_json(newest / "trainer_state.json") or {}
         index = pack_parts(members, {"checkpoint": str(newest.relative_to(self.run_root)), "step": state.get("step"),
-                                     "total_steps": state.get("total_steps")}, name="checkpoint")  # fmt: skip
+                                     "total_steps": state.get("total_steps"), "exports": exported_samples(members)},
+                           name="checkpoint")  # fmt: skip
         self.save_measure("checkpoint", index)
 
     def pack_scaling_drafts(self) -> None:
         """The data-scaling drafts for a later session's payload (`prepare --scaling-from`, their
-        parts brought back by `node scaling-drafts K`): each one's checkpoint exported in bf16 as
-        its final, with its record (result.json, best.json) and the index the gate reads. Not
-        their checkpoints: the next session gates them and trains none."""
+        parts brought back by `node scaling-drafts K`): the index the gate reads, each finished
+        draft's record (result.json, best.json) and the export of each one finished on this node
+        (scaling_members). Not their checkpoints: the next session gates them and trains none."""
         index = read_json(self.run_root / SCALING_INDEX)
         if not index or not index.get("drafts"):
             raise RuntimeError(f"{self.run_root / SCALING_INDEX} lists no finished scaling drafts to pack")
-        packed = pack_parts(self.scaling_members(), {"scaling-drafts": [d["samples"] for d in index["drafts"]],
-                                                     "dtype": "bfloat16"}, name="scaling-drafts")  # fmt: skip
+        members = self.scaling_members()
+        packed = pack_parts(members, {"scaling-drafts": [d["samples"] for d in index["drafts"]],
+                                      "exports": exported_samples(members), "dtype": "bfloat16"},
+                            name="scaling-drafts")  # fmt: skip
         self.save_measure("scaling-drafts", packed)
 
     def scaling_members(self) -> dict[str, Path]:
-        """The scaling index and, per finished draft it lists, its best checkpoint exported in bf16
-        as its final (a draft carried in travels as its export came), with its record
-        (result.json, best.json), by name in the tar."""
+        """The scaling index and, per finished draft it lists, its record (result.json,
+        best.json), by name in the tar; with the export of each draft finished on this node (its
+        best checkpoint in bf16, as its final). A draft carried in (an export and record with no
+        checkpoint: an earlier session trained it) travels by its record only: the session that
+        trained it brought its export back, and the next prepare takes it from that session's
+        tar (travel.unpack_oldest_first), so ~210 MB a draft does not go back and forth
+        every session."""
         scaling = self.run_root / SCALING_ROOT
         index = read_json(scaling / "index.json") or {}
         members = {f"run/{SCALING_INDEX}": scaling / "index.json"}
@@ -99,9 +107,7 @@ class Packing:
                 shutil.rmtree(out, ignore_errors=True)
                 _export_bf16(self.py, str(checkpoint), str(out), f"scaling-export-{folder.name}")
                 members[f"run/{entry['final']}"] = out
-            elif (final / "config.json").is_file():  # carried: exported in bf16 by the session that trained it
-                members[f"run/{entry['final']}"] = final
-            else:
+            elif not (final / "config.json").is_file():
                 raise RuntimeError(f"{folder}: neither a complete checkpoint nor an export of the scaling draft")
             for rel in ("result.json", "best.json"):
                 if (folder / rel).is_file():

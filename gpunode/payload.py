@@ -27,6 +27,7 @@ from gpunode.travel import (
     unpack_checkpoint,
     unpack_draft,
     unpack_generation,
+    unpack_oldest_first,
     unpack_reuse_from,
     unpack_scaling_drafts,
     unpack_start_draft,
@@ -231,11 +232,13 @@ def _unpack_carried(args: argparse.Namespace, src: Path) -> dict[str, bool]:
         if not carried["generation"] and beside:
             raise ValueError(f"{args.run_from}: its generation was stopped before its end (the node resumes it), "
                              f"and {beside[0]} carries a draft trained on a complete one")  # fmt: skip
-    for given, unpack in ((args.draft_from, unpack_draft), (args.checkpoint_from, unpack_checkpoint),
-                          (args.scaling_from, unpack_scaling_drafts), (args.anchor_from, unpack_anchor),
+    for given, unpack in ((args.draft_from, unpack_draft), (args.anchor_from, unpack_anchor),
                           (args.reuse_from, unpack_reuse_from), (args.start_from, unpack_start_draft)):  # fmt: skip
         if given:
             unpack(Path(given), src)
+    for tars, unpack in ((args.checkpoint_from, unpack_checkpoint), (args.scaling_from, unpack_scaling_drafts)):
+        if tars:
+            unpack_oldest_first([Path(t) for t in tars], unpack, src)
     return carried
 
 

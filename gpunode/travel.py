@@ -296,22 +296,77 @@ def scaling_checkpoint(folder: Path) -> Path | None:
 
 def unpack_scaling_drafts(packed: Path, dest: Path) -> Path:
     """An earlier session's data-scaling drafts (what `node scaling-drafts K` brought back, its
-    parts joined: train/scaling/index.json and, per draft it lists, its export and its record)
-    unpacked into dest/run/train/scaling, which it returns; refused, naming the file and what is
-    missing, with nothing extracted, unless every member lies under run/train/scaling/ and every
-    draft the index lists has its config.json and model.safetensors. A node that finds them does
-    not train them again: the gate measures them."""
+    parts joined: train/scaling/index.json, each draft's record and the exports of those finished
+    on that node) unpacked into dest/run/train/scaling, which it returns; refused, naming the file
+    and what is wrong, with nothing extracted, unless every member lies under run/train/scaling/
+    and the index lists a finished draft. The exports it lacks come from the sessions that trained
+    them (unpack_oldest_first). A node that finds them does not train them again: the gate
+    measures them."""
 
-    def holds_its_drafts(tar: tarfile.TarFile, names: set[str]) -> None:
-        index = json.load(tar.extractfile(f"run/{SCALING_INDEX}"))  # type: ignore[arg-type]
-        missing = [f"run/{d['final']}/{f}" for d in index.get("drafts", []) for f in ("config.json", "model.safetensors")
-                   if f"run/{d['final']}/{f}" not in names]  # fmt: skip
-        if missing or not index.get("drafts"):
-            raise ValueError(f"{packed}: {', '.join(missing[:3]) or 'no drafts'} missing: the index lists drafts it does not hold")
+    def lists_drafts(tar: tarfile.TarFile, names: set[str]) -> None:
+        if not json.load(tar.extractfile(f"run/{SCALING_INDEX}")).get("drafts"):  # type: ignore[arg-type]
+            raise ValueError(f"{packed}: its scaling index lists no finished drafts")
 
     _unpack(packed, dest, f"run/{SCALING_ROOT}/", "not the scaling drafts of `node scaling-drafts`",
-            f"run/{SCALING_INDEX}", "no finished scaling drafts", holds_its_drafts)  # fmt: skip
+            f"run/{SCALING_INDEX}", "no finished scaling drafts", lists_drafts)  # fmt: skip
     return dest / "run" / SCALING_ROOT
+
+
+# What a data-scaling draft's export (its final/, in SGLang's format) holds: the gate serves it, and
+# the train stage skips a finished draft that has it.
+SCALING_EXPORT_FILES = ("config.json", "model.safetensors")
+
+
+def exported_samples(members: dict[str, Path]) -> list[int]:
+    """The data-scaling drafts (by their training sequences) whose export is among a tar's
+    `members` (Packing.scaling_members' names): what its index.json says it holds."""
+    found = (re.fullmatch(rf"run/{SCALING_ROOT}/frac-(\d+)/final", name) for name in members)
+    return sorted(int(m.group(1)) for m in found if m)
+
+
+def unpack_oldest_first(tars: list[Path], unpack: Callable[[Path, Path], Path], dest: Path) -> None:
+    """`prepare --checkpoint-from` or `--scaling-from` given once or again, oldest first: the
+    newest unpacked into dest by `unpack`, and the exports of the finished data-scaling drafts its
+    index lists and it lacks taken from the earlier ones (a node packs only the exports of the
+    drafts it trained, Packing.scaling_members): each from the newest earlier tar that holds it.
+    Refused, naming the drafts no tar holds, before anything is extracted; and when earlier tars
+    are given where the newest lists no finished drafts for them to add."""
+    *earlier, newest = tars
+    taken = _exports_elsewhere(newest, earlier)
+    unpack(newest, dest)
+    for packed, finals in taken.items():
+        with tarfile.open(packed) as tar:
+            members = [m for m in tar.getmembers() if any((m.name + "/").startswith(f"run/{f}/") for f in finals)]
+            tar.extractall(dest, members=members, filter="data")
+
+
+def _exports_elsewhere(newest: Path, earlier: list[Path]) -> dict[Path, list[str]]:
+    """Which of `earlier` gives each finished scaling draft's export (its final/, by name) that
+    `newest`'s scaling index lists and `newest` lacks; ValueError as unpack_oldest_first says."""
+    with tarfile.open(newest) as tar:
+        names = set(tar.getnames())
+        listed = f"run/{SCALING_INDEX}"
+        drafts = json.load(tar.extractfile(listed)).get("drafts", []) if listed in names else []  # type: ignore[arg-type]
+    if earlier and not drafts:
+        raise ValueError(f"{earlier[0]}: given before {newest}, which lists no finished scaling drafts: only the "
+                         "newest tar is carried, the earlier ones add the exports of the scaling drafts it lists")  # fmt: skip
+    missing = {d["final"] for d in drafts if not _holds(names, d["final"])}
+    taken: dict[Path, list[str]] = {}
+    for packed in reversed(earlier):
+        with tarfile.open(packed) as tar:
+            held = sorted(f for f in missing if _holds(set(tar.getnames()), f))
+        if held:
+            taken[packed] = held
+            missing -= set(held)
+    if missing:
+        raise ValueError(f"{newest}: its scaling index lists {', '.join(sorted(missing))} as finished, and neither "
+                         "it nor a tar given before it holds the export: give the checkpoint.tar or "
+                         "scaling-drafts.tar of the session that trained it too, before it (oldest first)")  # fmt: skip
+    return taken
+
+
+def _holds(names: set[str], final: str) -> bool:
+    return all(f"run/{final}/{name}" in names for name in SCALING_EXPORT_FILES)
 
 
 def checkpoint_members(run: Path) -> dict[str, Path]:

@@ -109,7 +109,7 @@ def test_a_draft_trained_across_sessions_resumes_on_a_fresh_node_and_is_gated_in
     assert fit["time_budget_s"] is None and not (node / "run/train/result.json").read_text().count('"stopped_for_budget": true')
     # The next session's node: the run folder as `prepare --run-from --checkpoint-from` carries it.
     resumed = tmp_path / "node-resumed"
-    generation, pipeline = _a_fresh_node(tmp_path, resumed, packed_checkpoint, tiny_target_dir, train, monkeypatch)
+    generation, pipeline = _a_fresh_node(tmp_path, resumed, [packed_checkpoint], tiny_target_dir, train, monkeypatch)
     assert sorted(p.name for p in (resumed / "src/run/train").iterdir()) == ["best.json", "checkpoints", "vocab_map.safetensors"]
     assert travel.carried() == {"generation": True, "draft": False, "checkpoint": True, "scaling": False}
     pipeline.train_in_session(pipeline.trainer_env())
@@ -125,11 +125,16 @@ def test_a_draft_trained_across_sessions_resumes_on_a_fresh_node_and_is_gated_in
 def test_a_forecast_run_stopped_in_a_scaling_draft_resumes_it_on_a_fresh_node_and_trains_nothing_twice(
     tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The "qwen-forecast" order (train.forecast_full_draft) across sessions: the first session's
-    budget finishes the smaller scaling draft and stops the larger one at its first checkpoint;
-    that checkpoint travels with the finished draft (exported in bf16, its record and the index)
-    and none of its checkpoints; the next, fresh node trains the finished one no more, resumes the
-    stopped one at its step, writes the forecast from both and only then trains the full draft."""
+    """The "qwen-forecast" order (train.forecast_full_draft) across three sessions, each on a
+    fresh node: the first session's budget finishes the smaller scaling draft and stops the
+    larger one at its first checkpoint, which travels with the finished draft (exported in bf16,
+    its record and the index) and none of its checkpoints; the second trains the finished one no
+    more, resumes the stopped one at its step, writes the forecast from both before the full
+    draft's first step, and stops the full draft in its turn; its checkpoint carries the export of
+    the scaling draft it finished and only the record of the one it was given, which the third
+    session's prepare takes from the first's tar (and refuses to go without, naming it); the third
+    finishes the full draft on the standing forecast, and the gate's session gathers every
+    scaling draft's export from the tars so far."""
     import tarfile
 
     train = {"hidden_states": "online", "max_steps": 8, "eval_every": 4, "save_every": 4,
@@ -147,39 +152,65 @@ def test_a_forecast_run_stopped_in_a_scaling_draft_resumes_it_on_a_fresh_node_an
     assert json.loads((node / "status.json").read_text())["steps"]["checkpoint-pack"]["state"] == "done"
     packed_index, packed = _brought_back(tmp_path, node, "checkpoint", monkeypatch)
     assert packed_index["checkpoint"] == f"{larger}/checkpoints/step-4" and packed_index["total_steps"] == 6
+    assert packed_index["exports"] == [half["samples"]]
     finished = half["final"].rsplit("/", 1)[0]
     with tarfile.open(packed) as tar:
         names = set(tar.getnames())
     assert f"run/{larger}/checkpoints/step-4/meta.json" in names and "run/train/scaling/index.json" in names
     assert {f"run/{finished}/result.json", f"run/{half['final']}/model.safetensors"} <= names
     assert not any(n.startswith(f"run/{finished}/checkpoints") for n in names)  # finished: its export travels
-    # The next session's node: `prepare --run-from --checkpoint-from`.
+    # The second session's node (`prepare --run-from --checkpoint-from`), with 60 s left again.
     resumed = tmp_path / "node-resumed"
-    _, pipeline = _a_fresh_node(tmp_path, resumed, packed, tiny_target_dir, train, monkeypatch)
+    _, pipeline = _a_fresh_node(tmp_path, resumed, [packed], tiny_target_dir, train, monkeypatch)
     assert _bf16_only(resumed / f"src/run/{half['final']}/model.safetensors")
     assert travel.carried()["checkpoint"] is True and travel.newest_checkpoint(resumed / "run").parent.parent.name == larger.rsplit("/", 1)[1]
+    (resumed / "deadline.json").write_text(json.dumps({"ends_at": time.time() + 60, "budget_s": 1800.0}))
     pipeline.train_in_session(pipeline.trainer_env())
     run = resumed / "run"
     fit = json.loads((resumed / "train-fit.json").read_text())
-    assert fit["finished"] is True and fit["draft"] == "train" and fit["steps"] == 8
+    assert fit["draft"] == "train" and fit["stopped_at_step"] == 4 and not fit["finished"]
     assert not (run / finished / "checkpoints").exists()  # the finished draft was not trained again
     assert json.loads((run / larger / "result.json").read_text())["resumed_from"].endswith("step-4")
     forecast = json.loads((run / "train/forecast.json").read_text())
     assert [p["samples"] for p in forecast["points"]] == [half["samples"], int(larger.rsplit("-", 1)[1])]
     first_step = min(p.stat().st_mtime for p in (run / "train/checkpoints").rglob("*") if p.is_file())
     assert forecast["written_at"] < first_step
+    second_index, second = _brought_back(tmp_path, resumed, "checkpoint", monkeypatch, tar_name="checkpoint-2")
+    assert second_index["checkpoint"] == "train/checkpoints/step-4"
+    assert second_index["exports"] == [int(larger.rsplit("-", 1)[1])]  # the one it finished, not the one given
+    with tarfile.open(second) as tar:
+        names = set(tar.getnames())
+    assert {f"run/{finished}/result.json", "run/train/forecast.json", f"run/{larger}/final/model.safetensors"} <= names
+    assert not any(n.startswith(f"run/{half['final']}") for n in names)
+    # The third session's prepare takes the export from the session that trained it, and refuses
+    # to carry the draft without it, naming what is missing.
+    with pytest.raises(ValueError, match=rf"checkpoint-2\.tar: its scaling index lists {half['final']} as finished"):
+        travel.unpack_oldest_first([second], travel.unpack_checkpoint, tmp_path / "alone")
+    third = tmp_path / "node-third"
+    _, pipeline = _a_fresh_node(tmp_path, third, [packed, second], tiny_target_dir, train, monkeypatch)
+    assert _bf16_only(third / f"src/run/{half['final']}/model.safetensors")
+    assert not (third / f"src/run/{larger}/checkpoints").exists()  # the first tar's stale checkpoint stays out
+    pipeline.train_in_session(pipeline.trainer_env())
+    run = third / "run"
+    fit = json.loads((third / "train-fit.json").read_text())
+    assert fit["finished"] is True and fit["draft"] == "train" and fit["steps"] == 8
     assert json.loads((run / "train/result.json").read_text())["forecast"]["written_at"] == forecast["written_at"]
     # The full draft travels to the gate's session with the forecast its report sets beside it.
     assert pipeline.pack_trained_draft() is True
-    drafts = json.loads((resumed / "drafts/index.json").read_text())
+    drafts = json.loads((third / "drafts/index.json").read_text())
     joined = tmp_path / "drafts.tar"
-    joined.write_bytes(b"".join((resumed / "drafts" / Path(part).name).read_bytes() for part in drafts["parts"]))
+    joined.write_bytes(b"".join((third / "drafts" / Path(part).name).read_bytes() for part in drafts["parts"]))
     with tarfile.open(joined) as tar:
         assert {"run/train/forecast.json", "run/train/forecast-check.json"} <= set(tar.getnames())
-    # And the scaling drafts with it: the one carried in as it came (no checkpoint to export from).
+    # And the scaling drafts' index and records (both came in: no export goes back again); the
+    # gate's session gathers their exports from the sessions that trained them.
     pipeline.pack_scaling_drafts()
-    scaling = json.loads((resumed / "scaling-drafts/index.json").read_text())
-    assert scaling["scaling-drafts"] == [d["samples"] for d in forecast["points"]]
+    scaling_index, scaling = _brought_back(tmp_path, third, "scaling-drafts", monkeypatch)
+    assert scaling_index["scaling-drafts"] == [d["samples"] for d in forecast["points"]] and scaling_index["exports"] == []
+    gate = tmp_path / "gate-src"
+    travel.unpack_oldest_first([packed, second, scaling], travel.unpack_scaling_drafts, gate)
+    for point in forecast["points"]:
+        assert _bf16_only(gate / f"run/train/scaling/frac-{point['samples']}/final/model.safetensors")
 
 
 def _trained_with_60_s_left(base: Path, tiny_target_dir: Path, node: Path, train: dict,
@@ -198,32 +229,36 @@ def _trained_with_60_s_left(base: Path, tiny_target_dir: Path, node: Path, train
     pipeline.train_in_session(pipeline.trainer_env(), reserve_s=reserve_s)
 
 
-def _brought_back(tmp_path: Path, node: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> tuple[dict, Path]:
+def _brought_back(tmp_path: Path, node: Path, name: str, monkeypatch: pytest.MonkeyPatch,
+                  tar_name: str | None = None) -> tuple[dict, Path]:  # fmt: skip
     """What the node packed as `name` (checkpoint, scaling-drafts), as `node NAME K` returns it:
-    its index, and its parts joined (NAME.tar), checked against the index's sha256."""
+    its index, and its parts joined (`tar_name`.tar, NAME.tar by default), checked against the
+    index's sha256."""
     index = json.loads((node / name / "index.json").read_text())
-    out = tmp_path / f"out-{name}"
+    tar_name = tar_name or name
+    out = tmp_path / f"out-{tar_name}"
     monkeypatch.setenv("OUT", str(out))
     for k in range(travel.calls_for(index["bytes"])):
         assert travel.node_packed(name, k) == 0
-    packed = tmp_path / f"{name}.tar"
+    packed = tmp_path / f"{tar_name}.tar"
     packed.write_bytes(b"".join((out / p).read_bytes() for p in index["parts"]))
     assert node_env.sha256(packed) == index["sha256"]
     return index, packed
 
 
-def _a_fresh_node(tmp_path: Path, resumed: Path, packed: Path, tiny_target_dir: Path, train: dict,
+def _a_fresh_node(tmp_path: Path, resumed: Path, packed: list[Path], tiny_target_dir: Path, train: dict,
                   monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Pipeline]:  # fmt: skip
-    """The next session's node: the generation (`node wait`'s) and the checkpoint unpacked into
-    its src as `prepare --run-from --checkpoint-from` carries them, its run folder from there,
-    and what it carried noted. Returns the generation.tar and the node's pipeline."""
+    """The next session's node: the generation (`node wait`'s) and the checkpoints (the sessions'
+    so far, oldest first) unpacked into its src as `prepare --run-from --checkpoint-from ...`
+    carries them, its run folder from there, and what it carried noted. Returns the
+    generation.tar and the node's pipeline."""
     import shutil
 
     from tests.draft_support import params_for
 
     generation = generation_tar(tmp_path / "out-generation", tmp_path / "out-generation/generation.tar")
     travel.unpack_generation(generation, resumed / "src")
-    travel.unpack_checkpoint(packed, resumed / "src")
+    travel.unpack_oldest_first(packed, travel.unpack_checkpoint, resumed / "src")
     shutil.copytree(resumed / "src/run", resumed / "run")
     monkeypatch.setenv("H200_PROFILE", str(params_for(resumed, tiny_target_dir, **train)))
     pipeline = cli_pipeline(resumed, monkeypatch)
@@ -314,8 +349,8 @@ def _the_next_sessions_gate_it(tmp_path: Path, tiny_target_dir: Path, generation
     index_only = tmp_path / "index-only.tar"  # the index without the drafts it lists
     with tarfile.open(index_only, "w") as tar:
         tar.add(scaling / "index.json", "run/train/scaling/index.json")
-    with pytest.raises(ValueError, match=rf"index-only\.tar: run/train/scaling/frac-{samples}/final/config\.json, .* missing"):
-        travel.unpack_scaling_drafts(index_only, tmp_path / "bad-scaling")
+    with pytest.raises(ValueError, match=rf"index-only\.tar: its scaling index lists train/scaling/frac-{samples}/final as finished"):
+        travel.unpack_oldest_first([index_only], travel.unpack_scaling_drafts, tmp_path / "bad-scaling")
     assert not (tmp_path / "bad-scaling").exists()
     shutil.copytree(third / "src/run", third / "run")
     monkeypatch.setenv("H200_PROFILE", str(params_for(third, tiny_target_dir, **{**train, "scaling_fractions": [0.5]})))

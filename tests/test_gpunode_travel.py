@@ -216,20 +216,20 @@ def test_prepare_refuses_a_checkpoint_it_cannot_carry_before_anything_is_downloa
     with tarfile.open(generation, "w") as tar:
         tar.add(tmp_path / "run", "run")
 
-    def prepare(**given: str) -> tuple[int, str]:
+    def prepare(**given: str | list[str]) -> tuple[int, str]:
         args = {"bundle": str(bundle), "profile": str(QWEN), "run_from": None, "draft_from": None,
                 "checkpoint_from": None, "scaling_from": None, "anchor_from": None, "target_wheels": None,
                 "reuse_from": None, "start_from": None, "discover_sets": [], **given}  # fmt: skip
         code = payload.prepare(argparse.Namespace(**args))
         return code, capsys.readouterr().err
 
-    code, said = prepare(checkpoint_from=str(generation))
+    code, said = prepare(checkpoint_from=[str(generation)])
     assert code == 2 and "prepare --checkpoint-from needs --run-from" in said
-    code, said = prepare(run_from=str(generation), draft_from="drafts.tar", checkpoint_from="checkpoint.tar")
+    code, said = prepare(run_from=str(generation), draft_from="drafts.tar", checkpoint_from=["checkpoint.tar"])
     assert code == 2 and "one draft or the other" in said
-    code, said = prepare(run_from=str(generation), checkpoint_from=str(generation))
+    code, said = prepare(run_from=str(generation), checkpoint_from=[str(generation)])
     assert code == 2 and f"{generation}: members outside run/train/" in said
-    code, said = prepare(run_from=str(generation), scaling_from=str(generation))
+    code, said = prepare(run_from=str(generation), scaling_from=[str(generation)])
     assert code == 2 and "prepare --scaling-from needs --draft-from" in said
     code, said = prepare(run_from=str(generation), draft_from="drafts.tar", start_from="drafts.tar")
     assert code == 2 and "a carried draft is gated, and nothing trains from the start" in said
