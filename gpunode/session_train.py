@@ -137,8 +137,11 @@ class TrainingSession:
         newest = travel.newest_checkpoint(self.run_root)
         size = sum(map(bytes_under, travel.checkpoint_members(self.run_root).values())) if newest else CHECKPOINT_BYTES
         train = self.params_data()["train"]
-        # Under the forecast's order every scaling draft may travel beside the stopped one.
-        exports = len(train.get("scaling_fractions") or []) if train.get("forecast_full_draft") else 0
+        # Under the forecast's order each scaling draft this node finishes may travel beside the
+        # stopped one; those an earlier session finished do not go back (Packing.scaling_members).
+        finished = len((read_json(self.run_root / travel.SCALING_INDEX) or {}).get("drafts", []))
+        fractions = len(train.get("scaling_fractions") or [])
+        exports = max(0, fractions - finished) if train.get("forecast_full_draft") else 0
         budget = None if left is None else round(train_budget_s(left, size, exports))
         began = time.time()
         self.optional(lambda: self._train_stage(env, budget, began), "train")
