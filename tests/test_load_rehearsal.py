@@ -107,6 +107,23 @@ def test_run_28_s_lengths_at_its_accept_length_hold_level_to_32_and_the_admissio
     assert all(abs(errors[c]["eagle3-s3-k1-n4"]) < 0.11 for c in ("2", "8", "16", "32", "64"))
 
 
+def test_the_same_rehearsal_on_the_gate_s_server_settings_wins_to_16_and_is_predicted_within_10_percent() -> None:
+    """Run 30 (BENCHMARKS P37): run 29's rehearsal again on the server the Qwen profile's gate
+    launches (mem_fraction_static 0.5, max_total_tokens 131,072). Its step and cycle are run 29's
+    within 6%; its admissions cost the baseline 7-14 ms where run 29's cost 14-47; the chain wins
+    beyond the spread to 16, loses from 32, and the sweep supports the router split to 16; the
+    prediction holds the baseline within 9% at every level and the chain within 6% at 4-32."""
+    got = rejudge(RESULTS / "run-30")
+    chain = got["table"]["eagle3-s3-k1-n4"]
+    levels = ("1", "2", "4", "8", "16", "32", "64")
+    assert [round(chain["levels"][c]["speedup"], 2) for c in levels] == [1.28, 1.25, 1.2, 1.17, 1.02, 0.96, 0.76]
+    assert chain["crossover"]["wins_at"] == [1, 2, 4, 8, 16] and chain["crossover"]["loses_at"] == [32, 64]
+    assert got["policy"]["kind"] == "router" and got["policy"]["on_up_to"] == 16
+    errors = got["prediction_error"]
+    assert all(abs(errors[c]["baseline"]) < 0.09 for c in levels)
+    assert all(abs(errors[c]["eagle3-s3-k1-n4"]) < 0.06 for c in ("1", "4", "8", "16", "32"))
+
+
 def test_a_rehearsal_on_the_emulator_writes_its_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "reh"
     assert main([str(out), "--engine", "emulated", "--levels", "1,8", "--prompts", "4", "--new-tokens", "8",
