@@ -30,11 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tasks.config import load_config  # noqa: E402
 from tasks.config.gate_section import GateConfig, SpecPoint  # noqa: E402
 from tasks.gate.benchmark import GateRunner, server_launcher  # noqa: E402
 from tasks.gate.decision import decide  # noqa: E402
@@ -116,11 +115,12 @@ def gate_config(args: argparse.Namespace, accept: dict[str, float]) -> GateConfi
     common = dict(engine=args.engine, sglang_version="0.5.14", python=sys.executable, concurrency=levels,
                   num_steps=steps, topk_points=[TREE] if TREE_LABEL in accept else [], simulated_acceptance=accept,
                   repetitions=args.repetitions, num_prompts=args.prompts, max_new_tokens=args.new_tokens,
-                  simulated_reply_tokens=replies, warmup_requests=2, acceptance_floor=1.0, verify_logprobs="off", cuda_graph_max_bs=max(levels),
+                  simulated_reply_tokens=replies,
+                  warmup_requests=2, acceptance_floor=1.0, verify_logprobs="off", cuda_graph_max_bs=max(levels),
                   n_bootstrap=2000, health_timeout_s=900, request_timeout_s=600)  # fmt: skip
     if args.engine == "sglang":  # the server the Qwen profile's gates launch (P36: a rehearsal's own settings differed)
-        gate = yaml.safe_load(GATE_PROFILE.read_text())["gate"]
-        return GateConfig(**common, server=gate["server"], mem_fraction_static=gate["mem_fraction_static"],
+        gate = load_config(GATE_PROFILE).gate
+        return GateConfig(**common, server=gate.server, mem_fraction_static=gate.mem_fraction_static,
                           extra_server_args=["--load-format", "dummy", "--context-length", "4096"])  # fmt: skip
     # The emulator: a 1.5B-like cost model (ms): verify work grows with the tokens in the batch.
     emulator = {"sglang_version": "0.5.14", "prefill_s": 0.01, "baseline_step_s": 0.0022, "verify_step_s": 0.0028,

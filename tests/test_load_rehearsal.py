@@ -80,7 +80,6 @@ def test_the_real_draft_at_load_judged_again_stops_paying_at_3_and_the_probes_mi
     assert all(errors[lv]["eagle3-s3-k1-n4"] > 0.20 for lv in ("4", "8", "16", "32"))
 
 
-
 def test_replies_that_end_together_are_admitted_in_one_prefill() -> None:
     from tasks.gate.load import admission_events
 

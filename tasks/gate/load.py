@@ -158,7 +158,8 @@ def _baseline_replies(result: BenchResult, level: int) -> list[int]:
 def admission_share(result: BenchResult, level: int) -> float:
     """The share of the baseline's admissions at `level` that come alone (admission_events, on its
     first launch's replies in the order they were sent); 1.0 where none was measured."""
-    launch = next((x for x in result.launches if x.config in _baselines(result)), None)
+    baselines = _baselines(result)
+    launch = next((x for x in result.launches if x.config in baselines), None)
     sent = [] if launch is None else [r for r in launch.requests if r.concurrency == level and r.error is None]
     return admission_events([r.completion_tokens for r in sorted(sent, key=lambda r: r.column)], level) if sent else 1.0
 
