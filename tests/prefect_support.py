@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.run_support import child_env
+from tests.run_support import child_env, migrated_prefect_home
 from tests.s3_support import free_port
 
 
@@ -23,6 +23,7 @@ def prefect_server(home: Path, ui: bool = False) -> Iterator[str]:
     copied under `home` (the default place is inside the installed package, shared by every
     test run at once) and told the API's real port (it would assume 4200).
     """
+    migrated_prefect_home(home)  # a copy of the session's migrated database, unless it has one
     port = free_port()
     url = f"http://127.0.0.1:{port}/api"
     env = child_env()  # no host Slack/AWS/Prefect values

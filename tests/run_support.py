@@ -66,7 +66,11 @@ def child_env(**extra: str) -> dict[str, str]:
     return {**env, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", **extra}
 
 
-def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+def cli_env(tmp_path: Path, fresh_prefect_home: bool = False, **extra: str) -> dict[str, str]:
+    """The environment of an `eaglescale` child: its Prefect home under `tmp_path`. Without
+    PREFECT_API_URL the run starts its temporary API on that home, whose database is a copy of
+    one already migrated (`migrated_prefect_home`) unless `fresh_prefect_home`: then it migrates
+    its own first, as a user's first run does."""
     env = child_env()
     env.update(
         PREFECT_HOME=str(tmp_path / "prefect-home"),
@@ -78,7 +82,40 @@ def cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     )
     env.pop("PREFECT_API_URL", None)
     env.update(extra)
+    if not fresh_prefect_home and not env.get("PREFECT_API_URL"):
+        migrated_prefect_home(Path(env["PREFECT_HOME"]))
     return env
+
+
+# Where the session's migrated Prefect database is built (tests/conftest.py sets it: one folder
+# for every xdist worker of the session).
+PREFECT_TEMPLATE_ENV = "EAGLESCALE_TEST_PREFECT_TEMPLATE"
+
+
+def migrated_prefect_home(home: Path) -> Path:
+    """`home`, holding a copy of a Prefect database this Prefect has migrated to its head (built
+    once per test session by `prefect server database upgrade`, shared by the workers under a
+    file lock). A fresh home's migration costs every temporary API or `prefect server start`
+    ~20-30 s of a 2-core box and is none of what the tests check; tests/test_cli_run.py keeps a
+    first run's fresh home. A home that has a database keeps it; outside a test session (no
+    template folder set) `home` is left as it is."""
+    db = home / "prefect.db"
+    if db.exists() or not os.environ.get(PREFECT_TEMPLATE_ENV):
+        return home
+    template = Path(os.environ[PREFECT_TEMPLATE_ENV])
+    from filelock import FileLock
+
+    with FileLock(f"{template}.lock"):
+        if not (template / "prefect.db").exists():
+            building = template.with_name(f"{template.name}.building")
+            shutil.rmtree(building, ignore_errors=True)
+            upgrade = [sys.executable, "-m", "prefect", "server", "database", "upgrade", "-y"]
+            done = subprocess.run(upgrade, env=child_env(PREFECT_HOME=str(building)), capture_output=True, text=True, timeout=300)
+            assert done.returncode == 0 and (building / "prefect.db").is_file(), done.stdout[-2000:] + done.stderr[-2000:]
+            building.rename(template)
+    home.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(template / "prefect.db", db)
+    return home
 
 
 def start_cli(args: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen:

@@ -26,7 +26,9 @@ def _eaglescale() -> list[str]:
 def _run(
     args: list[str], cwd: Path, tmp_path: Path, timeout: float = 300, **env_changes: str | None
 ) -> tuple[subprocess.CompletedProcess, float]:
-    env = cli_env(tmp_path)  # with the ephemeral API's start-up bound a loaded 2-core machine needs
+    # As a user's first run: a fresh Prefect home, whose database the temporary API migrates (with
+    # the start-up bound a loaded 2-core machine needs).
+    env = cli_env(tmp_path, fresh_prefect_home=True)
     for name, value in env_changes.items():  # None: unset, as on a user's machine
         env.pop(name, None) if value is None else env.update({name: value})
     started = time.monotonic()
