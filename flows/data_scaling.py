@@ -29,10 +29,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from flows.common import run_logger, slack_on_failure
 from flows.concurrency import run_root_lock
 from flows.discover import discover_flow
-from flows.extract import extract_flow, generation_over, skip_online
-from flows.gate import gate_flow
 from flows.generate import generate_flow
-from flows.train import train_flow
 from flows.views import RunSummary
 from tasks.config import EagleScaleConfig
 from tasks.extract.follow import generation_started_since
@@ -67,6 +64,8 @@ def generate_and_extract(
     """`generate()` here while extraction follows it in a second thread (a subflow of this flow
     run, or its deployment). A generation failure is raised once extraction has stopped (it
     starts no shard after it and commits the one in flight); otherwise both results."""
+    from flows.extract import generation_over
+
     # run.json first: extraction refuses to start without the run's fingerprint, which
     # generation would otherwise record only once its subflow has begun.
     generation_fingerprint(config, run, tokenizer)
@@ -127,6 +126,9 @@ def data_scaling(config: EagleScaleConfig, run_root: str | None = None) -> dict[
 def run_stages(config: EagleScaleConfig, summary: RunSummary) -> dict[str, Any]:
     """The configured stages in order, each shown in the summary as it starts and ends and
     drawn in the run graph after the stage before it."""
+    # The later stages' flows are imported when the run has them: a run of discover or
+    # generate alone (a resume, a node's stage) starts without the trainer's and the gate's
+    # imports (matplotlib among them) and their flows' parameter schemas.
     log = run_logger()
     run = RunFolder(config.run_root, config.storage_options)
     tokenizer = load_tokenizer(config.target.model_path, config.target.chat_template)
@@ -147,6 +149,8 @@ def run_stages(config: EagleScaleConfig, summary: RunSummary) -> dict[str, Any]:
         results["discover"] = stage("discover", discover_flow)
     online = config.train.hidden_states == "online"
     overlap = config.orchestration.overlap and not online and {"generate", "extract"} <= set(config.stages)
+    if "extract" in config.stages:
+        from flows.extract import extract_flow, skip_online
     if "generate" in config.stages:
         runner = ThreadPoolTaskRunner(max_workers=config.generate.max_parallel_shards)
         subflow = generate_flow.with_options(task_runner=runner)
@@ -168,7 +172,11 @@ def run_stages(config: EagleScaleConfig, summary: RunSummary) -> dict[str, Any]:
     elif "extract" in config.stages and not overlap:
         results["extract"] = stage("extract", extract_flow, results.get("generate"))
     if "train" in config.stages:
+        from flows.train import train_flow
+
         results["train"] = stage("train", train_flow, results.get("generate" if online else "extract"))
     if "gate" in config.stages:
+        from flows.gate import gate_flow
+
         results["gate"] = stage("gate", gate_flow, results.get("train"))
     return results
