@@ -24,6 +24,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 
 # A shutdown that has not ended after this long is cut short (os._exit).
 SHUTDOWN_GRACE_S = 3.0
@@ -82,8 +83,12 @@ def _drain_clients() -> None:
             worker.drain_all(timeout=5)
 
 
-def start(timeout_s: float, attempts: int = 3) -> TemporaryApi:
-    """Start the server on a free loopback port and wait until it answers /health."""
+def start(timeout_s: float, attempts: int = 3, meanwhile: Callable[[], object] | None = None) -> TemporaryApi:
+    """Start the server on a free loopback port and wait until it answers /health.
+
+    `meanwhile` runs once, while the first server starts: the caller's own imports, say, so that
+    they and the server's start-up (~10 s of a core each on a 2-core box) take the two cores at
+    once. `timeout_s` counts from its end; if it raises, the server is stopped."""
     env = {
         **os.environ,
         # What Prefect's ephemeral server runs with: no UI, ephemeral-server settings.
@@ -96,7 +101,7 @@ def start(timeout_s: float, attempts: int = 3) -> TemporaryApi:
     }
     env.pop("PREFECT_API_URL", None)
     last = ""
-    for _ in range(attempts):  # a port taken between choosing and binding it: choose again
+    for attempt in range(attempts):  # a port taken between choosing and binding it: choose again
         port = _free_port()
         url = f"http://127.0.0.1:{port}/api"
         proc = subprocess.Popen(
@@ -105,6 +110,12 @@ def start(timeout_s: float, attempts: int = 3) -> TemporaryApi:
             env=env,
             start_new_session=True,
         )
+        if attempt == 0 and meanwhile is not None:
+            try:
+                meanwhile()
+            except BaseException:
+                TemporaryApi(proc, url).stop()
+                raise
         deadline = time.monotonic() + timeout_s
         while proc.poll() is None and time.monotonic() < deadline:
             if _healthy(url):
