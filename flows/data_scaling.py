@@ -126,9 +126,6 @@ def data_scaling(config: EagleScaleConfig, run_root: str | None = None) -> dict[
 def run_stages(config: EagleScaleConfig, summary: RunSummary) -> dict[str, Any]:
     """The configured stages in order, each shown in the summary as it starts and ends and
     drawn in the run graph after the stage before it."""
-    # The later stages' flows are imported when the run has them: a run of discover or
-    # generate alone (a resume, a node's stage) starts without the trainer's and the gate's
-    # imports (matplotlib among them) and their flows' parameter schemas.
     log = run_logger()
     run = RunFolder(config.run_root, config.storage_options)
     tokenizer = load_tokenizer(config.target.model_path, config.target.chat_template)
@@ -149,6 +146,9 @@ def run_stages(config: EagleScaleConfig, summary: RunSummary) -> dict[str, Any]:
         results["discover"] = stage("discover", discover_flow)
     online = config.train.hidden_states == "online"
     overlap = config.orchestration.overlap and not online and {"generate", "extract"} <= set(config.stages)
+    # The later stages' flows are imported when the run has them: a run of discover or
+    # generate alone (a resume, a node's stage) starts without the trainer's and the gate's
+    # imports (matplotlib among them) and their flows' parameter schemas.
     if "extract" in config.stages:
         from flows.extract import extract_flow, skip_online
     if "generate" in config.stages:
